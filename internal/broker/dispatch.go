@@ -1,0 +1,191 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"agentbox/internal/store"
+	"agentbox/internal/wire"
+)
+
+// opClass says where an op runs.
+type opClass int
+
+const (
+	opQuery    opClass = iota + 1 // store query pool (list, read, ack)
+	opSnapshot                    // immutable snapshot of the last round
+	opExecutor                    // executor (send, next)
+)
+
+type opSpec struct {
+	class opClass
+	// orchestratorOnly ops are refused to children by the dispatcher, so
+	// handlers do not repeat the check.
+	orchestratorOnly bool
+	run              func(b *Broker, ctx context.Context, call *call) *reply
+}
+
+// call is one request in a handler's hands.
+type call struct {
+	caller Caller
+	srv    *sandboxServer
+	cc     *connCtx
+	args   json.RawMessage
+}
+
+var ops = map[string]opSpec{
+	"list":     {class: opQuery, run: (*Broker).opList},
+	"read":     {class: opQuery, run: (*Broker).opRead},
+	"ack":      {class: opQuery, run: (*Broker).opAck},
+	"children": {class: opSnapshot, orchestratorOnly: true, run: (*Broker).opChildren},
+	"status":   {class: opSnapshot, run: (*Broker).opStatus},
+	"grant":    {class: opSnapshot, run: (*Broker).opGrant},
+	"next":     {class: opExecutor, run: (*Broker).opNext},
+	"send":     {class: opExecutor, run: (*Broker).opSend},
+}
+
+func (b *Broker) dispatch(ctx context.Context, srv *sandboxServer, cc *connCtx, req *wire.Request) *reply {
+	caller, err := callerFrom(ctx)
+	if err != nil {
+		return replyErr(wire.Errorf(wire.CodeDenied, "connection has no caller identity"))
+	}
+	spec, ok := ops[req.Op]
+	if !ok {
+		return replyErr(wire.Errorf(wire.CodeUnknownOp, "unknown op %q", truncate(req.Op, 32)))
+	}
+	if spec.orchestratorOnly && caller.Role != store.RoleOrchestrator {
+		return replyErr(wire.Errorf(wire.CodeDenied, "%s is for orchestrators", req.Op))
+	}
+	c := &call{caller: caller, srv: srv, cc: cc, args: req.Args}
+	rep := spec.run(b, ctx, c)
+	b.log.Debug("request", "op", req.Op, "caller", caller.Sandbox, "ok", rep.resp != nil && rep.resp.OK)
+	return rep
+}
+
+// decodeArgs decodes an op's arguments strictly; absent args decode as {}.
+func decodeArgs(raw json.RawMessage, v any) *wire.Error {
+	if len(raw) == 0 || string(raw) == "null" {
+		raw = json.RawMessage("{}")
+	}
+	if err := wire.DecodeStrict(raw, v); err != nil {
+		return wire.Errorf(wire.CodeBadRequest, "invalid arguments: %s", truncate(err.Error(), 120))
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+// queryJob is one store query waiting for a worker.
+type queryJob struct {
+	op   string
+	fn   func()
+	done chan struct{}
+}
+
+var errBusyQueries = wire.Errorf(wire.CodeBusy, "the broker's query queue is full; retry")
+
+// runQuery runs fn on the store-query pool: at most MaxQueriesPerSandbox
+// queued or running per sandbox (more wait here, in their connection), and
+// busy only when the broker-wide queue is full.
+func (b *Broker) runQuery(ctx context.Context, srv *sandboxServer, op string, fn func()) error {
+	select {
+	case srv.querySem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-srv.querySem }()
+	job := queryJob{op: op, fn: fn, done: make(chan struct{})}
+	select {
+	case b.queries <- job:
+	default:
+		return errBusyQueries
+	}
+	<-job.done
+	return nil
+}
+
+func (b *Broker) queryWorker() {
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case job := <-b.queries:
+			if h := b.queryHook; h != nil {
+				h(job.op)
+			}
+			job.fn()
+			close(job.done)
+		}
+	}
+}
+
+// execJob is one executor request.
+type execJob struct {
+	ctx  context.Context
+	fn   func()
+	done chan error
+}
+
+var (
+	errBusyExec = wire.Errorf(wire.CodeBusy, "the broker's executor queue is full; retry")
+	errDropped  = errors.New("request dropped: the client disconnected while it was queued")
+)
+
+// runExec runs fn on the executor, in arrival order. A request whose
+// client disconnected while it was still queued is dropped, never run.
+func (b *Broker) runExec(ctx context.Context, fn func()) error {
+	job := execJob{ctx: ctx, fn: fn, done: make(chan error, 1)}
+	select {
+	case b.exec <- job:
+	default:
+		return errBusyExec
+	}
+	return <-job.done
+}
+
+func (b *Broker) executor() {
+	for {
+		select {
+		case <-b.ctx.Done():
+			// Fail whatever is still queued.
+			for {
+				select {
+				case job := <-b.exec:
+					job.done <- errDropped
+				default:
+					return
+				}
+			}
+		case job := <-b.exec:
+			if job.ctx.Err() != nil {
+				job.done <- errDropped
+				continue
+			}
+			job.fn()
+			job.done <- nil
+		}
+	}
+}
+
+// notify wakes the parked next of sandbox name, if it is served.
+func (b *Broker) notify(name string) {
+	if s := b.server(name); s != nil {
+		s.signal()
+	}
+}
+
+func storeErr(err error, what string) error {
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return wire.Errorf(wire.CodeNotFound, "%s", what)
+	default:
+		return fmt.Errorf("%s: %w", what, err)
+	}
+}

@@ -1,0 +1,208 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"agentbox/internal/store"
+	"agentbox/internal/wire"
+)
+
+// fail turns err into a reply, logging errors that are not protocol errors
+// (their detail on the wire is generic).
+func (b *Broker) fail(op string, c *call, err error) *reply {
+	var we *wire.Error
+	if !errors.As(err, &we) {
+		b.log.Error("request failed", "op", op, "caller", c.caller.Sandbox, "err", err)
+	}
+	return replyErr(err)
+}
+
+// ListArgs are list's arguments.
+type ListArgs struct {
+	All bool `json:"all"`
+}
+
+// ListResult is list's result: inbox items oldest first, each shaped as in
+// the spec's Inbox section. ReadIDs names the items already read (only
+// with all=true).
+type ListResult struct {
+	Items   []json.RawMessage `json:"items"`
+	ReadIDs []string          `json:"read_ids,omitempty"`
+}
+
+func (b *Broker) opList(ctx context.Context, c *call) *reply {
+	var args ListArgs
+	if werr := decodeArgs(c.args, &args); werr != nil {
+		return replyErr(werr)
+	}
+	var items []store.Item
+	var qerr error
+	if err := b.runQuery(ctx, c.srv, "list", func() {
+		items, qerr = b.store.ListItems(ctx, c.caller.Sandbox, args.All)
+	}); err != nil {
+		return b.fail("list", c, err)
+	}
+	if qerr != nil {
+		return b.fail("list", c, qerr)
+	}
+	res := ListResult{Items: make([]json.RawMessage, 0, len(items))}
+	for _, it := range items {
+		res.Items = append(res.Items, it.Doc)
+		if it.Read {
+			res.ReadIDs = append(res.ReadIDs, it.ID)
+		}
+	}
+	return replyOK(res)
+}
+
+// ReadArgs are read's arguments.
+type ReadArgs struct {
+	ID   string `json:"id"`
+	Keep bool   `json:"keep"`
+}
+
+func (b *Broker) opRead(ctx context.Context, c *call) *reply {
+	var args ReadArgs
+	if werr := decodeArgs(c.args, &args); werr != nil {
+		return replyErr(werr)
+	}
+	var it store.Item
+	var qerr error
+	if err := b.runQuery(ctx, c.srv, "read", func() {
+		it, qerr = b.store.ReadItem(ctx, c.caller.Sandbox, args.ID, args.Keep)
+	}); err != nil {
+		return b.fail("read", c, err)
+	}
+	if qerr != nil {
+		return b.fail("read", c, storeErr(qerr, "no unread item '"+truncate(args.ID, 64)+"'"))
+	}
+	return &reply{resp: &wire.Response{V: wire.Version, OK: true, Result: it.Doc}}
+}
+
+// AckArgs are ack's arguments.
+type AckArgs struct {
+	ID string `json:"id"`
+}
+
+func (b *Broker) opAck(ctx context.Context, c *call) *reply {
+	var args AckArgs
+	if werr := decodeArgs(c.args, &args); werr != nil {
+		return replyErr(werr)
+	}
+	var qerr error
+	if err := b.runQuery(ctx, c.srv, "ack", func() {
+		qerr = b.store.Ack(ctx, c.caller.Sandbox, args.ID)
+	}); err != nil {
+		return b.fail("ack", c, err)
+	}
+	if qerr != nil {
+		return b.fail("ack", c, storeErr(qerr, "no unread item '"+truncate(args.ID, 64)+"'"))
+	}
+	return replyOK(map[string]any{"id": args.ID, "read": true})
+}
+
+// NextArgs are next's arguments. Empty filters match every item.
+type NextArgs struct {
+	Ref          string   `json:"ref,omitempty"`           // only statuses of this manifest id
+	MsgKinds     []string `json:"msg_kinds,omitempty"`     // message kinds that wake
+	StatusStates []string `json:"status_states,omitempty"` // status states that wake
+	Ack          bool     `json:"ack,omitempty"`           // mark the returned item read
+	QuietAfterMS int64    `json:"quiet_after_ms,omitempty"`
+}
+
+// NextResult is next's result: an item, or quiet=true when no item of any
+// kind arrived for quiet_after_ms.
+type NextResult struct {
+	Item  json.RawMessage `json:"item,omitempty"`
+	Quiet bool            `json:"quiet,omitempty"`
+}
+
+func (a *NextArgs) match(it store.Item) bool {
+	if a.Ref != "" {
+		return it.Type == wire.ItemStatus && it.Ref == a.Ref
+	}
+	if len(a.MsgKinds) == 0 && len(a.StatusStates) == 0 {
+		return true
+	}
+	var doc struct {
+		Kind  string `json:"kind"`
+		State string `json:"state"`
+	}
+	if json.Unmarshal(it.Doc, &doc) != nil {
+		return false
+	}
+	switch it.Type {
+	case wire.ItemMessage:
+		return contains(a.MsgKinds, doc.Kind)
+	case wire.ItemStatus:
+		return contains(a.StatusStates, doc.State)
+	}
+	return false
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// opNext parks until an unread item matching the filter exists. At most one
+// next is parked per sandbox; a second gets busy. The client hanging up
+// ends the wait.
+func (b *Broker) opNext(ctx context.Context, c *call) *reply {
+	var args NextArgs
+	if werr := decodeArgs(c.args, &args); werr != nil {
+		return replyErr(werr)
+	}
+	if !c.srv.parked.CompareAndSwap(false, true) {
+		return replyErr(wire.Errorf(wire.CodeBusy, "another next is already waiting for this sandbox"))
+	}
+	defer c.srv.parked.Store(false)
+	ctx, stop := c.cc.watchHangup(ctx)
+	defer stop()
+	var quiet <-chan time.Time
+	var quietTimer *time.Timer
+	if args.QuietAfterMS > 0 {
+		quietTimer = time.NewTimer(time.Duration(args.QuietAfterMS) * time.Millisecond)
+		defer quietTimer.Stop()
+		quiet = quietTimer.C
+	}
+	for {
+		changed := c.srv.inboxChanged()
+		it, found, err := b.store.FirstUnread(ctx, c.caller.Sandbox, args.match)
+		if err != nil {
+			if ctx.Err() != nil {
+				return &reply{hangup: true}
+			}
+			return b.fail("next", c, err)
+		}
+		if found {
+			if args.Ack {
+				if err := b.store.Ack(ctx, c.caller.Sandbox, it.ID); err != nil {
+					return b.fail("next", c, err)
+				}
+			}
+			rep := replyOK(NextResult{Item: it.Doc})
+			if args.Ack {
+				rep.onLost = func() { b.store.MarkUnread(context.Background(), c.caller.Sandbox, it.ID) }
+			}
+			return rep
+		}
+		select {
+		case <-ctx.Done():
+			return &reply{hangup: true}
+		case <-quiet:
+			return replyOK(NextResult{Quiet: true})
+		case <-changed:
+			if quietTimer != nil {
+				quietTimer.Reset(time.Duration(args.QuietAfterMS) * time.Millisecond)
+			}
+		}
+	}
+}

@@ -1,0 +1,218 @@
+package broker
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"agentbox/internal/secfs"
+	"agentbox/internal/store"
+)
+
+// sandboxServer is one sandbox's listener and its per-sandbox bounds.
+type sandboxServer struct {
+	caller   Caller
+	dir      string
+	ln       *net.UnixListener
+	conns    atomic.Int32
+	querySem chan struct{}
+	parked   atomic.Bool
+
+	mu      sync.Mutex
+	changed chan struct{} // closed and replaced when the inbox changes
+	open    map[net.Conn]struct{}
+	closed  bool
+}
+
+func newSandboxServer(c Caller) *sandboxServer {
+	return &sandboxServer{
+		caller:   c,
+		querySem: make(chan struct{}, MaxQueriesPerSandbox),
+		changed:  make(chan struct{}),
+		open:     map[net.Conn]struct{}{},
+	}
+}
+
+// inboxChanged returns a channel closed at the next inbox change.
+func (s *sandboxServer) inboxChanged() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
+func (s *sandboxServer) signal() {
+	s.mu.Lock()
+	close(s.changed)
+	s.changed = make(chan struct{})
+	s.mu.Unlock()
+}
+
+func (s *sandboxServer) track(c net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.open[c] = struct{}{}
+	return true
+}
+
+func (s *sandboxServer) untrack(c net.Conn) {
+	s.mu.Lock()
+	delete(s.open, c)
+	s.mu.Unlock()
+}
+
+// close stops the listener and drops every connection.
+func (s *sandboxServer) close() {
+	s.mu.Lock()
+	s.closed = true
+	conns := s.open
+	s.open = map[net.Conn]struct{}{}
+	s.mu.Unlock()
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	for c := range conns {
+		c.Close()
+	}
+}
+
+// socketRoot is <state>/sock.
+func (b *Broker) socketRoot() string { return filepath.Join(b.cfg.StateDir, SockDir) }
+
+// freshSocketDir creates <state>/sock/<uuid>.<random>, a name never used
+// before (claimed in broker.db), mode 0700, and records it for sb.
+func (b *Broker) freshSocketDir(sb store.Sandbox) (string, error) {
+	for range 8 {
+		var r [8]byte
+		if _, err := rand.Read(r[:]); err != nil {
+			return "", err
+		}
+		dir := filepath.Join(b.socketRoot(), sb.UUID+"."+hex.EncodeToString(r[:]))
+		if err := b.store.ClaimSocketDir(b.ctx, sb.Name, dir); err != nil {
+			if errors.Is(err, store.ErrExists) {
+				continue
+			}
+			return "", err
+		}
+		if err := secfs.MkdirFresh(dir); err != nil {
+			if errors.Is(err, os.ErrExist) {
+				continue
+			}
+			return "", err
+		}
+		return dir, nil
+	}
+	return "", errors.New("could not pick a fresh socket directory")
+}
+
+// isCurrentSocketDir reports whether dir is a usable <uuid>.<random>
+// directory of sb: right name shape, a real directory, ours, mode 0700.
+func (b *Broker) isCurrentSocketDir(sb store.Sandbox, dir string) bool {
+	if dir == "" || filepath.Dir(dir) != b.socketRoot() || !strings.HasPrefix(filepath.Base(dir), sb.UUID+".") {
+		return false
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+		return false
+	}
+	return true
+}
+
+// serveSandbox starts the listener of an orchestrator or child: it reuses
+// its current socket directory, or makes a fresh one (replacing a legacy
+// <state>/sock/<uuid>/, removed once the new one is attached).
+func (b *Broker) serveSandbox(sb store.Sandbox) error {
+	if sb.Role != store.RoleOrchestrator && sb.Role != store.RoleChild {
+		return nil // only orchestrators and children get a socket
+	}
+	dir := sb.SocketDir
+	if !b.isCurrentSocketDir(sb, dir) {
+		var err error
+		if dir, err = b.freshSocketDir(sb); err != nil {
+			return err
+		}
+	}
+	sockPath := filepath.Join(dir, SocketName)
+	if err := os.Remove(sockPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sockPath, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	if err := secfs.Chmod(sockPath, 0o600); err != nil {
+		ln.Close()
+		return err
+	}
+	if err := b.cfg.Backend.AttachSocket(b.ctx, sb.Name, dir); err != nil {
+		ln.Close()
+		return fmt.Errorf("attach socket: %w", err)
+	}
+	b.removeLegacySocketDir(sb)
+	srv := newSandboxServer(Caller{Sandbox: sb.Name, Role: sb.Role, Parent: sb.Parent})
+	srv.dir, srv.ln = dir, ln
+	b.mu.Lock()
+	if old := b.serving[sb.Name]; old != nil {
+		old.close()
+	}
+	b.serving[sb.Name] = srv
+	b.mu.Unlock()
+	b.goWorker(func() { b.acceptLoop(srv) })
+	return nil
+}
+
+// removeLegacySocketDir removes <state>/sock/<uuid>/ (the pre-random
+// layout) if present; never through a symlink.
+func (b *Broker) removeLegacySocketDir(sb store.Sandbox) {
+	legacy := filepath.Join(b.socketRoot(), sb.UUID)
+	fi, err := os.Lstat(legacy)
+	if err != nil {
+		return
+	}
+	if fi.IsDir() {
+		err = os.RemoveAll(legacy)
+	} else {
+		err = os.Remove(legacy)
+	}
+	if err != nil {
+		b.log.Warn("cannot remove legacy socket dir", "sandbox", sb.Name, "err", err)
+	}
+}
+
+// stopServing closes a sandbox's listener and removes its socket dir.
+func (b *Broker) stopServing(name string) {
+	b.mu.Lock()
+	srv := b.serving[name]
+	delete(b.serving, name)
+	b.mu.Unlock()
+	if srv == nil {
+		return
+	}
+	srv.close()
+	if err := os.RemoveAll(srv.dir); err != nil {
+		b.log.Warn("cannot remove socket dir", "sandbox", name, "err", err)
+	}
+}
+
+func (b *Broker) server(name string) *sandboxServer {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.serving[name]
+}
+
+// SocketPath returns the host path of a sandbox's broker socket, or "".
+func (b *Broker) SocketPath(name string) string {
+	if s := b.server(name); s != nil {
+		return filepath.Join(s.dir, SocketName)
+	}
+	return ""
+}

@@ -1,0 +1,102 @@
+package broker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"regexp"
+
+	"agentbox/internal/orchestrate"
+	"agentbox/internal/store"
+	"agentbox/internal/wire"
+)
+
+// SendArgs are send's arguments: the manifest, and the text for a manifest
+// that uses prompt_file or body_file.
+type SendArgs struct {
+	Manifest json.RawMessage `json:"manifest"`
+	Body     *string         `json:"body,omitempty"`
+}
+
+var manifestIDPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+
+// manifestID returns the manifest's id when it is a valid id, so a refusal
+// can be journaled under it; "" otherwise.
+func manifestID(raw json.RawMessage) string {
+	var probe struct {
+		ID any `json:"id"`
+	}
+	if json.Unmarshal(raw, &probe) != nil {
+		return ""
+	}
+	id, _ := probe.ID.(string)
+	if !manifestIDPattern.MatchString(id) {
+		return ""
+	}
+	return id
+}
+
+// opSend validates a manifest and runs it on the executor. The reply is the
+// manifest's first status; that status is stored as read history because
+// the reply carries it, and put back unread if the reply cannot be written.
+func (b *Broker) opSend(ctx context.Context, c *call) *reply {
+	var args SendArgs
+	if werr := decodeArgs(c.args, &args); werr != nil {
+		return replyErr(werr)
+	}
+	ctx, stop := c.cc.watchHangup(ctx)
+	defer stop()
+	var sent store.Sent
+	var serr error
+	err := b.runExec(ctx, func() {
+		// Handling has begun: it runs to the end even if the client leaves.
+		sent, serr = b.send(context.WithoutCancel(ctx), c.caller, args)
+	})
+	if errors.Is(err, errDropped) {
+		return &reply{hangup: true}
+	}
+	if err != nil {
+		return b.fail("send", c, err)
+	}
+	if serr != nil {
+		return b.fail("send", c, serr)
+	}
+	b.requestRound()
+	if ctx.Err() != nil {
+		// The client hung up while its request ran: leave the status unread.
+		b.store.MarkUnread(context.Background(), c.caller.Sandbox, sent.Status.ID)
+		b.notify(c.caller.Sandbox)
+		return &reply{hangup: true}
+	}
+	rep := &reply{resp: &wire.Response{V: wire.Version, OK: true, Result: sent.Status.Doc}}
+	id := sent.Status.ID
+	rep.onLost = func() {
+		b.store.MarkUnread(context.Background(), c.caller.Sandbox, id)
+		b.notify(c.caller.Sandbox)
+	}
+	return rep
+}
+
+// send runs one manifest: idempotency first (an id with a recorded status
+// gets it back), then decoding and validation, then the type's handler.
+func (b *Broker) send(ctx context.Context, caller Caller, args SendArgs) (store.Sent, error) {
+	id := manifestID(args.Manifest)
+	if id == "" {
+		// No valid id to journal under: refused, and not stored.
+		return store.TransientStatus("", wire.StateRefused, "id must match ^[a-z0-9][a-z0-9-]{0,63}$"), nil
+	}
+	if prev, found, err := b.store.LatestStatus(ctx, caller.Sandbox, id); err != nil {
+		if errors.Is(err, store.ErrDuplicate) {
+			return store.Sent{}, wire.Errorf(wire.CodeDuplicate, "manifest id '%s' was already received and has no status yet", id)
+		}
+		return store.Sent{}, err
+	} else if found {
+		return store.Sent{Status: prev}, nil
+	}
+	req := orchestrate.Requester{Sandbox: caller.Sandbox, Role: caller.Role, Parent: caller.Parent}
+	sent, err := b.handle(ctx, req, args)
+	if r, ok := orchestrate.AsRefusal(err); ok {
+		return b.store.RecordStatus(ctx, caller.Sandbox, id, "", wire.StateRefused, r.Detail, true)
+	}
+	return sent, err
+}

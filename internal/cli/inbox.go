@@ -1,0 +1,338 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"agentbox/internal/inbox"
+	"agentbox/internal/wire"
+)
+
+func newInboxCmd(deps Deps) *cobra.Command {
+	c := &cobra.Command{
+		Use:   "inbox",
+		Short: "Talk to the orchestration broker from inside a sandbox",
+		Long: `The inbox client, for agents inside sandboxes. It connects to
+/run/jailbee/orchestration/broker.sock (override with $JAILBEE_ORCHESTRATION_SOCKET).
+
+Exit statuses: 0 success; 1 refused or failed; 2 usage error; 3 timeout;
+4 broker unreachable (socket missing, connection refused or dropped without
+an answer) or protocol version mismatch.`,
+	}
+	c.AddCommand(newInboxLsCmd(), newInboxReadCmd(), newInboxWaitCmd(), newInboxSendCmd(deps),
+		newInboxStatusCmd(), newInboxGrantCmd(), newInboxChildrenCmd())
+	return c
+}
+
+// dialInbox connects to the sandbox's broker socket (exit 4 on failure).
+func dialInbox(ctx context.Context) (*inbox.Client, error) {
+	c, err := inbox.Dial(ctx, inbox.SocketPath())
+	if err != nil {
+		return nil, exitf(ExitUnreachable, "cannot reach the broker: %v", err)
+	}
+	return c, nil
+}
+
+// inboxCall runs one op on a fresh connection.
+func inboxCall(ctx context.Context, op string, args any) (json.RawMessage, error) {
+	c, err := dialInbox(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	raw, err := c.CallRaw(ctx, op, args)
+	if err != nil {
+		return nil, protocolExit(err)
+	}
+	return raw, nil
+}
+
+// item is the union of inbox item fields, for display.
+type item struct {
+	ID          string  `json:"id"`
+	Type        string  `json:"type"`
+	From        string  `json:"from"`
+	Kind        string  `json:"kind"`
+	Body        string  `json:"body"`
+	InReplyTo   *string `json:"in_reply_to"`
+	OriginID    string  `json:"origin_id"`
+	Ref         string  `json:"ref"`
+	State       string  `json:"state"`
+	Detail      string  `json:"detail"`
+	ImportedRef string  `json:"imported_ref"`
+	ImportError string  `json:"import_error"`
+}
+
+// summaryLen bounds the first line shown by ls and wait.
+const summaryLen = 80
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	if len(s) > summaryLen {
+		s = s[:summaryLen] + "..."
+	}
+	return s
+}
+
+// summary is one line per item for ls and wait.
+func summary(raw json.RawMessage, read bool) string {
+	var it item
+	json.Unmarshal(raw, &it)
+	mark := ""
+	if read {
+		mark = " (read)"
+	}
+	if it.Type == wire.ItemStatus {
+		return fmt.Sprintf("%s  status   %s  %s: %s%s", it.ID, it.Ref, it.State, firstLine(it.Detail), mark)
+	}
+	extra := ""
+	switch {
+	case it.ImportError != "":
+		extra = " [import failed]"
+	case it.ImportedRef != "":
+		extra = " [imported]"
+	}
+	return fmt.Sprintf("%s  message  from %s  %s: %s%s%s", it.ID, it.From, it.Kind, firstLine(it.Body), extra, mark)
+}
+
+func newInboxLsCmd() *cobra.Command {
+	var all, asJSON bool
+	c := &cobra.Command{
+		Use:   "ls [--all] [--json]",
+		Short: "List unread inbox items (--all: read history too)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			raw, err := inboxCall(cmd.Context(), "list", map[string]bool{"all": all})
+			if err != nil {
+				return err
+			}
+			var res struct {
+				Items   []json.RawMessage `json:"items"`
+				ReadIDs []string          `json:"read_ids"`
+			}
+			if err := json.Unmarshal(raw, &res); err != nil {
+				return protocolExit(inbox.ErrUnreachable)
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return writeJSON(out, res.Items)
+			}
+			read := map[string]bool{}
+			for _, id := range res.ReadIDs {
+				read[id] = true
+			}
+			for _, it := range res.Items {
+				var head item
+				json.Unmarshal(it, &head)
+				fmt.Fprintln(out, summary(it, read[head.ID]))
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&all, "all", false, "include read items")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the items as JSON")
+	return c
+}
+
+func newInboxReadCmd() *cobra.Command {
+	var keep, asJSON bool
+	c := &cobra.Command{
+		Use:   "read ID [--keep] [--json]",
+		Short: "Show an unread item and mark it read (--keep leaves it unread)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			raw, err := inboxCall(cmd.Context(), "read", map[string]any{"id": args[0], "keep": keep})
+			if err != nil {
+				return err
+			}
+			return printItem(cmd.OutOrStdout(), raw, asJSON)
+		},
+	}
+	c.Flags().BoolVar(&keep, "keep", false, "leave the item unread")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the item as JSON")
+	return c
+}
+
+// printItem prints every field of an item: as JSON, or one "key: value"
+// per line with the body last.
+func printItem(w io.Writer, raw json.RawMessage, asJSON bool) error {
+	if asJSON {
+		var buf bytes.Buffer
+		if err := json.Indent(&buf, raw, "", "  "); err != nil {
+			return protocolExit(inbox.ErrUnreachable)
+		}
+		buf.WriteByte('\n')
+		_, err := w.Write(buf.Bytes())
+		return err
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return protocolExit(inbox.ErrUnreachable)
+	}
+	order := []string{"id", "type", "from", "kind", "ref", "state", "detail", "in_reply_to", "origin_id",
+		"imported_ref", "imported_sha", "import_error", "on_done", "on_done_reason", "merged_head"}
+	for _, k := range order {
+		v, ok := fields[k]
+		if !ok {
+			continue
+		}
+		if v == nil {
+			v = "null"
+		}
+		fmt.Fprintf(w, "%s: %v\n", k, v)
+	}
+	if body, ok := fields["body"].(string); ok {
+		fmt.Fprintf(w, "\n%s\n", body)
+	}
+	return nil
+}
+
+func newInboxStatusCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "status [REF] [--json]",
+		Short: "Show the latest status of your manifests (or of REF)",
+		Long: `Show the latest status of each manifest you sent, or of the manifest REF.
+Read from the broker's last completed round, so a status may trail by about a
+second.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a := map[string]string{}
+			if len(args) == 1 {
+				a["ref"] = args[0]
+			}
+			raw, err := inboxCall(cmd.Context(), "status", a)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if len(args) == 1 {
+				if asJSON {
+					return printItem(out, raw, true)
+				}
+				var st wire.StatusItem
+				json.Unmarshal(raw, &st)
+				fmt.Fprintf(out, "%s  %s: %s\n", st.Ref, st.State, st.Detail)
+				return nil
+			}
+			var res struct {
+				Statuses []json.RawMessage `json:"statuses"`
+			}
+			json.Unmarshal(raw, &res)
+			if asJSON {
+				return writeJSON(out, res.Statuses)
+			}
+			for _, s := range res.Statuses {
+				var st wire.StatusItem
+				json.Unmarshal(s, &st)
+				fmt.Fprintf(out, "%s  %s: %s\n", st.Ref, st.State, firstLine(st.Detail))
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func newInboxGrantCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "grant [--json]",
+		Short: "Show this orchestrator's effective grant",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			raw, err := inboxCall(cmd.Context(), "grant", nil)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			var g struct {
+				MaxRunningChildren int      `json:"max_running_children"`
+				Operations         []string `json:"operations"`
+				Grantable          struct {
+					Mounts []string `json:"mounts"`
+					Loose  bool     `json:"loose"`
+					Egress []string `json:"egress"`
+				} `json:"grantable"`
+			}
+			if asJSON || json.Unmarshal(raw, &g) != nil {
+				return printItem(out, raw, true)
+			}
+			fmt.Fprintf(out, "max_running_children: %d\noperations: %s\ngrantable mounts: %s\ngrantable loose: %v\ngrantable egress: %s\n",
+				g.MaxRunningChildren, strings.Join(g.Operations, ", "), listOrNone(g.Grantable.Mounts), g.Grantable.Loose, listOrNone(g.Grantable.Egress))
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print the grant document")
+	return c
+}
+
+func listOrNone(l []string) string {
+	if len(l) == 0 {
+		return "none"
+	}
+	return strings.Join(l, ", ")
+}
+
+func newInboxChildrenCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "children [--json]",
+		Short: "List this orchestrator's children",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			raw, err := inboxCall(cmd.Context(), "children", nil)
+			if err != nil {
+				return err
+			}
+			var res struct {
+				Children []struct {
+					Name    string `json:"name"`
+					Branch  string `json:"branch"`
+					State   string `json:"state"`
+					Running bool   `json:"running"`
+				} `json:"children"`
+			}
+			json.Unmarshal(raw, &res)
+			out := cmd.OutOrStdout()
+			if asJSON {
+				return writeJSON(out, res.Children)
+			}
+			for _, ch := range res.Children {
+				fmt.Fprintf(out, "%s  %s  %s\n", ch.Name, ch.State, ch.Branch)
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+// parseTimeout parses DUR or "none" (0 = no deadline).
+func parseTimeout(s string) (time.Duration, error) {
+	if s == "none" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, exitf(ExitUsage, "--timeout takes a positive duration such as 30m, or none")
+	}
+	return d, nil
+}
+
+func withTimeout(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if d == 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, d)
+}
+
+var errTimeout = errors.New("timed out")

@@ -1,0 +1,394 @@
+// Package config parses the repository config, .jailbee/config.yaml. It is
+// pure: Parse takes the file's bytes (the caller reads the file).
+//
+// API:
+//
+//	Parse(data []byte) (*Repo, error)    strict YAML; errors are *Error naming the key path
+//	Default() *Repo                      the config of a repository without the file
+//	(*Repo) CheckRunner(grant.Runner) error        the spec's runner refusals
+//	(*Repo) AutostartProfileDefined(name) bool
+//	(*Repo) ServiceDefined(name) bool
+//	(*Repo) WithDependencies(names []string) []string
+//	CheckWarmPath(glob string) error     warm_paths glob rule (shared with spawn manifests)
+//
+// Every key is documented with an example in docs/config.md.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"regexp"
+	"slices"
+	"sort"
+
+	"agentbox/internal/grant"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Repo is a parsed .jailbee/config.yaml.
+type Repo struct {
+	// Agents by name ([a-z0-9][a-z0-9-]{0,63}).
+	Agents map[string]Agent `yaml:"agents"`
+	// DefaultAgent names the agent a spawn without a runner starts when no
+	// default runner is configured. Empty: none.
+	DefaultAgent  string             `yaml:"default_agent"`
+	LiteLLM       LiteLLM            `yaml:"litellm"`
+	Autostart     Autostart          `yaml:"autostart"`
+	Services      map[string]Service `yaml:"services"`
+	Fork          Fork               `yaml:"fork"`
+	Orchestration Orchestration      `yaml:"orchestration"`
+}
+
+// Agent is one agents.NAME entry.
+type Agent struct {
+	// Command is run with `sh -c` inside the sandbox as the agent user,
+	// with the checkout as working directory. Required.
+	Command string `yaml:"command"`
+	// PromptArgs are appended to Command as arguments; "{prompt}" in an
+	// item expands to the prompt text. Empty: the agent cannot take a
+	// prompt.
+	PromptArgs []string `yaml:"prompt_args"`
+	// Enabled defaults to true for a defined agent.
+	Enabled *bool `yaml:"enabled"`
+	// Autostart starts the agent in the autostart session without a prompt.
+	Autostart bool `yaml:"autostart"`
+	// Install and Update are shell commands run at provisioning time.
+	Install string `yaml:"install"`
+	Update  string `yaml:"update"`
+	// SkillsDir is a checkout-relative directory of agent skills.
+	SkillsDir string `yaml:"skills_dir"`
+}
+
+// IsEnabled reports whether the agent may be started.
+func (a Agent) IsEnabled() bool { return a.Enabled == nil || *a.Enabled }
+
+// LiteLLM is the litellm section.
+type LiteLLM struct {
+	Enabled bool `yaml:"enabled"`
+	// Profiles are the configured LiteLLM profiles and the route of each
+	// model tier they serve.
+	Profiles map[string]LiteLLMProfile `yaml:"profiles"`
+	// Served, when not nil, is the set of profiles the LiteLLM proxy serves
+	// right now; the broker may fill it from live state. nil: every
+	// configured profile counts as served. Never read from YAML.
+	Served map[string]bool `yaml:"-"`
+}
+
+// LiteLLMProfile is one litellm.profiles.NAME entry.
+type LiteLLMProfile struct {
+	// Tiers maps a tier (fable, opus, sonnet, haiku) to its route.
+	Tiers map[string]string `yaml:"tiers"`
+}
+
+// Autostart is the autostart section.
+type Autostart struct {
+	// DefaultProfile is used by spawn when a manifest names none. Empty:
+	// every service starts.
+	DefaultProfile string                      `yaml:"default_profile"`
+	Profiles       map[string]AutostartProfile `yaml:"profiles"`
+}
+
+// AutostartProfile is one autostart.profiles.NAME entry.
+type AutostartProfile struct {
+	// Services the profile starts (dependencies included). nil: all.
+	Services []string `yaml:"services"`
+	// Setup commands run once per container, before the first on_start.
+	Setup []string `yaml:"setup"`
+	// OnStart commands run at every start, after setup.
+	OnStart []string `yaml:"on_start"`
+}
+
+// Service is one services.NAME entry.
+type Service struct {
+	Command   string   `yaml:"command"`
+	DependsOn []string `yaml:"depends_on"`
+}
+
+// Fork is the fork section.
+type Fork struct {
+	// WarmPaths are the default warm_paths of a fork spawn.
+	WarmPaths []string `yaml:"warm_paths"`
+}
+
+// Orchestration is the orchestration section.
+type Orchestration struct {
+	// IdleAfterSeconds is the idle report delay and cadence; 0 after Parse
+	// never happens (absent means DefaultIdleAfterSeconds).
+	IdleAfterSeconds int `yaml:"idle_after_seconds"`
+	// Cap limits every orchestration grant in this repository.
+	Cap grant.Cap `yaml:"cap"`
+	// DefaultRunner is the repository's default runner ("repo" source).
+	DefaultRunner *grant.Runner `yaml:"default_runner"`
+}
+
+// Default returns the config of a repository without .jailbee/config.yaml:
+// no agents, no LiteLLM, no services, no caps, idle after 900 s.
+func Default() *Repo {
+	return &Repo{Orchestration: Orchestration{IdleAfterSeconds: DefaultIdleAfterSeconds}}
+}
+
+var (
+	agentNameRE   = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
+	serviceNameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+)
+
+// ValidServiceName reports whether name is a valid service name.
+func ValidServiceName(name string) bool { return serviceNameRE.MatchString(name) }
+
+// ValidAutostartProfileName reports whether name is a valid autostart
+// profile name (the same rule as services).
+func ValidAutostartProfileName(name string) bool { return serviceNameRE.MatchString(name) }
+
+// Parse decodes .jailbee/config.yaml strictly: at most MaxConfigBytes, one
+// YAML document, no unknown or duplicate keys at any level, no aliases,
+// then every cross-reference is checked. Empty input is Default().
+func Parse(data []byte) (*Repo, error) {
+	if len(data) > MaxConfigBytes {
+		return nil, &Error{Msg: fmt.Sprintf("config exceeds %d bytes", MaxConfigBytes)}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return Default(), nil
+		}
+		return nil, &Error{Msg: "invalid YAML: " + err.Error()}
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, &Error{Msg: "more than one YAML document"}
+	}
+	if err := checkNode(&doc, reflect.TypeFor[Repo](), ""); err != nil {
+		return nil, err
+	}
+	repo := Default()
+	if err := doc.Decode(repo); err != nil {
+		return nil, &Error{Msg: "invalid value: " + err.Error()}
+	}
+	// An explicit null or missing idle_after_seconds keeps the default;
+	// an explicit 0 is refused below.
+	if !hasKey(&doc, "orchestration", "idle_after_seconds") {
+		repo.Orchestration.IdleAfterSeconds = DefaultIdleAfterSeconds
+	}
+	if err := repo.check(); err != nil {
+		return nil, err
+	}
+	return repo, nil
+}
+
+// hasKey reports whether the document sets path to a non-null value.
+func hasKey(doc *yaml.Node, path ...string) bool {
+	n := doc
+	for n.Kind == yaml.DocumentNode && len(n.Content) == 1 {
+		n = n.Content[0]
+	}
+	for _, key := range path {
+		if n.Kind != yaml.MappingNode {
+			return false
+		}
+		var next *yaml.Node
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == key {
+				next = n.Content[i+1]
+			}
+		}
+		if next == nil {
+			return false
+		}
+		n = next
+	}
+	return !(n.Kind == yaml.ScalarNode && n.Tag == "!!null")
+}
+
+func (c *Repo) check() error {
+	for _, name := range sortedKeys(c.Agents) {
+		a := c.Agents[name]
+		p := "agents." + name
+		if !agentNameRE.MatchString(name) {
+			return &Error{Path: p, Msg: "agent names must match [a-z0-9][a-z0-9-]{0,63}"}
+		}
+		if a.Command == "" {
+			return &Error{Path: p + ".command", Msg: "is required"}
+		}
+	}
+	if c.DefaultAgent != "" {
+		if _, ok := c.Agents[c.DefaultAgent]; !ok {
+			return &Error{Path: "default_agent", Msg: fmt.Sprintf("agent `%s` is not defined under agents", shown(c.DefaultAgent))}
+		}
+	}
+	for _, name := range sortedKeys(c.LiteLLM.Profiles) {
+		p := "litellm.profiles." + name
+		if !grant.ValidProfile(name) {
+			return &Error{Path: p, Msg: "profile names must match [a-z0-9][a-z0-9_-]{0,63}"}
+		}
+		for _, tier := range sortedKeys(c.LiteLLM.Profiles[name].Tiers) {
+			if !slices.Contains(grant.Tiers, tier) {
+				return &Error{Path: p + ".tiers." + tier, Msg: "tier must be fable, opus, sonnet or haiku"}
+			}
+			if c.LiteLLM.Profiles[name].Tiers[tier] == "" {
+				return &Error{Path: p + ".tiers." + tier, Msg: "route must not be empty"}
+			}
+		}
+	}
+	for _, name := range sortedKeys(c.Services) {
+		p := "services." + name
+		if !ValidServiceName(name) {
+			return &Error{Path: p, Msg: "service names must match [a-z0-9][a-z0-9_-]{0,63}"}
+		}
+		if c.Services[name].Command == "" {
+			return &Error{Path: p + ".command", Msg: "is required"}
+		}
+		for i, dep := range c.Services[name].DependsOn {
+			if _, ok := c.Services[dep]; !ok {
+				return &Error{Path: fmt.Sprintf("%s.depends_on[%d]", p, i), Msg: fmt.Sprintf("service `%s` is not defined", shown(dep))}
+			}
+		}
+	}
+	if cycle := c.serviceCycle(); cycle != "" {
+		return &Error{Path: "services." + cycle + ".depends_on", Msg: "dependency cycle"}
+	}
+	for _, name := range sortedKeys(c.Autostart.Profiles) {
+		p := "autostart.profiles." + name
+		if !ValidAutostartProfileName(name) {
+			return &Error{Path: p, Msg: "profile names must match [a-z0-9][a-z0-9_-]{0,63}"}
+		}
+		for i, s := range c.Autostart.Profiles[name].Services {
+			if _, ok := c.Services[s]; !ok {
+				return &Error{Path: fmt.Sprintf("%s.services[%d]", p, i), Msg: fmt.Sprintf("service `%s` is not defined", shown(s))}
+			}
+		}
+	}
+	if d := c.Autostart.DefaultProfile; d != "" && !c.AutostartProfileDefined(d) {
+		return &Error{Path: "autostart.default_profile", Msg: fmt.Sprintf("autostart profile `%s` is not defined", shown(d))}
+	}
+	if len(c.Fork.WarmPaths) > MaxWarmPaths {
+		return &Error{Path: "fork.warm_paths", Msg: fmt.Sprintf("has more than %d items", MaxWarmPaths)}
+	}
+	for i, g := range c.Fork.WarmPaths {
+		if err := CheckWarmPath(g); err != nil {
+			return &Error{Path: fmt.Sprintf("fork.warm_paths[%d]", i), Msg: err.Error()}
+		}
+	}
+	o := c.Orchestration
+	if o.IdleAfterSeconds <= 0 || o.IdleAfterSeconds > MaxIdleAfterSeconds {
+		return &Error{Path: "orchestration.idle_after_seconds", Msg: fmt.Sprintf("must be 1 to %d seconds", MaxIdleAfterSeconds)}
+	}
+	if err := checkCap(o.Cap); err != nil {
+		return err
+	}
+	if r := o.DefaultRunner; r != nil {
+		if err := r.Check("orchestration.default_runner"); err != nil {
+			return &Error{Msg: err.Error()}
+		}
+	}
+	return nil
+}
+
+func checkCap(c grant.Cap) error {
+	const p = "orchestration.cap"
+	if n := c.MaxRunningChildren; n != nil && (*n < 0 || *n > grant.MaxRunningChildrenLimit) {
+		return &Error{Path: p + ".max_running_children", Msg: fmt.Sprintf("must be 0 to %d", grant.MaxRunningChildrenLimit)}
+	}
+	for i, op := range c.Operations {
+		if !grant.ValidOperation(op) {
+			return &Error{Path: fmt.Sprintf("%s.operations[%d]", p, i), Msg: fmt.Sprintf("unknown operation (want one of %v)", grant.Operations)}
+		}
+	}
+	r := grant.Rights{Mounts: c.Mounts, Egress: c.Egress}
+	if err := r.CheckSyntax(p); err != nil {
+		return &Error{Msg: err.Error()}
+	}
+	return nil
+}
+
+// serviceCycle returns a service on a depends_on cycle, or "".
+func (c *Repo) serviceCycle() string {
+	const (
+		visiting = 1
+		done     = 2
+	)
+	state := map[string]int{}
+	var visit func(string) bool
+	visit = func(s string) bool {
+		switch state[s] {
+		case visiting:
+			return true
+		case done:
+			return false
+		}
+		state[s] = visiting
+		for _, d := range c.Services[s].DependsOn {
+			if visit(d) {
+				return true
+			}
+		}
+		state[s] = done
+		return false
+	}
+	for _, s := range sortedKeys(c.Services) {
+		if visit(s) {
+			return s
+		}
+	}
+	return ""
+}
+
+// AutostartProfileDefined reports whether autostart.profiles has name.
+func (c *Repo) AutostartProfileDefined(name string) bool {
+	_, ok := c.Autostart.Profiles[name]
+	return ok
+}
+
+// ServiceDefined reports whether services has name.
+func (c *Repo) ServiceDefined(name string) bool {
+	_, ok := c.Services[name]
+	return ok
+}
+
+// WithDependencies returns names followed by every service they depend on,
+// transitively, each once, in first-seen order (spec: "dependencies are
+// included"). Unknown names are kept as they are.
+func (c *Repo) WithDependencies(names []string) []string {
+	out := make([]string, 0, len(names))
+	seen := map[string]bool{}
+	var add func(string)
+	add = func(s string) {
+		if seen[s] {
+			return
+		}
+		seen[s] = true
+		out = append(out, s)
+		for _, d := range c.Services[s].DependsOn {
+			add(d)
+		}
+	}
+	for _, n := range names {
+		add(n)
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// shown returns s bounded to maxShownLen bytes for use in a message.
+func shown(s string) string {
+	if len(s) <= maxShownLen {
+		return s
+	}
+	cut := maxShownLen
+	for cut > 0 && s[cut]&0xC0 == 0x80 { // do not split a UTF-8 sequence
+		cut--
+	}
+	return s[:cut] + "…"
+}

@@ -1,0 +1,170 @@
+package manifest
+
+import (
+	"errors"
+
+	"agentbox/internal/config"
+	"agentbox/internal/grant"
+)
+
+// Role is the sender's role, fixed by the socket that accepted the
+// connection.
+type Role int
+
+// Roles start at 1 so the zero value means "unset" and is rejected.
+const (
+	RoleOrchestrator Role = iota + 1
+	RoleChild
+)
+
+// Context is what Validate needs to know about the sender.
+type Context struct {
+	Role Role
+	// Self is the sender's short name (used for a child's rights).
+	Self string
+	// Grant is the sender's stored grant, nil when it holds none. Validate
+	// caps it with Repo's orchestration.cap itself.
+	Grant *grant.Grant
+	// Revoked is true once the sender's grant was revoked.
+	Revoked bool
+	// Repo is the host repository's config; nil means config.Default().
+	Repo *config.Repo
+}
+
+// Validate applies the caller-dependent rules to a decoded manifest:
+//
+//   - a child may send only message without `to` and revoke-only rights for
+//     itself (child absent or its own short name, grant absent, not even
+//     null);
+//   - an orchestrator needs an active grant holding the type's operation
+//     (revoke-only rights needs no operation), and must name the child of
+//     message and rights;
+//   - spawn and rights grants pass the rights rule against the effective
+//     (repo-capped) grant; spawn/restart on_done destroy needs the destroy
+//     operation; runners, autostart profiles and services are checked
+//     against the repo config.
+//
+// A refusal is a *Refusal carrying the manifest's ID.
+func Validate(m *Manifest, ctx Context) error {
+	if m == nil {
+		return errors.New("manifest: Validate of a nil manifest")
+	}
+	repo := ctx.Repo
+	if repo == nil {
+		repo = config.Default()
+	}
+	var err error
+	switch ctx.Role {
+	case RoleChild:
+		err = validateChild(m, ctx.Self)
+	case RoleOrchestrator:
+		err = validateOrchestrator(m, ctx, repo)
+	default:
+		return errors.New("manifest: Validate needs a Role")
+	}
+	if r, ok := err.(*Refusal); ok {
+		r.ID = m.ID
+	}
+	return err
+}
+
+func validateChild(m *Manifest, self string) error {
+	switch m.Type {
+	case TypeMessage:
+		if m.Message.To != "" {
+			return &Refusal{Detail: DetailChildTo}
+		}
+		return nil
+	case TypeRights:
+		r := m.Rights
+		if (r.Child != "" && r.Child != self) || r.Grant != nil || r.GrantNull {
+			return &Refusal{Detail: DetailChildRightsOnly}
+		}
+		return nil
+	}
+	return &Refusal{Detail: DetailChildTypes}
+}
+
+func validateOrchestrator(m *Manifest, ctx Context, repo *config.Repo) error {
+	if ctx.Revoked {
+		return &Refusal{Detail: DetailGrantRevoked}
+	}
+	if ctx.Grant == nil {
+		return &Refusal{Detail: DetailNoGrant}
+	}
+	caps := repo.Orchestration.Cap
+	eff := ctx.Grant.Capped(caps)
+	revokeOnly := m.Type == TypeRights && m.Rights.RevokeOnly()
+	if op := OperationFor(m.Type); !revokeOnly && !eff.Has(op) {
+		return &Refusal{Detail: MissingOperation(op)}
+	}
+	switch m.Type {
+	case TypeMessage:
+		if m.Message.To == "" {
+			return refuse("`to` is required: name the child")
+		}
+	case TypeSpawn:
+		s := m.Spawn
+		if err := needDestroy(s.OnDone, eff); err != nil {
+			return err
+		}
+		if err := grant.CheckRights(eff, caps, s.Rights); err != nil {
+			return refuse("%s", err.Error())
+		}
+		if s.Runner != nil {
+			if err := repo.CheckRunner(*s.Runner); err != nil {
+				return refuse("%s", err.Error())
+			}
+		}
+		return checkStartup(repo, s.AutostartProfile, s.Services)
+	case TypeRestart:
+		r := m.Restart
+		if err := needDestroy(r.OnDone, eff); err != nil {
+			return err
+		}
+		if r.Runner.Runner != nil {
+			if err := repo.CheckRunner(*r.Runner.Runner); err != nil {
+				return refuse("%s", err.Error())
+			}
+		}
+		return checkStartup(repo, r.AutostartProfile, r.Services)
+	case TypeRefresh:
+		return checkStartup(repo, "", m.Refresh.Services)
+	case TypeRights:
+		r := m.Rights
+		if r.Child == "" {
+			return refuse("`child` is required: name the child whose rights change")
+		}
+		if r.Grant != nil {
+			if r.Grant.For == "" {
+				return refuse("`grant.for` is required: a TTL of at most 24h, or never")
+			}
+			if err := grant.CheckRights(eff, caps, r.Grant.Items); err != nil {
+				return refuse("%s", err.Error())
+			}
+		}
+	}
+	return nil
+}
+
+// needDestroy refuses an explicit on_done destroy without the destroy
+// operation.
+func needDestroy(onDone string, eff grant.Grant) error {
+	if onDone == OnDoneDestroy && !eff.Has(grant.OpDestroy) {
+		return refuse("on_done `destroy` needs operation `destroy`, which is not in this container's grant")
+	}
+	return nil
+}
+
+// checkStartup checks an autostart profile and services against the repo.
+func checkStartup(repo *config.Repo, profile string, services []string) error {
+	if profile != "" && !repo.AutostartProfileDefined(profile) {
+		return refuse("autostart profile `%s` is not defined", profile)
+	}
+	for _, s := range services {
+		if !repo.ServiceDefined(s) {
+			return refuse("service `%s` is not defined", s)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,61 @@
+// Package orchestrate holds what each manifest type does, on top of the
+// store, the backend and gitx. It knows nothing of sockets: the broker
+// hands it a decoded, validated manifest and the requester's identity.
+package orchestrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/store"
+)
+
+// Refusal is a refusal the requester may read: its Detail becomes the
+// refused status's detail.
+type Refusal struct{ Detail string }
+
+func (r *Refusal) Error() string { return r.Detail }
+
+func refusef(format string, args ...any) error { return &Refusal{Detail: fmt.Sprintf(format, args...)} }
+
+// AsRefusal reports whether err is a refusal and returns it.
+func AsRefusal(err error) (*Refusal, bool) {
+	var r *Refusal
+	ok := errors.As(err, &r)
+	return r, ok
+}
+
+// Requester is who sent a manifest, as the broker identified it.
+type Requester struct {
+	Sandbox string
+	Role    string
+	Parent  string
+}
+
+// Orchestrator runs manifests.
+type Orchestrator struct {
+	Store   *store.Store
+	Backend backend.Backend
+	// Notify is called with the name of every sandbox whose inbox changed.
+	Notify func(sandbox string)
+}
+
+func (o *Orchestrator) notify(names ...string) {
+	if o.Notify == nil {
+		return
+	}
+	for _, n := range names {
+		o.Notify(n)
+	}
+}
+
+// childOf returns the requester's child named name, or the spec's refusal.
+func (o *Orchestrator) childOf(ctx context.Context, req Requester, name string) (store.Sandbox, error) {
+	sb, err := o.Store.Sandbox(ctx, name)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && (sb.Role != store.RoleChild || sb.Parent != req.Sandbox)) {
+		return store.Sandbox{}, refusef("`%s` is not a child of this orchestrator", name)
+	}
+	return sb, err
+}

@@ -1,0 +1,128 @@
+// Package secfs holds the filesystem primitives both programs use on
+// trusted paths: private directories, atomic durable writes, opens that
+// never follow a symlink. No other package calls os.Chmod, os.Rename or
+// os.OpenFile on trusted paths directly.
+package secfs
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// ErrUnsafe reports a trusted path that is a symlink, has the wrong type,
+// owner or mode.
+var ErrUnsafe = errors.New("unsafe path")
+
+// EnsurePrivateDir creates dir (and missing parents with 0700) and checks
+// that dir itself is a real directory (not a symlink) owned by the current
+// user with mode 0700; a wider mode is tightened, another owner refused.
+func EnsurePrivateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&os.ModeSymlink != 0 || !fi.IsDir() {
+		return fmt.Errorf("%w: not a directory", ErrUnsafe)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%w: directory owned by another user", ErrUnsafe)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		return os.Chmod(dir, 0o700)
+	}
+	return nil
+}
+
+// MkdirFresh creates dir with mode 0700; it fails if dir already exists,
+// so a caller knows the directory is new.
+func MkdirFresh(dir string) error {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return err
+	}
+	return os.Chmod(dir, 0o700) // exact mode regardless of umask
+}
+
+// Chmod sets the mode of a path this program created.
+func Chmod(path string, mode os.FileMode) error { return os.Chmod(path, mode) }
+
+// WriteFileAtomic writes data to path durably: a temp file beside it
+// (O_EXCL, 0600), write, fsync, chmod, close, rename, fsync the directory.
+func WriteFileAtomic(path string, data []byte, perm os.FileMode) (err error) {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+	if _, err = f.Write(data); err != nil {
+		return err
+	}
+	if err = f.Sync(); err != nil {
+		return err
+	}
+	if err = f.Chmod(perm); err != nil {
+		return err
+	}
+	if err = f.Close(); err != nil {
+		return err
+	}
+	if err = os.Rename(tmp, path); err != nil {
+		return err
+	}
+	return FsyncDir(dir)
+}
+
+// FsyncDir makes a directory's entries durable.
+func FsyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// ReadFileNoFollow reads a regular file, refusing a symlink at the last
+// component and anything that is not a regular file.
+func ReadFileNoFollow(path string, maxBytes int64) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, fmt.Errorf("%w: symlink", ErrUnsafe)
+		}
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: not a regular file", ErrUnsafe)
+	}
+	if fi.Size() > maxBytes {
+		return nil, fmt.Errorf("file larger than %d bytes", maxBytes)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > maxBytes {
+		return nil, fmt.Errorf("file larger than %d bytes", maxBytes)
+	}
+	return data, nil
+}

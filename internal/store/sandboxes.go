@@ -1,0 +1,126 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Roles.
+const (
+	RoleOrchestrator = "orchestrator"
+	RoleChild        = "child"
+)
+
+// Sandbox is one row of the sandboxes table.
+type Sandbox struct {
+	Name      string
+	UUID      string
+	Role      string
+	Parent    string // orchestrator's name for a child; "" otherwise
+	Branch    string
+	Repo      string // host path of the source repository
+	State     string
+	SocketDir string // host dir of the current listener; "" if none yet
+	Grant     string // grant document (JSON) of an orchestrator
+}
+
+const sandboxCols = `name, uuid, role, parent, branch, repo, state, socket_dir, grant_doc`
+
+func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
+	var sb Sandbox
+	err := row.Scan(&sb.Name, &sb.UUID, &sb.Role, &sb.Parent, &sb.Branch, &sb.Repo, &sb.State, &sb.SocketDir, &sb.Grant)
+	return sb, err
+}
+
+// CreateSandbox inserts a new sandbox; ErrExists if the name is taken.
+func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
+	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)`,
+		sb.Name, sb.UUID, sb.Role, sb.Parent, sb.Branch, sb.Repo, sb.State, sb.SocketDir, sb.Grant, now())
+	if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") {
+		return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
+	}
+	return err
+}
+
+// Sandbox returns one sandbox by name.
+func (s *Store) Sandbox(ctx context.Context, name string) (Sandbox, error) {
+	sb, err := scanSandbox(s.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE name = ?`, name))
+	if errors.Is(err, sql.ErrNoRows) {
+		return Sandbox{}, fmt.Errorf("sandbox %q: %w", name, ErrNotFound)
+	}
+	return sb, err
+}
+
+// Sandboxes lists every sandbox by name.
+func (s *Store) Sandboxes(ctx context.Context) ([]Sandbox, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY name`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Sandbox
+	for rows.Next() {
+		sb, err := scanSandbox(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sb)
+	}
+	return out, rows.Err()
+}
+
+// SetState records a sandbox's state.
+func (s *Store) SetState(ctx context.Context, name, state string) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET state = ? WHERE name = ?`, state, name)
+}
+
+// SetGrant records an orchestrator's grant document.
+func (s *Store) SetGrant(ctx context.Context, name, grantDoc string) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET grant_doc = ? WHERE name = ?`, grantDoc, name)
+}
+
+// ClaimSocketDir records dir as the sandbox's socket directory. A directory
+// name is claimed once, ever: claiming a name used before fails with
+// ErrExists, so no device path is ever reused.
+func (s *Store) ClaimSocketDir(ctx context.Context, name, dir string) error {
+	return s.withTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO socket_dirs (dir) VALUES (?)`, dir); err != nil {
+			if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+				return fmt.Errorf("socket dir: %w", ErrExists)
+			}
+			return err
+		}
+		res, err := tx.ExecContext(ctx, `UPDATE sandboxes SET socket_dir = ? WHERE name = ?`, dir, name)
+		if err != nil {
+			return err
+		}
+		return oneRow(res, name)
+	})
+}
+
+// DeleteSandbox removes a sandbox with its items and journal.
+func (s *Store) DeleteSandbox(ctx context.Context, name string) error {
+	return s.updateOne(ctx, `DELETE FROM sandboxes WHERE name = ?`, name)
+}
+
+func (s *Store) updateOne(ctx context.Context, query string, args ...any) error {
+	res, err := s.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return err
+	}
+	return oneRow(res, fmt.Sprint(args[len(args)-1]))
+}
+
+func oneRow(res sql.Result, name string) error {
+	n, err := res.RowsAffected()
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("sandbox %q: %w", name, ErrNotFound)
+	}
+	return nil
+}
