@@ -206,6 +206,9 @@ func (b *Broker) adminNew(ctx context.Context, raw json.RawMessage) *reply {
 	}
 	if err := b.serveSandbox(sb); err != nil {
 		b.log.Error("serve new sandbox", "name", a.Name, "err", err)
+		b.store.DeleteSandbox(ctx, a.Name)
+		b.cfg.Backend.Destroy(ctx, a.Name)
+		return adminErr("cannot serve the socket of `%s`: %v", a.Name, err)
 	}
 	b.runRound()
 	b.log.Info("sandbox created", "name", a.Name, "role", a.Role, "branch", branch)

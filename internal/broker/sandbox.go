@@ -16,6 +16,15 @@ import (
 	"agentbox/internal/store"
 )
 
+// socketDirRandomBytes is the random part of <uuid>.<random>: 8 bytes (16
+// hex) never repeat in practice, and the broker also refuses a name it
+// has claimed before.
+const socketDirRandomBytes = 8
+
+// maxSocketPathBytes is the longest path a Unix socket address holds
+// (sun_path is 108 bytes with the terminating NUL).
+const maxSocketPathBytes = 107
+
 // sandboxServer is one sandbox's listener and its per-sandbox bounds.
 type sandboxServer struct {
 	caller   Caller
@@ -92,7 +101,7 @@ func (b *Broker) socketRoot() string { return filepath.Join(b.cfg.StateDir, Sock
 // before (claimed in broker.db), mode 0700, and records it for sb.
 func (b *Broker) freshSocketDir(sb store.Sandbox) (string, error) {
 	for range 8 {
-		var r [8]byte
+		var r [socketDirRandomBytes]byte
 		if _, err := rand.Read(r[:]); err != nil {
 			return "", err
 		}
@@ -142,6 +151,9 @@ func (b *Broker) serveSandbox(sb store.Sandbox) error {
 		}
 	}
 	sockPath := filepath.Join(dir, SocketName)
+	if len(sockPath) > maxSocketPathBytes {
+		return fmt.Errorf("socket path is %d bytes, over the %d a Unix socket allows: use a shorter state dir", len(sockPath), maxSocketPathBytes)
+	}
 	if err := os.Remove(sockPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}

@@ -124,3 +124,9 @@ func oneRow(res sql.Result, name string) error {
 	}
 	return nil
 }
+
+// SetSocketDirForTest records dir without claiming it (tests simulate old
+// layouts with it).
+func (s *Store) SetSocketDirForTest(ctx context.Context, name, dir string) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET socket_dir = ? WHERE name = ?`, dir, name)
+}

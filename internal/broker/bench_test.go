@@ -1,0 +1,265 @@
+package broker_test
+
+// Benchmarks of the broker's round trips against their bare floors, run in
+// one `go test -bench` so the results read as ratios (docs/benchmarks.md):
+//
+//	BenchmarkList, BenchmarkRead  vs  BenchmarkRawEcho          (target <= 3x)
+//	BenchmarkSendMessage          vs  BenchmarkRawSQLiteCommit  (target <= 1.5x)
+//
+// Every temp dir comes from b.TempDir(), so the broker's broker.db and the
+// bare SQLite file are on the same filesystem. Benchmarks report; they
+// assert nothing about time.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+
+	_ "modernc.org/sqlite"
+
+	"agentbox/internal/wire"
+)
+
+// benchListLine is a `list` request exactly as the CLI sends it.
+var benchListLine = []byte(`{"v":1,"op":"list"}` + "\n")
+
+// benchRoundTrip writes line and reads one reply line.
+func benchRoundTrip(b *testing.B, conn net.Conn, r *bufio.Reader, line []byte) []byte {
+	if _, err := conn.Write(line); err != nil {
+		b.Fatal(err)
+	}
+	reply, err := wire.ReadLine(r, wire.MaxLineBytes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return reply
+}
+
+// benchOK fails unless reply is a success line. The broker encodes
+// wire.Response with v and ok first, so a prefix check is exact and cheap.
+func benchOK(b *testing.B, reply []byte) {
+	if !bytes.HasPrefix(reply, []byte(`{"v":1,"ok":true`)) {
+		b.Fatalf("reply is not a success: %s", reply)
+	}
+}
+
+// BenchmarkRawEcho is the floor for a socket round trip: a Unix-socket echo
+// server that reads one line and writes it back, on a warm connection, with
+// the same framing code (wire.ReadLine) as the broker.
+func BenchmarkRawEcho(b *testing.B) {
+	ln, err := net.Listen("unix", filepath.Join(b.TempDir(), "echo.sock"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				r := bufio.NewReaderSize(conn, 4096)
+				for {
+					line, err := wire.ReadLine(r, wire.MaxLineBytes)
+					if err != nil {
+						return
+					}
+					if _, err := conn.Write(append(line, '\n')); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	conn, err := net.Dial("unix", ln.Addr().String())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Close()
+	r := bufio.NewReader(conn)
+	benchRoundTrip(b, conn, r, benchListLine) // warm up
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		if reply := benchRoundTrip(b, conn, r, benchListLine); len(reply) != len(benchListLine)-1 {
+			b.Fatalf("echo: %q", reply)
+		}
+	}
+}
+
+// newShortEnv is newTestEnv with a short state dir (under os.TempDir(),
+// the filesystem of b.TempDir()): t.TempDir() embeds the test's name, and
+// <state>/sock/<uuid>.<random>/broker.sock must fit a Unix socket address
+// (107 bytes), which a long benchmark or test name overflows.
+func newShortEnv(tb testing.TB) *testEnv {
+	tb.Helper()
+	dir, err := os.MkdirTemp("", "jb")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	e := &testEnv{t: tb, state: filepath.Join(dir, "state"), repo: makeRepo(tb)}
+	e.start()
+	return e
+}
+
+// benchInbox starts a broker with orchestrator "o" and child "c" holding
+// one unread message, and returns a warm raw connection of c and the
+// message's id.
+func benchInbox(b *testing.B) (*testEnv, *rawConn, string) {
+	e := newShortEnv(b)
+	e.orchestrator("o")
+	e.child("c", "o")
+	sendMessage(b, e.client("o"), map[string]any{"id": "m-1", "to": "c", "body": "please rebase onto main and run the tests"})
+	items := unread(b, e.client("c"))
+	if len(items) != 1 {
+		b.Fatalf("child inbox: %d unread items, want 1", len(items))
+	}
+	return e, e.raw("c"), items[0].ID
+}
+
+// BenchmarkList: a `list` round trip (one unread message in the inbox) on a
+// warm connection against the real broker.
+func BenchmarkList(b *testing.B) {
+	_, c, id := benchInbox(b)
+	reply := benchRoundTrip(b, c, c.r, benchListLine)
+	benchOK(b, reply)
+	if !bytes.Contains(reply, []byte(id)) {
+		b.Fatalf("list does not show %s: %s", id, reply)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		benchOK(b, benchRoundTrip(b, c, c.r, benchListLine))
+	}
+}
+
+// BenchmarkRead: a `read` with keep=true (the item stays unread, so every
+// iteration reads the same item) on a warm connection.
+func BenchmarkRead(b *testing.B) {
+	_, c, id := benchInbox(b)
+	line := []byte(`{"v":1,"op":"read","args":{"id":"` + id + `","keep":true}}` + "\n")
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		benchOK(b, benchRoundTrip(b, c, c.r, line))
+	}
+	b.StopTimer()
+	// keep=true must really have kept it.
+	if reply := benchRoundTrip(b, c, c.r, benchListLine); !bytes.Contains(reply, []byte(id)) {
+		b.Fatalf("read keep=true consumed %s: %s", id, reply)
+	}
+}
+
+// benchSQLiteDSN is internal/store's DSN: same driver, same pragmas.
+func benchSQLiteDSN(path string) string {
+	q := url.Values{}
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", "foreign_keys(ON)")
+	q.Add("_pragma", "busy_timeout(10000)")
+	q.Set("_txlock", "immediate")
+	return "file:" + path + "?" + q.Encode()
+}
+
+// benchDoc is a message document of the size a send stores.
+const benchDoc = `{"version":1,"id":"h-0123abcd","type":"message","from":"o","kind":"note","body":"please rebase onto main and run the tests","in_reply_to":null,"origin_id":"m-1"}`
+
+// BenchmarkRawSQLiteCommit is the floor for a durable send: one INSERT in
+// one BEGIN IMMEDIATE ... COMMIT at synchronous=FULL in WAL mode, with the
+// broker's driver (modernc.org/sqlite), on a file in b.TempDir().
+func BenchmarkRawSQLiteCommit(b *testing.B) {
+	dir := b.TempDir()
+	b.Logf("bare.db on %s (%s)", benchFSType(dir), filepath.Dir(dir))
+	db, err := sql.Open("sqlite", benchSQLiteDSN(filepath.Join(dir, "bare.db")))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(8)
+	var mode string
+	if err := db.QueryRow("PRAGMA journal_mode").Scan(&mode); err != nil || mode != "wal" {
+		b.Fatalf("journal_mode %q, %v", mode, err)
+	}
+	var sync int
+	if err := db.QueryRow("PRAGMA synchronous").Scan(&sync); err != nil || sync != 2 {
+		b.Fatalf("synchronous %d (want 2, FULL), %v", sync, err)
+	}
+	if _, err := db.Exec(`CREATE TABLE t (seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE, doc TEXT NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	i := 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		i++
+		tx, err := db.BeginTx(ctx, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO t (id, doc) VALUES (?, ?)`, "h-"+strconv.Itoa(i), benchDoc); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSendMessage: a durable message send, orchestrator -> its child,
+// a new manifest id each iteration, reply (the "done" status) received.
+func BenchmarkSendMessage(b *testing.B) {
+	e := newShortEnv(b)
+	e.orchestrator("o")
+	e.child("c", "o")
+	c := e.raw("o")
+	const prefix = `{"v":1,"op":"send","args":{"manifest":{"version":1,"type":"message","to":"c","body":"please rebase onto main and run the tests","id":"m-`
+	buf := make([]byte, 0, 256)
+	n := 0
+	send := func() []byte {
+		n++
+		buf = append(strconv.AppendInt(append(buf[:0], prefix...), int64(n), 10), `"}}}`+"\n"...)
+		return benchRoundTrip(b, c, c.r, buf)
+	}
+	if reply := send(); !bytes.Contains(reply, []byte(`"state":"done"`)) {
+		b.Fatalf("send: %s", reply)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		benchOK(b, send())
+	}
+	b.StopTimer()
+	// Every send was delivered: the child has one unread message per send.
+	got := len(unread(b, e.client("c")))
+	if got != n {
+		b.Fatalf("child has %d unread messages after %d sends", got, n)
+	}
+}
+
+// benchFSType names the filesystem holding dir (statfs magic), so the
+// log says whether the commit floor was measured on tmpfs or a disk.
+func benchFSType(dir string) string {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		return "unknown"
+	}
+	names := map[int64]string{0xEF53: "ext2/3/4", 0x01021994: "tmpfs", 0x794c7630: "overlayfs",
+		0x9123683E: "btrfs", 0x58465342: "xfs", 0x2FC12FC1: "zfs", 0x65735546: "fuse"}
+	if n, ok := names[int64(st.Type)]; ok {
+		return n
+	}
+	return fmt.Sprintf("statfs type %#x", st.Type)
+}

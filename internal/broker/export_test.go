@@ -1,0 +1,28 @@
+package broker
+
+import (
+	"context"
+	"testing"
+
+	"agentbox/internal/backend"
+)
+
+// BackendForTest exposes the broker's backend to tests.
+func (b *Broker) BackendForTest() backend.Backend { return b.cfg.Backend }
+
+// SetSocketDirForTest records dir as a sandbox's socket dir, bypassing the
+// never-reused rule (to simulate a legacy layout).
+func (b *Broker) SetSocketDirForTest(t testing.TB, name, dir string) {
+	if err := b.store.SetSocketDirForTest(context.Background(), name, dir); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ParkedForTest reports whether a sandbox has a parked next.
+func (b *Broker) ParkedForTest(name string) bool {
+	s := b.server(name)
+	return s != nil && s.parked.Load()
+}
+
+// QueuedQueriesForTest is how many store queries wait for a worker.
+func (b *Broker) QueuedQueriesForTest() int { return len(b.queries) }
