@@ -62,7 +62,7 @@ type Broker struct {
 	rounds  chan struct{}
 	snap    atomic.Pointer[Snapshot]
 
-	queryHook func(op string) // test hook, see SetQueryHookForTest
+	queryHook atomic.Pointer[func(op string)] // test hook, see SetQueryHookForTest
 }
 
 // Open takes the state dir's lock, opens broker.db and prepares the
@@ -171,4 +171,10 @@ func (b *Broker) Close() error {
 
 // SetQueryHookForTest installs fn to run in a query worker before each
 // store query, so tests can hold queries in flight.
-func (b *Broker) SetQueryHookForTest(fn func(op string)) { b.queryHook = fn }
+func (b *Broker) SetQueryHookForTest(fn func(op string)) {
+	if fn == nil {
+		b.queryHook.Store(nil)
+		return
+	}
+	b.queryHook.Store(&fn)
+}

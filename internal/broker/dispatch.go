@@ -117,8 +117,8 @@ func (b *Broker) queryWorker() {
 		case <-b.ctx.Done():
 			return
 		case job := <-b.queries:
-			if h := b.queryHook; h != nil {
-				h(job.op)
+			if h := b.queryHook.Load(); h != nil {
+				(*h)(job.op)
 			}
 			job.fn()
 			close(job.done)
