@@ -178,3 +178,7 @@ func (b *Broker) SetQueryHookForTest(fn func(op string)) {
 	}
 	b.queryHook.Store(&fn)
 }
+
+// BackendForRestart returns the broker's backend, so a caller can reopen a
+// broker on the same state dir with it (tests restart brokers in-process).
+func (b *Broker) BackendForRestart() backend.Backend { return b.cfg.Backend }

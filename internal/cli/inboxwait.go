@@ -131,9 +131,10 @@ broker does not come back); a first connection that fails exits 4 at once.`,
 // backoff until ctx ends (exit 4 if it never came back, 3 on timeout while
 // connected).
 func callNextRetrying(ctx context.Context, args any) (nextResult, error) {
-	c, err := dialInbox(ctx)
+	path := inbox.SocketPath()
+	c, err := inbox.Dial(ctx, path)
 	if err != nil {
-		return nextResult{}, err
+		return nextResult{}, exitf(ExitUnreachable, "cannot reach the broker: %v", err)
 	}
 	backoff := reconnectFirst
 	for {
@@ -155,7 +156,7 @@ func callNextRetrying(ctx context.Context, args any) (nextResult, error) {
 			case <-time.After(backoff):
 			}
 			backoff = min(backoff*2, reconnectMax)
-			if c, err = inbox.Dial(ctx, inbox.SocketPath()); err == nil {
+			if c, err = inbox.Dial(ctx, path); err == nil {
 				break
 			}
 		}

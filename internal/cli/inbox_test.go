@@ -1,0 +1,248 @@
+package cli_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/backend/local"
+	"agentbox/internal/broker"
+	"agentbox/internal/cli"
+	"agentbox/internal/inbox"
+)
+
+// run runs the jailbee command line in-process with the given stdin.
+func run(t *testing.T, stdin string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = cli.Run(context.Background(), "jailbee", args, cli.Deps{
+		OpenBackend: func(o cli.BackendOptions) (backend.Backend, error) {
+			return local.New(local.Options{Root: filepath.Join(o.StateDir, "sandboxes"), Insecure: o.Insecure})
+		},
+		Stdin: strings.NewReader(stdin), Stdout: &out, Stderr: &errb,
+	})
+	return code, out.String(), errb.String()
+}
+
+func shortDir(t *testing.T) string {
+	t.Helper()
+	d, err := os.MkdirTemp("", "jbc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// fakeBroker serves a socket that answers every line with reply (or
+// closes at once when reply is ""). For what a real broker cannot be made
+// to do: speak another version, drop a connection mid-request.
+func fakeBroker(t *testing.T, reply string) string {
+	t.Helper()
+	path := filepath.Join(shortDir(t), "broker.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				if _, err := r.ReadString('\n'); err != nil || reply == "" {
+					return
+				}
+				io.WriteString(c, reply+"\n")
+			}()
+		}
+	}()
+	return path
+}
+
+func TestInboxExitStatusesWithoutBroker(t *testing.T) {
+	t.Setenv(inbox.SocketEnv, filepath.Join(shortDir(t), "missing.sock"))
+	for _, args := range [][]string{
+		{"inbox", "ls"},
+		{"inbox", "read", "h-00000000"},
+		{"inbox", "status"},
+		{"inbox", "grant"},
+		{"inbox", "children"},
+		{"inbox", "wait", "--timeout", "30s"},
+		{"inbox", "send", "message", "--to", "c", "--text", "x"},
+	} {
+		start := time.Now()
+		code, stdout, _ := run(t, "", args...)
+		if code != cli.ExitUnreachable || stdout != "" {
+			t.Errorf("%v with no broker: exit %d stdout %q, want exit 4 and no output", args, code, stdout)
+		}
+		if args[1] == "wait" && time.Since(start) > 20*time.Second {
+			t.Errorf("wait retried a first connection that failed")
+		}
+	}
+}
+
+func TestInboxExit4OnVersionMismatchAndDrop(t *testing.T) {
+	for name, reply := range map[string]string{
+		"version": `{"v":1,"ok":false,"error":{"code":"version","detail":"protocol version 2 required"}}`,
+		"drop":    "",
+		"busy":    `{"v":1,"ok":false,"error":{"code":"busy","detail":"too many connections"}}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv(inbox.SocketEnv, fakeBroker(t, reply))
+			code, _, stderr := run(t, "", "inbox", "ls")
+			if code != cli.ExitUnreachable {
+				t.Fatalf("exit %d (%s), want 4", code, stderr)
+			}
+		})
+	}
+}
+
+func TestInboxUsageErrors(t *testing.T) {
+	t.Setenv(inbox.SocketEnv, filepath.Join(shortDir(t), "missing.sock"))
+	for _, args := range [][]string{
+		{"inbox", "ls", "--bogus"},
+		{"inbox", "read"},
+		{"inbox", "wait", "--wake-on", "msg:"},
+		{"inbox", "wait", "--wake-on", "status:bogus"},
+		{"inbox", "wait", "--wake-on", "done"},
+		{"inbox", "wait", "--timeout", "soon"},
+		{"inbox", "wait", "--quiet-after", "-1s"},
+		{"inbox", "send", "message", "--timeout", "0s", "--text", "x"},
+	} {
+		if code, _, stderr := run(t, "", args...); code != cli.ExitUsage {
+			t.Errorf("%v: exit %d (%s), want 2", args, code, stderr)
+		}
+	}
+}
+
+// realBroker starts a broker with an orchestrator "orch" and child "kid".
+func realBroker(t *testing.T) *broker.Broker {
+	t.Helper()
+	state := filepath.Join(shortDir(t), "state")
+	repo := filepath.Join(t.TempDir(), "repo")
+	for _, a := range [][]string{{"init", "-q", "-b", "main", repo}, {"-C", repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "--allow-empty", "-m", "i"}} {
+		if out, err := exec.Command("git", a...).CombinedOutput(); err != nil {
+			t.Fatalf("git: %v %s", err, out)
+		}
+	}
+	be, err := local.New(local.Options{Root: filepath.Join(state, "sandboxes")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := broker.Open(broker.Config{StateDir: state, Backend: be, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Serve(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	t.Setenv(cli.StateDirEnv, state)
+	if code, _, stderr := run(t, "", "new", "orch", "--repo", repo, "--orchestrator"); code != 0 {
+		t.Fatalf("new orch: %s", stderr)
+	}
+	if code, _, stderr := run(t, "", "new", "kid", "--branch", "k", "--parent", "orch"); code != 0 {
+		t.Fatalf("new kid: %s", stderr)
+	}
+	return b
+}
+
+func TestSendMessageOutputAndExitStatuses(t *testing.T) {
+	b := realBroker(t)
+	t.Setenv(inbox.SocketEnv, b.SocketPath("orch"))
+
+	code, stdout, stderr := run(t, "", "inbox", "send", "message", "--to", "kid", "--id", "hello-1", "--text", "hi")
+	if code != 0 || stdout != "hello-1\n" || stderr != "" {
+		t.Fatalf("send: exit %d stdout %q stderr %q", code, stdout, stderr)
+	}
+	code, stdout, _ = run(t, "", "inbox", "send", "message", "--to", "kid", "--id", "hello-2", "--text", "hi", "--wait")
+	if code != 0 || stdout != "hello-2\ndone: delivered to kid\n" {
+		t.Fatalf("send --wait: exit %d stdout %q", code, stdout)
+	}
+	code, stdout, stderr = run(t, "", "inbox", "send", "message", "--to", "stranger", "--id", "nope-1", "--text", "hi")
+	if code != cli.ExitFailed || stdout != "nope-1\n" || !strings.Contains(stderr, "`stranger` is not a child of this orchestrator") {
+		t.Fatalf("refused send: exit %d stdout %q stderr %q", code, stdout, stderr)
+	}
+	// Text from stdin travels as the request body.
+	t.Setenv(inbox.SocketEnv, b.SocketPath("kid"))
+	code, stdout, _ = run(t, "line one\nline two\n", "inbox", "send", "message", "--id", "up-1", "--kind", "question")
+	if code != 0 || stdout != "up-1\n" {
+		t.Fatalf("send from stdin: exit %d stdout %q", code, stdout)
+	}
+	t.Setenv(inbox.SocketEnv, b.SocketPath("orch"))
+	code, stdout, _ = run(t, "", "inbox", "ls", "--json")
+	if code != 0 || !strings.Contains(stdout, `"body": "line one\nline two\n"`) || !strings.Contains(stdout, `"origin_id": "up-1"`) {
+		t.Fatalf("orchestrator inbox: exit %d %s", code, stdout)
+	}
+}
+
+func TestWaitTimeoutAndWake(t *testing.T) {
+	b := realBroker(t)
+	t.Setenv(inbox.SocketEnv, b.SocketPath("kid"))
+	if code, _, _ := run(t, "", "inbox", "wait", "--timeout", "200ms"); code != cli.ExitTimeout {
+		t.Fatalf("wait on an empty inbox: exit %d, want 3", code)
+	}
+	code, stdout, _ := run(t, "", "inbox", "wait", "--quiet-after", "100ms", "--timeout", "10s")
+	if code != 0 || !strings.HasPrefix(stdout, "quiet:") {
+		t.Fatalf("quiet-after: exit %d %q", code, stdout)
+	}
+	t.Setenv(inbox.SocketEnv, b.SocketPath("orch"))
+	run(t, "", "inbox", "send", "message", "--to", "kid", "--id", "n-1", "--text", "just a note")
+	run(t, "", "inbox", "send", "message", "--to", "kid", "--id", "q-1", "--kind", "question", "--text", "a question")
+	t.Setenv(inbox.SocketEnv, b.SocketPath("kid"))
+	code, stdout, _ = run(t, "", "inbox", "wait", "--wake-on", "msg:question,blocked", "--timeout", "10s")
+	if code != 0 || !strings.Contains(stdout, "question: a question") {
+		t.Fatalf("wait --wake-on msg:question: exit %d %q", code, stdout)
+	}
+}
+
+func TestWaitSurvivesBrokerRestart(t *testing.T) {
+	b := realBroker(t)
+	kidSock := b.SocketPath("kid")
+	t.Setenv(inbox.SocketEnv, kidSock)
+	done := make(chan string, 1)
+	go func() {
+		code, stdout, stderr := run(t, "", "inbox", "wait", "--timeout", "60s")
+		done <- strings.Join([]string{string(rune('0' + code)), stdout, stderr}, "|")
+	}()
+	time.Sleep(300 * time.Millisecond)
+	state := os.Getenv(cli.StateDirEnv)
+	be := b.BackendForRestart()
+	b.Close()
+	b2, err := broker.Open(broker.Config{StateDir: state, Backend: be, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b2.Close()
+	if err := b2.Serve(); err != nil {
+		t.Fatal(err)
+	}
+	if b2.SocketPath("kid") != kidSock {
+		t.Fatalf("kid's socket moved")
+	}
+	t.Setenv(inbox.SocketEnv, b2.SocketPath("orch"))
+	run(t, "", "inbox", "send", "message", "--to", "kid", "--id", "after-restart", "--text", "still there?")
+	select {
+	case res := <-done:
+		if !strings.HasPrefix(res, "0|") || !strings.Contains(res, "still there?") {
+			t.Fatalf("wait across a restart: %s", res)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("wait did not reconnect after the broker restarted")
+	}
+}
