@@ -63,6 +63,7 @@ type Broker struct {
 	snap    atomic.Pointer[Snapshot]
 
 	queryHook atomic.Pointer[func(op string)] // test hook, see SetQueryHookForTest
+	execHook  atomic.Pointer[func()]          // test hook, see SetExecHookForTest
 }
 
 // Open takes the state dir's lock, opens broker.db and prepares the
@@ -167,6 +168,16 @@ func (b *Broker) Close() error {
 	err := b.store.Close()
 	b.lock.Close()
 	return err
+}
+
+// SetExecHookForTest installs fn to run on the executor before each job
+// is looked at, so tests can hold the executor busy.
+func (b *Broker) SetExecHookForTest(fn func()) {
+	if fn == nil {
+		b.execHook.Store(nil)
+		return
+	}
+	b.execHook.Store(&fn)
 }
 
 // SetQueryHookForTest installs fn to run in a query worker before each

@@ -164,6 +164,9 @@ func (b *Broker) executor() {
 				}
 			}
 		case job := <-b.exec:
+			if h := b.execHook.Load(); h != nil {
+				(*h)()
+			}
 			if job.ctx.Err() != nil {
 				job.done <- errDropped
 				continue

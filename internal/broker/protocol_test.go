@@ -625,3 +625,38 @@ func TestGlobalQueryQueueBusyOnlyWhenFull(t *testing.T) {
 	}
 	e.b.SetQueryHookForTest(nil)
 }
+
+func TestQueuedSendDroppedWhenClientLeaves(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("orch")
+	e.child("kid", "orch")
+	hold := make(chan struct{})
+	held := make(chan struct{}, 4)
+	e.b.SetExecHookForTest(func() {
+		held <- struct{}{}
+		<-hold
+	})
+	// A first send occupies the executor (held in the hook).
+	first := e.raw("orch")
+	fmt.Fprintln(first, `{"v":1,"op":"send","args":{"manifest":{"version":1,"id":"first","type":"message","to":"kid","body":"1"}}}`)
+	<-held
+	// A second send queues behind it, then its client leaves.
+	gone := e.raw("orch")
+	fmt.Fprintln(gone, `{"v":1,"op":"send","args":{"manifest":{"version":1,"id":"gone","type":"message","to":"kid","body":"2"}}}`)
+	time.Sleep(100 * time.Millisecond) // let the request reach the queue
+	gone.Close()
+	time.Sleep(300 * time.Millisecond) // let the broker see the hangup
+	e.b.SetExecHookForTest(nil)
+	close(hold)
+	if r := first.reply(t); !r.OK {
+		t.Fatalf("first send: %+v", r.Error)
+	}
+	got := unread(t, e.client("kid"))
+	if len(got) != 1 || got[0].Body != "1" {
+		t.Fatalf("child inbox = %+v, want only the first message", got)
+	}
+	// Nothing was journaled for the dropped send: the id is still free.
+	if st := sendMessage(t, e.client("orch"), map[string]any{"id": "gone", "to": "kid", "body": "again"}); st.State != "done" {
+		t.Fatalf("resend of the dropped id: %+v", st)
+	}
+}
