@@ -160,10 +160,15 @@ func (b *Broker) opNext(ctx context.Context, c *call) *reply {
 	if werr := decodeArgs(c.args, &args); werr != nil {
 		return replyErr(werr)
 	}
-	if !c.srv.parked.CompareAndSwap(false, true) {
-		return replyErr(wire.Errorf(wire.CodeBusy, "another next is already waiting for this sandbox"))
+	// The one park slot is for general waits. A wait for one manifest's
+	// status (send --wait) is bounded by the connection cap instead, so it
+	// does not collide with an agent's `inbox wait`.
+	if args.Ref == "" {
+		if !c.srv.parked.CompareAndSwap(false, true) {
+			return replyErr(wire.Errorf(wire.CodeBusy, "another next is already waiting for this sandbox"))
+		}
+		defer c.srv.parked.Store(false)
 	}
-	defer c.srv.parked.Store(false)
 	ctx, stop := c.cc.watchHangup(ctx)
 	defer stop()
 	var quiet <-chan time.Time

@@ -660,3 +660,17 @@ func TestQueuedSendDroppedWhenClientLeaves(t *testing.T) {
 		t.Fatalf("resend of the dropped id: %+v", st)
 	}
 }
+
+func TestRefWaitBesideParkedNext(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("orch")
+	parked := e.raw("orch")
+	fmt.Fprintln(parked, `{"v":1,"op":"next"}`)
+	waitParked(t, e, "orch")
+	// send --wait's status wait is not the general next: no busy.
+	c := e.raw("orch")
+	fmt.Fprintln(c, `{"v":1,"op":"next","args":{"ref":"x","quiet_after_ms":50}}`)
+	if r := c.reply(t); !r.OK {
+		t.Fatalf("ref-scoped next beside a parked next: %+v", r.Error)
+	}
+}

@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"regexp"
 
+	"agentbox/internal/manifest"
 	"agentbox/internal/orchestrate"
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
@@ -18,8 +18,6 @@ type SendArgs struct {
 	Body     *string         `json:"body,omitempty"`
 }
 
-var manifestIDPattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
-
 // manifestID returns the manifest's id when it is a valid id, so a refusal
 // can be journaled under it; "" otherwise.
 func manifestID(raw json.RawMessage) string {
@@ -30,7 +28,7 @@ func manifestID(raw json.RawMessage) string {
 		return ""
 	}
 	id, _ := probe.ID.(string)
-	if !manifestIDPattern.MatchString(id) {
+	if !manifest.IDPattern.MatchString(id) {
 		return ""
 	}
 	return id
@@ -94,9 +92,13 @@ func (b *Broker) send(ctx context.Context, caller Caller, args SendArgs) (store.
 		return store.Sent{Status: prev}, nil
 	}
 	req := orchestrate.Requester{Sandbox: caller.Sandbox, Role: caller.Role, Parent: caller.Parent}
-	sent, err := b.handle(ctx, req, args)
+	sent, err := b.orch().Send(ctx, req, args.Manifest, args.Body)
 	if r, ok := orchestrate.AsRefusal(err); ok {
 		return b.store.RecordStatus(ctx, caller.Sandbox, id, "", wire.StateRefused, r.Detail, true)
 	}
 	return sent, err
+}
+
+func (b *Broker) orch() *orchestrate.Orchestrator {
+	return &orchestrate.Orchestrator{Store: b.store, Backend: b.cfg.Backend, Notify: b.notify}
 }

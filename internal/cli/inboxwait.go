@@ -21,6 +21,11 @@ const (
 	reconnectMax   = 5 * time.Second
 )
 
+// busyGrace is how long wait retries a next answered busy: the broker
+// frees a sandbox's park slot when it sees the previous waiter's
+// connection close, which can trail that waiter's exit by a moment.
+const busyGrace = 2 * time.Second
+
 // DefaultTimeout is the default of --timeout for wait and send --wait.
 const DefaultTimeout = 30 * time.Minute
 
@@ -137,18 +142,26 @@ func callNextRetrying(ctx context.Context, args any) (nextResult, error) {
 		return nextResult{}, exitf(ExitUnreachable, "cannot reach the broker: %v", err)
 	}
 	backoff := reconnectFirst
+	busyUntil := time.Now().Add(busyGrace)
 	for {
 		var res nextResult
 		err := c.Call(ctx, "next", args, &res)
-		c.Close()
+		var we *wire.Error
 		switch {
 		case err == nil:
+			c.Close()
 			return res, nil
 		case ctx.Err() != nil:
+			c.Close()
 			return nextResult{}, exitf(ExitTimeout, "timed out waiting")
+		case errors.As(err, &we) && we.Code == wire.CodeBusy && time.Now().Before(busyUntil):
+			time.Sleep(reconnectFirst)
+			continue
 		case !errors.Is(err, inbox.ErrUnreachable):
+			c.Close()
 			return nextResult{}, protocolExit(err)
 		}
+		c.Close()
 		for {
 			select {
 			case <-ctx.Done():

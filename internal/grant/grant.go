@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"slices"
 )
 
@@ -244,7 +245,18 @@ func strictUnmarshal(data []byte, v any) error {
 func cleanJSONError(err error) error {
 	var te *json.UnmarshalTypeError
 	if errors.As(err, &te) && te.Field != "" {
-		return fmt.Errorf("%s must be a %s", te.Field, te.Type)
+		want := "an object"
+		switch te.Type.Kind() {
+		case reflect.Int:
+			want = "an integer"
+		case reflect.String:
+			want = "a string"
+		case reflect.Bool:
+			want = "true or false"
+		case reflect.Slice:
+			want = "a list"
+		}
+		return fmt.Errorf("%s must be %s", te.Field, want)
 	}
 	msg := err.Error()
 	if len(msg) > 6 && msg[:6] == "json: " {

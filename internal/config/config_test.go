@@ -1,0 +1,243 @@
+package config
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"agentbox/internal/grant"
+)
+
+const fullConfig = `
+agents:
+  claude:
+    command: "claude --dangerously-skip-permissions"
+    prompt_args: ["-p", "{prompt}"]
+    enabled: true
+    autostart: false
+    install: "npm i -g @anthropic-ai/claude-code"
+    update: "npm update -g @anthropic-ai/claude-code"
+    skills_dir: ".claude/skills"
+default_agent: claude
+litellm:
+  enabled: true
+  profiles:
+    grok:
+      tiers:
+        sonnet: xai/grok-4
+        haiku: xai/grok-3-mini
+autostart:
+  default_profile: web
+  profiles:
+    web:
+      services: [web]
+      setup: ["npm ci"]
+      on_start: ["npm run migrate"]
+services:
+  db:
+    command: "postgres -D /var/lib/pg"
+  web:
+    command: "npm start"
+    depends_on: [db]
+fork:
+  warm_paths: ["node_modules", "target/**"]
+orchestration:
+  idle_after_seconds: 600
+  cap:
+    max_running_children: 4
+    operations: [spawn, message, import, stop]
+    mounts: [aws]
+    loose: false
+    egress: ["*.example.com"]
+  default_runner:
+    agent: claude
+    model: sonnet
+`
+
+func TestParseFull(t *testing.T) {
+	c, err := Parse([]byte(fullConfig))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := c.Agents["claude"]
+	if a.Command != "claude --dangerously-skip-permissions" || !reflect.DeepEqual(a.PromptArgs, []string{"-p", "{prompt}"}) || !a.IsEnabled() {
+		t.Errorf("agent = %+v", a)
+	}
+	if c.DefaultAgent != "claude" || !c.LiteLLM.Enabled || c.LiteLLM.Profiles["grok"].Tiers["haiku"] != "xai/grok-3-mini" {
+		t.Errorf("default agent / litellm = %q %+v", c.DefaultAgent, c.LiteLLM)
+	}
+	if c.Orchestration.IdleAfterSeconds != 600 || *c.Orchestration.Cap.MaxRunningChildren != 4 || *c.Orchestration.Cap.Loose {
+		t.Errorf("orchestration = %+v", c.Orchestration)
+	}
+	if c.Orchestration.DefaultRunner == nil || *c.Orchestration.DefaultRunner != (grant.Runner{Agent: "claude", Model: "sonnet"}) {
+		t.Errorf("default runner = %+v", c.Orchestration.DefaultRunner)
+	}
+	if got := c.WithDependencies([]string{"web"}); !reflect.DeepEqual(got, []string{"web", "db"}) {
+		t.Errorf("WithDependencies = %q", got)
+	}
+	if !c.AutostartProfileDefined("web") || c.AutostartProfileDefined("api") || !c.ServiceDefined("db") {
+		t.Error("profile/service lookup")
+	}
+}
+
+func TestDefault(t *testing.T) {
+	for _, in := range []string{"", "\n", "# only a comment\n"} {
+		c, err := Parse([]byte(in))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(c, Default()) {
+			t.Errorf("Parse(%q) = %+v, want Default()", in, c)
+		}
+	}
+	if Default().Orchestration.IdleAfterSeconds != 900 {
+		t.Error("idle_after_seconds must default to 900")
+	}
+	c, err := Parse([]byte("orchestration:\n  cap: {loose: true}\n"))
+	if err != nil || c.Orchestration.IdleAfterSeconds != 900 {
+		t.Errorf("idle default with other orchestration keys: %v %d", err, c.Orchestration.IdleAfterSeconds)
+	}
+}
+
+func TestEnabledDefaultsToTrue(t *testing.T) {
+	c, err := Parse([]byte("agents:\n  a: {command: x}\n  b: {command: x, enabled: false}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Agents["a"].IsEnabled() || c.Agents["b"].IsEnabled() {
+		t.Error("enabled must default to true and honour false")
+	}
+}
+
+func TestCapListsKeepNilVersusEmpty(t *testing.T) {
+	c, err := Parse([]byte("orchestration:\n  cap:\n    egress: []\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Orchestration.Cap.Egress == nil || c.Orchestration.Cap.Mounts != nil {
+		t.Errorf("egress [] must be an empty cap, absent mounts no cap: %+v", c.Orchestration.Cap)
+	}
+}
+
+func TestParseRefusals(t *testing.T) {
+	tests := []struct{ name, yaml, want string }{
+		{"unknown agent key", "agents:\n  claude:\n    comand: claude\n", "agents.claude.comand: unknown key (line 3)"},
+		{"unknown top key", "agent: {}\n", "agent: unknown key (line 1)"},
+		{"unknown litellm key", "litellm:\n  served: [a]\n", "litellm.served: unknown key (line 2)"},
+		{"unknown cap key", "orchestration:\n  cap:\n    net: true\n", "orchestration.cap.net: unknown key (line 3)"},
+		{"unknown runner key", "orchestration:\n  default_runner: {agent: claude, effort: high}\n", "orchestration.default_runner.effort: unknown key (line 2)"},
+		{"duplicate key", "default_agent: a\ndefault_agent: b\n", "default_agent: duplicate key (line 2)"},
+		{"duplicate nested key", "agents:\n  a: {command: x, command: y}\n", "agents.a.command: duplicate key (line 2)"},
+		{"wrong kind", "agents: [claude]\n", "agents: must be a mapping (line 1)"},
+		{"bool expected", "litellm: {enabled: yes}\n", "litellm.enabled: must be true or false (line 1)"},
+		{"int expected", "orchestration: {idle_after_seconds: soon}\n", "orchestration.idle_after_seconds: must be an integer (line 1)"},
+		{"string expected", "agents:\n  a: {command: [x]}\n", "agents.a.command: must be a string (quote it) (line 2)"},
+		{"list expected", "agents:\n  a: {command: x, prompt_args: \"-p\"}\n", "agents.a.prompt_args: must be a list (line 2)"},
+		{"alias", "x: &a {}\nagents: *a\n", "x: unknown key (line 1)"},
+		{"alias refused", "agents: &a {}\nservices: *a\n", "services: YAML aliases are not supported (line 2)"},
+		{"two documents", "agents: {}\n---\nagents: {}\n", "more than one YAML document"},
+		{"invalid yaml", "agents: [\n", "invalid YAML: yaml: line 1: did not find expected node content"},
+		{"command required", "agents:\n  a: {enabled: true}\n", "agents.a.command: is required"},
+		{"agent name", "agents:\n  A_1: {command: x}\n", "agents.A_1: agent names must match [a-z0-9][a-z0-9-]{0,63}"},
+		{"default agent undefined", "default_agent: claude\n", "default_agent: agent `claude` is not defined under agents"},
+		{"litellm bad tier", "litellm:\n  profiles:\n    grok: {tiers: {gpt: x}}\n", "litellm.profiles.grok.tiers.gpt: tier must be fable, opus, sonnet or haiku"},
+		{"litellm bad profile name", "litellm:\n  profiles:\n    Grok: {}\n", "litellm.profiles.Grok: profile names must match [a-z0-9][a-z0-9_-]{0,63}"},
+		{"service dep undefined", "services:\n  web: {command: x, depends_on: [db]}\n", "services.web.depends_on[0]: service `db` is not defined"},
+		{"service cycle", "services:\n  a: {command: x, depends_on: [b]}\n  b: {command: x, depends_on: [a]}\n", "services.a.depends_on: dependency cycle"},
+		{"service command required", "services:\n  a: {depends_on: []}\n", "services.a.command: is required"},
+		{"profile service undefined", "autostart:\n  profiles:\n    web: {services: [web]}\n", "autostart.profiles.web.services[0]: service `web` is not defined"},
+		{"default profile undefined", "autostart: {default_profile: web}\n", "autostart.default_profile: autostart profile `web` is not defined"},
+		{"warm path absolute", "fork: {warm_paths: [/tmp]}\n", "fork.warm_paths[0]: warm path must be relative to the repository, not absolute"},
+		{"warm path .git", "fork: {warm_paths: [a/.git/x]}\n", "fork.warm_paths[0]: warm path must not reach into `.git`"},
+		{"idle zero", "orchestration: {idle_after_seconds: 0}\n", "orchestration.idle_after_seconds: must be 1 to 604800 seconds"},
+		{"idle past max", "orchestration: {idle_after_seconds: 604801}\n", "orchestration.idle_after_seconds: must be 1 to 604800 seconds"},
+		{"cap operation unknown", "orchestration:\n  cap: {operations: [fly]}\n", "orchestration.cap.operations[0]: unknown operation (want one of [destroy import message publish refresh restart rights spawn stop])"},
+		{"cap children past max", "orchestration:\n  cap: {max_running_children: 65}\n", "orchestration.cap.max_running_children: must be 0 to 64"},
+		{"cap bad egress", "orchestration:\n  cap: {egress: [\"http://x\"]}\n", "orchestration.cap.egress has an invalid host (want a lowercase host name, optionally *.domain)"},
+		{"default runner bad", "orchestration:\n  default_runner: {agent: codex}\n", "orchestration.default_runner.agent must be `claude` or `claude-jb`"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml))
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("got %v (%T), want *Error %q", err, err, tt.want)
+			}
+			if err.Error() != tt.want {
+				t.Fatalf("\n got: %s\nwant: %s", err.Error(), tt.want)
+			}
+		})
+	}
+}
+
+func TestParseLimits(t *testing.T) {
+	pad := "# " + strings.Repeat("x", MaxConfigBytes-3) + "\n"
+	if _, err := Parse([]byte(pad)); err != nil {
+		t.Fatalf("at the limit: %v", err)
+	}
+	if _, err := Parse([]byte(pad + "#")); err == nil || err.Error() != "config exceeds 262144 bytes" {
+		t.Fatalf("past the limit: %v", err)
+	}
+	paths := make([]string, MaxWarmPaths+1)
+	for i := range paths {
+		paths[i] = "p"
+	}
+	if _, err := Parse([]byte("fork: {warm_paths: [" + strings.Join(paths[:MaxWarmPaths], ",") + "]}\n")); err != nil {
+		t.Fatalf("warm paths at the limit: %v", err)
+	}
+	if _, err := Parse([]byte("fork: {warm_paths: [" + strings.Join(paths, ",") + "]}\n")); err == nil || err.Error() != "fork.warm_paths: has more than 64 items" {
+		t.Fatalf("warm paths past the limit: %v", err)
+	}
+}
+
+func TestCheckWarmPath(t *testing.T) {
+	long := strings.Repeat("a", MaxWarmPathLen)
+	tests := []struct{ glob, want string }{
+		{"node_modules", ""},
+		{"**/target", ""},
+		{"build/*/out", ""},
+		{".venv", ""},
+		{long, ""},
+		{long + "a", "warm path exceeds 256 bytes"},
+		{"", "warm path must not be empty"},
+		{"/abs", "warm path must be relative to the repository, not absolute"},
+		{"..", "warm path must not contain `..`"},
+		{"a/../../b", "warm path must not contain `..`"},
+		{".git", "warm path must not reach into `.git`"},
+		{".git/**", "warm path must not reach into `.git`"},
+		{"a//b", "warm path must not have empty or `.` segments"},
+		{"./a", "warm path must not have empty or `.` segments"},
+		{"a/", "warm path must not have empty or `.` segments"},
+		{"a**b", "warm path may use `**` only as a whole segment"},
+		{`a\b`, "warm path must not contain a backslash"},
+		{"a\nb", "warm path must not contain control characters"},
+	}
+	for _, tt := range tests {
+		got := ""
+		if err := CheckWarmPath(tt.glob); err != nil {
+			got = err.Error()
+		}
+		if got != tt.want {
+			t.Errorf("CheckWarmPath(%q) = %q, want %q", tt.glob, got, tt.want)
+		}
+	}
+}
+
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(fullConfig))
+	f.Add([]byte("agents:\n  a: {command: x}\n"))
+	f.Add([]byte("x: &a {}\nagents: *a\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c, err := Parse(data)
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatal("error without text")
+			}
+			return
+		}
+		if c.Orchestration.IdleAfterSeconds <= 0 {
+			t.Fatal("accepted config without a positive idle_after_seconds")
+		}
+	})
+}

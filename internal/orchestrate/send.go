@@ -1,0 +1,98 @@
+package orchestrate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"agentbox/internal/config"
+	"agentbox/internal/grant"
+	"agentbox/internal/manifest"
+	"agentbox/internal/secfs"
+	"agentbox/internal/store"
+)
+
+// RepoConfigPath is the repository config, relative to the repository.
+const RepoConfigPath = ".jailbee/config.yaml"
+
+// Send decodes and validates a manifest for its requester and runs the
+// type's handler. Every refusal is a *Refusal whose detail the requester
+// may read; other errors are broker faults.
+func (o *Orchestrator) Send(ctx context.Context, req Requester, raw json.RawMessage, body *string) (store.Sent, error) {
+	m, err := manifest.Decode(raw, body)
+	if err != nil {
+		return store.Sent{}, asRefusal(err)
+	}
+	vctx, err := o.validationContext(ctx, req)
+	if err != nil {
+		return store.Sent{}, err
+	}
+	if err := manifest.Validate(m, vctx); err != nil {
+		return store.Sent{}, asRefusal(err)
+	}
+	switch m.Type {
+	case manifest.TypeMessage:
+		msg := m.Message
+		return o.SendMessage(ctx, req, Message{ID: m.ID, To: msg.To, Kind: msg.Kind, Body: msg.Body, InReplyTo: msg.InReplyTo})
+	default:
+		return store.Sent{}, asRefusal(manifest.NotAvailable(m.Type))
+	}
+}
+
+// asRefusal turns a manifest refusal into the requester's refusal; other
+// errors pass through as faults.
+func asRefusal(err error) error {
+	var r *manifest.Refusal
+	if errors.As(err, &r) {
+		return &Refusal{Detail: r.Detail}
+	}
+	return err
+}
+
+// validationContext gathers what manifest.Validate needs about the
+// requester: role, name, stored grant and the host repository's config.
+func (o *Orchestrator) validationContext(ctx context.Context, req Requester) (manifest.Context, error) {
+	sb, err := o.Store.Sandbox(ctx, req.Sandbox)
+	if err != nil {
+		return manifest.Context{}, err
+	}
+	vctx := manifest.Context{Self: req.Sandbox, Role: manifest.RoleChild}
+	if req.Role == store.RoleOrchestrator {
+		vctx.Role = manifest.RoleOrchestrator
+		if sb.Grant != "" {
+			g, err := grant.Parse([]byte(sb.Grant))
+			if err != nil {
+				return manifest.Context{}, fmt.Errorf("stored grant of %s: %w", sb.Name, err)
+			}
+			vctx.Grant = &g
+		}
+	}
+	repo, err := LoadRepoConfig(sb.Repo)
+	if err != nil {
+		return manifest.Context{}, err
+	}
+	vctx.Repo = repo
+	return vctx, nil
+}
+
+// LoadRepoConfig reads <repo>/.jailbee/config.yaml (never through a
+// symlink); a repository without one gets the default config. A config
+// that does not parse refuses every manifest that needs it, with the
+// parser's message (key path and line; never a host path).
+func LoadRepoConfig(repo string) (*config.Repo, error) {
+	data, err := secfs.ReadFileNoFollow(filepath.Join(repo, RepoConfigPath), config.MaxConfigBytes)
+	if errors.Is(err, os.ErrNotExist) {
+		return config.Default(), nil
+	}
+	if err != nil {
+		return nil, &Refusal{Detail: "the repository config " + RepoConfigPath + " cannot be read"}
+	}
+	cfg, err := config.Parse(data)
+	if err != nil {
+		return nil, &Refusal{Detail: "the repository config " + RepoConfigPath + " is invalid: " + err.Error()}
+	}
+	return cfg, nil
+}
