@@ -26,10 +26,20 @@ func newInboxCmd(deps Deps) *cobra.Command {
 Exit statuses: 0 success; 1 refused or failed; 2 usage error; 3 timeout;
 4 broker unreachable (socket missing, connection refused or dropped without
 an answer) or protocol version mismatch.`,
+		RunE: groupUsage,
 	}
 	c.AddCommand(newInboxLsCmd(), newInboxReadCmd(), newInboxWaitCmd(), newInboxSendCmd(deps),
-		newInboxStatusCmd(), newInboxGrantCmd(), newInboxChildrenCmd())
+		newInboxStatusCmd(), newInboxGrantCmd(), newInboxChildrenCmd(), newInboxRunnersCmd())
 	return c
+}
+
+// groupUsage answers a command group run without a known subcommand:
+// exit 2 with the list of subcommands.
+func groupUsage(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return exitf(ExitUsage, "unknown command %q for '%s' (see '%s --help')", truncateArg(args[0]), cmd.CommandPath(), cmd.CommandPath())
+	}
+	return exitf(ExitUsage, "'%s' needs a subcommand (see '%s --help')", cmd.CommandPath(), cmd.CommandPath())
 }
 
 // dialInbox connects to the sandbox's broker socket (exit 4 on failure).

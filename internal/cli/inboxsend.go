@@ -6,11 +6,11 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 
 	"github.com/spf13/cobra"
 
 	"agentbox/internal/inbox"
+	"agentbox/internal/manifest"
 	"agentbox/internal/wire"
 )
 
@@ -24,8 +24,11 @@ status of refused prints its reason on stderr and exits 1.
   --wait             wait for this manifest's status: exit 0 on done, queued or
                      started, 1 on refused or failed
   --timeout DUR|none with --wait (default 30m): exit 3 when no answer came in time`,
+		RunE: groupUsage,
 	}
-	c.AddCommand(newSendMessageCmd())
+	c.AddCommand(newSendMessageCmd(), newSendSpawnCmd(), newSendImportCmd(), newSendUpdateCmd(),
+		newSendRestartCmd(), newSendRefreshCmd(), newSendStopCmd(), newSendDestroyCmd(),
+		newSendRightsCmd(), newSendPublishCmd())
 	return c
 }
 
@@ -49,67 +52,25 @@ func newManifestID(prefix string) string {
 	return prefix + "-" + hex.EncodeToString(b[:])
 }
 
-func newSendMessageCmd() *cobra.Command {
-	var f sendFlags
-	var to, kind, replyTo, text string
-	c := &cobra.Command{
-		Use:   "message [--to C] [--kind K] [--reply-to ID] (--text T | stdin) [--wait] [--timeout DUR|none]",
-		Short: "Send a message to a child (--to) or, from a child, to its orchestrator",
-		Long: `Send a message. An orchestrator names the child with --to; a child omits --to
-and the message goes to its orchestrator. --kind is note (default), question,
-done or blocked. --reply-to takes the id of the inbox message you answer (its
-h- id or its origin_id). The text comes from --text or, without it, stdin.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			m := map[string]any{"version": 1, "type": "message"}
-			if to != "" {
-				m["to"] = to
-			}
-			if kind != "" {
-				m["kind"] = kind
-			}
-			if replyTo != "" {
-				m["in_reply_to"] = replyTo
-			}
-			var body *string
-			if cmd.Flags().Changed("text") {
-				m["body"] = text
-			} else {
-				data, err := io.ReadAll(io.LimitReader(cmd.InOrStdin(), maxStdinText+1))
-				if err != nil {
-					return exitf(ExitUsage, "cannot read the text from stdin")
-				}
-				if len(data) > maxStdinText {
-					return exitf(ExitUsage, "text longer than %d bytes", maxStdinText)
-				}
-				s := string(data)
-				body = &s
-			}
-			return runSend(cmd, f, "msg", m, body)
-		},
-	}
-	f.add(c)
-	c.Flags().StringVar(&to, "to", "", "the child's short name (orchestrators only)")
-	c.Flags().StringVar(&kind, "kind", "", "note, question, done or blocked")
-	c.Flags().StringVar(&replyTo, "reply-to", "", "id of the message you answer")
-	c.Flags().StringVar(&text, "text", "", "message text (default: read stdin)")
-	return c
-}
-
 // maxStdinText is the most text a send reads from stdin: the protocol's
 // 65536-byte text cap.
 const maxStdinText = 65536
 
-// runSend completes the manifest (id; body_file when the text travels as
-// the request body), sends it and handles the first status and --wait.
-func runSend(cmd *cobra.Command, f sendFlags, idPrefix string, m map[string]any, body *string) error {
-	id := f.id
-	if id == "" {
-		id = newManifestID(idPrefix)
+// runSend sends a manifest built by a send form: it picks the id, encodes
+// the manifest (text from stdin or a file travels as the request body),
+// prints the id, and handles the first status and --wait.
+func runSend(cmd *cobra.Command, f sendFlags, m *manifest.Manifest) error {
+	if m.ID == "" {
+		m.ID = f.id
 	}
-	m["id"] = id
-	if body != nil {
-		m["body_file"] = id + ".md"
+	if m.ID == "" {
+		m.ID = newManifestID(idPrefix(m.Type))
+	}
+	m.Version = max(m.Version, 1)
+	setTextLabel(m)
+	raw, body, err := m.Encode()
+	if err != nil {
+		return exitf(ExitUsage, "%v", err)
 	}
 	d, err := parseTimeout(f.timeout)
 	if err != nil {
@@ -122,14 +83,11 @@ func runSend(cmd *cobra.Command, f sendFlags, idPrefix string, m map[string]any,
 		return err
 	}
 	defer c.Close()
-	manifest, err := json.Marshal(m)
-	if err != nil {
-		return err
-	}
-	args := map[string]any{"manifest": json.RawMessage(manifest)}
+	args := map[string]any{"manifest": json.RawMessage(raw)}
 	if body != nil {
 		args["body"] = *body
 	}
+	id := m.ID
 	var st wire.StatusItem
 	if err := c.Call(ctx, "send", args, &st); err != nil {
 		if ctx.Err() != nil {

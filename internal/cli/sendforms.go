@@ -1,0 +1,538 @@
+package cli
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"agentbox/internal/grant"
+	"agentbox/internal/manifest"
+)
+
+// idPrefix is the prefix of a generated manifest id: the type's name
+// ("msg" for messages, as the spec's examples write them).
+func idPrefix(t manifest.Type) string {
+	if t == manifest.TypeMessage {
+		return "msg"
+	}
+	return string(t)
+}
+
+// setTextLabel names the text file of a manifest whose text travels as the
+// request body (prompt_file / body_file): "<id>.md".
+func setTextLabel(m *manifest.Manifest) {
+	label := m.ID + ".md"
+	switch {
+	case m.Message != nil && m.Message.BodyFile != "":
+		m.Message.BodyFile = label
+	case m.Spawn != nil && m.Spawn.PromptFile != "":
+		m.Spawn.PromptFile = label
+	case m.Restart != nil && m.Restart.PromptFile != "":
+		m.Restart.PromptFile = label
+	}
+}
+
+// textSource is the --text / --file / stdin choice of the forms that carry
+// a prompt or message.
+type textSource struct {
+	text     string
+	file     string
+	withFile bool // the form offers --file
+}
+
+func (s *textSource) add(c *cobra.Command, what string, withFile bool) {
+	c.Flags().StringVar(&s.text, "text", "", what+" (default: read stdin)")
+	if withFile {
+		s.withFile = true
+		c.Flags().StringVar(&s.file, "file", "", "read the "+what+" from this absolute path outside the repository")
+	}
+}
+
+// read returns the text and whether it travels as the request body (stdin
+// and --file do; --text goes inline).
+func (s *textSource) read(cmd *cobra.Command) (text string, asBody bool, err error) {
+	if cmd.Flags().Changed("text") {
+		if s.withFile && s.file != "" {
+			return "", false, exitf(ExitUsage, "give --text or --file, not both")
+		}
+		return s.text, false, nil
+	}
+	var r io.Reader = cmd.InOrStdin()
+	if s.file != "" {
+		if err := checkOutsideRepo(s.file); err != nil {
+			return "", false, err
+		}
+		f, err := os.Open(s.file)
+		if err != nil {
+			return "", false, exitf(ExitUsage, "cannot read --file")
+		}
+		defer f.Close()
+		r = f
+	}
+	data, err := io.ReadAll(io.LimitReader(r, maxStdinText+1))
+	if err != nil {
+		return "", false, exitf(ExitUsage, "cannot read the text")
+	}
+	if len(data) > maxStdinText {
+		return "", false, exitf(ExitUsage, "text longer than %d bytes", maxStdinText)
+	}
+	return string(data), true, nil
+}
+
+// checkOutsideRepo enforces "--file only with an absolute path outside the
+// repo": a prompt file left in the work tree would make a fork refused.
+func checkOutsideRepo(path string) error {
+	if !filepath.IsAbs(path) {
+		return exitf(ExitUsage, "--file needs an absolute path")
+	}
+	cwd, err := os.Getwd()
+	if err != nil {
+		return nil
+	}
+	root := repoRoot(cwd)
+	if root == "" {
+		return nil
+	}
+	file := filepath.Clean(path)
+	if resolved, err := filepath.EvalSymlinks(file); err == nil {
+		file = resolved
+	}
+	if resolvedRoot, err := filepath.EvalSymlinks(root); err == nil {
+		root = resolvedRoot
+	}
+	if file == root || strings.HasPrefix(file, root+string(filepath.Separator)) {
+		return exitf(ExitUsage, "--file must be outside the repository (untracked files make a fork spawn refused)")
+	}
+	return nil
+}
+
+// repoRoot is the nearest directory at or above dir holding .git, or "".
+func repoRoot(dir string) string {
+	for {
+		if _, err := os.Lstat(filepath.Join(dir, ".git")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
+	}
+}
+
+// runnerFlags are --agent/--profile/--model.
+type runnerFlags struct{ agent, profile, model string }
+
+func (r *runnerFlags) add(c *cobra.Command) {
+	c.Flags().StringVar(&r.agent, "agent", "", "runner agent: claude or claude-jb")
+	c.Flags().StringVar(&r.profile, "profile", "", "LiteLLM profile (needs --agent claude-jb)")
+	c.Flags().StringVar(&r.model, "model", "", "model tier: fable, opus, sonnet or haiku, optionally with [1m]")
+}
+
+// runner returns the chosen runner, nil when --agent is absent.
+func (r *runnerFlags) runner() (*grant.Runner, error) {
+	if r.agent == "" {
+		if r.profile != "" || r.model != "" {
+			return nil, exitf(ExitUsage, "--profile and --model need --agent")
+		}
+		return nil, nil
+	}
+	if r.profile != "" && r.agent != grant.AgentClaudeJB {
+		return nil, exitf(ExitUsage, "--profile needs --agent claude-jb")
+	}
+	return &grant.Runner{Agent: r.agent, Profile: r.profile, Model: r.model}, nil
+}
+
+// servicesFlag parses --services a,b ("" = none); changed=false = omitted.
+func servicesFlag(cmd *cobra.Command, value string) []string {
+	if !cmd.Flags().Changed("services") {
+		return nil
+	}
+	out := []string{}
+	for _, s := range strings.Split(value, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func exclusive(cmd *cobra.Command, names ...string) error {
+	var set []string
+	for _, n := range names {
+		if cmd.Flags().Changed(n) {
+			set = append(set, "--"+n)
+		}
+	}
+	if len(set) > 1 {
+		return exitf(ExitUsage, "%s are mutually exclusive", strings.Join(set, " and "))
+	}
+	return nil
+}
+
+func newSendMessageCmd() *cobra.Command {
+	var f sendFlags
+	var src textSource
+	var to, kind, replyTo string
+	c := &cobra.Command{
+		Use:   "message [--to C] [--kind K] [--reply-to ID] (--text T | stdin) [--wait] [--timeout DUR|none]",
+		Short: "Send a message to a child (--to) or, from a child, to its orchestrator",
+		Long: `Send a message. An orchestrator names the child with --to; a child omits --to
+and the message goes to its orchestrator. --kind is note (default), question,
+done or blocked. --reply-to takes the id of the inbox message you answer (its
+h- id or its origin_id). The text comes from --text or, without it, stdin.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			text, asBody, err := src.read(cmd)
+			if err != nil {
+				return err
+			}
+			if kind == "" {
+				kind = manifest.MsgNote
+			}
+			msg := &manifest.Message{To: to, Kind: kind, Body: text}
+			if asBody {
+				msg.BodyFile = "-"
+			}
+			if replyTo != "" {
+				msg.InReplyTo = &replyTo
+			}
+			return runSend(cmd, f, &manifest.Manifest{Type: manifest.TypeMessage, Message: msg})
+		},
+	}
+	f.add(c)
+	src.add(c, "message text", false)
+	c.Flags().StringVar(&to, "to", "", "the child's short name (orchestrators only)")
+	c.Flags().StringVar(&kind, "kind", "", "note, question, done or blocked")
+	c.Flags().StringVar(&replyTo, "reply-to", "", "id of the message you answer")
+	return c
+}
+
+func newSendSpawnCmd() *cobra.Command {
+	var f sendFlags
+	var src textSource
+	var rf runnerFlags
+	var branch, base, ref, note, onDone, profile, services string
+	var isNew, loose, noWarm bool
+	var pr int
+	var warm, mounts, egress []string
+	c := &cobra.Command{
+		Use:   "spawn [--branch B] [--new [--base main] | --ref REF | --pr N] [options] (--text T | --file ABS | stdin)",
+		Short: "Create a child sandbox on a branch, with a prompt",
+		Long: `Create a child. Without --new, --ref or --pr the child forks your committed HEAD
+(a dirty tree is refused). --new starts from --base (default: the repo's
+base); --ref REF (a full refs/ name or a 40-hex commit) forks that source;
+--pr N checks out pull request N. The prompt comes from --text, --file (an
+absolute path outside the repository) or stdin.
+
+Rights (within your grant): --mount M (repeatable), --loose, --egress H
+(repeatable). --warm PATH (repeatable) or --no-warm choose warm paths (forks
+only). --on-done destroy|keep, --note T, --agent A [--profile P] [--model M],
+--autostart-profile NAME, --services a,b ('' starts none).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := exclusive(cmd, "new", "ref", "pr"); err != nil {
+				return err
+			}
+			if err := exclusive(cmd, "warm", "no-warm"); err != nil {
+				return err
+			}
+			if (isNew || cmd.Flags().Changed("pr")) && (len(warm) > 0 || noWarm) {
+				return exitf(ExitUsage, "--warm and --no-warm are only for forks (not with --new or --pr)")
+			}
+			if base != "" && !isNew {
+				return exitf(ExitUsage, "--base needs --new")
+			}
+			runner, err := rf.runner()
+			if err != nil {
+				return err
+			}
+			text, asBody, err := src.read(cmd)
+			if err != nil {
+				return err
+			}
+			s := &manifest.Spawn{Kind: manifest.KindFork, Branch: branch, Base: base, Ref: ref, Note: note,
+				OnDone: onDone, Runner: runner, AutostartProfile: profile, Services: servicesFlag(cmd, services),
+				Prompt: text, Rights: grant.Rights{Mounts: mounts, Loose: loose, Egress: egress}}
+			if asBody {
+				s.PromptFile = "-"
+			}
+			m := &manifest.Manifest{Version: 1, Type: manifest.TypeSpawn, Spawn: s}
+			switch {
+			case isNew:
+				s.Kind = manifest.KindNew
+			case cmd.Flags().Changed("pr"):
+				s.Kind, s.PR, m.Version = manifest.KindPR, pr, 2
+			case ref != "":
+				m.Version = 2
+			}
+			if noWarm {
+				s.WarmPaths, m.Version = []string{}, 2
+			} else if len(warm) > 0 {
+				s.WarmPaths, m.Version = warm, 2
+			}
+			return runSend(cmd, f, m)
+		},
+	}
+	f.add(c)
+	src.add(c, "prompt", true)
+	rf.add(c)
+	c.Flags().StringVar(&branch, "branch", "", "the child's branch (its short name derives from it)")
+	c.Flags().BoolVar(&isNew, "new", false, "start from --base instead of forking your HEAD")
+	c.Flags().StringVar(&base, "base", "", "with --new: the base branch")
+	c.Flags().StringVar(&ref, "ref", "", "fork this refs/ name or 40-hex commit")
+	c.Flags().IntVar(&pr, "pr", 0, "check out this pull request")
+	c.Flags().StringArrayVar(&warm, "warm", nil, "warm path glob (repeatable)")
+	c.Flags().BoolVar(&noWarm, "no-warm", false, "no warm paths")
+	c.Flags().StringArrayVar(&mounts, "mount", nil, "mount by name (repeatable)")
+	c.Flags().BoolVar(&loose, "loose", false, "loose network")
+	c.Flags().StringArrayVar(&egress, "egress", nil, "egress host (repeatable)")
+	c.Flags().StringVar(&note, "note", "", "a note kept with the child")
+	c.Flags().StringVar(&onDone, "on-done", "", "destroy or keep")
+	c.Flags().StringVar(&profile, "autostart-profile", "", "autostart profile")
+	c.Flags().StringVar(&services, "services", "", "services to start, comma-separated ('' = none)")
+	return c
+}
+
+// childFlag adds the --child flag every child-directed form has.
+func childFlag(c *cobra.Command, dst *string) {
+	c.Flags().StringVar(dst, "child", "", "the child's short name")
+}
+
+func requireChild(child string) error {
+	if child == "" {
+		return exitf(ExitUsage, "--child is required")
+	}
+	return nil
+}
+
+func newSendImportCmd() *cobra.Command {
+	var f sendFlags
+	var child string
+	c := &cobra.Command{
+		Use:   "import --child C",
+		Short: "Fetch a child's committed work as refs/jailbee/from/<child>/<branch>",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireChild(child); err != nil {
+				return err
+			}
+			return runSend(cmd, f, &manifest.Manifest{Type: manifest.TypeImport, Import: &manifest.Import{Child: child}})
+		},
+	}
+	f.add(c)
+	childFlag(c, &child)
+	return c
+}
+
+func newSendUpdateCmd() *cobra.Command {
+	var f sendFlags
+	var child, ref, base string
+	var merge bool
+	c := &cobra.Command{
+		Use:   "update --child C [--ref REF | --base BRANCH] [--merge]",
+		Short: "Transport your branch (or REF, or a host BRANCH) into a running child",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireChild(child); err != nil {
+				return err
+			}
+			if err := exclusive(cmd, "ref", "base"); err != nil {
+				return err
+			}
+			return runSend(cmd, f, &manifest.Manifest{Type: manifest.TypeUpdate, Update: &manifest.Update{Child: child, Ref: ref, Base: base, Merge: merge}})
+		},
+	}
+	f.add(c)
+	childFlag(c, &child)
+	c.Flags().StringVar(&ref, "ref", "", "a full refs/ name or 40-hex commit of your repository")
+	c.Flags().StringVar(&base, "base", "", "a host branch")
+	c.Flags().BoolVar(&merge, "merge", false, "merge into the child's branch after a conflict check")
+	return c
+}
+
+func newSendRestartCmd() *cobra.Command {
+	var f sendFlags
+	var src textSource
+	var rf runnerFlags
+	var child, onDone, profile, services string
+	var agentOnly, defaultRunner bool
+	c := &cobra.Command{
+		Use:   "restart --child C [--agent-only] [--agent A [--profile P] [--model M] | --default-runner] (--text T | stdin)",
+		Short: "Start a stopped child again with a new prompt (--agent-only: replace a running child's agent)",
+		Long: `Start a stopped child again with a new prompt from --text or stdin. Without
+--agent the child keeps its runner; --default-runner selects the current
+effective default. --agent-only replaces only the agent of a running child.
+--on-done destroy|keep changes its policy; --autostart-profile and --services
+as for spawn.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireChild(child); err != nil {
+				return err
+			}
+			if defaultRunner && rf.agent != "" {
+				return exitf(ExitUsage, "--agent and --default-runner are mutually exclusive")
+			}
+			runner, err := rf.runner()
+			if err != nil {
+				return err
+			}
+			text, asBody, err := src.read(cmd)
+			if err != nil {
+				return err
+			}
+			r := &manifest.Restart{Child: child, Prompt: text, OnDone: onDone, AgentOnly: agentOnly,
+				AutostartProfile: profile, Services: servicesFlag(cmd, services)}
+			if asBody {
+				r.PromptFile = "-"
+			}
+			if runner != nil || defaultRunner {
+				r.Runner = manifest.RunnerChoice{Set: true, Runner: runner}
+			}
+			return runSend(cmd, f, &manifest.Manifest{Type: manifest.TypeRestart, Restart: r})
+		},
+	}
+	f.add(c)
+	src.add(c, "prompt", false)
+	rf.add(c)
+	childFlag(c, &child)
+	c.Flags().BoolVar(&agentOnly, "agent-only", false, "replace only the agent of a running child")
+	c.Flags().BoolVar(&defaultRunner, "default-runner", false, "use the current effective default runner")
+	c.Flags().StringVar(&onDone, "on-done", "", "destroy or keep")
+	c.Flags().StringVar(&profile, "autostart-profile", "", "autostart profile")
+	c.Flags().StringVar(&services, "services", "", "services to start, comma-separated ('' = none)")
+	return c
+}
+
+func newSendRefreshCmd() *cobra.Command {
+	var f sendFlags
+	var child, services string
+	var force bool
+	c := &cobra.Command{
+		Use:   "refresh --child C --services db,web [--force]",
+		Short: "Refresh services in a child",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireChild(child); err != nil {
+				return err
+			}
+			if !cmd.Flags().Changed("services") {
+				return exitf(ExitUsage, "--services is required")
+			}
+			return runSend(cmd, f, &manifest.Manifest{Type: manifest.TypeRefresh, Refresh: &manifest.Refresh{Child: child, Services: servicesFlag(cmd, services), Force: force}})
+		},
+	}
+	f.add(c)
+	childFlag(c, &child)
+	c.Flags().StringVar(&services, "services", "", "services, comma-separated")
+	c.Flags().BoolVar(&force, "force", false, "skip the idle gate")
+	return c
+}
+
+func newSendStopCmd() *cobra.Command {
+	var f sendFlags
+	var child string
+	c := &cobra.Command{
+		Use:   "stop --child C",
+		Short: "Stop a running child, freeing its slot",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireChild(child); err != nil {
+				return err
+			}
+			return runSend(cmd, f, &manifest.Manifest{Type: manifest.TypeStop, Stop: &manifest.Stop{Child: child}})
+		},
+	}
+	f.add(c)
+	childFlag(c, &child)
+	return c
+}
+
+func newSendDestroyCmd() *cobra.Command {
+	var f sendFlags
+	var child string
+	var force bool
+	c := &cobra.Command{
+		Use:   "destroy --child C [--force]",
+		Short: "Delete a child (refused for unimported work unless --force)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireChild(child); err != nil {
+				return err
+			}
+			return runSend(cmd, f, &manifest.Manifest{Type: manifest.TypeDestroy, Destroy: &manifest.Destroy{Child: child, Force: force}})
+		},
+	}
+	f.add(c)
+	childFlag(c, &child)
+	c.Flags().BoolVar(&force, "force", false, "destroy even with unimported work, if HEAD equals the last import")
+	return c
+}
+
+func newSendRightsCmd() *cobra.Command {
+	var f sendFlags
+	var child, forTTL string
+	var loose, revokeLoose bool
+	var mounts, egress, revokeMounts, revokeEgress []string
+	c := &cobra.Command{
+		Use:   "rights [--child C] [--loose] [--mount K]... [--egress H]... --for T [--revoke-loose] [--revoke-mount K]... [--revoke-egress H]...",
+		Short: "Grant or revoke a child's rights (children: revoke their own)",
+		Long: `Grant rights to your child (--loose, --mount, --egress, with --for T: a TTL
+of at most 24h, or never) and/or revoke them (--revoke-loose, --revoke-mount,
+--revoke-egress). A child revokes its own rights and omits --child and every
+grant flag.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r := &manifest.Rights{Child: child}
+			if loose || len(mounts) > 0 || len(egress) > 0 || forTTL != "" {
+				r.Grant = &manifest.RightsGrant{Items: grant.Rights{Loose: loose, Mounts: mounts, Egress: egress}, For: forTTL}
+			}
+			if revokeLoose || len(revokeMounts) > 0 || len(revokeEgress) > 0 {
+				r.Revoke = &grant.Rights{Loose: revokeLoose, Mounts: revokeMounts, Egress: revokeEgress}
+			}
+			if r.Grant == nil && r.Revoke == nil {
+				return exitf(ExitUsage, "name at least one right to grant or revoke")
+			}
+			return runSend(cmd, f, &manifest.Manifest{Type: manifest.TypeRights, Rights: r})
+		},
+	}
+	f.add(c)
+	c.Flags().StringVar(&child, "child", "", "the child's short name (children: omit, or your own)")
+	c.Flags().BoolVar(&loose, "loose", false, "grant loose network")
+	c.Flags().StringArrayVar(&mounts, "mount", nil, "grant a mount (repeatable)")
+	c.Flags().StringArrayVar(&egress, "egress", nil, "grant an egress host (repeatable)")
+	c.Flags().StringVar(&forTTL, "for", "", "how long the grant lasts: a TTL up to 24h, or never")
+	c.Flags().BoolVar(&revokeLoose, "revoke-loose", false, "revoke loose network")
+	c.Flags().StringArrayVar(&revokeMounts, "revoke-mount", nil, "revoke a mount (repeatable)")
+	c.Flags().StringArrayVar(&revokeEgress, "revoke-egress", nil, "revoke an egress host (repeatable)")
+	return c
+}
+
+func newSendPublishCmd() *cobra.Command {
+	var f sendFlags
+	var issue, pr string
+	c := &cobra.Command{
+		Use:   "publish (--issue NAME | --pr NAME)",
+		Short: "Publish a staged outbox manifest (orchestrators with publish rights)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			p := &manifest.Publish{Outbox: manifest.OutboxIssue, Manifest: issue}
+			switch {
+			case issue != "" && pr != "":
+				return exitf(ExitUsage, "--issue and --pr are mutually exclusive")
+			case pr != "":
+				p.Outbox, p.Manifest = manifest.OutboxPR, pr
+			case issue == "":
+				return exitf(ExitUsage, "give --issue NAME or --pr NAME")
+			}
+			return runSend(cmd, f, &manifest.Manifest{Type: manifest.TypePublish, Publish: p})
+		},
+	}
+	f.add(c)
+	c.Flags().StringVar(&issue, "issue", "", "issue outbox manifest name (NAME.json)")
+	c.Flags().StringVar(&pr, "pr", "", "PR outbox manifest name (NAME.json)")
+	return c
+}
