@@ -48,14 +48,19 @@ const resolveNoFollow = unix.RESOLVE_NO_SYMLINKS | unix.RESOLVE_NO_MAGICLINKS | 
 // OpenChild opens the single path component name below dir without
 // following a symbolic link, and returns the handle with its fstat. flags
 // are open(2) flags (O_PATH, O_RDONLY|O_NONBLOCK, O_DIRECTORY, ...);
-// O_NOFOLLOW and O_CLOEXEC are always added. A FIFO opened for reading must
+// O_NOFOLLOW and O_CLOEXEC are always added. O_DIRECTORY is checked on the
+// handle; combine it with O_PATH (opening a FIFO without it would block). A FIFO opened for reading must
 // be opened with O_NONBLOCK (or O_PATH) so the open does not block.
 func OpenChild(dir *os.File, name string, flags int) (*os.File, unix.Stat_t, error) {
 	var st unix.Stat_t
 	if name == "" || name == "." || name == ".." || strings.ContainsRune(name, '/') || strings.IndexByte(name, 0) >= 0 {
 		return nil, st, fmt.Errorf("%w: not a single path component", ErrUnsafe)
 	}
-	fd, err := openChildFd(int(dir.Fd()), name, flags|unix.O_NOFOLLOW|unix.O_CLOEXEC)
+	// O_DIRECTORY is checked on the handle instead of passed to the kernel,
+	// which would report a symlink as "not a directory" (ENOTDIR) rather
+	// than as a symlink.
+	wantDir := flags&unix.O_DIRECTORY != 0
+	fd, err := openChildFd(int(dir.Fd()), name, flags&^unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC)
 	if err != nil {
 		return nil, st, err
 	}
@@ -68,6 +73,10 @@ func OpenChild(dir *os.File, name string, flags int) (*os.File, unix.Stat_t, err
 		// opens the link itself.
 		unix.Close(fd)
 		return nil, st, ErrSymlink
+	}
+	if wantDir && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		unix.Close(fd)
+		return nil, st, ErrType
 	}
 	return os.NewFile(uintptr(fd), name), st, nil
 }

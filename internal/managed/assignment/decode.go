@@ -201,7 +201,7 @@ func decodeLease(n *jsonNode, p string) (*Lease, error) {
 	} else if ok {
 		t, err := time.Parse(time.RFC3339, exp)
 		if err != nil {
-			return nil, Errorf(field(p, "expires_at"), "must be an RFC 3339 timestamp such as 2099-01-01T00:00:00Z")
+			return nil, Errorf(field(p, "expires_at"), "must be an RFC 3339 timestamp such as 2006-01-02T15:04:05Z")
 		}
 		t = t.UTC()
 		l.ExpiresAt = &t

@@ -1,0 +1,136 @@
+// Package cli is branchbox's command tree (cobra): `managed validate`,
+// `managed exec-provider` and `runtime-capabilities`. cmd/branchbox only
+// calls Main.
+//
+// Exit statuses: 0 success, 1 refusal (an assignment or a request broke a
+// rule, or the provider failed), 2 usage error (unknown command or flag,
+// missing or extra argument).
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"agentbox/internal/managed/assignment"
+	"agentbox/internal/managed/leasecheck"
+	"agentbox/internal/managed/provider"
+)
+
+// Exit statuses.
+const (
+	ExitOK      = 0
+	ExitRefused = 1
+	ExitUsage   = 2
+)
+
+// Env is everything a command takes from its process, so tests can run the
+// tree in-process.
+type Env struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+	// Environ is the caller's environment ("NAME=value" entries); inherited
+	// provider names and BRANCHBOX_MANAGED_ROOT are read from it.
+	Environ []string
+	Now     func() time.Time
+	// Runtime is the runtime's effective uid and gid.
+	Runtime assignment.Identity
+}
+
+// ProcessEnv returns the Env of the current process.
+func ProcessEnv() Env {
+	return Env{
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+		Environ: os.Environ(),
+		Now:     time.Now,
+		Runtime: assignment.Identity{UID: uint32(os.Geteuid()), GID: uint32(os.Getegid())},
+	}
+}
+
+// Main runs the command line args (without the program name) and returns
+// the exit status.
+func Main(args []string, env Env) int {
+	root := newRoot(&env)
+	root.SetArgs(args)
+	cmd, err := root.ExecuteC()
+	if err == nil {
+		return ExitOK
+	}
+	var ex *exitError
+	if errors.As(err, &ex) {
+		if ex.msg != "" {
+			fmt.Fprintf(env.Stderr, "branchbox: %s\n", ex.msg)
+		}
+		return ex.code
+	}
+	// Anything else comes from cobra's own parsing: a usage error.
+	fmt.Fprintf(env.Stderr, "branchbox: %v\nRun '%s --help' for usage.\n", err, cmd.CommandPath())
+	return ExitUsage
+}
+
+// exitError ends a command with a status and an optional message for
+// stderr (empty when the command already reported, e.g. in JSON).
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+func refused(err error) error {
+	return &exitError{code: ExitRefused, msg: "refused: " + err.Error()}
+}
+
+func usage(format string, args ...any) error {
+	return fmt.Errorf(format, args...) // cobra-style: reported as usage
+}
+
+func newRoot(env *Env) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "branchbox",
+		Short: "BranchBox managed runtime: validate assignments and start providers",
+		Long: `branchbox is the managed runtime inside the guest. An outer orchestrator
+hands it a signed, digest-bound assignment stored in
+/run/branchbox/managed/<run-id>/; branchbox validates the assignment and every
+file it names, and starts the coding provider with exactly the environment its
+lease allows.
+
+Environment:
+  BRANCHBOX_MANAGED_ROOT  replaces the managed root /run/branchbox/managed
+                          (the lease target namespace /run/branchbox/leases
+                          inside the container never changes)
+
+Exit status: 0 success, 1 refusal, 2 usage error.`,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		Args:          cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return usage("a command is required")
+		},
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetIn(env.Stdin)
+	root.SetOut(env.Stdout)
+	root.SetErr(env.Stderr)
+	managed := &cobra.Command{
+		Use:   "managed",
+		Short: "Validate managed assignments and start providers under their leases",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			return usage("a managed subcommand is required (validate, exec-provider)")
+		},
+	}
+	managed.AddCommand(newValidate(env), newExecProvider(env))
+	root.AddCommand(managed, newCapabilities(env))
+	return root
+}
+
+// loadOptions builds the on-disk check options from the environment.
+func loadOptions(env *Env) leasecheck.Options {
+	root, _ := provider.Getenv(env.Environ, leasecheck.ManagedRootEnv)
+	return leasecheck.Options{ManagedRoot: root, Now: env.Now(), Runtime: env.Runtime}
+}
