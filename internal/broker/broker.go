@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/orchestrate"
 	"agentbox/internal/secfs"
 	"agentbox/internal/store"
 )
@@ -57,10 +58,12 @@ type Broker struct {
 	serving map[string]*sandboxServer // by sandbox name
 	admin   net.Listener
 
-	queries chan queryJob
-	exec    chan execJob
-	rounds  chan struct{}
-	snap    atomic.Pointer[Snapshot]
+	queries  chan queryJob
+	executor executor
+	roundMu  sync.Mutex // one round at a time (the loop, admin ops)
+	snap     atomic.Pointer[Snapshot]
+
+	orchestrator *orchestrate.Orchestrator
 
 	queryHook atomic.Pointer[func(op string)] // test hook, see SetQueryHookForTest
 	execHook  atomic.Pointer[func()]          // test hook, see SetExecHookForTest
@@ -95,9 +98,8 @@ func Open(cfg Config) (*Broker, error) {
 		ctx: ctx, cancel: cancel,
 		serving: map[string]*sandboxServer{},
 		queries: make(chan queryJob, QueryQueueCap),
-		exec:    make(chan execJob, ExecQueueCap),
-		rounds:  make(chan struct{}, 1),
 	}
+	b.orchestrator = &orchestrate.Orchestrator{Store: st, Backend: cfg.Backend, Notify: b.notify}
 	b.snap.Store(&Snapshot{})
 	return b, nil
 }
@@ -126,7 +128,6 @@ func (b *Broker) Serve() error {
 	for range QueryWorkers {
 		b.goWorker(b.queryWorker)
 	}
-	b.goWorker(b.executor)
 	if err := b.listenAdmin(); err != nil {
 		return err
 	}

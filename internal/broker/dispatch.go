@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
@@ -126,55 +128,72 @@ func (b *Broker) queryWorker() {
 	}
 }
 
-// execJob is one executor request.
-type execJob struct {
-	ctx  context.Context
-	fn   func()
-	done chan error
-}
-
 var (
 	errBusyExec = wire.Errorf(wire.CodeBusy, "the broker's executor queue is full; retry")
 	errDropped  = errors.New("request dropped: the client disconnected while it was queued")
 )
 
-// runExec runs fn on the executor, in arrival order. A request whose
-// client disconnected while it was still queued is dropped, never run.
-func (b *Broker) runExec(ctx context.Context, fn func()) error {
-	job := execJob{ctx: ctx, fn: fn, done: make(chan error, 1)}
-	select {
-	case b.exec <- job:
-	default:
-		return errBusyExec
-	}
-	return <-job.done
+// executor runs send (and host mutations) one at a time, in arrival order.
+// The request's own goroutine runs its job once its turn comes, so an
+// uncontended send costs no hand-off to another goroutine.
+type executor struct {
+	mu    sync.Mutex
+	busy  bool
+	queue []chan struct{} // waiting turns, oldest first; closed = your turn
 }
 
-func (b *Broker) executor() {
-	for {
-		select {
-		case <-b.ctx.Done():
-			// Fail whatever is still queued.
-			for {
-				select {
-				case job := <-b.exec:
-					job.done <- errDropped
-				default:
-					return
-				}
-			}
-		case job := <-b.exec:
-			if h := b.execHook.Load(); h != nil {
-				(*h)()
-			}
-			if job.ctx.Err() != nil {
-				job.done <- errDropped
-				continue
-			}
-			job.fn()
-			job.done <- nil
+// runExec runs fn on the executor. At most ExecQueueCap requests wait (more
+// get busy); a request whose client disconnected while it waited is
+// dropped, never run.
+func (b *Broker) runExec(ctx context.Context, fn func()) error {
+	e := &b.executor
+	e.mu.Lock()
+	if e.busy {
+		if len(e.queue) >= ExecQueueCap {
+			e.mu.Unlock()
+			return errBusyExec
 		}
+		turn := make(chan struct{})
+		e.queue = append(e.queue, turn)
+		e.mu.Unlock()
+		select {
+		case <-turn:
+		case <-ctx.Done():
+			e.mu.Lock()
+			if i := slices.Index(e.queue, turn); i >= 0 {
+				e.queue = slices.Delete(e.queue, i, i+1)
+				e.mu.Unlock()
+				return errDropped
+			}
+			e.mu.Unlock()
+			// The turn was handed over as the client left: pass it on.
+		}
+	} else {
+		e.busy = true
+		e.mu.Unlock()
 	}
+	defer e.release()
+	if h := b.execHook.Load(); h != nil {
+		(*h)()
+	}
+	if ctx.Err() != nil || b.ctx.Err() != nil {
+		return errDropped
+	}
+	fn()
+	return nil
+}
+
+// release hands the turn to the oldest waiter, or frees the executor.
+func (e *executor) release() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.queue) == 0 {
+		e.busy = false
+		return
+	}
+	next := e.queue[0]
+	e.queue = slices.Delete(e.queue, 0, 1)
+	close(next)
 }
 
 // notify wakes the parked next of sandbox name, if it is served.

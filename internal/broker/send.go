@@ -59,7 +59,6 @@ func (b *Broker) opSend(ctx context.Context, c *call) *reply {
 	if serr != nil {
 		return b.fail("send", c, serr)
 	}
-	b.requestRound()
 	if ctx.Err() != nil {
 		// The client hung up while its request ran: leave the status unread.
 		b.store.MarkUnread(context.Background(), c.caller.Sandbox, sent.Status.ID)
@@ -75,30 +74,24 @@ func (b *Broker) opSend(ctx context.Context, c *call) *reply {
 	return rep
 }
 
-// send runs one manifest: idempotency first (an id with a recorded status
-// gets it back), then decoding and validation, then the type's handler.
+// send runs one manifest. Idempotency lives in the store: the handler's
+// transaction and the refusal's both look the id up first, so an id with a
+// recorded status gets that status back and nothing runs again.
 func (b *Broker) send(ctx context.Context, caller Caller, args SendArgs) (store.Sent, error) {
 	id := manifestID(args.Manifest)
 	if id == "" {
 		// No valid id to journal under: refused, and not stored.
 		return store.TransientStatus("", wire.StateRefused, "id must match ^[a-z0-9][a-z0-9-]{0,63}$"), nil
 	}
-	if prev, found, err := b.store.LatestStatus(ctx, caller.Sandbox, id); err != nil {
-		if errors.Is(err, store.ErrDuplicate) {
-			return store.Sent{}, wire.Errorf(wire.CodeDuplicate, "manifest id '%s' was already received and has no status yet", id)
-		}
-		return store.Sent{}, err
-	} else if found {
-		return store.Sent{Status: prev}, nil
-	}
 	req := orchestrate.Requester{Sandbox: caller.Sandbox, Role: caller.Role, Parent: caller.Parent}
 	sent, err := b.orch().Send(ctx, req, args.Manifest, args.Body)
 	if r, ok := orchestrate.AsRefusal(err); ok {
-		return b.store.RecordStatus(ctx, caller.Sandbox, id, "", wire.StateRefused, r.Detail, true)
+		sent, err = b.store.RecordStatus(ctx, caller.Sandbox, id, "", wire.StateRefused, r.Detail, true)
+	}
+	if errors.Is(err, store.ErrDuplicate) {
+		return store.Sent{}, wire.Errorf(wire.CodeDuplicate, "manifest id '%s' was already received and has no status yet", id)
 	}
 	return sent, err
 }
 
-func (b *Broker) orch() *orchestrate.Orchestrator {
-	return &orchestrate.Orchestrator{Store: b.store, Backend: b.cfg.Backend, Notify: b.notify}
-}
+func (b *Broker) orch() *orchestrate.Orchestrator { return b.orchestrator }

@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"time"
 
 	"agentbox/internal/store"
@@ -14,9 +15,11 @@ import (
 type Snapshot struct {
 	Round    uint64
 	At       time.Time
-	Children map[string][]ChildInfo       // by orchestrator
-	Statuses map[string][]json.RawMessage // by sandbox: latest status per ref
-	Grants   map[string]json.RawMessage   // by orchestrator
+	Children map[string][]ChildInfo     // by orchestrator
+	Statuses map[string][]store.Item    // by sandbox: latest status per ref, first seen first
+	Grants   map[string]json.RawMessage // by orchestrator
+	// statusSeq is the newest status folded into Statuses.
+	statusSeq int64
 }
 
 // ChildInfo is one entry of the children op's result.
@@ -27,8 +30,8 @@ type ChildInfo struct {
 	Running bool   `json:"running"`
 }
 
-// roundLoop runs a round every RoundInterval and whenever one is
-// requested (coalesced).
+// roundLoop runs a round every RoundInterval. Host commands that change
+// sandboxes run one at once, before they answer.
 func (b *Broker) roundLoop() {
 	t := time.NewTicker(RoundInterval)
 	defer t.Stop()
@@ -37,22 +40,17 @@ func (b *Broker) roundLoop() {
 		case <-b.ctx.Done():
 			return
 		case <-t.C:
-		case <-b.rounds:
 		}
 		b.runRound()
 	}
 }
 
-// requestRound asks for a round soon; requests coalesce.
-func (b *Broker) requestRound() {
-	select {
-	case b.rounds <- struct{}{}:
-	default:
-	}
-}
-
 // runRound reconciles what the broker knows and publishes a new snapshot.
+// Statuses are folded in incrementally: a round reads only the statuses
+// recorded since the previous one, so its cost does not grow with history.
 func (b *Broker) runRound() {
+	b.roundMu.Lock()
+	defer b.roundMu.Unlock()
 	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
 	defer cancel()
 	sbs, err := b.store.Sandboxes(ctx)
@@ -68,20 +66,24 @@ func (b *Broker) runRound() {
 	} else {
 		b.log.Warn("round: list backend", "err", err)
 	}
-	statuses, err := b.store.LatestStatuses(ctx)
+	prev := b.snap.Load()
+	fresh, err := b.store.StatusesSince(ctx, prev.statusSeq)
 	if err != nil {
 		b.log.Warn("round: statuses", "err", err)
 		return
 	}
-	prev := b.snap.Load()
 	next := &Snapshot{
-		Round:    prev.Round + 1,
-		At:       time.Now(),
-		Children: map[string][]ChildInfo{},
-		Statuses: map[string][]json.RawMessage{},
-		Grants:   map[string]json.RawMessage{},
+		Round:     prev.Round + 1,
+		At:        time.Now(),
+		Children:  map[string][]ChildInfo{},
+		Statuses:  map[string][]store.Item{},
+		Grants:    map[string]json.RawMessage{},
+		statusSeq: prev.statusSeq,
 	}
 	for _, sb := range sbs {
+		if st, ok := prev.Statuses[sb.Name]; ok {
+			next.Statuses[sb.Name] = st // shared until changed below
+		}
 		switch sb.Role {
 		case store.RoleChild:
 			next.Children[sb.Parent] = append(next.Children[sb.Parent], ChildInfo{
@@ -92,10 +94,23 @@ func (b *Broker) runRound() {
 			}
 		}
 	}
-	for sb, items := range statuses {
-		for _, it := range items {
-			next.Statuses[sb] = append(next.Statuses[sb], it.Doc)
+	copied := map[string]bool{}
+	for _, si := range fresh {
+		next.statusSeq = max(next.statusSeq, si.Seq)
+		list, ok := next.Statuses[si.Sandbox]
+		if !ok && !slices.ContainsFunc(sbs, func(sb store.Sandbox) bool { return sb.Name == si.Sandbox }) {
+			continue // destroyed since
 		}
+		if !copied[si.Sandbox] {
+			list = slices.Clone(list)
+			copied[si.Sandbox] = true
+		}
+		if i := slices.IndexFunc(list, func(it store.Item) bool { return it.Ref == si.Ref }); i >= 0 {
+			list[i] = si.Item
+		} else {
+			list = append(list, si.Item)
+		}
+		next.Statuses[si.Sandbox] = list
 	}
 	b.snap.Store(next)
 }
@@ -126,15 +141,15 @@ func (b *Broker) opStatus(_ context.Context, c *call) *reply {
 	}
 	all := b.snap.Load().Statuses[c.caller.Sandbox]
 	if args.Ref == "" {
-		if all == nil {
-			all = []json.RawMessage{}
+		docs := make([]json.RawMessage, 0, len(all))
+		for _, it := range all {
+			docs = append(docs, it.Doc)
 		}
-		return replyOK(map[string]any{"statuses": all})
+		return replyOK(map[string]any{"statuses": docs})
 	}
-	for _, doc := range all {
-		var st wire.StatusItem
-		if json.Unmarshal(doc, &st) == nil && st.Ref == args.Ref {
-			return &reply{resp: &wire.Response{V: wire.Version, OK: true, Result: doc}}
+	for _, it := range all {
+		if it.Ref == args.Ref {
+			return &reply{resp: &wire.Response{V: wire.Version, OK: true, Result: it.Doc}}
 		}
 	}
 	return replyErr(wire.Errorf(wire.CodeNotFound, "no status for '%s'", truncate(args.Ref, 64)))

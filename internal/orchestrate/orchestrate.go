@@ -7,8 +7,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/grant"
 	"agentbox/internal/store"
 )
 
@@ -40,6 +42,9 @@ type Orchestrator struct {
 	Backend backend.Backend
 	// Notify is called with the name of every sandbox whose inbox changed.
 	Notify func(sandbox string)
+
+	mu     sync.Mutex
+	grants map[string]grant.Grant // parsed grant documents by their text
 }
 
 func (o *Orchestrator) notify(names ...string) {

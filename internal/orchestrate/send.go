@@ -63,7 +63,7 @@ func (o *Orchestrator) validationContext(ctx context.Context, req Requester) (ma
 	if req.Role == store.RoleOrchestrator {
 		vctx.Role = manifest.RoleOrchestrator
 		if sb.Grant != "" {
-			g, err := grant.Parse([]byte(sb.Grant))
+			g, err := o.parsedGrant(sb.Grant)
 			if err != nil {
 				return manifest.Context{}, fmt.Errorf("stored grant of %s: %w", sb.Name, err)
 			}
@@ -95,4 +95,27 @@ func LoadRepoConfig(repo string) (*config.Repo, error) {
 		return nil, &Refusal{Detail: "the repository config " + RepoConfigPath + " is invalid: " + err.Error()}
 	}
 	return cfg, nil
+}
+
+// maxCachedGrants bounds the parsed-grant cache; grants change rarely, so a
+// full cache is simply cleared.
+const maxCachedGrants = 1024
+
+// parsedGrant parses a stored grant document, caching by its text: every
+// orchestrator send needs it.
+func (o *Orchestrator) parsedGrant(doc string) (grant.Grant, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if g, ok := o.grants[doc]; ok {
+		return g, nil
+	}
+	g, err := grant.Parse([]byte(doc))
+	if err != nil {
+		return grant.Grant{}, err
+	}
+	if o.grants == nil || len(o.grants) >= maxCachedGrants {
+		o.grants = map[string]grant.Grant{}
+	}
+	o.grants[doc] = g
+	return g, nil
 }

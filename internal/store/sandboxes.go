@@ -37,21 +37,41 @@ func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 
 // CreateSandbox inserts a new sandbox; ErrExists if the name is taken.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
-	_, err := s.db.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)`,
-		sb.Name, sb.UUID, sb.Role, sb.Parent, sb.Branch, sb.Repo, sb.State, sb.SocketDir, sb.Grant, now())
-	if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") {
-		return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
-	}
-	return err
+	return s.withTx(ctx, func(tx *sql.Tx, cu *cacheUpdate) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)`,
+			sb.Name, sb.UUID, sb.Role, sb.Parent, sb.Branch, sb.Repo, sb.State, sb.SocketDir, sb.Grant, now())
+		if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") {
+			return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
+		}
+		cu.sandboxesChanged = true
+		return err
+	})
 }
 
-// Sandbox returns one sandbox by name.
+// Sandbox returns one sandbox by name. Rows are cached: every send looks
+// its requester (and recipient) up, and sandboxes change rarely; each write
+// to the sandboxes table clears the cache after it commits.
 func (s *Store) Sandbox(ctx context.Context, name string) (Sandbox, error) {
-	sb, err := scanSandbox(s.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE name = ?`, name))
+	s.cmu.Lock()
+	sb, ok := s.sandboxes[name]
+	gen := s.sandboxGen
+	s.cmu.Unlock()
+	if ok {
+		return sb, nil
+	}
+	sb, err := scanSandbox(s.q.sandboxByNm.QueryRowContext(ctx, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Sandbox{}, fmt.Errorf("sandbox %q: %w", name, ErrNotFound)
 	}
-	return sb, err
+	if err != nil {
+		return Sandbox{}, err
+	}
+	s.cmu.Lock()
+	if s.sandboxGen == gen { // no write committed since the query began
+		s.sandboxes[name] = sb
+	}
+	s.cmu.Unlock()
+	return sb, nil
 }
 
 // Sandboxes lists every sandbox by name.
@@ -86,7 +106,7 @@ func (s *Store) SetGrant(ctx context.Context, name, grantDoc string) error {
 // name is claimed once, ever: claiming a name used before fails with
 // ErrExists, so no device path is ever reused.
 func (s *Store) ClaimSocketDir(ctx context.Context, name, dir string) error {
-	return s.withTx(ctx, func(tx *sql.Tx) error {
+	return s.withTx(ctx, func(tx *sql.Tx, cu *cacheUpdate) error {
 		if _, err := tx.ExecContext(ctx, `INSERT INTO socket_dirs (dir) VALUES (?)`, dir); err != nil {
 			if strings.Contains(err.Error(), "UNIQUE constraint failed") {
 				return fmt.Errorf("socket dir: %w", ErrExists)
@@ -97,21 +117,35 @@ func (s *Store) ClaimSocketDir(ctx context.Context, name, dir string) error {
 		if err != nil {
 			return err
 		}
+		cu.sandboxesChanged = true
 		return oneRow(res, name)
 	})
 }
 
 // DeleteSandbox removes a sandbox with its items and journal.
 func (s *Store) DeleteSandbox(ctx context.Context, name string) error {
-	return s.updateOne(ctx, `DELETE FROM sandboxes WHERE name = ?`, name)
+	return s.withTx(ctx, func(tx *sql.Tx, cu *cacheUpdate) error {
+		res, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE name = ?`, name)
+		if err != nil {
+			return err
+		}
+		cu.dropped = append(cu.dropped, name)
+		cu.sandboxesChanged = true
+		return oneRow(res, name)
+	})
 }
 
+// updateOne runs a one-row update of a sandbox; the last argument is the
+// sandbox's name.
 func (s *Store) updateOne(ctx context.Context, query string, args ...any) error {
-	res, err := s.db.ExecContext(ctx, query, args...)
-	if err != nil {
-		return err
-	}
-	return oneRow(res, fmt.Sprint(args[len(args)-1]))
+	return s.withTx(ctx, func(tx *sql.Tx, cu *cacheUpdate) error {
+		res, err := tx.ExecContext(ctx, query, args...)
+		if err != nil {
+			return err
+		}
+		cu.sandboxesChanged = true
+		return oneRow(res, fmt.Sprint(args[len(args)-1]))
+	})
 }
 
 func oneRow(res sql.Result, name string) error {

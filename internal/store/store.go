@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sync"
 	"time"
 
 	_ "modernc.org/sqlite" // pure-Go SQLite driver, registered as "sqlite"
@@ -41,6 +42,18 @@ var (
 // Store is an open broker.db.
 type Store struct {
 	db *sql.DB
+	q  statements
+
+	// wmu serializes write transactions with the cache updates that follow
+	// their commits, so the unread cache always matches the database.
+	wmu sync.Mutex
+	// cmu guards inboxes, the unread items of each sandbox loaded so far.
+	cmu     sync.Mutex
+	inboxes map[string][]Item
+	// sandboxes caches rows by name; sandboxGen counts the writes that
+	// cleared it, so a query that raced a write does not install a stale row.
+	sandboxes  map[string]Sandbox
+	sandboxGen uint64
 }
 
 // Open opens (creating if needed) the database at path with WAL and
@@ -66,7 +79,7 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("open broker.db: journal_mode is %q, want wal", mode)
 	}
-	s := &Store{db: db}
+	s := &Store{db: db, inboxes: map[string][]Item{}, sandboxes: map[string]Sandbox{}}
 	if err := s.migrate(); err != nil {
 		db.Close()
 		return nil, err
@@ -75,7 +88,13 @@ func Open(path string) (*Store, error) {
 }
 
 // Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+func (s *Store) Close() error {
+	s.q.close()
+	return s.db.Close()
+}
+
+// schemaVersion is PRAGMA user_version of a database with this schema.
+const schemaVersion = 1
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -90,8 +109,10 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	grant_doc  TEXT NOT NULL DEFAULT '',
 	created_at INTEGER NOT NULL
 );
+-- Inbox items. seq orders them (rowid: new rows always get max+1, so the
+-- order of an inbox never goes backwards).
 CREATE TABLE IF NOT EXISTS items (
-	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	seq        INTEGER PRIMARY KEY,
 	id         TEXT NOT NULL UNIQUE,
 	sandbox    TEXT NOT NULL REFERENCES sandboxes(name) ON DELETE CASCADE,
 	type       TEXT NOT NULL,
@@ -100,26 +121,35 @@ CREATE TABLE IF NOT EXISTS items (
 	read       INTEGER NOT NULL DEFAULT 0,
 	created_at INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS items_by_sandbox ON items(sandbox, read, seq);
-CREATE INDEX IF NOT EXISTS items_by_ref ON items(sandbox, ref, seq);
+CREATE INDEX IF NOT EXISTS items_by_sandbox ON items(sandbox, seq);
+-- The manifest-id journal: one row per (requester, manifest id), pointing
+-- at the latest status recorded for it (NULL: journaled, no status yet).
 CREATE TABLE IF NOT EXISTS journal (
 	sandbox     TEXT NOT NULL REFERENCES sandboxes(name) ON DELETE CASCADE,
 	manifest_id TEXT NOT NULL,
 	type        TEXT NOT NULL,
+	status_seq  INTEGER,
 	created_at  INTEGER NOT NULL,
 	PRIMARY KEY (sandbox, manifest_id)
-);
+) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS socket_dirs (
 	dir TEXT PRIMARY KEY
-);
+) WITHOUT ROWID;
+PRAGMA user_version = 1;
 `
 
 func (s *Store) migrate() error {
-	_, err := s.db.Exec(schema)
-	if err != nil {
+	var version int
+	if err := s.db.QueryRow("PRAGMA user_version").Scan(&version); err != nil {
+		return err
+	}
+	if version > schemaVersion {
+		return fmt.Errorf("broker.db has schema version %d; this jailbee knows %d", version, schemaVersion)
+	}
+	if _, err := s.db.Exec(schema); err != nil {
 		return fmt.Errorf("apply schema: %w", err)
 	}
-	return nil
+	return s.prepare()
 }
 
 // newHostID returns a random h-<8 hex> id.
@@ -133,15 +163,24 @@ func newHostID() string {
 
 func now() int64 { return time.Now().UnixMilli() }
 
-// withTx runs fn in one write transaction (BEGIN IMMEDIATE) and commits.
-func (s *Store) withTx(ctx context.Context, fn func(*sql.Tx) error) error {
+// withTx runs fn in one write transaction (BEGIN IMMEDIATE) and commits;
+// then, still holding the write lock, applies the cache changes fn queued,
+// so no later write or cache read can see the cache behind the database.
+func (s *Store) withTx(ctx context.Context, fn func(*sql.Tx, *cacheUpdate) error) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	var cu cacheUpdate
 	tx, err := s.db.BeginTx(ctx, nil)
 	if err != nil {
 		return err
 	}
-	if err := fn(tx); err != nil {
+	if err := fn(tx, &cu); err != nil {
 		tx.Rollback()
 		return err
 	}
-	return tx.Commit()
+	if err := tx.Commit(); err != nil {
+		return err
+	}
+	s.applyCache(&cu)
+	return nil
 }

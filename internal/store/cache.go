@@ -1,0 +1,119 @@
+package store
+
+import (
+	"context"
+	"slices"
+)
+
+// The unread cache: each sandbox's unread items, loaded on first use and
+// then kept in step with every commit (withTx applies a cacheUpdate after
+// its commit, under the write lock). list, read with keep and next are
+// served from it without touching SQLite.
+
+// cacheUpdate collects what a transaction changed in the unread inboxes.
+type cacheUpdate struct {
+	added   []cachedItem // became unread
+	removed []cachedItem // became read (only Sandbox and ID set)
+	dropped []string     // sandboxes deleted
+	// sandboxesChanged: a sandboxes row was written; clear the row cache.
+	sandboxesChanged bool
+}
+
+type cachedItem struct {
+	sandbox string
+	item    Item
+}
+
+func (cu *cacheUpdate) add(sandbox string, it Item) {
+	cu.added = append(cu.added, cachedItem{sandbox, it})
+}
+
+func (cu *cacheUpdate) remove(sandbox, id string) {
+	cu.removed = append(cu.removed, cachedItem{sandbox, Item{ID: id}})
+}
+
+// applyCache applies cu to the inboxes already loaded; an inbox not loaded
+// yet will read the committed state when it is.
+func (s *Store) applyCache(cu *cacheUpdate) {
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	for _, a := range cu.added {
+		items, ok := s.inboxes[a.sandbox]
+		if !ok {
+			continue
+		}
+		i, found := slices.BinarySearchFunc(items, a.item.Seq, func(it Item, seq int64) int { return cmpInt(it.Seq, seq) })
+		if !found {
+			// Copy on write: readers hold the old slice.
+			s.inboxes[a.sandbox] = slices.Insert(slices.Clone(items), i, a.item)
+		}
+	}
+	for _, r := range cu.removed {
+		items, ok := s.inboxes[r.sandbox]
+		if !ok {
+			continue
+		}
+		if i := slices.IndexFunc(items, func(it Item) bool { return it.ID == r.item.ID }); i >= 0 {
+			s.inboxes[r.sandbox] = slices.Delete(slices.Clone(items), i, i+1)
+		}
+	}
+	for _, name := range cu.dropped {
+		delete(s.inboxes, name)
+	}
+	if cu.sandboxesChanged {
+		clear(s.sandboxes)
+		s.sandboxGen++
+	}
+}
+
+func cmpInt(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// unread returns a sandbox's unread items, oldest first, loading them from
+// the database on first use. The slice is shared: callers must not modify
+// it.
+func (s *Store) unread(ctx context.Context, sandbox string) ([]Item, error) {
+	s.cmu.Lock()
+	items, ok := s.inboxes[sandbox]
+	s.cmu.Unlock()
+	if ok {
+		return items, nil
+	}
+	// Load under the write lock, so no commit lands between the query and
+	// the cache install.
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.cmu.Lock()
+	items, ok = s.inboxes[sandbox]
+	s.cmu.Unlock()
+	if ok {
+		return items, nil
+	}
+	rows, err := s.q.unreadItems.QueryContext(ctx, sandbox)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items = []Item{}
+	for rows.Next() {
+		it, err := scanItem(rows)
+		if err != nil {
+			return nil, err
+		}
+		items = append(items, it)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	s.cmu.Lock()
+	s.inboxes[sandbox] = items
+	s.cmu.Unlock()
+	return items, nil
+}
