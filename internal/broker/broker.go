@@ -58,7 +58,7 @@ type Broker struct {
 	serving map[string]*sandboxServer // by sandbox name
 	admin   net.Listener
 
-	queries  chan queryJob
+	queries  queryPool
 	executor executor
 	roundMu  sync.Mutex // one round at a time (the loop, admin ops)
 	snap     atomic.Pointer[Snapshot]
@@ -97,7 +97,7 @@ func Open(cfg Config) (*Broker, error) {
 		cfg: cfg, log: cfg.Logger, store: st, lock: lock,
 		ctx: ctx, cancel: cancel,
 		serving: map[string]*sandboxServer{},
-		queries: make(chan queryJob, QueryQueueCap),
+		queries: queryPool{workers: make(chan struct{}, QueryWorkers)},
 	}
 	b.orchestrator = &orchestrate.Orchestrator{Store: st, Backend: cfg.Backend, Notify: b.notify}
 	b.snap.Store(&Snapshot{})
@@ -125,9 +125,6 @@ func (b *Broker) Store() *store.Store { return b.store }
 // Serve starts the workers, the admin socket and one listener per sandbox.
 // It returns once everything listens; Close stops it.
 func (b *Broker) Serve() error {
-	for range QueryWorkers {
-		b.goWorker(b.queryWorker)
-	}
 	if err := b.listenAdmin(); err != nil {
 		return err
 	}

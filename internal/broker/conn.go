@@ -146,9 +146,9 @@ func (b *Broker) serveConn(ctx context.Context, conn net.Conn, handle handlerFun
 
 // writeReply writes one reply line; false if the client did not take it.
 func (b *Broker) writeReply(conn net.Conn, rep *reply) bool {
-	line, err := wire.Marshal(rep.resp)
+	line, err := wire.AppendResponse(make([]byte, 0, 256), rep.resp)
 	if err != nil {
-		line, _ = wire.Marshal(wire.Fail(wire.AsError(err)))
+		line, _ = wire.AppendResponse(nil, wire.Fail(wire.AsError(err)))
 	}
 	conn.SetWriteDeadline(time.Now().Add(WriteTimeout))
 	_, err = conn.Write(line)
@@ -165,24 +165,30 @@ func (b *Broker) writeReply(conn net.Conn, rep *reply) bool {
 	return true
 }
 
-// decodeRequest checks the version first (another v is answered with code
-// version whatever else the line holds), then decodes strictly.
+// decodeRequest decodes a request line strictly. Another v is answered
+// with code version whatever else the line holds, so a line that fails the
+// strict decode is probed for its v before it is called bad_request.
 func decodeRequest(line []byte) (*wire.Request, *wire.Error) {
-	var probe struct {
-		V json.RawMessage `json:"v"`
-	}
-	if err := json.Unmarshal(line, &probe); err != nil {
-		return nil, wire.Errorf(wire.CodeBadRequest, "request is not a JSON object")
-	}
-	if string(probe.V) != "1" {
-		return nil, wire.Errorf(wire.CodeVersion, "protocol version %d required", wire.Version)
-	}
 	var req wire.Request
 	if err := wire.DecodeStrict(line, &req); err != nil {
+		var probe struct {
+			V json.RawMessage `json:"v"`
+		}
+		if json.Unmarshal(line, &probe) != nil {
+			return nil, wire.Errorf(wire.CodeBadRequest, "request is not a JSON object")
+		}
+		if string(probe.V) != "1" {
+			return nil, versionError
+		}
 		return nil, wire.Errorf(wire.CodeBadRequest, "malformed request envelope")
+	}
+	if req.V != wire.Version {
+		return nil, versionError
 	}
 	if req.Op == "" {
 		return nil, wire.Errorf(wire.CodeBadRequest, "request has no op")
 	}
 	return &req, nil
 }
+
+var versionError = wire.Errorf(wire.CodeVersion, "protocol version %d required", wire.Version)

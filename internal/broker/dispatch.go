@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
@@ -68,8 +69,8 @@ func (b *Broker) dispatch(ctx context.Context, srv *sandboxServer, cc *connCtx, 
 
 // decodeArgs decodes an op's arguments strictly; absent args decode as {}.
 func decodeArgs(raw json.RawMessage, v any) *wire.Error {
-	if len(raw) == 0 || string(raw) == "null" {
-		raw = json.RawMessage("{}")
+	if len(raw) == 0 || string(raw) == "null" || string(raw) == "{}" {
+		return nil
 	}
 	if err := wire.DecodeStrict(raw, v); err != nil {
 		return wire.Errorf(wire.CodeBadRequest, "invalid arguments: %s", truncate(err.Error(), 120))
@@ -84,18 +85,20 @@ func truncate(s string, n int) string {
 	return s[:n] + "..."
 }
 
-// queryJob is one store query waiting for a worker.
-type queryJob struct {
-	op   string
-	fn   func()
-	done chan struct{}
-}
-
 var errBusyQueries = wire.Errorf(wire.CodeBusy, "the broker's query queue is full; retry")
 
-// runQuery runs fn on the store-query pool: at most MaxQueriesPerSandbox
-// queued or running per sandbox (more wait here, in their connection), and
-// busy only when the broker-wide queue is full.
+// queryPool bounds store queries broker-wide: QueryWorkers run at once and
+// QueryQueueCap more may wait. A query runs on its own connection's
+// goroutine once it holds a worker slot, so a query served from the cache
+// costs no hand-off to another goroutine.
+type queryPool struct {
+	admitted atomic.Int32  // running + waiting
+	workers  chan struct{} // one token per running query
+}
+
+// runQuery runs fn as a store query: at most MaxQueriesPerSandbox queued or
+// running per sandbox (more wait here, in their connection), and busy only
+// when the broker-wide queue is full.
 func (b *Broker) runQuery(ctx context.Context, srv *sandboxServer, op string, fn func()) error {
 	select {
 	case srv.querySem <- struct{}{}:
@@ -103,29 +106,22 @@ func (b *Broker) runQuery(ctx context.Context, srv *sandboxServer, op string, fn
 		return ctx.Err()
 	}
 	defer func() { <-srv.querySem }()
-	job := queryJob{op: op, fn: fn, done: make(chan struct{})}
-	select {
-	case b.queries <- job:
-	default:
+	if b.queries.admitted.Add(1) > QueryWorkers+QueryQueueCap {
+		b.queries.admitted.Add(-1)
 		return errBusyQueries
 	}
-	<-job.done
-	return nil
-}
-
-func (b *Broker) queryWorker() {
-	for {
-		select {
-		case <-b.ctx.Done():
-			return
-		case job := <-b.queries:
-			if h := b.queryHook.Load(); h != nil {
-				(*h)(job.op)
-			}
-			job.fn()
-			close(job.done)
-		}
+	defer b.queries.admitted.Add(-1)
+	select {
+	case b.queries.workers <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
 	}
+	defer func() { <-b.queries.workers }()
+	if h := b.queryHook.Load(); h != nil {
+		(*h)(op)
+	}
+	fn()
+	return nil
 }
 
 var (

@@ -25,4 +25,6 @@ func (b *Broker) ParkedForTest(name string) bool {
 }
 
 // QueuedQueriesForTest is how many store queries wait for a worker.
-func (b *Broker) QueuedQueriesForTest() int { return len(b.queries) }
+func (b *Broker) QueuedQueriesForTest() int {
+	return int(b.queries.admitted.Load()) - len(b.queries.workers)
+}

@@ -48,14 +48,34 @@ func (b *Broker) opList(ctx context.Context, c *call) *reply {
 	if qerr != nil {
 		return b.fail("list", c, qerr)
 	}
-	res := ListResult{Items: make([]json.RawMessage, 0, len(items))}
+	return &reply{resp: &wire.Response{V: wire.Version, OK: true, Result: listResult(items)}}
+}
+
+// listResult writes the ListResult of items by hand: the items are stored
+// JSON documents, so they are spliced in rather than re-encoded.
+func listResult(items []store.Item) json.RawMessage {
+	size := len(`{"items":[]}`)
 	for _, it := range items {
-		res.Items = append(res.Items, it.Doc)
+		size += len(it.Doc) + 1
+	}
+	out := make([]byte, 0, size+32)
+	out = append(out, `{"items":[`...)
+	var readIDs []string
+	for i, it := range items {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, it.Doc...)
 		if it.Read {
-			res.ReadIDs = append(res.ReadIDs, it.ID)
+			readIDs = append(readIDs, it.ID)
 		}
 	}
-	return replyOK(res)
+	out = append(out, ']')
+	if len(readIDs) > 0 {
+		ids, _ := json.Marshal(readIDs)
+		out = append(append(out, `,"read_ids":`...), ids...)
+	}
+	return append(out, '}')
 }
 
 // ReadArgs are read's arguments.

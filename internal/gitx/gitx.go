@@ -223,7 +223,7 @@ func Clone(ctx context.Context, src, dst, branch, commit string) error {
 	return err
 }
 
-// Fetch fetches srcRef from srcURL into dstRef of dstRepo, replacing what
+// Fetch fetches srcRef (a full ref, or HEAD) from srcURL into dstRef of dstRepo, replacing what
 // dstRef held (it is a ref the caller owns, such as refs/jailbee/...), and
 // returns the commit dstRef now names. srcURL is a path or a URL a backend
 // produced (ext:: is allowed for container backends): never pass one that
@@ -232,8 +232,10 @@ func Fetch(ctx context.Context, dstRepo, srcURL, srcRef, dstRef string) (string,
 	if err := checkArg("source url", srcURL); err != nil {
 		return "", err
 	}
-	if err := checkFullRef(ctx, "source ref", srcRef); err != nil {
-		return "", err
+	if srcRef != "HEAD" { // the source's checked-out commit
+		if err := checkFullRef(ctx, "source ref", srcRef); err != nil {
+			return "", err
+		}
 	}
 	if err := checkFullRef(ctx, "destination ref", dstRef); err != nil {
 		return "", err

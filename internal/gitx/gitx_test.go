@@ -290,3 +290,14 @@ func TestContextCancelled(t *testing.T) {
 		t.Fatalf("err = %v, want context.Canceled", err)
 	}
 }
+
+func TestFetchHead(t *testing.T) {
+	ctx := context.Background()
+	src, first, _ := newRepo(t)
+	git(t, src, "checkout", "--quiet", "-b", "side", first)
+	dst, _, _ := newRepo(t)
+	got, err := gitx.Fetch(ctx, dst, src, "HEAD", "refs/jailbee/child/HEAD")
+	if err != nil || got != first {
+		t.Fatalf("Fetch HEAD = %q, %v; want %s", got, err, first)
+	}
+}

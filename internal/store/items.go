@@ -44,7 +44,7 @@ func insertItem(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, cu *cacheUpdate
 		}
 		res, err := ins.ExecContext(ctx, id, sandbox, typ, ref, string(doc), read, now())
 		if err != nil {
-			if strings.Contains(err.Error(), "UNIQUE constraint failed: items.id") {
+			if strings.Contains(err.Error(), "UNIQUE constraint failed: items.sandbox, items.id") {
 				continue
 			}
 			return Item{}, err

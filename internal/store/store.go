@@ -110,10 +110,11 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	created_at INTEGER NOT NULL
 );
 -- Inbox items. seq orders them (rowid: new rows always get max+1, so the
--- order of an inbox never goes backwards).
+-- order of an inbox never goes backwards). Host ids are unique per inbox:
+-- the one secondary index keeps a durable send's page writes few.
 CREATE TABLE IF NOT EXISTS items (
 	seq        INTEGER PRIMARY KEY,
-	id         TEXT NOT NULL UNIQUE,
+	id         TEXT NOT NULL,
 	sandbox    TEXT NOT NULL REFERENCES sandboxes(name) ON DELETE CASCADE,
 	type       TEXT NOT NULL,
 	ref        TEXT NOT NULL DEFAULT '',
@@ -121,7 +122,7 @@ CREATE TABLE IF NOT EXISTS items (
 	read       INTEGER NOT NULL DEFAULT 0,
 	created_at INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS items_by_sandbox ON items(sandbox, seq);
+CREATE UNIQUE INDEX IF NOT EXISTS items_by_sandbox ON items(sandbox, id);
 -- The manifest-id journal: one row per (requester, manifest id), pointing
 -- at the latest status recorded for it (NULL: journaled, no status yet).
 CREATE TABLE IF NOT EXISTS journal (

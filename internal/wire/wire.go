@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 )
 
 // Version is the only envelope version this broker and client speak.
@@ -107,6 +108,21 @@ func Marshal(v any) ([]byte, error) {
 		return nil, err
 	}
 	return append(b, '\n'), nil
+}
+
+// AppendResponse appends resp as one line. A success's result is copied as
+// it is: results are JSON this program produced (compact, without raw
+// newlines), so re-validating them on every reply is wasted work.
+func AppendResponse(dst []byte, resp *Response) ([]byte, error) {
+	if !resp.OK || len(resp.Result) == 0 {
+		line, err := Marshal(resp)
+		return append(dst, line...), err
+	}
+	dst = append(dst, `{"v":`...)
+	dst = strconv.AppendInt(dst, int64(resp.V), 10)
+	dst = append(dst, `,"ok":true,"result":`...)
+	dst = append(dst, resp.Result...)
+	return append(dst, "}\n"...), nil
 }
 
 // OK builds a success response around result.

@@ -166,12 +166,19 @@ func SocketDir(t testing.TB, greeting string) string {
 	return dir
 }
 
+// Options adapts the suite to a backend's documented differences.
+type Options struct {
+	// HostUser: commands run as the caller's own host user (the local
+	// backend's insecure mode), so the user ids inside are not checked.
+	HostUser bool
+}
+
 // Run runs the conformance suite. newBackend is called once per subtest
 // and must return a backend with no sandboxes of its own making yet.
-func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
+func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Options) {
 	tests := []struct {
 		name string
-		fn   func(t *testing.T, b backend.Backend)
+		fn   func(t *testing.T, b backend.Backend, opts Options)
 	}{
 		{"Type", testType},
 		{"CreateIsStoppedWithUUID", testCreateStopped},
@@ -191,11 +198,11 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 		{"UnknownSandbox", testUnknown},
 	}
 	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newBackend(t)) })
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newBackend(t), opts) })
 	}
 }
 
-func testType(t *testing.T, b backend.Backend) {
+func testType(t *testing.T, b backend.Backend, opts Options) {
 	if b.Type() == "" {
 		t.Fatal("Type() is empty")
 	}
@@ -215,7 +222,7 @@ func find(t *testing.T, b backend.Backend, name string) (backend.Instance, bool)
 	return backend.Instance{}, false
 }
 
-func testCreateStopped(t *testing.T, b backend.Backend) {
+func testCreateStopped(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	name := Name(t, "new")
 	inst := Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
@@ -245,7 +252,7 @@ func remoteCommit(t *testing.T, b backend.Backend, name, ref string) string {
 	return sha
 }
 
-func testCreateBranchTip(t *testing.T, b backend.Backend) {
+func testCreateBranchTip(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	name := Name(t, "tip")
 	Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
@@ -257,7 +264,7 @@ func testCreateBranchTip(t *testing.T, b backend.Backend) {
 	}
 }
 
-func testCreateAtCommit(t *testing.T, b backend.Backend) {
+func testCreateAtCommit(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	name := Name(t, "at")
 	Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "task-1", Commit: repo.First})
@@ -272,7 +279,7 @@ func testCreateAtCommit(t *testing.T, b backend.Backend) {
 	}
 }
 
-func testCreateExisting(t *testing.T, b backend.Backend) {
+func testCreateExisting(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	name := Name(t, "dup")
 	inst := Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
@@ -285,7 +292,7 @@ func testCreateExisting(t *testing.T, b backend.Backend) {
 	}
 }
 
-func testCreateInvalidName(t *testing.T, b backend.Backend) {
+func testCreateInvalidName(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	for _, name := range []string{"", "-x", "Upper", "a/b", "..", strings.Repeat("a", backend.NameMaxLen+1)} {
 		_, err := b.Create(t.Context(), backend.CreateOptions{Name: name, Source: backend.GitSource{Repo: repo.Path, Branch: "main"}})
@@ -295,7 +302,7 @@ func testCreateInvalidName(t *testing.T, b backend.Backend) {
 	}
 }
 
-func testCreateBadSource(t *testing.T, b backend.Backend) {
+func testCreateBadSource(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	name := Name(t, "bad")
 	for _, src := range []backend.GitSource{
@@ -315,7 +322,7 @@ func testCreateBadSource(t *testing.T, b backend.Backend) {
 	Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
 }
 
-func testUUIDsUnique(t *testing.T, b backend.Backend) {
+func testUUIDsUnique(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	seen := map[string]string{}
 	for i := range 3 {
@@ -343,7 +350,7 @@ func testUUIDsUnique(t *testing.T, b backend.Backend) {
 	}
 }
 
-func testExecStopped(t *testing.T, b backend.Backend) {
+func testExecStopped(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	name := Name(t, "stopped")
 	Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
@@ -353,7 +360,7 @@ func testExecStopped(t *testing.T, b backend.Backend) {
 	}
 }
 
-func testStartStopIdempotent(t *testing.T, b backend.Backend) {
+func testStartStopIdempotent(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	name := CreateStarted(t, b, "idem", repo)
 	if err := b.Start(t.Context(), name); err != nil {
@@ -372,7 +379,7 @@ func testStartStopIdempotent(t *testing.T, b backend.Backend) {
 	}
 }
 
-func testExecStreams(t *testing.T, b backend.Backend) {
+func testExecStreams(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	name := CreateStarted(t, b, "streams", repo)
 	r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 7"}})
@@ -397,18 +404,20 @@ func testExecStreams(t *testing.T, b backend.Backend) {
 	}
 }
 
-func testExecUsersAndDir(t *testing.T, b backend.Backend) {
+func testExecUsersAndDir(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	name := CreateStarted(t, b, "users", repo)
-	ids := map[string]string{"": strconv.Itoa(backend.AgentUID), "root": "0"}
-	for user, want := range ids {
-		r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"id", "-u"}, User: user})
-		if strings.TrimSpace(r.Stdout) != want {
-			t.Errorf("User %q: id -u = %q, want %s", user, r.Stdout, want)
+	if !opts.HostUser {
+		ids := map[string]string{"": strconv.Itoa(backend.AgentUID), "root": "0"}
+		for user, want := range ids {
+			r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"id", "-u"}, User: user})
+			if strings.TrimSpace(r.Stdout) != want {
+				t.Errorf("User %q: id -u = %q, want %s", user, r.Stdout, want)
+			}
 		}
-	}
-	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"id", "-g"}}); strings.TrimSpace(r.Stdout) != strconv.Itoa(backend.AgentGID) {
-		t.Errorf("id -g = %q, want %d", r.Stdout, backend.AgentGID)
+		if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"id", "-g"}}); strings.TrimSpace(r.Stdout) != strconv.Itoa(backend.AgentGID) {
+			t.Errorf("id -g = %q, want %d", r.Stdout, backend.AgentGID)
+		}
 	}
 	if got := Sh(t, b, name, "cat README"); got != "two" {
 		t.Fatalf("default dir: README = %q, want the checkout's %q", got, "two")
@@ -420,7 +429,7 @@ func testExecUsersAndDir(t *testing.T, b backend.Backend) {
 	}
 }
 
-func testPersistsAcrossStop(t *testing.T, b backend.Backend) {
+func testPersistsAcrossStop(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	name := CreateStarted(t, b, "persist", repo)
 	Sh(t, b, name, "echo kept > note.txt")
@@ -438,11 +447,13 @@ func testPersistsAcrossStop(t *testing.T, b backend.Backend) {
 	}
 }
 
-func testAttachDetach(t *testing.T, b backend.Backend) {
+func testAttachDetach(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	name := CreateStarted(t, b, "sock", repo)
-	sock := backend.SocketMountPath + "/broker.sock"
-	probe := backend.ExecOptions{Argv: []string{"test", "-S", sock}}
+	// The client's own lookup: the override variable (set where no mount
+	// can carry the socket), else the mount path.
+	sock := `"${JAILBEE_ORCHESTRATION_SOCKET:-` + backend.SocketMountPath + `/broker.sock}"`
+	probe := backend.ExecOptions{Argv: []string{"sh", "-c", "test -S " + sock}}
 	if r := Exec(t, b, name, probe); r.Code == 0 {
 		t.Fatal("socket visible before AttachSocket")
 	}
@@ -453,7 +464,7 @@ func testAttachDetach(t *testing.T, b backend.Backend) {
 		t.Fatalf("attached socket not visible at %s: %+v", sock, r)
 	}
 	// Read-only: the sandbox cannot replace the socket.
-	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"rm", "-f", sock}}); r.Code == 0 {
+	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"sh", "-c", "rm -f " + sock}}); r.Code == 0 && !opts.HostUser {
 		t.Fatal("sandbox removed the attached socket")
 	}
 	if err := b.DetachSocket(t.Context(), name); err != nil {
@@ -474,7 +485,7 @@ func testAttachDetach(t *testing.T, b backend.Backend) {
 	}
 }
 
-func testDestroy(t *testing.T, b backend.Backend) {
+func testDestroy(t *testing.T, b backend.Backend, opts Options) {
 	repo := NewRepo(t)
 	name := CreateStarted(t, b, "gone", repo)
 	first, _ := find(t, b, name)
@@ -499,7 +510,7 @@ func testDestroy(t *testing.T, b backend.Backend) {
 	}
 }
 
-func testUnknown(t *testing.T, b backend.Backend) {
+func testUnknown(t *testing.T, b backend.Backend, opts Options) {
 	name := Name(t, "never")
 	ctx := t.Context()
 	checks := map[string]error{

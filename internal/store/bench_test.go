@@ -1,0 +1,72 @@
+package store_test
+
+import (
+	"context"
+	"database/sql"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"agentbox/internal/store"
+)
+
+// BenchmarkDeliverMessage is the store's part of a durable send: one
+// transaction that journals the id and writes the message and its status.
+// BenchmarkBareCommit beside it is the floor: one INSERT and COMMIT at
+// synchronous=FULL in WAL mode with the same driver and pragmas.
+func BenchmarkDeliverMessage(b *testing.B) {
+	st, err := store.Open(filepath.Join(b.TempDir(), "broker.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	for _, sb := range []store.Sandbox{
+		{Name: "o", UUID: "u1", Role: store.RoleOrchestrator, Branch: "main", Repo: "/r", State: "running"},
+		{Name: "c", UUID: "u2", Role: store.RoleChild, Parent: "o", Branch: "c", Repo: "/r", State: "running"},
+	} {
+		if err := st.CreateSandbox(ctx, sb); err != nil {
+			b.Fatal(err)
+		}
+	}
+	i := 0
+	for b.Loop() {
+		i++
+		if _, err := st.DeliverMessage(ctx, store.Delivery{From: "o", To: "c", ManifestID: "m-" + strconv.Itoa(i),
+			Kind: "note", Body: "please rebase onto main and run the tests"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkBareCommit(b *testing.B) {
+	q := url.Values{}
+	q.Add("_pragma", "journal_mode(WAL)")
+	q.Add("_pragma", "synchronous(FULL)")
+	q.Set("_txlock", "immediate")
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(b.TempDir(), "bare.db")+"?"+q.Encode())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec(`CREATE TABLE t (seq INTEGER PRIMARY KEY, doc TEXT NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	ins, err := db.Prepare(`INSERT INTO t (doc) VALUES (?)`)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		tx, err := db.Begin()
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := tx.Stmt(ins).Exec(`{"version":1,"id":"h-0123abcd","type":"message","from":"o","kind":"note","body":"please rebase onto main and run the tests","in_reply_to":null,"origin_id":"m-1"}`); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Commit(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
