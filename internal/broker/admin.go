@@ -82,7 +82,7 @@ func (b *Broker) dispatchAdmin(ctx context.Context, cc *connCtx, req *wire.Reque
 	case "new", "destroy":
 		// Mutations run on the executor, in order with sends.
 		var r *reply
-		err := b.runExec(ctx, func() {
+		err := b.runExec(ctx, nil, func() {
 			if req.Op == "new" {
 				r = b.adminNew(ctx, req.Args)
 			} else {

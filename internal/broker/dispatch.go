@@ -139,9 +139,11 @@ type executor struct {
 }
 
 // runExec runs fn on the executor. At most ExecQueueCap requests wait (more
-// get busy); a request whose client disconnected while it waited is
-// dropped, never run.
-func (b *Broker) runExec(ctx context.Context, fn func()) error {
+// get busy). While a request waits its turn, its connection is watched: a
+// client that disconnects then has its request dropped, never run. Once fn
+// runs it runs to the end. cc is nil for requests with no connection to
+// watch.
+func (b *Broker) runExec(ctx context.Context, cc *connCtx, fn func()) error {
 	e := &b.executor
 	e.mu.Lock()
 	if e.busy {
@@ -152,9 +154,15 @@ func (b *Broker) runExec(ctx context.Context, fn func()) error {
 		turn := make(chan struct{})
 		e.queue = append(e.queue, turn)
 		e.mu.Unlock()
+		waitCtx, stop := ctx, func() {}
+		if cc != nil {
+			waitCtx, stop = cc.watchHangup(ctx)
+		}
 		select {
 		case <-turn:
-		case <-ctx.Done():
+			stop()
+		case <-waitCtx.Done():
+			stop()
 			e.mu.Lock()
 			if i := slices.Index(e.queue, turn); i >= 0 {
 				e.queue = slices.Delete(e.queue, i, i+1)
@@ -163,6 +171,8 @@ func (b *Broker) runExec(ctx context.Context, fn func()) error {
 			}
 			e.mu.Unlock()
 			// The turn was handed over as the client left: pass it on.
+			e.release()
+			return errDropped
 		}
 	} else {
 		e.busy = true
@@ -172,7 +182,7 @@ func (b *Broker) runExec(ctx context.Context, fn func()) error {
 	if h := b.execHook.Load(); h != nil {
 		(*h)()
 	}
-	if ctx.Err() != nil || b.ctx.Err() != nil {
+	if b.ctx.Err() != nil {
 		return errDropped
 	}
 	fn()

@@ -27,10 +27,12 @@ type ListArgs struct {
 
 // ListResult is list's result: inbox items oldest first, each shaped as in
 // the spec's Inbox section. ReadIDs names the items already read (only
-// with all=true).
+// with all=true). More is true when items were left out to keep the reply
+// within the 1 MiB line limit (read some, then list again).
 type ListResult struct {
 	Items   []json.RawMessage `json:"items"`
 	ReadIDs []string          `json:"read_ids,omitempty"`
+	More    bool              `json:"more,omitempty"`
 }
 
 func (b *Broker) opList(ctx context.Context, c *call) *reply {
@@ -51,17 +53,29 @@ func (b *Broker) opList(ctx context.Context, c *call) *reply {
 	return &reply{resp: &wire.Response{V: wire.Version, OK: true, Result: listResult(items)}}
 }
 
+// maxResultBytes is the most a result may take so its reply line stays
+// within wire.MaxLineBytes (the envelope around it is small).
+const maxResultBytes = wire.MaxLineBytes - 1024
+
 // listResult writes the ListResult of items by hand: the items are stored
-// JSON documents, so they are spliced in rather than re-encoded.
+// JSON documents, so they are spliced in rather than re-encoded. Items that
+// would push the reply past the line limit are left out, oldest kept, and
+// "more" says so.
 func listResult(items []store.Item) json.RawMessage {
-	size := len(`{"items":[]}`)
-	for _, it := range items {
-		size += len(it.Doc) + 1
-	}
-	out := make([]byte, 0, size+32)
+	out := make([]byte, 0, 256)
 	out = append(out, `{"items":[`...)
 	var readIDs []string
+	budget := maxResultBytes
+	more := false
 	for i, it := range items {
+		cost := len(it.Doc) + 1
+		if it.Read {
+			cost += len(it.ID) + 3
+		}
+		if budget -= cost; budget < 0 {
+			more = true
+			break
+		}
 		if i > 0 {
 			out = append(out, ',')
 		}
@@ -74,6 +88,9 @@ func listResult(items []store.Item) json.RawMessage {
 	if len(readIDs) > 0 {
 		ids, _ := json.Marshal(readIDs)
 		out = append(append(out, `,"read_ids":`...), ids...)
+	}
+	if more {
+		out = append(out, `,"more":true`...)
 	}
 	return append(out, '}')
 }

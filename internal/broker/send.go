@@ -42,11 +42,9 @@ func (b *Broker) opSend(ctx context.Context, c *call) *reply {
 	if werr := decodeArgs(c.args, &args); werr != nil {
 		return replyErr(werr)
 	}
-	ctx, stop := c.cc.watchHangup(ctx)
-	defer stop()
 	var sent store.Sent
 	var serr error
-	err := b.runExec(ctx, func() {
+	err := b.runExec(ctx, c.cc, func() {
 		// Handling has begun: it runs to the end even if the client leaves.
 		sent, serr = b.send(context.WithoutCancel(ctx), c.caller, args)
 	})
@@ -59,17 +57,14 @@ func (b *Broker) opSend(ctx context.Context, c *call) *reply {
 	if serr != nil {
 		return b.fail("send", c, serr)
 	}
-	if ctx.Err() != nil {
-		// The client hung up while its request ran: leave the status unread.
-		b.store.MarkUnread(context.Background(), c.caller.Sandbox, sent.Status.ID)
-		b.notify(c.caller.Sandbox)
-		return &reply{hangup: true}
-	}
 	rep := &reply{resp: &wire.Response{V: wire.Version, OK: true, Result: sent.Status.Doc}}
-	id := sent.Status.ID
-	rep.onLost = func() {
-		b.store.MarkUnread(context.Background(), c.caller.Sandbox, id)
-		b.notify(c.caller.Sandbox)
+	if sent.Fresh {
+		// The client left before taking its reply: leave the status unread.
+		id := sent.Status.ID
+		rep.onLost = func() {
+			b.store.MarkUnread(context.Background(), c.caller.Sandbox, id)
+			b.notify(c.caller.Sandbox)
+		}
 	}
 	return rep
 }

@@ -94,20 +94,32 @@ func (b *Broker) runRound() {
 			}
 		}
 	}
-	copied := map[string]bool{}
+	live := map[string]bool{}
+	for _, sb := range sbs {
+		live[sb.Name] = true
+	}
+	// Fold the new statuses in: per sandbox, copy its list once, index it
+	// by ref, replace or append.
+	byRef := map[string]map[string]int{}
 	for _, si := range fresh {
 		next.statusSeq = max(next.statusSeq, si.Seq)
-		list, ok := next.Statuses[si.Sandbox]
-		if !ok && !slices.ContainsFunc(sbs, func(sb store.Sandbox) bool { return sb.Name == si.Sandbox }) {
+		if !live[si.Sandbox] {
 			continue // destroyed since
 		}
-		if !copied[si.Sandbox] {
+		list := next.Statuses[si.Sandbox]
+		idx, ok := byRef[si.Sandbox]
+		if !ok {
 			list = slices.Clone(list)
-			copied[si.Sandbox] = true
+			idx = make(map[string]int, len(list))
+			for i, it := range list {
+				idx[it.Ref] = i
+			}
+			byRef[si.Sandbox] = idx
 		}
-		if i := slices.IndexFunc(list, func(it store.Item) bool { return it.Ref == si.Ref }); i >= 0 {
+		if i, ok := idx[si.Ref]; ok {
 			list[i] = si.Item
 		} else {
+			idx[si.Ref] = len(list)
 			list = append(list, si.Item)
 		}
 		next.Statuses[si.Sandbox] = list
@@ -129,6 +141,14 @@ func (b *Broker) opChildren(_ context.Context, c *call) *reply {
 	return replyOK(map[string]any{"children": kids})
 }
 
+// StatusResult is status's result without a ref: the latest status of each
+// manifest, oldest first. More is true when older ones were left out to
+// keep the reply within the line limit.
+type StatusResult struct {
+	Statuses []json.RawMessage `json:"statuses"`
+	More     bool              `json:"more,omitempty"`
+}
+
 // StatusArgs are status's arguments.
 type StatusArgs struct {
 	Ref string `json:"ref,omitempty"`
@@ -141,11 +161,17 @@ func (b *Broker) opStatus(_ context.Context, c *call) *reply {
 	}
 	all := b.snap.Load().Statuses[c.caller.Sandbox]
 	if args.Ref == "" {
-		docs := make([]json.RawMessage, 0, len(all))
-		for _, it := range all {
+		// The newest statuses that fit in one reply line, oldest first.
+		budget, first := maxResultBytes, len(all)
+		for first > 0 && budget-len(all[first-1].Doc)-1 >= 0 {
+			budget -= len(all[first-1].Doc) + 1
+			first--
+		}
+		docs := make([]json.RawMessage, 0, len(all)-first)
+		for _, it := range all[first:] {
 			docs = append(docs, it.Doc)
 		}
-		return replyOK(map[string]any{"statuses": docs})
+		return replyOK(StatusResult{Statuses: docs, More: first > 0})
 	}
 	for _, it := range all {
 		if it.Ref == args.Ref {

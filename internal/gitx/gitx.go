@@ -35,11 +35,15 @@ var ErrInvalidArgument = errors.New("invalid git argument")
 // shaPattern is a full object name (SHA-1 or SHA-256).
 var shaPattern = regexp.MustCompile(`^(?:[0-9a-f]{40}|[0-9a-f]{64})$`)
 
-// safeConfig is passed to every git call: hooks and fsmonitor would run
-// commands the repository chose; gitx never wants a pager or a prompt.
+// safeConfig is passed to every git call (and, through git's own
+// GIT_CONFIG_PARAMETERS, to the git processes it starts): hooks, fsmonitor
+// and alternate-refs commands would run what the repository chose; ext::
+// stays off unless Fetch is handed an ext:: URL; never a pager or prompt.
 var safeConfig = []string{
 	"-c", "core.hooksPath=/dev/null",
 	"-c", "core.fsmonitor=false",
+	"-c", "core.alternateRefsCommand=true",
+	"-c", "protocol.ext.allow=never",
 	"-c", "core.pager=cat",
 	"-c", "credential.helper=",
 }
@@ -178,13 +182,57 @@ func ResolveCommit(ctx context.Context, repo, rev string) (string, error) {
 }
 
 // IsClean reports whether repo's work tree and index match HEAD; untracked
-// files count as dirty, ignored files do not.
+// files count as dirty, ignored files do not, nor do changes inside a
+// submodule's own work tree (a changed submodule commit does count).
+//
+// It is safe on a repository a sandbox wrote: the filter drivers its
+// config names (which `git status` would run on changed files) are
+// switched off for the call, and submodules, whose config is not checked,
+// are not entered. A file that depends on a filter may then read as dirty.
 func IsClean(ctx context.Context, repo string) (bool, error) {
-	out, err := run(ctx, repo, "status", "--porcelain=v1", "--untracked-files=all", "--ignore-submodules=none")
+	noFilters, err := filterOverrides(ctx, repo)
+	if err != nil {
+		return false, err
+	}
+	out, err := runWithConfig(ctx, repo, noFilters, "status", "--porcelain=v1", "--untracked-files=all", "--ignore-submodules=dirty")
 	if err != nil {
 		return false, err
 	}
 	return out == "", nil
+}
+
+// filterOverrides returns "-c" settings that disable every filter driver
+// repo's config (includes followed) defines. Reading config runs nothing.
+func filterOverrides(ctx context.Context, repo string) ([]string, error) {
+	out, err := run(ctx, repo, "config", "--null", "--name-only", "--get-regexp", `^filter\.`)
+	if exitCode(err) == 1 { // no filter keys at all
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var overrides []string
+	for _, key := range strings.Split(out, "\x00") {
+		if key == "" {
+			continue
+		}
+		dot := strings.LastIndexByte(key, '.')
+		driver := key[len("filter."):max(dot, len("filter."))]
+		if seen[driver] {
+			continue
+		}
+		seen[driver] = true
+		// "-c" splits at the first "=": a driver name holding one cannot
+		// be overridden, so such a repository is refused.
+		if strings.ContainsAny(driver, "=\n") {
+			return nil, fmt.Errorf("%w: repository config names filter driver %q", ErrInvalidArgument, driver)
+		}
+		for _, k := range []string{"clean=", "smudge=", "process=", "required=false"} {
+			overrides = append(overrides, "-c", "filter."+driver+"."+k)
+		}
+	}
+	return overrides, nil
 }
 
 // Clone makes dst a fresh, independent clone of the repository at src
@@ -226,8 +274,12 @@ func Clone(ctx context.Context, src, dst, branch, commit string) error {
 // Fetch fetches srcRef (a full ref, or HEAD) from srcURL into dstRef of dstRepo, replacing what
 // dstRef held (it is a ref the caller owns, such as refs/jailbee/...), and
 // returns the commit dstRef now names. srcURL is a path or a URL a backend
-// produced (ext:: is allowed for container backends): never pass one that
-// came from a sandbox.
+// produced (ext:: is allowed when srcURL itself is ext::, for container
+// backends): never pass one that came from a sandbox.
+//
+// dstRepo's config steers the fetch (url.*.insteadOf can redirect srcURL):
+// dstRepo must be a repository the host owns. To move commits into a
+// sandbox's repository, run the fetch inside the sandbox instead.
 func Fetch(ctx context.Context, dstRepo, srcURL, srcRef, dstRef string) (string, error) {
 	if err := checkArg("source url", srcURL); err != nil {
 		return "", err
@@ -240,8 +292,13 @@ func Fetch(ctx context.Context, dstRepo, srcURL, srcRef, dstRef string) (string,
 	if err := checkFullRef(ctx, "destination ref", dstRef); err != nil {
 		return "", err
 	}
-	if _, err := runWithConfig(ctx, dstRepo, []string{"-c", "protocol.ext.allow=always"},
-		"fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--",
+	var config []string
+	if strings.HasPrefix(srcURL, "ext::") {
+		config = []string{"-c", "protocol.ext.allow=always"}
+	}
+	if _, err := runWithConfig(ctx, dstRepo, config,
+		"fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
+		"--no-recurse-submodules", "--no-auto-gc", "--",
 		srcURL, "+"+srcRef+":"+dstRef); err != nil {
 		return "", err
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"agentbox/internal/gitx"
 )
@@ -299,5 +300,45 @@ func TestFetchHead(t *testing.T) {
 	got, err := gitx.Fetch(ctx, dst, src, "HEAD", "refs/jailbee/child/HEAD")
 	if err != nil || got != first {
 		t.Fatalf("Fetch HEAD = %q, %v; want %s", got, err, first)
+	}
+}
+
+// A sandbox writes its checkout's .git: IsClean on the host must not run
+// the filter commands that repository's config names.
+func TestIsCleanDoesNotRunRepositoryFilters(t *testing.T) {
+	ctx := context.Background()
+	repo, _, _ := newRepo(t)
+	marker := filepath.Join(t.TempDir(), "ran")
+	git(t, repo, "config", "filter.evil.clean", "touch "+marker+"; cat")
+	git(t, repo, "config", "filter.evil.process", "touch "+marker)
+	git(t, repo, "config", "filter.evil.required", "true")
+	writeFile(t, filepath.Join(repo, ".git", "info", "attributes"), "* filter=evil\n")
+	// Same size, other content, old mtime: git must read the file, which
+	// runs the clean filter unless it is switched off.
+	writeFile(t, filepath.Join(repo, "README"), "tw0\n")
+	old := time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)
+	if err := os.Chtimes(filepath.Join(repo, "README"), old, old); err != nil {
+		t.Fatal(err)
+	}
+	clean, err := gitx.IsClean(ctx, repo)
+	if err != nil || clean {
+		t.Fatalf("IsClean = %v, %v; want dirty", clean, err)
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("IsClean ran the repository's filter command")
+	}
+}
+
+func TestFetchRefusesExtRedirect(t *testing.T) {
+	ctx := context.Background()
+	src, _, _ := newRepo(t)
+	dst, _, _ := newRepo(t)
+	marker := filepath.Join(t.TempDir(), "ran")
+	git(t, dst, "config", "url.ext::sh -c touch% "+marker+".insteadOf", src)
+	if _, err := gitx.Fetch(ctx, dst, src, "refs/heads/main", "refs/jailbee/x"); err == nil {
+		t.Fatal("fetch through an ext:: redirect succeeded")
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Fatal("a url.insteadOf redirect ran an ext:: command")
 	}
 }

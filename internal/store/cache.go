@@ -42,6 +42,12 @@ func (s *Store) applyCache(cu *cacheUpdate) {
 		if !ok {
 			continue
 		}
+		if n := len(items); n == 0 || items[n-1].Seq < a.item.Seq {
+			// The usual case, a new item: appending never changes what
+			// readers holding the shorter slice see.
+			s.inboxes[a.sandbox] = append(items, a.item)
+			continue
+		}
 		i, found := slices.BinarySearchFunc(items, a.item.Seq, func(it Item, seq int64) int { return cmpInt(it.Seq, seq) })
 		if !found {
 			// Copy on write: readers hold the old slice.
@@ -80,6 +86,7 @@ func cmpInt(a, b int64) int {
 // the database on first use. The slice is shared: callers must not modify
 // it.
 func (s *Store) unread(ctx context.Context, sandbox string) ([]Item, error) {
+	ctx = detach(ctx)
 	s.cmu.Lock()
 	items, ok := s.inboxes[sandbox]
 	s.cmu.Unlock()

@@ -34,15 +34,14 @@ func scanItem(row interface{ Scan(...any) error }) (Item, error) {
 
 // insertItem stores doc (whose "id" it fills) in sandbox's inbox and queues
 // it for the unread cache.
-func insertItem(ctx context.Context, tx *sql.Tx, stmt *sql.Stmt, cu *cacheUpdate, sandbox, typ, ref string, read bool, build func(id string) any) (Item, error) {
-	ins := tx.StmtContext(ctx, stmt)
+func insertItem(ctx context.Context, w *writer, cu *cacheUpdate, sandbox, typ, ref string, read bool, build func(id string) any) (Item, error) {
 	for range hostIDAttempts {
 		id := newHostID()
 		doc, err := json.Marshal(build(id))
 		if err != nil {
 			return Item{}, err
 		}
-		res, err := ins.ExecContext(ctx, id, sandbox, typ, ref, string(doc), read, now())
+		res, err := w.insertItem.ExecContext(ctx, id, sandbox, typ, ref, string(doc), read, now())
 		if err != nil {
 			if strings.Contains(err.Error(), "UNIQUE constraint failed: items.sandbox, items.id") {
 				continue
@@ -113,28 +112,28 @@ type Sent struct {
 // a journaled id returns its latest status and delivers nothing.
 func (s *Store) DeliverMessage(ctx context.Context, d Delivery) (Sent, error) {
 	var out Sent
-	err := s.withTx(ctx, func(tx *sql.Tx, cu *cacheUpdate) error {
-		prev, found, err := journalLookup(ctx, tx.StmtContext(ctx, s.q.journalGet), d.From, d.ManifestID)
+	err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		prev, found, err := journalLookup(ctx, w.journalGet, d.From, d.ManifestID)
 		if err != nil || found {
 			out = Sent{Status: prev}
 			return err
 		}
-		inReplyTo, err := s.mapReply(ctx, tx, d)
+		inReplyTo, err := s.mapReply(ctx, w, d)
 		if err != nil {
 			return err
 		}
-		if _, err := insertItem(ctx, tx, s.q.insertItem, cu, d.To, wire.ItemMessage, "", false, func(id string) any {
+		if _, err := insertItem(ctx, w, cu, d.To, wire.ItemMessage, "", false, func(id string) any {
 			return wire.MessageItem{Version: 1, ID: id, Type: wire.ItemMessage, From: d.From, Kind: d.Kind,
 				Body: d.Body, InReplyTo: inReplyTo, OriginID: d.ManifestID}
 		}); err != nil {
 			return err
 		}
-		st, err := insertItem(ctx, tx, s.q.insertItem, cu, d.From, wire.ItemStatus, d.ManifestID, true,
+		st, err := insertItem(ctx, w, cu, d.From, wire.ItemStatus, d.ManifestID, true,
 			statusDoc(d.ManifestID, wire.StateDone, "delivered to "+d.To))
 		if err != nil {
 			return err
 		}
-		if _, err := tx.StmtContext(ctx, s.q.journalPut).ExecContext(ctx, d.From, d.ManifestID, wire.ItemMessage, st.Seq, now()); err != nil {
+		if _, err := w.journalPut.ExecContext(ctx, d.From, d.ManifestID, wire.ItemMessage, st.Seq, now()); err != nil {
 			return err
 		}
 		out = Sent{Status: st, Fresh: true}
@@ -147,12 +146,12 @@ func (s *Store) DeliverMessage(ctx context.Context, d Delivery) (Sent, error) {
 // the sender's inbox that the recipient sent, the recipient gets that
 // message's origin_id (the id it gave its own manifest). Any other id
 // passes through unchanged.
-func (s *Store) mapReply(ctx context.Context, tx *sql.Tx, d Delivery) (*string, error) {
+func (s *Store) mapReply(ctx context.Context, w *writer, d Delivery) (*string, error) {
 	if d.InReplyTo == nil {
 		return nil, nil
 	}
 	var doc string
-	err := tx.StmtContext(ctx, s.q.messageDoc).QueryRowContext(ctx, *d.InReplyTo, d.From).Scan(&doc)
+	err := w.messageDoc.QueryRowContext(ctx, *d.InReplyTo, d.From).Scan(&doc)
 	if errors.Is(err, sql.ErrNoRows) {
 		return d.InReplyTo, nil
 	}
@@ -175,8 +174,8 @@ func (s *Store) mapReply(ctx context.Context, tx *sql.Tx, d Delivery) (*string, 
 // written, and the new status is stored read (the reply carries it).
 func (s *Store) RecordStatus(ctx context.Context, sandbox, manifestID, typ, state, detail string, first bool) (Sent, error) {
 	var out Sent
-	err := s.withTx(ctx, func(tx *sql.Tx, cu *cacheUpdate) error {
-		prev, found, err := journalLookup(ctx, tx.StmtContext(ctx, s.q.journalGet), sandbox, manifestID)
+	err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		prev, found, err := journalLookup(ctx, w.journalGet, sandbox, manifestID)
 		if errors.Is(err, ErrDuplicate) && !first {
 			err = nil // journaled by the handler that now reports
 		}
@@ -184,14 +183,14 @@ func (s *Store) RecordStatus(ctx context.Context, sandbox, manifestID, typ, stat
 			out = Sent{Status: prev}
 			return err
 		}
-		st, err := insertItem(ctx, tx, s.q.insertItem, cu, sandbox, wire.ItemStatus, manifestID, first, statusDoc(manifestID, state, detail))
+		st, err := insertItem(ctx, w, cu, sandbox, wire.ItemStatus, manifestID, first, statusDoc(manifestID, state, detail))
 		if err != nil {
 			return err
 		}
 		if found {
-			_, err = tx.StmtContext(ctx, s.q.journalSetSt).ExecContext(ctx, st.Seq, sandbox, manifestID)
+			_, err = w.journalSetSt.ExecContext(ctx, st.Seq, sandbox, manifestID)
 		} else {
-			_, err = tx.StmtContext(ctx, s.q.journalPut).ExecContext(ctx, sandbox, manifestID, typ, st.Seq, now())
+			_, err = w.journalPut.ExecContext(ctx, sandbox, manifestID, typ, st.Seq, now())
 		}
 		out = Sent{Status: st, Fresh: true}
 		return err
@@ -203,6 +202,7 @@ func (s *Store) RecordStatus(ctx context.Context, sandbox, manifestID, typ, stat
 // id: found=false if the id was never journaled, ErrDuplicate if it was
 // journaled without a status.
 func (s *Store) LatestStatus(ctx context.Context, sandbox, manifestID string) (Item, bool, error) {
+	ctx = detach(ctx)
 	return journalLookup(ctx, s.q.journalGet, sandbox, manifestID)
 }
 
@@ -217,8 +217,8 @@ func TransientStatus(ref, state, detail string) Sent {
 // MarkUnread returns a read item to the unread inbox (a reply that carried
 // it could not be written).
 func (s *Store) MarkUnread(ctx context.Context, sandbox, id string) error {
-	return s.withTx(ctx, func(tx *sql.Tx, cu *cacheUpdate) error {
-		it, err := scanItem(tx.StmtContext(ctx, s.q.markUnread).QueryRowContext(ctx, id, sandbox))
+	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		it, err := scanItem(w.markUnread.QueryRowContext(ctx, id, sandbox))
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil // already unread, or gone
 		}
@@ -234,6 +234,7 @@ func (s *Store) MarkUnread(ctx context.Context, sandbox, id string) error {
 // oldest first. The unread list comes from the cache; callers must not
 // modify the returned slice.
 func (s *Store) ListItems(ctx context.Context, sandbox string, all bool) ([]Item, error) {
+	ctx = detach(ctx)
 	if !all {
 		return s.unread(ctx, sandbox)
 	}
@@ -283,8 +284,8 @@ func (s *Store) ReadItem(ctx context.Context, sandbox, id string, keep bool) (It
 
 // Ack marks an unread item read.
 func (s *Store) Ack(ctx context.Context, sandbox, id string) error {
-	return s.withTx(ctx, func(tx *sql.Tx, cu *cacheUpdate) error {
-		res, err := tx.StmtContext(ctx, s.q.markRead).ExecContext(ctx, id, sandbox)
+	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		res, err := w.markRead.ExecContext(ctx, id, sandbox)
 		if err != nil {
 			return err
 		}
@@ -313,6 +314,7 @@ func (s *Store) FirstUnread(ctx context.Context, sandbox string, match func(Item
 // StatusesSince returns every status item with seq > after, oldest first,
 // with the sandbox it belongs to; rounds fold them into their snapshot.
 func (s *Store) StatusesSince(ctx context.Context, after int64) ([]SandboxItem, error) {
+	ctx = detach(ctx)
 	rows, err := s.db.QueryContext(ctx, `SELECT sandbox, `+itemCols+` FROM items
 		WHERE seq > ? AND type = 'status' ORDER BY seq`, after)
 	if err != nil {

@@ -37,8 +37,8 @@ func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 
 // CreateSandbox inserts a new sandbox; ErrExists if the name is taken.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
-	return s.withTx(ctx, func(tx *sql.Tx, cu *cacheUpdate) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)`,
+	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		_, err := w.conn.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)`,
 			sb.Name, sb.UUID, sb.Role, sb.Parent, sb.Branch, sb.Repo, sb.State, sb.SocketDir, sb.Grant, now())
 		if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
@@ -52,6 +52,7 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 // its requester (and recipient) up, and sandboxes change rarely; each write
 // to the sandboxes table clears the cache after it commits.
 func (s *Store) Sandbox(ctx context.Context, name string) (Sandbox, error) {
+	ctx = detach(ctx)
 	s.cmu.Lock()
 	sb, ok := s.sandboxes[name]
 	gen := s.sandboxGen
@@ -76,6 +77,7 @@ func (s *Store) Sandbox(ctx context.Context, name string) (Sandbox, error) {
 
 // Sandboxes lists every sandbox by name.
 func (s *Store) Sandboxes(ctx context.Context) ([]Sandbox, error) {
+	ctx = detach(ctx)
 	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY name`)
 	if err != nil {
 		return nil, err
@@ -106,14 +108,14 @@ func (s *Store) SetGrant(ctx context.Context, name, grantDoc string) error {
 // name is claimed once, ever: claiming a name used before fails with
 // ErrExists, so no device path is ever reused.
 func (s *Store) ClaimSocketDir(ctx context.Context, name, dir string) error {
-	return s.withTx(ctx, func(tx *sql.Tx, cu *cacheUpdate) error {
-		if _, err := tx.ExecContext(ctx, `INSERT INTO socket_dirs (dir) VALUES (?)`, dir); err != nil {
+	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		if _, err := w.conn.ExecContext(ctx, `INSERT INTO socket_dirs (dir) VALUES (?)`, dir); err != nil {
 			if strings.Contains(err.Error(), "UNIQUE constraint failed") {
 				return fmt.Errorf("socket dir: %w", ErrExists)
 			}
 			return err
 		}
-		res, err := tx.ExecContext(ctx, `UPDATE sandboxes SET socket_dir = ? WHERE name = ?`, dir, name)
+		res, err := w.conn.ExecContext(ctx, `UPDATE sandboxes SET socket_dir = ? WHERE name = ?`, dir, name)
 		if err != nil {
 			return err
 		}
@@ -124,8 +126,8 @@ func (s *Store) ClaimSocketDir(ctx context.Context, name, dir string) error {
 
 // DeleteSandbox removes a sandbox with its items and journal.
 func (s *Store) DeleteSandbox(ctx context.Context, name string) error {
-	return s.withTx(ctx, func(tx *sql.Tx, cu *cacheUpdate) error {
-		res, err := tx.ExecContext(ctx, `DELETE FROM sandboxes WHERE name = ?`, name)
+	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		res, err := w.conn.ExecContext(ctx, `DELETE FROM sandboxes WHERE name = ?`, name)
 		if err != nil {
 			return err
 		}
@@ -138,8 +140,8 @@ func (s *Store) DeleteSandbox(ctx context.Context, name string) error {
 // updateOne runs a one-row update of a sandbox; the last argument is the
 // sandbox's name.
 func (s *Store) updateOne(ctx context.Context, query string, args ...any) error {
-	return s.withTx(ctx, func(tx *sql.Tx, cu *cacheUpdate) error {
-		res, err := tx.ExecContext(ctx, query, args...)
+	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		res, err := w.conn.ExecContext(ctx, query, args...)
 		if err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 )
@@ -10,50 +11,77 @@ import (
 type statements struct {
 	all []*sql.Stmt
 
-	unreadItems  *sql.Stmt
-	allItems     *sql.Stmt
-	itemByID     *sql.Stmt
-	markRead     *sql.Stmt
-	markUnread   *sql.Stmt
+	// On the pool, for reads.
+	unreadItems *sql.Stmt
+	allItems    *sql.Stmt
+	journalGet  *sql.Stmt
+	sandboxByNm *sql.Stmt
+}
+
+// writer is the one connection every write transaction uses, with its
+// statements prepared on it. Writes are serialized anyway (SQLite has one
+// writer); a dedicated connection with explicit BEGIN IMMEDIATE / COMMIT
+// also spares database/sql's per-transaction watcher goroutine.
+type writer struct {
+	conn         *sql.Conn
 	insertItem   *sql.Stmt
 	journalGet   *sql.Stmt
 	journalPut   *sql.Stmt
 	journalSetSt *sql.Stmt
+	markRead     *sql.Stmt
+	markUnread   *sql.Stmt
 	messageDoc   *sql.Stmt
-	sandboxByNm  *sql.Stmt
 }
 
 const itemCols = `seq, id, type, ref, doc, read`
 
-func (s *Store) prepare() error {
-	prep := func(dst **sql.Stmt, query string) error {
-		st, err := s.db.Prepare(query)
-		if err != nil {
-			return err
+const journalGetSQL = `SELECT j.status_seq, i.seq, i.id, i.type, i.ref, i.doc, i.read
+	FROM journal j LEFT JOIN items i ON i.seq = j.status_seq
+	WHERE j.sandbox = ? AND j.manifest_id = ?`
+
+func (s *Store) prepare(ctx context.Context) error {
+	var all []*sql.Stmt
+	prep := func(p interface {
+		PrepareContext(context.Context, string) (*sql.Stmt, error)
+	}) func(dst **sql.Stmt, query string) error {
+		return func(dst **sql.Stmt, query string) error {
+			st, err := p.PrepareContext(ctx, query)
+			if err != nil {
+				return err
+			}
+			*dst = st
+			all = append(all, st)
+			return nil
 		}
-		*dst = st
-		s.q.all = append(s.q.all, st)
-		return nil
 	}
-	return errors.Join(
-		prep(&s.q.unreadItems, `SELECT `+itemCols+` FROM items WHERE sandbox = ? AND read = 0 ORDER BY seq`),
-		prep(&s.q.allItems, `SELECT `+itemCols+` FROM items WHERE sandbox = ? ORDER BY seq`),
-		prep(&s.q.itemByID, `SELECT `+itemCols+` FROM items WHERE id = ? AND sandbox = ?`),
-		prep(&s.q.markRead, `UPDATE items SET read = 1 WHERE id = ? AND sandbox = ? AND read = 0`),
-		prep(&s.q.markUnread, `UPDATE items SET read = 0 WHERE id = ? AND sandbox = ? AND read = 1 RETURNING `+itemCols),
-		prep(&s.q.insertItem, `INSERT INTO items (id, sandbox, type, ref, doc, read, created_at) VALUES (?,?,?,?,?,?,?)`),
-		prep(&s.q.journalGet, `SELECT j.status_seq, i.seq, i.id, i.type, i.ref, i.doc, i.read
-			FROM journal j LEFT JOIN items i ON i.seq = j.status_seq
-			WHERE j.sandbox = ? AND j.manifest_id = ?`),
-		prep(&s.q.journalPut, `INSERT INTO journal (sandbox, manifest_id, type, status_seq, created_at) VALUES (?,?,?,?,?)`),
-		prep(&s.q.journalSetSt, `UPDATE journal SET status_seq = ? WHERE sandbox = ? AND manifest_id = ?`),
-		prep(&s.q.messageDoc, `SELECT doc FROM items WHERE id = ? AND sandbox = ? AND type = 'message'`),
-		prep(&s.q.sandboxByNm, `SELECT `+sandboxCols+` FROM sandboxes WHERE name = ?`),
+	conn, err := s.db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	s.w.conn = conn
+	r, w := prep(s.db), prep(conn)
+	err = errors.Join(
+		r(&s.q.unreadItems, `SELECT `+itemCols+` FROM items WHERE sandbox = ? AND read = 0 ORDER BY seq`),
+		r(&s.q.allItems, `SELECT `+itemCols+` FROM items WHERE sandbox = ? ORDER BY seq`),
+		r(&s.q.journalGet, journalGetSQL),
+		r(&s.q.sandboxByNm, `SELECT `+sandboxCols+` FROM sandboxes WHERE name = ?`),
+		w(&s.w.insertItem, `INSERT INTO items (id, sandbox, type, ref, doc, read, created_at) VALUES (?,?,?,?,?,?,?)`),
+		w(&s.w.journalGet, journalGetSQL),
+		w(&s.w.journalPut, `INSERT INTO journal (sandbox, manifest_id, type, status_seq, created_at) VALUES (?,?,?,?,?)`),
+		w(&s.w.journalSetSt, `UPDATE journal SET status_seq = ? WHERE sandbox = ? AND manifest_id = ?`),
+		w(&s.w.markRead, `UPDATE items SET read = 1 WHERE id = ? AND sandbox = ? AND read = 0`),
+		w(&s.w.markUnread, `UPDATE items SET read = 0 WHERE id = ? AND sandbox = ? AND read = 1 RETURNING `+itemCols),
+		w(&s.w.messageDoc, `SELECT doc FROM items WHERE id = ? AND sandbox = ? AND type = 'message'`),
 	)
+	s.q.all = all
+	return err
 }
 
-func (q *statements) close() {
-	for _, st := range q.all {
+func (s *Store) closeStatements() {
+	for _, st := range s.q.all {
 		st.Close()
+	}
+	if s.w.conn != nil {
+		s.w.conn.Close()
 	}
 }

@@ -24,9 +24,9 @@ const (
 	// busyTimeoutMillis lets a writer wait for another connection's write
 	// lock instead of failing at once.
 	busyTimeoutMillis = 10000
-	// maxOpenConns bounds the SQLite connection pool: WAL allows readers
-	// beside the single writer.
-	maxOpenConns = 8
+	// maxOpenConns bounds the SQLite connections: the dedicated writer and,
+	// in WAL mode, readers beside it.
+	maxOpenConns = 9
 	// hostIDBytes is the random part of a host id: h-<8 hex>.
 	hostIDBytes = 4
 	// hostIDAttempts bounds retries on an id collision.
@@ -43,6 +43,7 @@ var (
 type Store struct {
 	db *sql.DB
 	q  statements
+	w  writer
 
 	// wmu serializes write transactions with the cache updates that follow
 	// their commits, so the unread cache always matches the database.
@@ -64,7 +65,6 @@ func Open(path string) (*Store, error) {
 	q.Add("_pragma", "synchronous(FULL)")
 	q.Add("_pragma", "foreign_keys(ON)")
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeoutMillis))
-	q.Set("_txlock", "immediate")
 	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
 	if err != nil {
 		return nil, err
@@ -89,7 +89,7 @@ func Open(path string) (*Store, error) {
 
 // Close closes the database.
 func (s *Store) Close() error {
-	s.q.close()
+	s.closeStatements()
 	return s.db.Close()
 }
 
@@ -150,7 +150,7 @@ func (s *Store) migrate() error {
 	if _, err := s.db.Exec(schema); err != nil {
 		return fmt.Errorf("apply schema: %w", err)
 	}
-	return s.prepare()
+	return s.prepare(context.Background())
 }
 
 // newHostID returns a random h-<8 hex> id.
@@ -167,21 +167,28 @@ func now() int64 { return time.Now().UnixMilli() }
 // withTx runs fn in one write transaction (BEGIN IMMEDIATE) and commits;
 // then, still holding the write lock, applies the cache changes fn queued,
 // so no later write or cache read can see the cache behind the database.
-func (s *Store) withTx(ctx context.Context, fn func(*sql.Tx, *cacheUpdate) error) error {
+func (s *Store) withTx(ctx context.Context, fn func(*writer, *cacheUpdate) error) error {
+	ctx = detach(ctx)
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	var cu cacheUpdate
-	tx, err := s.db.BeginTx(ctx, nil)
-	if err != nil {
+	if _, err := s.w.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
 		return err
 	}
-	if err := fn(tx, &cu); err != nil {
-		tx.Rollback()
+	if err := fn(&s.w, &cu); err != nil {
+		s.w.conn.ExecContext(ctx, "ROLLBACK")
 		return err
 	}
-	if err := tx.Commit(); err != nil {
+	if _, err := s.w.conn.ExecContext(ctx, "COMMIT"); err != nil {
+		s.w.conn.ExecContext(ctx, "ROLLBACK")
 		return err
 	}
 	s.applyCache(&cu)
 	return nil
 }
+
+// detach drops ctx's cancellation. With a cancellable context,
+// database/sql and modernc.org/sqlite start a watcher goroutine for every
+// transaction and statement; store operations are short and local, so they
+// run to completion instead.
+func detach(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
