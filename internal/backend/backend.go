@@ -52,9 +52,9 @@ type CreateOptions struct {
 // ExecOptions describes one command inside a sandbox.
 type ExecOptions struct {
 	Argv   []string
-	User   string            // "" = the agent user; "root" or a uid
+	User   string            // "" = the agent user; "root", or a numeric uid
 	Env    map[string]string // added to the sandbox's base environment
-	Dir    string            // "" = the checkout
+	Dir    string            // "" = the checkout; a relative path is under the checkout
 	Stdin  io.Reader
 	Stdout io.Writer
 	Stderr io.Writer
@@ -80,7 +80,8 @@ type Backend interface {
 	// List returns every sandbox this backend manages, with uuids, so the
 	// broker can detect copies and uuid conflicts.
 	List(ctx context.Context) ([]Instance, error)
-	// CheckoutPath is a host path git can reach for the sandbox's repository
-	// (local: the checkout; incus: a git ext:: URL). Used by gitx.
+	// GitRemote is a location host git can fetch the sandbox's repository
+	// from (local: the checkout's host path; incus: a git ext:: URL). Used
+	// by gitx; never shown to a sandbox.
 	GitRemote(ctx context.Context, name string) (string, error)
 }

@@ -267,7 +267,12 @@ func Clone(ctx context.Context, src, dst, branch, commit string) error {
 			return err
 		}
 	}
-	_, err := run(ctx, dst, "checkout", "--quiet", "-B", branch, commit, "--")
+	if _, err := run(ctx, dst, "checkout", "--quiet", "-B", branch, commit, "--"); err != nil {
+		return err
+	}
+	// The clone's origin names the host repository's path, which a sandbox
+	// must not learn; commits move through the broker, not through origin.
+	_, err := run(ctx, dst, "remote", "remove", "origin")
 	return err
 }
 
