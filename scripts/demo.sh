@@ -67,4 +67,4 @@ step "clean up"
 run jb destroy lead --force
 run jb ls
 echo
-echo "demo finished: broker log was $work/broker.log"
+echo "demo finished"

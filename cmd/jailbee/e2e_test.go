@@ -161,8 +161,8 @@ func TestHostCommandsAndInboxInsideSandboxes(t *testing.T) {
 	}
 
 	// Inside: non-root, the checkout, the socket, the client on PATH.
-	out := h.mustJB("exec", "fix-12", "--", "sh", "-c", "id -u; cat README; git branch --show-current; test -S /run/jailbee/orchestration/broker.sock && echo sock; command -v jailbee")
-	if out != "1000\nhello\nfix/issue-12\nsock\n/run/jailbee/bin/jailbee\n" {
+	out := h.mustJB("exec", "fix-12", "--", "sh", "-c", "id -u; cat README; git branch --show-current; git remote | wc -l; test -S /run/jailbee/orchestration/broker.sock && echo sock; command -v jailbee")
+	if out != "1000\nhello\nfix/issue-12\n0\nsock\n/run/jailbee/bin/jailbee\n" {
 		t.Fatalf("inside the child: %q", out)
 	}
 	// Exit status and stdin pass through.
