@@ -36,7 +36,7 @@ func scanItem(row interface{ Scan(...any) error }) (Item, error) {
 // it for the unread cache.
 func insertItem(ctx context.Context, w *writer, cu *cacheUpdate, sandbox, typ, ref string, read bool, build func(id string) any) (Item, error) {
 	for range hostIDAttempts {
-		id := newHostID()
+		id := hostID()
 		doc, err := json.Marshal(build(id))
 		if err != nil {
 			return Item{}, err

@@ -153,6 +153,9 @@ func (s *Store) migrate() error {
 	return s.prepare(context.Background())
 }
 
+// hostID makes item ids; tests replace it to force collisions.
+var hostID = newHostID
+
 // newHostID returns a random h-<8 hex> id.
 func newHostID() string {
 	var b [hostIDBytes]byte

@@ -1,0 +1,63 @@
+package broker
+
+import (
+	"encoding/json"
+	"testing"
+
+	"agentbox/internal/wire"
+)
+
+func TestDecodeRequest(t *testing.T) {
+	for _, tc := range []struct {
+		line string
+		code wire.Code // "" = accepted
+	}{
+		{`{"v":1,"op":"list"}`, ""},
+		{`{"v":1,"op":"read","args":{"id":"h-1"}}`, ""},
+		{`{"v":2,"op":"list"}`, wire.CodeVersion},
+		{`{"v":"1","op":"list"}`, wire.CodeVersion},
+		{`{"op":"list"}`, wire.CodeVersion},
+		{`{"v":2,"op":"list","junk":1}`, wire.CodeVersion},
+		{`{"v":1,"op":"list","junk":1}`, wire.CodeBadRequest},
+		{`{"v":1}`, wire.CodeBadRequest},
+		{`{"v":1,"op":"list"} {}`, wire.CodeBadRequest},
+		{`[1]`, wire.CodeBadRequest},
+		{`nonsense`, wire.CodeBadRequest},
+	} {
+		req, werr := decodeRequest([]byte(tc.line))
+		switch {
+		case tc.code == "" && werr != nil:
+			t.Errorf("%s: refused %v", tc.line, werr)
+		case tc.code != "" && (werr == nil || werr.Code != tc.code):
+			t.Errorf("%s: got %v %+v, want %s", tc.line, werr, req, tc.code)
+		}
+	}
+}
+
+// FuzzDecodeRequest: request lines are untrusted bytes from a sandbox.
+// Decoding never panics, refuses with a protocol code, and anything
+// accepted is a v1 request with an op that re-encodes to an accepted line.
+func FuzzDecodeRequest(f *testing.F) {
+	for _, s := range []string{`{"v":1,"op":"list"}`, `{"v":2}`, `{"v":1,"op":"send","args":{"manifest":{}}}`, `{`, `null`, `{"v":1e0,"op":"x"}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		req, werr := decodeRequest(line)
+		if werr != nil {
+			if werr.Code != wire.CodeBadRequest && werr.Code != wire.CodeVersion || werr.Detail == "" {
+				t.Fatalf("refusal %+v", werr)
+			}
+			return
+		}
+		if req.V != wire.Version || req.Op == "" {
+			t.Fatalf("accepted %+v", req)
+		}
+		again, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, werr := decodeRequest(again); werr != nil {
+			t.Fatalf("re-encoded %s refused: %v", again, werr)
+		}
+	})
+}
