@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"path/filepath"
 	"strconv"
 	"syscall"
@@ -99,27 +98,11 @@ func BenchmarkRawEcho(b *testing.B) {
 	}
 }
 
-// newShortEnv is newTestEnv with a short state dir (under os.TempDir(),
-// the filesystem of b.TempDir()): t.TempDir() embeds the test's name, and
-// <state>/sock/<uuid>.<random>/broker.sock must fit a Unix socket address
-// (107 bytes), which a long benchmark or test name overflows.
-func newShortEnv(tb testing.TB) *testEnv {
-	tb.Helper()
-	dir, err := os.MkdirTemp("", "jb")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { os.RemoveAll(dir) })
-	e := &testEnv{t: tb, state: filepath.Join(dir, "state"), repo: makeRepo(tb)}
-	e.start()
-	return e
-}
-
 // benchInbox starts a broker with orchestrator "o" and child "c" holding
 // one unread message, and returns a warm raw connection of c and the
 // message's id.
 func benchInbox(b *testing.B) (*testEnv, *rawConn, string) {
-	e := newShortEnv(b)
+	e := newTestEnv(b)
 	e.orchestrator("o")
 	e.child("c", "o")
 	sendMessage(b, e.client("o"), map[string]any{"id": "m-1", "to": "c", "body": "please rebase onto main and run the tests"})
@@ -272,7 +255,7 @@ func BenchmarkRawSQLiteCommitSchema(b *testing.B) {
 // BenchmarkSendMessage: a durable message send, orchestrator -> its child,
 // a new manifest id each iteration, reply (the "done" status) received.
 func BenchmarkSendMessage(b *testing.B) {
-	e := newShortEnv(b)
+	e := newTestEnv(b)
 	e.orchestrator("o")
 	e.child("c", "o")
 	c := e.raw("o")

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -38,18 +37,6 @@ func buildJailbee(t testing.TB) string {
 		t.Fatalf("go build cmd/jailbee: %v\n%s", err, out)
 	}
 	return bin
-}
-
-// shortStateDir returns a fresh state dir whose socket paths fit a Unix
-// socket address whatever the test's name.
-func shortStateDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "jb")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return filepath.Join(dir, "state")
 }
 
 // syncBuffer is a bytes.Buffer safe for a process's writes and our reads.
@@ -188,7 +175,7 @@ func (p *procBroker) raw(name string) *rawConn {
 // child "kid".
 func crashFamily(t *testing.T) (bin, state, repo string, p *procBroker) {
 	t.Helper()
-	bin, state, repo = buildJailbee(t), shortStateDir(t), makeRepo(t)
+	bin, state, repo = buildJailbee(t), shortTempDir(t), makeRepo(t)
 	p = startProcBroker(t, bin, state)
 	p.newSandbox(broker.NewArgs{Name: "orch", Repo: repo, Role: "orchestrator"})
 	p.newSandbox(broker.NewArgs{Name: "kid", Repo: repo, Branch: "work/kid", Role: "child", Parent: "orch"})
@@ -370,7 +357,7 @@ func TestCrashWhileNextParked(t *testing.T) {
 }
 
 func TestSecondBrokerProcessRefusedUntilFirstKilled(t *testing.T) {
-	bin, state := buildJailbee(t), shortStateDir(t)
+	bin, state := buildJailbee(t), shortTempDir(t)
 	first := startProcBroker(t, bin, state)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

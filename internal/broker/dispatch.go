@@ -13,17 +13,11 @@ import (
 	"agentbox/internal/wire"
 )
 
-// opClass says where an op runs.
-type opClass int
-
-const (
-	opQuery    opClass = iota + 1 // store query pool (list, read, ack)
-	opSnapshot                    // immutable snapshot of the last round
-	opExecutor                    // executor (send, next)
-)
-
+// opSpec is one op. Where an op runs is the handler's business: list,
+// read and ack take a store-query slot (runQuery), children, status and
+// grant read the last round's snapshot, send takes the executor (runExec)
+// and next parks on its sandbox's inbox.
 type opSpec struct {
-	class opClass
 	// orchestratorOnly ops are refused to children by the dispatcher, so
 	// handlers do not repeat the check.
 	orchestratorOnly bool
@@ -39,14 +33,14 @@ type call struct {
 }
 
 var ops = map[string]opSpec{
-	"list":     {class: opQuery, run: (*Broker).opList},
-	"read":     {class: opQuery, run: (*Broker).opRead},
-	"ack":      {class: opQuery, run: (*Broker).opAck},
-	"children": {class: opSnapshot, orchestratorOnly: true, run: (*Broker).opChildren},
-	"status":   {class: opSnapshot, run: (*Broker).opStatus},
-	"grant":    {class: opSnapshot, run: (*Broker).opGrant},
-	"next":     {class: opExecutor, run: (*Broker).opNext},
-	"send":     {class: opExecutor, run: (*Broker).opSend},
+	"list":     {run: (*Broker).opList},
+	"read":     {run: (*Broker).opRead},
+	"ack":      {run: (*Broker).opAck},
+	"children": {orchestratorOnly: true, run: (*Broker).opChildren},
+	"status":   {run: (*Broker).opStatus},
+	"grant":    {run: (*Broker).opGrant},
+	"next":     {run: (*Broker).opNext},
+	"send":     {run: (*Broker).opSend},
 }
 
 func (b *Broker) dispatch(ctx context.Context, srv *sandboxServer, cc *connCtx, req *wire.Request) *reply {

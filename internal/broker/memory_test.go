@@ -50,7 +50,7 @@ func vmRSS(t *testing.T, pid int) (rss, hwm int64) {
 }
 
 func TestMemory200SandboxesWith1600IdleConnections(t *testing.T) {
-	bin, state, repo := buildJailbee(t), shortStateDir(t), makeRepo(t)
+	bin, state, repo := buildJailbee(t), shortTempDir(t), makeRepo(t)
 	p := startProcBroker(t, bin, state)
 	idle, _ := vmRSS(t, p.pid())
 

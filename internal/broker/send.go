@@ -57,6 +57,9 @@ func (b *Broker) opSend(ctx context.Context, c *call) *reply {
 	if serr != nil {
 		return b.fail("send", c, serr)
 	}
+	var st wire.StatusItem
+	json.Unmarshal(sent.Status.Doc, &st)
+	b.log.Info("send", "caller", c.caller.Sandbox, "manifest", st.Ref, "state", st.State, "resent", !sent.Fresh)
 	rep := &reply{resp: &wire.Response{V: wire.Version, OK: true, Result: sent.Status.Doc}}
 	if sent.Fresh {
 		// The client left before taking its reply: leave the status unread.

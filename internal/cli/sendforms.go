@@ -309,23 +309,54 @@ func requireChild(child string) error {
 	return nil
 }
 
-func newSendImportCmd() *cobra.Command {
+// newChildForm is a send form whose manifest names one child and little
+// else (import, stop, destroy): addFlags adds its other flags, build makes
+// the manifest.
+func newChildForm(use, short string, addFlags func(*cobra.Command), build func(child string) *manifest.Manifest) *cobra.Command {
 	var f sendFlags
 	var child string
 	c := &cobra.Command{
-		Use:   "import --child C",
-		Short: "Fetch a child's committed work as refs/jailbee/from/<child>/<branch>",
+		Use:   use,
+		Short: short,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireChild(child); err != nil {
 				return err
 			}
-			return runSend(cmd, f, &manifest.Manifest{Type: manifest.TypeImport, Import: &manifest.Import{Child: child}})
+			return runSend(cmd, f, build(child))
 		},
 	}
 	f.add(c)
 	childFlag(c, &child)
+	if addFlags != nil {
+		addFlags(c)
+	}
 	return c
+}
+
+func newSendImportCmd() *cobra.Command {
+	return newChildForm("import --child C", "Fetch a child's committed work as refs/jailbee/from/<child>/<branch>", nil,
+		func(child string) *manifest.Manifest {
+			return &manifest.Manifest{Type: manifest.TypeImport, Import: &manifest.Import{Child: child}}
+		})
+}
+
+func newSendStopCmd() *cobra.Command {
+	return newChildForm("stop --child C", "Stop a running child, freeing its slot", nil,
+		func(child string) *manifest.Manifest {
+			return &manifest.Manifest{Type: manifest.TypeStop, Stop: &manifest.Stop{Child: child}}
+		})
+}
+
+func newSendDestroyCmd() *cobra.Command {
+	var force bool
+	return newChildForm("destroy --child C [--force]", "Delete a child (refused for unimported work unless --force)",
+		func(c *cobra.Command) {
+			c.Flags().BoolVar(&force, "force", false, "destroy even with unimported work, if HEAD equals the last import")
+		},
+		func(child string) *manifest.Manifest {
+			return &manifest.Manifest{Type: manifest.TypeDestroy, Destroy: &manifest.Destroy{Child: child, Force: force}}
+		})
 }
 
 func newSendUpdateCmd() *cobra.Command {
@@ -429,46 +460,6 @@ func newSendRefreshCmd() *cobra.Command {
 	childFlag(c, &child)
 	c.Flags().StringVar(&services, "services", "", "services, comma-separated")
 	c.Flags().BoolVar(&force, "force", false, "skip the idle gate")
-	return c
-}
-
-func newSendStopCmd() *cobra.Command {
-	var f sendFlags
-	var child string
-	c := &cobra.Command{
-		Use:   "stop --child C",
-		Short: "Stop a running child, freeing its slot",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireChild(child); err != nil {
-				return err
-			}
-			return runSend(cmd, f, &manifest.Manifest{Type: manifest.TypeStop, Stop: &manifest.Stop{Child: child}})
-		},
-	}
-	f.add(c)
-	childFlag(c, &child)
-	return c
-}
-
-func newSendDestroyCmd() *cobra.Command {
-	var f sendFlags
-	var child string
-	var force bool
-	c := &cobra.Command{
-		Use:   "destroy --child C [--force]",
-		Short: "Delete a child (refused for unimported work unless --force)",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireChild(child); err != nil {
-				return err
-			}
-			return runSend(cmd, f, &manifest.Manifest{Type: manifest.TypeDestroy, Destroy: &manifest.Destroy{Child: child, Force: force}})
-		},
-	}
-	f.add(c)
-	childFlag(c, &child)
-	c.Flags().BoolVar(&force, "force", false, "destroy even with unimported work, if HEAD equals the last import")
 	return c
 }
 
