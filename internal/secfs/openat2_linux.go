@@ -250,3 +250,18 @@ func fstatRetry(fd int, st *unix.Stat_t) error {
 		return err
 	}
 }
+
+// BirthTime returns an open file's creation time (statx STATX_BTIME), in
+// nanoseconds since the epoch, or 0 when the filesystem does not record it.
+// With device and inode it tells a file from a new one that reused a freed
+// inode number.
+func BirthTime(f *os.File) int64 {
+	var stx unix.Statx_t
+	if err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH|unix.AT_SYMLINK_NOFOLLOW, unix.STATX_BTIME, &stx); err != nil {
+		return 0
+	}
+	if stx.Mask&unix.STATX_BTIME == 0 {
+		return 0
+	}
+	return stx.Btime.Sec*1e9 + int64(stx.Btime.Nsec)
+}

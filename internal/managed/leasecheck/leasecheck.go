@@ -52,6 +52,7 @@ type Source struct {
 	Kind  string // "file", "directory" or "socket"
 	Dev   uint64
 	Ino   uint64
+	Birth int64  // creation time (ns), 0 if unknown: inode numbers are reused
 	Mode  uint32 // st_mode: type and permission bits
 	UID   uint32
 }
@@ -156,7 +157,7 @@ func (c *Checked) Recheck() error {
 		switch {
 		case now.Kind != was.Kind:
 			return assignment.Errorf(f, "changed type since validation (%s, now %s)", was.Kind, now.Kind)
-		case now.Dev != was.Dev || now.Ino != was.Ino:
+		case now.Dev != was.Dev || now.Ino != was.Ino || now.Birth != was.Birth:
 			return assignment.Errorf(f, "was replaced by another file since validation")
 		case now.UID != was.UID:
 			return assignment.Errorf(f, "changed owner since validation (uid %d, now %d)", was.UID, now.UID)
@@ -382,7 +383,7 @@ func checkFile(matDir *os.File, m *assignment.Materialization, scope assignment.
 	} else {
 		clear(data)
 	}
-	return Source{Field: m.Field, Path: m.SourcePath, Kind: "file", Dev: st.Dev, Ino: st.Ino, Mode: st.Mode, UID: st.Uid}, nil
+	return Source{Field: m.Field, Path: m.SourcePath, Kind: "file", Dev: st.Dev, Ino: st.Ino, Birth: secfs.BirthTime(fh), Mode: st.Mode, UID: st.Uid}, nil
 }
 
 // checkRunSource checks a shared-directory or tool-endpoint source below
@@ -418,13 +419,14 @@ func checkRunSource(runFd *os.File, runDir string, m *assignment.Materialization
 	if err != nil {
 		return Source{}, assignment.Errorf(f, "%s", describe(err))
 	}
+	birth := secfs.BirthTime(leaf)
 	leaf.Close()
 	if st.Uid != owner {
 		return Source{}, assignment.Errorf(f, "is owned by uid %d, not by the assignment owner uid %d", st.Uid, owner)
 	}
 	perm := st.Mode & 07777
 	typ := st.Mode & unix.S_IFMT
-	src := Source{Field: m.Field, Path: m.SourcePath, Dev: st.Dev, Ino: st.Ino, Mode: st.Mode, UID: st.Uid}
+	src := Source{Field: m.Field, Path: m.SourcePath, Dev: st.Dev, Ino: st.Ino, Birth: birth, Mode: st.Mode, UID: st.Uid}
 	switch m.Kind {
 	case assignment.SourceSharedDirectory:
 		if typ != unix.S_IFDIR {
