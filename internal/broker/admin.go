@@ -12,12 +12,11 @@ import (
 
 	"agentbox/internal/backend"
 	"agentbox/internal/gitx"
+	"agentbox/internal/grant"
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
 )
 
-// DefaultGrant is an orchestrator's grant when `jailbee new` names none.
-const DefaultGrant = `{"version":1,"max_running_children":2,"operations":["destroy","import","message","restart","rights","spawn","stop"],"grantable":{"mounts":[],"loose":false,"egress":[]}}`
 
 var sandboxNamePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 
@@ -161,7 +160,7 @@ func (b *Broker) adminNew(ctx context.Context, raw json.RawMessage) *reply {
 	sb := store.Sandbox{Name: a.Name, Role: a.Role, State: "running"}
 	switch a.Role {
 	case store.RoleOrchestrator:
-		sb.Grant = DefaultGrant
+		sb.Grant = defaultGrant()
 		if len(a.Grant) > 0 {
 			g, err := parseGrant(a.Grant)
 			if err != nil {
@@ -322,19 +321,19 @@ func (b *Broker) adminExecInfo(ctx context.Context, raw json.RawMessage) *reply 
 	return replyOK(ExecInfo{Backend: b.cfg.Backend.Type(), StateDir: b.cfg.StateDir, Insecure: b.cfg.Insecure, State: sb.State})
 }
 
-// parseGrant checks a grant document's JSON shape and returns it compacted.
+// parseGrant validates a grant document strictly (the spec's schema) and
+// returns its canonical encoding.
 func parseGrant(raw json.RawMessage) (string, error) {
-	var g struct {
-		Version             int             `json:"version"`
-		MaxRunningChildren  int             `json:"max_running_children"`
-		Operations          []string        `json:"operations"`
-		Grantable           json.RawMessage `json:"grantable"`
-		DefaultRunner       json.RawMessage `json:"default_runner,omitempty"`
-		DefaultRunnerSource json.RawMessage `json:"default_runner_source,omitempty"`
-	}
-	if err := wire.DecodeStrict(raw, &g); err != nil {
-		return "", errors.New("not a grant document")
+	g, err := grant.Parse(raw)
+	if err != nil {
+		return "", err
 	}
 	out, err := json.Marshal(g)
 	return string(out), err
+}
+
+// defaultGrant is an orchestrator's grant when `jailbee new` names none.
+func defaultGrant() string {
+	out, _ := json.Marshal(grant.Default())
+	return string(out)
 }

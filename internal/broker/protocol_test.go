@@ -1,6 +1,7 @@
 package broker_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -672,5 +673,65 @@ func TestRefWaitBesideParkedNext(t *testing.T) {
 	fmt.Fprintln(c, `{"v":1,"op":"next","args":{"ref":"x","quiet_after_ms":50}}`)
 	if r := c.reply(t); !r.OK {
 		t.Fatalf("ref-scoped next beside a parked next: %+v", r.Error)
+	}
+}
+
+func TestGrantDocuments(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("orch")
+	var g map[string]any
+	if err := e.client("orch").Call(context.Background(), "grant", nil, &g); err != nil {
+		t.Fatal(err)
+	}
+	if g["max_running_children"] != float64(2) || len(g["operations"].([]any)) != 7 {
+		t.Fatalf("default grant = %v", g)
+	}
+	for _, bad := range []string{`{"version":1,"bogus":true}`, `{"version":2,"max_running_children":1,"operations":[],"grantable":{"mounts":[],"loose":false,"egress":[]}}`, `[]`} {
+		err := e.admin("new", broker.NewArgs{Name: "x", Repo: e.repo, Role: "orchestrator", Grant: json.RawMessage(bad)}, nil)
+		var we *wire.Error
+		if !errors.As(err, &we) || !strings.HasPrefix(we.Detail, "invalid grant") {
+			t.Errorf("grant %s: %v", bad, err)
+		}
+	}
+	var list []broker.SandboxInfo
+	e.admin("ls", nil, &list)
+	if len(list) != 1 {
+		t.Fatalf("a refused grant left a sandbox: %+v", list)
+	}
+	// A child has no grant.
+	e.child("kid", "orch")
+	err := e.client("kid").Call(context.Background(), "grant", nil, nil)
+	var we *wire.Error
+	if !errors.As(err, &we) || we.Code != wire.CodeNotFound {
+		t.Fatalf("child's grant: %v", err)
+	}
+}
+
+func TestBrokerStopsReadingWhenRepliesAreNotCollected(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("orch")
+	c := e.raw("orch")
+	// Far more requests than the socket buffers hold, and never a read:
+	// once the broker's replies fill the buffers it stops reading, so our
+	// writes stop completing.
+	line := []byte(`{"v":1,"op":"list"}` + "\n")
+	batch := bytes.Repeat(line, 1<<16)
+	c.SetWriteDeadline(time.Now().Add(3 * time.Second))
+	written := 0
+	for range 64 {
+		n, err := c.Write(batch)
+		written += n
+		if err != nil {
+			break
+		}
+	}
+	if written == 64*len(batch) {
+		t.Fatalf("all %d bytes of requests were taken although no reply was collected", written)
+	}
+	// Other connections are still served.
+	o := e.raw("orch")
+	fmt.Fprintln(o, `{"v":1,"op":"list"}`)
+	if r := o.reply(t); !r.OK {
+		t.Fatalf("another connection: %+v", r.Error)
 	}
 }

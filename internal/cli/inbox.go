@@ -127,6 +127,7 @@ func newInboxLsCmd() *cobra.Command {
 			var res struct {
 				Items   []json.RawMessage `json:"items"`
 				ReadIDs []string          `json:"read_ids"`
+				More    bool              `json:"more"`
 			}
 			if err := json.Unmarshal(raw, &res); err != nil {
 				return protocolExit(inbox.ErrUnreachable)
@@ -143,6 +144,9 @@ func newInboxLsCmd() *cobra.Command {
 				var head item
 				json.Unmarshal(it, &head)
 				fmt.Fprintln(out, summary(it, read[head.ID]))
+			}
+			if res.More {
+				fmt.Fprintln(cmd.ErrOrStderr(), "more items than one reply holds: read some, then ls again")
 			}
 			return nil
 		},
