@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"agentbox/internal/wire"
@@ -108,6 +109,31 @@ func (cc *connCtx) watchHangup(parent context.Context) (ctx context.Context, sto
 		cc.conn.SetReadDeadline(time.Time{})
 		cancel()
 	}
+}
+
+// hungUp reports, without blocking, whether the client has closed or
+// half-closed its side: a zero-byte MSG_PEEK read. Bytes it already sent
+// (pipelined requests) mean it has not.
+func (cc *connCtx) hungUp() bool {
+	if cc.r.Buffered() > 0 {
+		return false
+	}
+	sc, ok := cc.conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	eof := false
+	raw.Read(func(fd uintptr) bool {
+		var b [1]byte
+		n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		eof = n == 0 && err == nil
+		return true
+	})
+	return eof
 }
 
 type handlerFunc func(ctx context.Context, cc *connCtx, req *wire.Request) *reply

@@ -735,3 +735,40 @@ func TestBrokerStopsReadingWhenRepliesAreNotCollected(t *testing.T) {
 		t.Fatalf("another connection: %+v", r.Error)
 	}
 }
+
+func TestHalfClosedSendLeavesStatusUnread(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("orch")
+	e.child("kid", "orch")
+	// Hold the send once it has its executor turn, half-close, then let it
+	// run: handling had begun before the client left.
+	entered, release := make(chan struct{}), make(chan struct{})
+	e.b.SetExecHookForTest(func() {
+		close(entered)
+		<-release
+	})
+	c := e.raw("orch")
+	fmt.Fprintln(c, `{"v":1,"op":"send","args":{"manifest":{"version":1,"id":"hc-1","type":"message","to":"kid","body":"x"}}}`)
+	<-entered
+	if err := c.Conn.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	e.b.SetExecHookForTest(nil)
+	close(release)
+	if !c.closed() {
+		t.Fatal("the broker answered a half-closed send")
+	}
+	// The message went out (handling had begun), and its status is unread.
+	if got := unread(t, e.client("kid")); len(got) != 1 {
+		t.Fatalf("child inbox = %+v", got)
+	}
+	var res struct {
+		Items []wire.StatusItem `json:"items"`
+	}
+	if err := e.client("orch").Call(context.Background(), "list", nil, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Items) != 1 || res.Items[0].Ref != "hc-1" || res.Items[0].State != "done" {
+		t.Fatalf("orchestrator unread = %+v, want the status of hc-1", res.Items)
+	}
+}

@@ -57,6 +57,13 @@ func (b *Broker) opSend(ctx context.Context, c *call) *reply {
 	if serr != nil {
 		return b.fail("send", c, serr)
 	}
+	if sent.Fresh && c.cc.hungUp() {
+		// The client closed its side while the send ran (a half-close is a
+		// disconnect): no reply, and the status stays unread news.
+		b.store.MarkUnread(context.Background(), c.caller.Sandbox, sent.Status.ID)
+		b.notify(c.caller.Sandbox)
+		return &reply{hangup: true}
+	}
 	var st wire.StatusItem
 	json.Unmarshal(sent.Status.Doc, &st)
 	b.log.Info("send", "caller", c.caller.Sandbox, "manifest", st.Ref, "state", st.State, "resent", !sent.Fresh)
