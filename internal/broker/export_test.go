@@ -28,3 +28,10 @@ func (b *Broker) ParkedForTest(name string) bool {
 func (b *Broker) QueuedQueriesForTest() int {
 	return int(b.queries.admitted.Load()) - len(b.queries.workers)
 }
+
+// QueuedSendsForTest is how many requests wait for the executor.
+func (b *Broker) QueuedSendsForTest() int {
+	b.executor.mu.Lock()
+	defer b.executor.mu.Unlock()
+	return len(b.executor.queue)
+}

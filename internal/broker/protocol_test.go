@@ -772,3 +772,41 @@ func TestHalfClosedSendLeavesStatusUnread(t *testing.T) {
 		t.Fatalf("orchestrator unread = %+v, want the status of hc-1", res.Items)
 	}
 }
+
+func TestExecutorQueueBusyOnlyWhenFull(t *testing.T) {
+	e := newTestEnv(t)
+	// Enough orchestrators for one running send, a full queue and one more,
+	// at 8 connections each.
+	need := 1 + broker.ExecQueueCap + 1
+	n := (need + broker.MaxConnsPerSandbox - 1) / broker.MaxConnsPerSandbox
+	for i := range n {
+		e.orchestrator(fmt.Sprintf("o%d", i))
+	}
+	hold := make(chan struct{})
+	e.b.SetExecHookForTest(func() { <-hold })
+	var conns []*rawConn
+	send := func(i int) *rawConn {
+		c := e.raw(fmt.Sprintf("o%d", i/broker.MaxConnsPerSandbox))
+		// A refused manifest still goes through the executor.
+		fmt.Fprintf(c, `{"v":1,"op":"send","args":{"manifest":{"version":1,"id":"q-%d","type":"stop","child":"nobody"}}}`+"\n", i)
+		return c
+	}
+	conns = append(conns, send(0))
+	for i := 1; i <= broker.ExecQueueCap; i++ {
+		conns = append(conns, send(i))
+	}
+	for e.b.QueuedSendsForTest() < broker.ExecQueueCap {
+		time.Sleep(5 * time.Millisecond)
+	}
+	past := send(broker.ExecQueueCap + 1)
+	if r := past.reply(t); r.OK || r.Error.Code != wire.CodeBusy {
+		t.Fatalf("send past a full executor queue: %+v, want busy", r)
+	}
+	e.b.SetExecHookForTest(nil)
+	close(hold)
+	for i, c := range conns {
+		if r := c.reply(t); !r.OK {
+			t.Fatalf("send %d within the queue: %+v", i, r.Error)
+		}
+	}
+}

@@ -89,7 +89,7 @@ func (b *Broker) send(ctx context.Context, caller Caller, args SendArgs) (store.
 		return store.TransientStatus("", wire.StateRefused, "id must match ^[a-z0-9][a-z0-9-]{0,63}$"), nil
 	}
 	req := orchestrate.Requester{Sandbox: caller.Sandbox, Role: caller.Role, Parent: caller.Parent}
-	sent, err := b.orch().Send(ctx, req, args.Manifest, args.Body)
+	sent, err := b.orchestrator.Send(ctx, req, args.Manifest, args.Body)
 	if r, ok := orchestrate.AsRefusal(err); ok {
 		sent, err = b.store.RecordStatus(ctx, caller.Sandbox, id, "", wire.StateRefused, r.Detail, true)
 	}
@@ -98,5 +98,3 @@ func (b *Broker) send(ctx context.Context, caller Caller, args SendArgs) (store.
 	}
 	return sent, err
 }
-
-func (b *Broker) orch() *orchestrate.Orchestrator { return b.orchestrator }
