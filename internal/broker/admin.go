@@ -17,7 +17,6 @@ import (
 	"agentbox/internal/wire"
 )
 
-
 var sandboxNamePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 
 // listenAdmin serves the host admin socket: <state>/admin.sock, mode 0600
