@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/gitx"
@@ -16,8 +15,6 @@ import (
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
 )
-
-var sandboxNamePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,63}$`)
 
 // listenAdmin serves the host admin socket: <state>/admin.sock, mode 0600
 // in the 0700 state dir, and only for the broker's own uid (or root).
@@ -150,7 +147,7 @@ func (b *Broker) adminNew(ctx context.Context, raw json.RawMessage) *reply {
 	if werr := decodeArgs(raw, &a); werr != nil {
 		return replyErr(werr)
 	}
-	if !sandboxNamePattern.MatchString(a.Name) {
+	if backend.ValidateName(a.Name) != nil {
 		return adminErr("name must match ^[a-z0-9][a-z0-9-]{0,63}$")
 	}
 	if _, err := b.store.Sandbox(ctx, a.Name); err == nil {
