@@ -44,10 +44,9 @@ func shortDir(t *testing.T) string {
 	return d
 }
 
-// fakeBroker serves a socket that answers every line with reply (or
-// closes at once when reply is ""). For what a real broker cannot be made
-// to do: speak another version, drop a connection mid-request.
-func fakeBroker(t *testing.T, reply string) string {
+// serveUnix listens on a fresh socket and runs handle for every
+// connection (which it then closes); it returns the socket's path.
+func serveUnix(t *testing.T, handle func(c net.Conn, r *bufio.Reader)) string {
 	t.Helper()
 	path := filepath.Join(shortDir(t), "broker.sock")
 	ln, err := net.Listen("unix", path)
@@ -63,15 +62,23 @@ func fakeBroker(t *testing.T, reply string) string {
 			}
 			go func() {
 				defer c.Close()
-				r := bufio.NewReader(c)
-				if _, err := r.ReadString('\n'); err != nil || reply == "" {
-					return
-				}
-				io.WriteString(c, reply+"\n")
+				handle(c, bufio.NewReader(c))
 			}()
 		}
 	}()
 	return path
+}
+
+// fakeBroker serves a socket that answers every line with reply (or
+// closes at once when reply is ""). For what a real broker cannot be made
+// to do: speak another version, drop a connection mid-request.
+func fakeBroker(t *testing.T, reply string) string {
+	return serveUnix(t, func(c net.Conn, r *bufio.Reader) {
+		if _, err := r.ReadString('\n'); err != nil || reply == "" {
+			return
+		}
+		io.WriteString(c, reply+"\n")
+	})
 }
 
 func TestInboxExitStatusesWithoutBroker(t *testing.T) {

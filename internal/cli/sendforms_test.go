@@ -18,43 +18,26 @@ import (
 // records the send's arguments. The client's part of the protocol is what
 // is under test: the exact manifest each form builds.
 func recordingBroker(t *testing.T, state string) (path string, sent <-chan json.RawMessage) {
-	t.Helper()
-	path = filepath.Join(shortDir(t), "broker.sock")
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
 	ch := make(chan json.RawMessage, 16)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				line, err := r.ReadBytes('\n')
-				if err != nil {
-					return
-				}
-				var req struct {
-					Args json.RawMessage `json:"args"`
-				}
-				json.Unmarshal(line, &req)
-				ch <- req.Args
-				var args struct {
-					Manifest struct {
-						ID string `json:"id"`
-					} `json:"manifest"`
-				}
-				json.Unmarshal(req.Args, &args)
-				fmt.Fprintf(c, `{"v":1,"ok":true,"result":{"version":1,"id":"h-00000001","type":"status","ref":%q,"state":%q,"detail":"the detail"}}`+"\n", args.Manifest.ID, state)
-				io.Copy(io.Discard, r)
-			}()
+	path = serveUnix(t, func(c net.Conn, r *bufio.Reader) {
+		line, err := r.ReadBytes('\n')
+		if err != nil {
+			return
 		}
-	}()
+		var req struct {
+			Args json.RawMessage `json:"args"`
+		}
+		json.Unmarshal(line, &req)
+		ch <- req.Args
+		var args struct {
+			Manifest struct {
+				ID string `json:"id"`
+			} `json:"manifest"`
+		}
+		json.Unmarshal(req.Args, &args)
+		fmt.Fprintf(c, `{"v":1,"ok":true,"result":{"version":1,"id":"h-00000001","type":"status","ref":%q,"state":%q,"detail":"the detail"}}`+"\n", args.Manifest.ID, state)
+		io.Copy(io.Discard, r)
+	})
 	return path, ch
 }
 
