@@ -186,6 +186,11 @@ func (b *Broker) adminNew(ctx context.Context, raw json.RawMessage) *reply {
 	}
 	sb.Branch = branch
 	inst, err := b.cfg.Backend.Create(ctx, backend.CreateOptions{Name: a.Name, Source: backend.GitSource{Repo: a.Repo, Commit: commit, Branch: branch}})
+	if errors.Is(err, backend.ErrExists) {
+		// Not in broker.db but present in the backend: left by a create
+		// the broker did not finish (it died between the two).
+		return adminErr("a sandbox `%s` exists in the backend without a broker record (an interrupted create?): remove it with 'jailbee destroy %s --force'", a.Name, a.Name)
+	}
 	if err != nil {
 		b.log.Error("create sandbox", "name", a.Name, "err", err)
 		return adminErr("cannot create sandbox `%s` (see the broker log)", a.Name)
@@ -242,6 +247,14 @@ func (b *Broker) adminDestroy(ctx context.Context, raw json.RawMessage) *reply {
 		return replyErr(werr)
 	}
 	sb, err := b.store.Sandbox(ctx, a.Name)
+	if errors.Is(err, store.ErrNotFound) && a.Force && backend.ValidateName(a.Name) == nil {
+		// A backend instance without a broker record: nothing else refers
+		// to it, so --force removes it.
+		if err := b.cfg.Backend.Destroy(ctx, a.Name); err == nil {
+			b.log.Info("unrecorded sandbox destroyed", "name", a.Name)
+			return replyOK(map[string]any{"destroyed": 1})
+		}
+	}
 	if err != nil {
 		return replyErr(wire.Errorf(wire.CodeNotFound, "no sandbox `%s`", truncate(a.Name, 64)))
 	}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"agentbox/internal/backend"
 	"agentbox/internal/broker"
 	"agentbox/internal/inbox"
 	"agentbox/internal/wire"
@@ -809,4 +810,25 @@ func TestExecutorQueueBusyOnlyWhenFull(t *testing.T) {
 			t.Fatalf("send %d within the queue: %+v", i, r.Error)
 		}
 	}
+}
+
+func TestUnrecordedBackendSandbox(t *testing.T) {
+	e := newTestEnv(t)
+	// A create the broker did not finish: the backend has it, broker.db not.
+	if _, err := backendOf(t, e).Create(context.Background(), backend.CreateOptions{Name: "ghost",
+		Source: backend.GitSource{Repo: e.repo, Branch: "main"}}); err != nil {
+		t.Fatal(err)
+	}
+	err := e.admin("new", broker.NewArgs{Name: "ghost", Repo: e.repo, Role: "orchestrator"}, nil)
+	var we *wire.Error
+	if !errors.As(err, &we) || !strings.Contains(we.Detail, "jailbee destroy ghost --force") {
+		t.Fatalf("new over an unrecorded sandbox: %v", err)
+	}
+	if err := e.admin("destroy", broker.DestroyArgs{Name: "ghost"}, nil); !errors.As(err, &we) || we.Code != wire.CodeNotFound {
+		t.Fatalf("destroy without --force: %v", err)
+	}
+	if err := e.admin("destroy", broker.DestroyArgs{Name: "ghost", Force: true}, nil); err != nil {
+		t.Fatalf("destroy --force: %v", err)
+	}
+	e.orchestrator("ghost")
 }
