@@ -154,7 +154,12 @@ func (b *Broker) runExec(ctx context.Context, cc *connCtx, fn func()) error {
 		}
 		select {
 		case <-turn:
+			left := waitCtx.Err() != nil // the client left as the turn came
 			stop()
+			if left {
+				e.release()
+				return errDropped
+			}
 		case <-waitCtx.Done():
 			stop()
 			e.mu.Lock()
