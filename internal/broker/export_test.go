@@ -3,12 +3,7 @@ package broker
 import (
 	"context"
 	"testing"
-
-	"agentbox/internal/backend"
 )
-
-// BackendForTest exposes the broker's backend to tests.
-func (b *Broker) BackendForTest() backend.Backend { return b.cfg.Backend }
 
 // SetSocketDirForTest records dir as a sandbox's socket dir, bypassing the
 // never-reused rule (to simulate a legacy layout).

@@ -210,7 +210,7 @@ func unread(t testing.TB, c *inbox.Client) []wire.MessageItem {
 	return res.Items
 }
 
-func backendOf(t testing.TB, e *testEnv) backend.Backend { return e.b.BackendForTest() }
+func backendOf(t testing.TB, e *testEnv) backend.Backend { return e.b.BackendForRestart() }
 
 // setSocketDirForTest rewrites a sandbox's recorded socket dir while the
 // broker is stopped.

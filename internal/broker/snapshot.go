@@ -13,8 +13,6 @@ import (
 // Snapshot is the immutable view a completed round publishes. children,
 // status and grant read it without touching the store or the backend.
 type Snapshot struct {
-	Round    uint64
-	At       time.Time
 	Children map[string][]ChildInfo     // by orchestrator
 	Statuses map[string][]store.Item    // by sandbox: latest status per ref, first seen first
 	Grants   map[string]json.RawMessage // by orchestrator
@@ -73,8 +71,6 @@ func (b *Broker) runRound() {
 		return
 	}
 	next := &Snapshot{
-		Round:     prev.Round + 1,
-		At:        time.Now(),
 		Children:  map[string][]ChildInfo{},
 		Statuses:  map[string][]store.Item{},
 		Grants:    map[string]json.RawMessage{},

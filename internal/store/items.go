@@ -198,14 +198,6 @@ func (s *Store) RecordStatus(ctx context.Context, sandbox, manifestID, typ, stat
 	return out, err
 }
 
-// LatestStatus returns the latest status recorded for a sandbox's manifest
-// id: found=false if the id was never journaled, ErrDuplicate if it was
-// journaled without a status.
-func (s *Store) LatestStatus(ctx context.Context, sandbox, manifestID string) (Item, bool, error) {
-	ctx = detach(ctx)
-	return journalLookup(ctx, s.q.journalGet, sandbox, manifestID)
-}
-
 // TransientStatus builds a status that is not stored: the answer to a
 // manifest with no valid id to journal it under.
 func TransientStatus(ref, state, detail string) Sent {

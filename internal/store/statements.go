@@ -14,7 +14,6 @@ type statements struct {
 	// On the pool, for reads.
 	unreadItems *sql.Stmt
 	allItems    *sql.Stmt
-	journalGet  *sql.Stmt
 	sandboxByNm *sql.Stmt
 }
 
@@ -63,7 +62,6 @@ func (s *Store) prepare(ctx context.Context) error {
 	err = errors.Join(
 		r(&s.q.unreadItems, `SELECT `+itemCols+` FROM items WHERE sandbox = ? AND read = 0 ORDER BY seq`),
 		r(&s.q.allItems, `SELECT `+itemCols+` FROM items WHERE sandbox = ? ORDER BY seq`),
-		r(&s.q.journalGet, journalGetSQL),
 		r(&s.q.sandboxByNm, `SELECT `+sandboxCols+` FROM sandboxes WHERE name = ?`),
 		w(&s.w.insertItem, `INSERT INTO items (id, sandbox, type, ref, doc, read, created_at) VALUES (?,?,?,?,?,?,?)`),
 		w(&s.w.journalGet, journalGetSQL),

@@ -121,7 +121,7 @@ func TestUnreadCacheMatchesDatabase(t *testing.T) {
 func TestJournal(t *testing.T) {
 	s, _ := openTestStore(t)
 	ctx := context.Background()
-	if _, found, err := s.LatestStatus(ctx, "o", "x"); found || err != nil {
+	if _, found, err := journalLookup(ctx, s.w.journalGet, "o", "x"); found || err != nil {
 		t.Fatalf("unknown id: found=%v err=%v", found, err)
 	}
 	first, err := s.RecordStatus(ctx, "o", "x", "spawn", wire.StateQueued, "queued at position 1", true)
@@ -133,7 +133,7 @@ func TestJournal(t *testing.T) {
 	if err != nil || later.Status.Read {
 		t.Fatalf("later status: %+v %v", later, err)
 	}
-	latest, found, err := s.LatestStatus(ctx, "o", "x")
+	latest, found, err := journalLookup(ctx, s.w.journalGet, "o", "x")
 	if err != nil || !found || latest.ID != later.Status.ID {
 		t.Fatalf("latest = %+v", latest)
 	}
