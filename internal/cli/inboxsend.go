@@ -21,6 +21,10 @@ func newInboxSendCmd(deps Deps) *cobra.Command {
 		Long: `Send a manifest to the broker. stdout holds only the request id; a first
 status of refused prints its reason on stderr and exits 1.
 
+The text of message, spawn and restart (--text, --file or stdin) is at most
+65536 bytes of UTF-8, whatever its source: longer text, or text that is not
+UTF-8, exits 2 before any id is printed or the broker is contacted.
+
   --wait             wait for this manifest's status: exit 0 on done, queued or
                      started, 1 on refused or failed
   --timeout DUR|none with --wait (default 30m): exit 3 when no answer came in time`,
@@ -51,10 +55,6 @@ func newManifestID(prefix string) string {
 	rand.Read(b[:])
 	return prefix + "-" + hex.EncodeToString(b[:])
 }
-
-// maxStdinText is the most text a send reads from stdin: the protocol's
-// 65536-byte text cap.
-const maxStdinText = 65536
 
 // runSend sends a manifest built by a send form: it picks the id, encodes
 // the manifest (text from stdin or a file travels as the request body),

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -38,12 +39,14 @@ func setTextLabel(m *manifest.Manifest) {
 // textSource is the --text / --file / stdin choice of the forms that carry
 // a prompt or message.
 type textSource struct {
+	what     string // "message text" or "prompt", for flag help and errors
 	text     string
 	file     string
 	withFile bool // the form offers --file
 }
 
 func (s *textSource) add(c *cobra.Command, what string, withFile bool) {
+	s.what = what
 	c.Flags().StringVar(&s.text, "text", "", what+" (default: read stdin)")
 	if withFile {
 		s.withFile = true
@@ -51,16 +54,32 @@ func (s *textSource) add(c *cobra.Command, what string, withFile bool) {
 	}
 }
 
+// maxText is the most prompt or message text a send carries, whatever its
+// source: the manifest's own limit, which the broker applies alike to
+// inline text (--text) and to the request body (stdin, --file).
+const maxText = manifest.MaxTextBytes
+
+// maxCounted bounds how far a too long stdin or --file is read to say how
+// long it is; past it the error says "more than".
+const maxCounted = 64 << 20
+
 // read returns the text and whether it travels as the request body (stdin
-// and --file do; --text goes inline).
+// and --file do; --text goes inline). Text past maxText, or not UTF-8, is a
+// usage error (exit 2) before anything is sent: the broker would refuse it
+// only after the id was printed, and would alter invalid UTF-8 (the JSON
+// encoding replaces it) rather than keep the text byte for byte.
 func (s *textSource) read(cmd *cobra.Command) (text string, asBody bool, err error) {
 	if cmd.Flags().Changed("text") {
 		if s.withFile && s.file != "" {
 			return "", false, exitf(ExitUsage, "give --text or --file, not both")
 		}
+		if err := s.check("--text", s.text, int64(len(s.text))); err != nil {
+			return "", false, err
+		}
 		return s.text, false, nil
 	}
 	var r io.Reader = cmd.InOrStdin()
+	source := "stdin"
 	if s.file != "" {
 		if err := checkOutsideRepo(s.file); err != nil {
 			return "", false, err
@@ -70,16 +89,35 @@ func (s *textSource) read(cmd *cobra.Command) (text string, asBody bool, err err
 			return "", false, exitf(ExitUsage, "cannot read --file")
 		}
 		defer f.Close()
-		r = f
+		r, source = f, "--file"
 	}
-	data, err := io.ReadAll(io.LimitReader(r, maxStdinText+1))
+	data, err := io.ReadAll(io.LimitReader(r, maxText+1))
 	if err != nil {
-		return "", false, exitf(ExitUsage, "cannot read the text")
+		return "", false, exitf(ExitUsage, "cannot read the %s from %s", s.what, source)
 	}
-	if len(data) > maxStdinText {
-		return "", false, exitf(ExitUsage, "text longer than %d bytes", maxStdinText)
+	n := int64(len(data))
+	if n > maxText {
+		rest, _ := io.Copy(io.Discard, io.LimitReader(r, maxCounted-n+1))
+		n += rest
+	}
+	if err := s.check(source, string(data), n); err != nil {
+		return "", false, err
 	}
 	return string(data), true, nil
+}
+
+// check refuses text of n bytes from source past maxText, or not valid
+// UTF-8, naming the source and the limit.
+func (s *textSource) check(source, text string, n int64) error {
+	switch {
+	case n > maxCounted:
+		return exitf(ExitUsage, "%s from %s is more than %d bytes; at most %d", s.what, source, maxCounted, maxText)
+	case n > maxText:
+		return exitf(ExitUsage, "%s from %s is %d bytes; at most %d", s.what, source, n, maxText)
+	case !utf8.ValidString(text):
+		return exitf(ExitUsage, "%s from %s is not valid UTF-8", s.what, source)
+	}
+	return nil
 }
 
 // checkOutsideRepo enforces "--file only with an absolute path outside the

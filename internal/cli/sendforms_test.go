@@ -8,18 +8,31 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"agentbox/internal/cli"
 	"agentbox/internal/inbox"
+	"agentbox/internal/manifest"
+	"agentbox/internal/wire"
 )
 
 // recordingBroker answers every send with a status of the given state and
 // records the send's arguments. The client's part of the protocol is what
 // is under test: the exact manifest each form builds.
 func recordingBroker(t *testing.T, state string) (path string, sent <-chan json.RawMessage) {
+	path, sent, _ = recordingBrokerConns(t, state)
+	return path, sent
+}
+
+// recordingBrokerConns is recordingBroker that also counts the connections
+// it accepted.
+func recordingBrokerConns(t *testing.T, state string) (path string, sent <-chan json.RawMessage, conns *atomic.Int64) {
 	ch := make(chan json.RawMessage, 16)
+	conns = new(atomic.Int64)
 	path = serveUnix(t, func(c net.Conn, r *bufio.Reader) {
+		conns.Add(1)
 		line, err := r.ReadBytes('\n')
 		if err != nil {
 			return
@@ -38,7 +51,7 @@ func recordingBroker(t *testing.T, state string) (path string, sent <-chan json.
 		fmt.Fprintf(c, `{"v":1,"ok":true,"result":{"version":1,"id":"h-00000001","type":"status","ref":%q,"state":%q,"detail":"the detail"}}`+"\n", args.Manifest.ID, state)
 		io.Copy(io.Discard, r)
 	})
-	return path, ch
+	return path, ch, conns
 }
 
 func TestSendFormsBuildExactManifests(t *testing.T) {
@@ -194,5 +207,136 @@ litellm:
 	os.Remove(filepath.Join(repo, ".jailbee", "config.yaml"))
 	if code, stdout, _ := run(t, "", "inbox", "runners"); code != 0 || stdout != "default: omit runner (unknown)\n" {
 		t.Fatalf("runners without config: %d %q", code, stdout)
+	}
+}
+
+// TestSendTextLimitSameForEverySource: every text source of every form
+// that carries text is held to manifest.MaxTextBytes, inclusive, counted
+// in bytes: at the limit the text reaches the broker byte for byte and
+// passes the manifest's own validation; one byte past it, or not UTF-8,
+// exits 2 with the same message before any id is printed or any
+// connection is made.
+func TestSendTextLimitSameForEverySource(t *testing.T) {
+	sock, sent, conns := recordingBrokerConns(t, "done")
+	t.Setenv(inbox.SocketEnv, sock)
+	dir := shortDir(t)
+
+	// 4 bytes, 3 runes: the limit counts bytes; "<" and \x01 are escaped
+	// in JSON (up to 6 bytes each), so the request grows but still fits a
+	// protocol line.
+	const unit = "\u00e9<\x01"
+	atLimit := strings.Repeat(unit, manifest.MaxTextBytes/len(unit))
+	if len(atLimit) != manifest.MaxTextBytes {
+		t.Fatalf("test text is %d bytes", len(atLimit))
+	}
+	texts := []struct {
+		name string
+		text string
+		want string // stderr after "jailbee: WHAT from SOURCE "; "" = accepted
+	}{
+		{"at the limit", atLimit, ""},
+		{"one byte past", atLimit + "a", "is 65537 bytes; at most 65536"},
+		{"far past", strings.Repeat("a", 70000), "is 70000 bytes; at most 65536"},
+		{"not UTF-8", "\xff" + atLimit[1:], "is not valid UTF-8"},
+	}
+	forms := []struct {
+		name, what string
+		args       []string // the form's other arguments
+		sources    []string
+	}{
+		{"message", "message text", []string{"message", "--to", "kid"}, []string{"--text", "stdin"}},
+		{"spawn", "prompt", []string{"spawn", "--branch", "b"}, []string{"--text", "stdin", "--file"}},
+		{"restart", "prompt", []string{"restart", "--child", "c"}, []string{"--text", "stdin"}},
+	}
+	n := 0
+	for _, form := range forms {
+		for _, source := range form.sources {
+			for _, tc := range texts {
+				n++
+				id := fmt.Sprintf("limit-%d", n)
+				t.Run(form.name+"/"+source+"/"+tc.name, func(t *testing.T) {
+					args := append([]string{"inbox", "send"}, form.args...)
+					args = append(args, "--id", id)
+					stdin := ""
+					switch source {
+					case "--text":
+						args = append(args, "--text", tc.text)
+					case "--file":
+						file := filepath.Join(dir, id+".md")
+						if err := os.WriteFile(file, []byte(tc.text), 0o600); err != nil {
+							t.Fatal(err)
+						}
+						args = append(args, "--file", file)
+					default:
+						stdin = tc.text
+					}
+					before := conns.Load()
+					code, stdout, stderr := run(t, stdin, args...)
+					if tc.want != "" {
+						want := "jailbee: " + form.what + " from " + source + " " + tc.want + "\n"
+						if code != cli.ExitUsage || stdout != "" || stderr != want {
+							t.Errorf("exit %d stdout %q stderr %q, want exit 2, no stdout, stderr %q", code, stdout, stderr, want)
+						}
+						select {
+						case got := <-sent:
+							t.Errorf("a request reached the broker: %.200s", got)
+						default:
+						}
+						if c := conns.Load() - before; c != 0 {
+							t.Errorf("%d connections to the broker, want none", c)
+						}
+						return
+					}
+					if code != 0 || stdout != id+"\n" || stderr != "" {
+						t.Fatalf("exit %d stdout %q stderr %q, want exit 0 and the id", code, stdout, stderr)
+					}
+					got := <-sent
+					if len(got) >= wire.MaxLineBytes {
+						t.Errorf("the send's args are %d bytes: no longer one protocol line", len(got))
+					}
+					var req struct {
+						Manifest json.RawMessage `json:"manifest"`
+						Body     *string         `json:"body"`
+					}
+					if err := json.Unmarshal(got, &req); err != nil {
+						t.Fatal(err)
+					}
+					if (req.Body != nil) != (source != "--text") {
+						t.Errorf("body present %v, want the text inline only for --text", req.Body != nil)
+					}
+					m, err := manifest.Decode(req.Manifest, req.Body)
+					if err != nil {
+						t.Fatalf("the broker's manifest validation refuses what the client sent: %v", err)
+					}
+					var text string
+					switch {
+					case m.Message != nil:
+						text = m.Message.Body
+					case m.Spawn != nil:
+						text = m.Spawn.Prompt
+					case m.Restart != nil:
+						text = m.Restart.Prompt
+					}
+					if text != tc.text {
+						t.Errorf("the broker got %d bytes of text, not the %d bytes given", len(text), len(tc.text))
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestSendTextPastCountedBound: a stdin too long to be worth counting is
+// reported as "more than" the bound, still exit 2 before any connection.
+func TestSendTextPastCountedBound(t *testing.T) {
+	sock, sent, conns := recordingBrokerConns(t, "done")
+	t.Setenv(inbox.SocketEnv, sock)
+	code, stdout, stderr := run(t, strings.Repeat("a", 64<<20+1), "inbox", "send", "message", "--to", "kid")
+	want := "jailbee: message text from stdin is more than 67108864 bytes; at most 65536\n"
+	if code != cli.ExitUsage || stdout != "" || stderr != want {
+		t.Errorf("exit %d stdout %q stderr %q, want exit 2, no stdout, stderr %q", code, stdout, stderr, want)
+	}
+	if len(sent) != 0 || conns.Load() != 0 {
+		t.Errorf("the broker was contacted")
 	}
 }
