@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 	"strings"
 	"time"
 
@@ -22,6 +24,8 @@ func newInboxCmd(deps Deps) *cobra.Command {
 		Short: "Talk to the orchestration broker from inside a sandbox",
 		Long: `The inbox client, for agents inside sandboxes. It connects to
 /run/jailbee/orchestration/broker.sock (override with $JAILBEE_ORCHESTRATION_SOCKET).
+On the host, where that socket does not exist, run it in a sandbox:
+jb exec NAME -- jailbee inbox ...
 
 Exit statuses: 0 success; 1 refused or failed; 2 usage error; 3 timeout;
 4 broker unreachable (socket missing, connection refused or dropped without
@@ -42,13 +46,50 @@ func groupUsage(cmd *cobra.Command, args []string) error {
 	return exitf(ExitUsage, "'%s' needs a subcommand (see '%s --help')", cmd.CommandPath(), cmd.CommandPath())
 }
 
+// defaultSocket is where the inbox client looks for its broker without
+// $JAILBEE_ORCHESTRATION_SOCKET: inbox.DefaultSocket, unless a test
+// replaced it.
+var defaultSocket = inbox.DefaultSocket
+
+// SetDefaultSocketForTest replaces the default broker socket path (the
+// override $JAILBEE_ORCHESTRATION_SOCKET still wins) and returns a restore
+// function.
+func SetDefaultSocketForTest(path string) (restore func()) {
+	old := defaultSocket
+	defaultSocket = path
+	return func() { defaultSocket = old }
+}
+
+// socketPath is $JAILBEE_ORCHESTRATION_SOCKET, else defaultSocket.
+func socketPath() string {
+	if p := os.Getenv(inbox.SocketEnv); p != "" {
+		return p
+	}
+	return defaultSocket
+}
+
 // dialInbox connects to the sandbox's broker socket (exit 4 on failure).
 func dialInbox(ctx context.Context) (*inbox.Client, error) {
-	c, err := inbox.Dial(ctx, inbox.SocketPath())
+	path := socketPath()
+	c, err := inbox.Dial(ctx, path)
 	if err != nil {
-		return nil, exitf(ExitUnreachable, "cannot reach the broker: %v", err)
+		return nil, unreachable(path, err)
 	}
 	return c, nil
+}
+
+// unreachable is the exit-4 error for a first connection to path that
+// failed. The default socket missing (ENOENT) with no override set means
+// the client runs where no broker socket is mounted, most likely on the
+// host: say where it belongs. A socket that exists but refuses
+// connections, or an override, keeps the plain message.
+func unreachable(path string, err error) error {
+	if os.Getenv(inbox.SocketEnv) == "" && path == defaultSocket {
+		if _, serr := os.Stat(path); errors.Is(serr, fs.ErrNotExist) {
+			return exitf(ExitUnreachable, "jailbee inbox runs inside a sandbox: no broker socket at %s (from the host, run it in a sandbox: jb exec NAME -- jailbee inbox ...)", path)
+		}
+	}
+	return exitf(ExitUnreachable, "cannot reach the broker: %v", err)
 }
 
 // inboxCall runs one op on a fresh connection.

@@ -253,3 +253,52 @@ func TestWaitSurvivesBrokerRestart(t *testing.T) {
 		t.Fatal("wait did not reconnect after the broker restarted")
 	}
 }
+
+// TestInboxOnHostSaysItRunsInASandbox: without the override, a default
+// socket path that does not exist (the host) gets a message naming the
+// sandbox; a socket that exists but refuses connections, or an override,
+// keeps the plain unreachable message. Exit 4 either way.
+func TestInboxOnHostSaysItRunsInASandbox(t *testing.T) {
+	dir := shortDir(t)
+	missing := filepath.Join(dir, "run", "jailbee", "orchestration", "broker.sock")
+	stale := filepath.Join(dir, "stale.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close() // the socket file stays; connecting to it is refused
+	const plain = "jailbee: cannot reach the broker: broker unreachable: cannot connect to the broker socket\n"
+	cases := []struct {
+		name       string
+		def, env   string // the default socket path, $JAILBEE_ORCHESTRATION_SOCKET ("" = unset)
+		wantStderr string
+	}{
+		{"default missing", missing, "", "jailbee: jailbee inbox runs inside a sandbox: no broker socket at " + missing +
+			" (from the host, run it in a sandbox: jb exec NAME -- jailbee inbox ...)\n"},
+		{"default refuses", stale, "", plain},
+		{"override missing", stale, missing, plain},
+		{"override names the missing default", missing, missing, plain},
+	}
+	commands := [][]string{
+		{"inbox", "ls"},
+		{"inbox", "status"},
+		{"inbox", "wait", "--timeout", "30s"},
+		{"inbox", "send", "message", "--to", "c", "--text", "x"},
+	}
+	for _, tc := range cases {
+		for _, args := range commands {
+			t.Run(tc.name+"/"+args[1], func(t *testing.T) {
+				defer cli.SetDefaultSocketForTest(tc.def)()
+				t.Setenv(inbox.SocketEnv, tc.env)
+				if tc.env == "" {
+					os.Unsetenv(inbox.SocketEnv)
+				}
+				code, stdout, stderr := run(t, "", args...)
+				if code != cli.ExitUnreachable || stdout != "" || stderr != tc.wantStderr {
+					t.Errorf("exit %d stdout %q stderr %q, want exit 4, no stdout, stderr %q", code, stdout, stderr, tc.wantStderr)
+				}
+			})
+		}
+	}
+}

@@ -136,10 +136,10 @@ broker does not come back); a first connection that fails exits 4 at once.`,
 // backoff until ctx ends (exit 4 if it never came back, 3 on timeout while
 // connected).
 func callNextRetrying(ctx context.Context, args any) (nextResult, error) {
-	path := inbox.SocketPath()
+	path := socketPath()
 	c, err := inbox.Dial(ctx, path)
 	if err != nil {
-		return nextResult{}, exitf(ExitUnreachable, "cannot reach the broker: %v", err)
+		return nextResult{}, unreachable(path, err)
 	}
 	backoff := reconnectFirst
 	busyUntil := time.Now().Add(busyGrace)
