@@ -1,6 +1,6 @@
 // Package cli is branchbox's command tree (cobra): `managed validate`,
-// `managed exec-provider` and `runtime-capabilities`. cmd/branchbox only
-// calls Main.
+// `managed exec-provider`, `managed example` and `runtime-capabilities`.
+// cmd/branchbox only calls Main.
 //
 // Exit statuses: 0 success, 1 refusal (an assignment or a request broke a
 // rule, or the provider failed), 2 usage error (unknown command or flag,
@@ -97,7 +97,7 @@ func newRoot(env *Env) *cobra.Command {
 hands it a signed, digest-bound assignment stored in
 /run/branchbox/managed/<run-id>/; branchbox validates the assignment and every
 file it names, and starts the coding provider with exactly the environment its
-lease allows.
+lease allows. 'branchbox managed example DIR' writes a run to try it with.
 
 Environment:
   BRANCHBOX_MANAGED_ROOT  replaces the managed root /run/branchbox/managed
@@ -118,13 +118,13 @@ Exit status: 0 success, 1 refusal, 2 usage error.`,
 	root.SetErr(env.Stderr)
 	managed := &cobra.Command{
 		Use:   "managed",
-		Short: "Validate managed assignments and start providers under their leases",
+		Short: "Validate managed assignments, start providers under their leases, write an example run",
 		Args:  cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return usage("a managed subcommand is required (validate, exec-provider)")
+			return usage("a managed subcommand is required (validate, exec-provider, example)")
 		},
 	}
-	managed.AddCommand(newValidate(env), newExecProvider(env))
+	managed.AddCommand(newValidate(env), newExecProvider(env), newExample(env))
 	root.AddCommand(managed, newCapabilities(env))
 	return root
 }

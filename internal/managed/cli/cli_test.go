@@ -378,4 +378,26 @@ func TestBinary(t *testing.T) {
 	if r.code != 0 || !slices.Equal(got, want) {
 		t.Fatalf("exec-provider: %d env %q want %q stderr %q", r.code, got, want, r.stderr)
 	}
+
+	// The example's printed steps, exactly as printed, through the binary:
+	// the kernel starts the example provider from its #! line.
+	dir := filepath.Join(t.TempDir(), "try")
+	r = run([]string{"PATH=/usr/bin:/bin"}, "managed", "example", "--json", dir)
+	var ex exampleJSON
+	if err := json.Unmarshal([]byte(r.stdout), &ex); err != nil || r.code != 0 || len(ex.NextSteps) != 2 {
+		t.Fatalf("example: %d %v %q %q", r.code, err, r.stdout, r.stderr)
+	}
+	for _, step := range ex.NextSteps {
+		words := strings.Fields(step.Command)
+		var environ []string
+		for assignmentWord.MatchString(words[0]) {
+			environ, words = append(environ, words[0]), words[1:]
+		}
+		if r = run(environ, words[1:]...); r.code != 0 {
+			t.Fatalf("%s: %d %q %q", step.Command, r.code, r.stdout, r.stderr)
+		}
+	}
+	if !strings.Contains(r.stdout, "\n  EXAMPLE_DELIVERY_TOKEN\n  EXAMPLE_MODEL_TOKEN\n  PATH\n") || strings.Contains(r.stdout, "example-delivery-value") {
+		t.Fatalf("example provider output %q", r.stdout)
+	}
 }

@@ -281,14 +281,27 @@ func checkRunDir(st *unix.Stat_t, ancestors []unix.Stat_t, runDir string, owner 
 		if i > 0 {
 			prefix = "/" + strings.Join(comps[:i], "/")
 		}
-		if a.Uid != 0 && a.Uid != owner {
-			return assignment.Errorf("assignment", "ancestor directory %s of the run directory is owned by uid %d, neither root nor the assignment owner", prefix, a.Uid)
-		}
-		if a.Mode&0o022 != 0 && a.Mode&unix.S_ISVTX == 0 {
-			return assignment.Errorf("assignment", "ancestor directory %s of the run directory is group- or other-writable without the sticky bit (mode %04o)", prefix, a.Mode&07777)
+		if r := AncestorReason(&a, owner); r != "" {
+			return assignment.Errorf("assignment", "ancestor directory %s of the run directory %s", prefix, r)
 		}
 	}
 	return nil
+}
+
+// AncestorReason returns why a directory with stat st may not be an
+// ancestor of a run directory whose assignment owner is owner ("" when it
+// may): another uid could replace what is below it. An ancestor is owned
+// by root or the assignment owner and is not group- or other-writable
+// unless sticky (like /tmp). It is exported so a command that creates a run
+// directory (managed example) can refuse a place validate would refuse.
+func AncestorReason(st *unix.Stat_t, owner uint32) string {
+	if st.Uid != 0 && st.Uid != owner {
+		return "is owned by uid " + itoa(st.Uid) + ", neither root nor the assignment owner"
+	}
+	if st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0 {
+		return "is group- or other-writable without the sticky bit (mode " + octal(st.Mode) + ")"
+	}
+	return ""
 }
 
 // openMaterializations opens <run>/materializations: a directory of mode

@@ -2,16 +2,15 @@
 // spec's example documents (completed with the version 1 fields), a rich
 // base document covering every scope, and real on-disk fixtures (run
 // directory, materialization files, shared directories, endpoint sockets)
-// in a temporary managed root, with real modes and digests.
+// in a temporary managed root, with real modes and digests. The layout
+// itself is package runlayout's, which `branchbox managed example` shares.
 //
 // Every secret a fixture writes contains the marker Secret, so a test can
 // assert that no message holds secret bytes.
 package managedtest
 
 import (
-	"crypto/sha256"
 	"embed"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -20,6 +19,9 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"agentbox/internal/managed/assignment"
+	"agentbox/internal/managed/runlayout"
 )
 
 //go:embed testdata/*.json
@@ -185,13 +187,14 @@ type Fixture struct {
 	Doc    map[string]any
 }
 
-// New lays doc out in a fresh managed root: the run directory (0700), the
-// materializations directory (0700), every file materialization (0600,
-// content by scope, digest written into the document), every
-// shared-directory source (0755, intermediates 0700), every tool-endpoint
-// source (an owner-only socket when its name ends in ".sock", else a 0700
-// directory), and the assignment itself (0600, assignment.json). Source
-// paths below /run/branchbox/managed are moved below the new root.
+// New lays doc out in a fresh managed root with runlayout.Lay: the run
+// directory (0700), the materializations directory (0700), every file
+// materialization (0600, content by scope, digest written into the
+// document), every shared-directory source (0755, intermediates 0700),
+// every tool-endpoint source (an owner-only socket when its name ends in
+// ".sock", else a 0700 directory), and the assignment itself (0600,
+// assignment.json). Source paths below /run/branchbox/managed are moved
+// below the new root; sources outside the run directory are not created.
 func New(t testing.TB, doc map[string]any) *Fixture {
 	t.Helper()
 	doc = Clone(doc)
@@ -199,53 +202,29 @@ func New(t testing.TB, doc map[string]any) *Fixture {
 	f := &Fixture{T: t, Root: filepath.Join(base, "managed"), Doc: doc}
 	runID, _ := doc["run_id"].(string)
 	f.RunDir = filepath.Join(f.Root, runID)
-	f.Path = filepath.Join(f.RunDir, "assignment.json")
+	f.Path = filepath.Join(f.RunDir, runlayout.AssignmentFile)
 	must(t, os.Mkdir(f.Root, 0o755))
 	must(t, os.Chmod(f.Root, 0o755))
-	mkdir(t, f.RunDir, 0o700)
 	leases, _ := doc["leases"].([]any)
 	for i := range leases {
-		l := leases[i].(map[string]any)
-		mats, _ := l["materializations"].([]any)
+		mats, _ := leases[i].(map[string]any)["materializations"].([]any)
 		for j := range mats {
 			m := mats[j].(map[string]any)
 			src, _ := m["source_path"].(string)
-			if rest, ok := strings.CutPrefix(src, "/run/branchbox/managed/"); ok {
-				src = f.Root + "/" + rest
-				m["source_path"] = src
+			if rest, ok := strings.CutPrefix(src, assignment.DefaultManagedRoot+"/"); ok {
+				m["source_path"] = f.Root + "/" + rest
 			}
-			if !strings.HasPrefix(src, f.RunDir+"/") {
-				continue // a test of a source elsewhere
-			}
-			f.layout(l["scope"].(string), l, m, src, i, j)
 		}
 	}
-	f.Write()
+	_, err := runlayout.Lay(f.RunDir, doc, runlayout.Options{
+		Content: Content,
+		Socket: func(p string) error {
+			MakeSocket(t, p, runlayout.SocketMode)
+			return nil
+		},
+	})
+	must(t, err)
 	return f
-}
-
-func (f *Fixture) layout(scope string, l, m map[string]any, src string, i, j int) {
-	t := f.T
-	rel := strings.Split(strings.TrimPrefix(src, f.RunDir+"/"), "/")
-	dir := f.RunDir
-	for _, c := range rel[:len(rel)-1] {
-		dir = filepath.Join(dir, c)
-		if _, err := os.Lstat(dir); err != nil {
-			mkdir(t, dir, 0o700)
-		}
-	}
-	switch scope {
-	case "shared-directory":
-		mkdir(t, src, 0o755)
-	case "tool-endpoint":
-		if strings.HasSuffix(src, ".sock") {
-			MakeSocket(t, src, 0o600)
-		} else {
-			mkdir(t, src, 0o700)
-		}
-	default:
-		f.SetFile(i, j, Content(scope, i, j))
-	}
 }
 
 // Content is the file a fixture writes for a file materialization of the
@@ -267,9 +246,8 @@ func Content(scope string, i, j int) []byte {
 func (f *Fixture) SetFile(i, j int, content []byte) {
 	m := Mat(f.Doc, i, j)
 	src := m["source_path"].(string)
-	WriteFile(f.T, src, content, 0o600)
-	sum := sha256.Sum256(content)
-	m["sha256"] = hex.EncodeToString(sum[:])
+	WriteFile(f.T, src, content, runlayout.FileMode)
+	m["sha256"] = runlayout.Digest(content)
 }
 
 // Source returns the source path of materialization j of lease i.
@@ -279,7 +257,7 @@ func (f *Fixture) Source(i, j int) string {
 
 // Write stores the document as the assignment (mode 0600).
 func (f *Fixture) Write() {
-	WriteFile(f.T, f.Path, Marshal(f.Doc), 0o600)
+	WriteFile(f.T, f.Path, Marshal(f.Doc), runlayout.FileMode)
 }
 
 // Env returns the environment entry that points branchbox at the root.
@@ -307,12 +285,6 @@ func MakeSocket(t testing.TB, p string, perm os.FileMode) {
 	unix.Close(fd)
 	must(t, err)
 	must(t, os.Rename(tmp, p))
-	must(t, os.Chmod(p, perm))
-}
-
-func mkdir(t testing.TB, p string, perm os.FileMode) {
-	t.Helper()
-	must(t, os.Mkdir(p, perm))
 	must(t, os.Chmod(p, perm))
 }
 
