@@ -2,9 +2,13 @@ package config
 
 import (
 	"errors"
+	"os"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
+
+	"agentbox/internal/grant"
 )
 
 const fullBrokerConfig = `
@@ -511,4 +515,68 @@ func FuzzParseBroker(f *testing.F) {
 			t.Fatalf("accepted uid range %+v", r)
 		}
 	})
+}
+
+// yamlBlocks returns the ```yaml blocks of a doc page.
+func yamlBlocks(t *testing.T, path string) []string {
+	t.Helper()
+	return codeBlocks(t, path, "yaml")
+}
+
+// codeBlocks returns the fenced blocks of a doc page in language lang.
+func codeBlocks(t *testing.T, path, lang string) []string {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, m := range regexp.MustCompile("(?s)```"+lang+"\n(.*?)```").FindAllStringSubmatch(string(data), -1) {
+		out = append(out, m[1])
+	}
+	if len(out) == 0 {
+		t.Fatalf("%s has no %s blocks", path, lang)
+	}
+	return out
+}
+
+// TestDocExamples keeps the doc pages' examples valid: every block of
+// docs/broker-config.md parses as broker.yaml (its complete example is the
+// default config), and docs/config.md's complete example and `limits`
+// examples parse as a repository config (its other blocks are fragments
+// that name agents and services defined elsewhere).
+func TestDocExamples(t *testing.T) {
+	for i, block := range yamlBlocks(t, "../../docs/broker-config.md") {
+		b, err := ParseBroker([]byte(block))
+		if err != nil {
+			t.Errorf("broker-config.md block %d: %v\n%s", i, err, block)
+			continue
+		}
+		if i == 0 && !reflect.DeepEqual(b, DefaultBroker()) {
+			t.Errorf("broker-config.md's complete example is not the default: %+v", b)
+		}
+	}
+	for i, block := range yamlBlocks(t, "../../docs/config.md") {
+		if i != 0 && !strings.HasPrefix(block, "limits:") {
+			continue
+		}
+		if _, err := Parse([]byte(block)); err != nil {
+			t.Errorf("config.md block %d: %v\n%s", i, err, block)
+		}
+	}
+}
+
+// TestGrantDocExamples keeps docs/grants.md honest: its first JSON block is
+// grant.Default() and every block is a valid grant document.
+func TestGrantDocExamples(t *testing.T) {
+	for i, block := range codeBlocks(t, "../../docs/grants.md", "json") {
+		g, err := grant.Parse([]byte(block))
+		if err != nil {
+			t.Errorf("grants.md block %d: %v\n%s", i, err, block)
+			continue
+		}
+		if i == 0 && !reflect.DeepEqual(g, grant.Default()) {
+			t.Errorf("grants.md's default grant is not grant.Default(): %+v", g)
+		}
+	}
 }
