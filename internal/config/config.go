@@ -1,5 +1,6 @@
-// Package config parses the repository config, .jailbee/config.yaml. It is
-// pure: Parse takes the file's bytes (the caller reads the file).
+// Package config parses the repository config, .jailbee/config.yaml, and
+// the broker config, <state dir>/broker.yaml. It is pure: the parsers take
+// the file's bytes (the caller reads the file).
 //
 // API:
 //
@@ -11,14 +12,21 @@
 //	(*Repo) WithDependencies(names []string) []string
 //	CheckWarmPath(glob string) error     warm_paths glob rule (shared with spawn manifests)
 //
-// Every key is documented with an example in docs/config.md.
+//	ParseBroker(data []byte) (*Broker, error)  broker.yaml, as strict as Parse
+//	DefaultBroker() *Broker              the config of a broker without the file
+//	(*Broker) Validate() error           every bound of a Broker built in code
+//	(Limits) Override(LimitsOverride) Limits   a sandbox's limits: broker defaults, repo overrides
+//	(LimitsOverride) Validate() error    the bounds of the keys a repo's `limits` sets
+//	(UIDRange) Last() uint32, Contains(uid) bool
+//	ParseSize(s string) (int64, error)   "4GiB", "512MiB", "1048576" (binary units only)
+//	FormatSize(n int64) string           the inverse, in the largest exact unit
+//
+// Every key is documented with an example in docs/config.md (the
+// repository config) and docs/broker-config.md (the broker config).
 package config
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"reflect"
 	"regexp"
 	"slices"
@@ -41,6 +49,9 @@ type Repo struct {
 	Services      map[string]Service `yaml:"services"`
 	Fork          Fork               `yaml:"fork"`
 	Orchestration Orchestration      `yaml:"orchestration"`
+	// Limits override the broker's per-sandbox resource limits
+	// (broker.yaml `limits`) key by key; an absent key keeps the broker's.
+	Limits LimitsOverride `yaml:"limits"`
 }
 
 // Agent is one agents.NAME entry.
@@ -126,7 +137,8 @@ type Orchestration struct {
 }
 
 // Default returns the config of a repository without .jailbee/config.yaml:
-// no agents, no LiteLLM, no services, no caps, idle after 900 s.
+// no agents, no LiteLLM, no services, no caps, idle after 900 s, the
+// broker's sandbox limits.
 func Default() *Repo {
 	return &Repo{Orchestration: Orchestration{IdleAfterSeconds: DefaultIdleAfterSeconds}}
 }
@@ -145,24 +157,20 @@ func ValidAutostartProfileName(name string) bool { return serviceNameRE.MatchStr
 
 // Parse decodes .jailbee/config.yaml strictly: at most MaxConfigBytes, one
 // YAML document, no unknown or duplicate keys at any level, no aliases,
-// then every cross-reference is checked. Empty input is Default().
+// every `limits` value within its bounds, then every cross-reference is
+// checked. Empty input is Default().
 func Parse(data []byte) (*Repo, error) {
 	if len(data) > MaxConfigBytes {
 		return nil, &Error{Msg: fmt.Sprintf("config exceeds %d bytes", MaxConfigBytes)}
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var doc yaml.Node
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return Default(), nil
-		}
-		return nil, &Error{Msg: "invalid YAML: " + err.Error()}
+	doc, err := decodeDocument(data)
+	if err != nil {
+		return nil, err
 	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return nil, &Error{Msg: "more than one YAML document"}
+	if doc == nil {
+		return Default(), nil
 	}
-	if err := checkNode(&doc, reflect.TypeFor[Repo](), ""); err != nil {
+	if err := checkNode(doc, reflect.TypeFor[Repo](), ""); err != nil {
 		return nil, err
 	}
 	repo := Default()
@@ -171,7 +179,7 @@ func Parse(data []byte) (*Repo, error) {
 	}
 	// An explicit null or missing idle_after_seconds keeps the default;
 	// an explicit 0 is refused below.
-	if !hasKey(&doc, "orchestration", "idle_after_seconds") {
+	if !hasKey(doc, "orchestration", "idle_after_seconds") {
 		repo.Orchestration.IdleAfterSeconds = DefaultIdleAfterSeconds
 	}
 	if err := repo.check(); err != nil {

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -53,6 +54,9 @@ orchestration:
   default_runner:
     agent: claude
     model: sonnet
+limits:
+  pids: 512
+  memory: 2GiB
 `
 
 func TestParseFull(t *testing.T) {
@@ -72,6 +76,9 @@ func TestParseFull(t *testing.T) {
 	}
 	if c.Orchestration.DefaultRunner == nil || *c.Orchestration.DefaultRunner != (grant.Runner{Agent: "claude", Model: "sonnet"}) {
 		t.Errorf("default runner = %+v", c.Orchestration.DefaultRunner)
+	}
+	if l := c.Limits; l.Pids == nil || *l.Pids != 512 || l.MemoryBytes == nil || *l.MemoryBytes != 2<<30 || l.CPUWeight != nil {
+		t.Errorf("limits = %+v", l)
 	}
 	if got := c.WithDependencies([]string{"web"}); !reflect.DeepEqual(got, []string{"web", "db"}) {
 		t.Errorf("WithDependencies = %q", got)
@@ -228,6 +235,8 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(fullConfig))
 	f.Add([]byte("agents:\n  a: {command: x}\n"))
 	f.Add([]byte("x: &a {}\nagents: *a\n"))
+	f.Add([]byte("limits: {pids: 16, memory: 1TiB, cpu_weight: 10000}\n"))
+	f.Add([]byte("limits: {memory: 1.5GiB}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, err := Parse(data)
 		if err != nil {
@@ -239,5 +248,107 @@ func FuzzParse(f *testing.F) {
 		if c.Orchestration.IdleAfterSeconds <= 0 {
 			t.Fatal("accepted config without a positive idle_after_seconds")
 		}
+		if err := c.Limits.Validate(); err != nil {
+			t.Fatalf("accepted limits do not validate: %v", err)
+		}
 	})
+}
+
+func TestRepoLimits(t *testing.T) {
+	i64 := func(v int64) *int64 { return &v }
+	i := func(v int) *int { return &v }
+	tests := []struct {
+		name, yaml string
+		want       LimitsOverride
+	}{
+		{"absent", "agents: {}\n", LimitsOverride{}},
+		{"null section", "limits:\n", LimitsOverride{}},
+		{"empty section", "limits: {}\n", LimitsOverride{}},
+		{"null keys", "limits: {pids: ~, memory: null, cpu_weight: }\n", LimitsOverride{}},
+		{"pids only", "limits: {pids: 64}\n", LimitsOverride{Pids: i64(64)}},
+		{"memory only", "limits: {memory: 512MiB}\n", LimitsOverride{MemoryBytes: i64(512 << 20)}},
+		{"memory in bytes", "limits: {memory: 33554432}\n", LimitsOverride{MemoryBytes: i64(32 << 20)}},
+		{"cpu_weight only", "limits: {cpu_weight: 400}\n", LimitsOverride{CPUWeight: i(400)}},
+		{"all", "limits:\n  pids: 2048\n  memory: 8GiB\n  cpu_weight: 50\n", LimitsOverride{Pids: i64(2048), MemoryBytes: i64(8 << 30), CPUWeight: i(50)}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := Parse([]byte(tt.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(c.Limits, tt.want) {
+				t.Fatalf("limits = %s, want %s", showOverride(c.Limits), showOverride(tt.want))
+			}
+		})
+	}
+	c, err := Parse([]byte("limits: {memory: 1GiB}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := DefaultBroker().Limits.Override(c.Limits)
+	if got != (Limits{Pids: DefaultPids, MemoryBytes: 1 << 30, CPUWeight: DefaultCPUWeight}) {
+		t.Fatalf("broker defaults overridden by the repo = %+v", got)
+	}
+}
+
+func showOverride(o LimitsOverride) string {
+	s := "{"
+	if o.Pids != nil {
+		s += fmt.Sprintf("pids:%d ", *o.Pids)
+	}
+	if o.MemoryBytes != nil {
+		s += fmt.Sprintf("memory:%d ", *o.MemoryBytes)
+	}
+	if o.CPUWeight != nil {
+		s += fmt.Sprintf("cpu_weight:%d", *o.CPUWeight)
+	}
+	return s + "}"
+}
+
+func TestRepoLimitsRefusals(t *testing.T) {
+	tests := []struct{ name, yaml, want string }{
+		{"pids at min", "limits: {pids: 16}\n", ""},
+		{"pids below min", "limits: {pids: 15}\n", "limits.pids: must be 16 to 4194304 (line 1)"},
+		{"pids at max", "limits: {pids: 4194304}\n", ""},
+		{"pids past max", "limits: {pids: 4194305}\n", "limits.pids: must be 16 to 4194304 (line 1)"},
+		{"memory at min", "limits: {memory: 32MiB}\n", ""},
+		{"memory below min", "limits: {memory: 33554431}\n", "limits.memory: must be 32MiB to 1TiB (line 1)"},
+		{"memory at max", "limits: {memory: 1TiB}\n", ""},
+		{"memory past max", "limits: {memory: 1099511627777}\n", "limits.memory: must be 32MiB to 1TiB (line 1)"},
+		{"cpu_weight at min", "limits: {cpu_weight: 1}\n", ""},
+		{"cpu_weight below min", "limits: {cpu_weight: 0}\n", "limits.cpu_weight: must be 1 to 10000 (line 1)"},
+		{"cpu_weight at max", "limits: {cpu_weight: 10000}\n", ""},
+		{"cpu_weight past max", "limits: {cpu_weight: 10001}\n", "limits.cpu_weight: must be 1 to 10000 (line 1)"},
+
+		{"unknown key", "agents: {}\nlimits:\n  pids: 64\n  memroy: 1GiB\n", "limits.memroy: unknown key (line 4)"},
+		{"duplicate key", "limits:\n  pids: 64\n  pids: 65\n", "limits.pids: duplicate key (line 3)"},
+		{"duplicate section", "limits: {}\nlimits: {}\n", "limits: duplicate key (line 2)"},
+		{"not a mapping", "limits: 4GiB\n", "limits: must be a mapping (line 1)"},
+		{"list", "limits: [pids]\n", "limits: must be a mapping (line 1)"},
+		{"alias section", "fork: &a {}\nlimits: *a\n", "limits: YAML aliases are not supported (line 2)"},
+		{"alias value", "limits:\n  pids: &p 64\n  cpu_weight: *p\n", "limits.cpu_weight: YAML aliases are not supported (line 3)"},
+		{"int quoted", "limits: {pids: \"64\"}\n", "limits.pids: must be an integer (line 1)"},
+		{"int hex", "limits: {cpu_weight: 0x64}\n", "limits.cpu_weight: must be a plain decimal integer (no sign but -, no 0x, 0o, 0b, _ or leading zeros) (line 1)"},
+		{"size GB", "limits: {memory: 4GB}\n", "limits.memory: unit `GB` is not accepted: use the binary units B, KiB, MiB, GiB or TiB (1GiB = 1024MiB) (line 1)"},
+		{"size fraction", "limits: {memory: 0.5GiB}\n", "limits.memory: must be a whole number: use a smaller unit instead of a fraction (1536MiB, not 1.5GiB) (line 1)"},
+		{"size overflow", "limits: {memory: 99999999999TiB}\n", "limits.memory: is too large (at most 9223372036854775807 bytes) (line 1)"},
+		{"size bool", "limits: {memory: false}\n", "limits.memory: must be an integer number of bytes, or an integer with a unit B, KiB, MiB, GiB or TiB, such as 4GiB (line 1)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.yaml))
+			got := ""
+			if err != nil {
+				var ce *Error
+				if !errors.As(err, &ce) {
+					t.Fatalf("got %v (%T), want an *Error", err, err)
+				}
+				got = err.Error()
+			}
+			if got != tt.want {
+				t.Fatalf("\n got: %s\nwant: %s", got, tt.want)
+			}
+		})
+	}
 }

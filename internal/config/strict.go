@@ -1,7 +1,10 @@
 package config
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"strconv"
 	"strings"
@@ -43,6 +46,32 @@ func join(path, key string) string {
 	return path + "." + key
 }
 
+// decodeDocument decodes data as exactly one YAML document into a node
+// tree; empty input (or only comments) is nil.
+func decodeDocument(data []byte) (*yaml.Node, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, nil
+		}
+		return nil, &Error{Msg: "invalid YAML: " + err.Error()}
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, &Error{Msg: "more than one YAML document"}
+	}
+	return &doc, nil
+}
+
+// yamlChecker is a type whose YAML form is not its Go form (sizes with
+// units): checkNode hands its node to checkYAML instead of walking it.
+type yamlChecker interface {
+	checkYAML(n *yaml.Node, path string) error
+}
+
+var yamlCheckerType = reflect.TypeFor[yamlChecker]()
+
 // checkNode walks n against the Go type t before yaml decodes it, so every
 // unknown key, duplicate key and wrong kind is reported with its path.
 func checkNode(n *yaml.Node, t reflect.Type, path string) error {
@@ -57,6 +86,9 @@ func checkNode(n *yaml.Node, t reflect.Type, path string) error {
 	}
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return nil
+	}
+	if reflect.PointerTo(t).Implements(yamlCheckerType) {
+		return reflect.New(t).Interface().(yamlChecker).checkYAML(n, path)
 	}
 	switch t.Kind() {
 	case reflect.Struct:

@@ -1,0 +1,428 @@
+package config
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Broker config bounds and defaults. The orchestration protocol says
+// nothing about sandbox resources, inbox quotas or host uids; these numbers
+// are agentbox's own (docs/broker-config.md gives the reasons).
+const (
+	// MaxBrokerConfigBytes bounds <state dir>/broker.yaml before it is
+	// parsed; a real one is a few hundred bytes.
+	MaxBrokerConfigBytes = 64 << 10
+
+	// MinPids is the fewest tasks (processes and threads) a sandbox may be
+	// limited to: a shell, git and an agent with a few threads.
+	MinPids = 16
+	// MaxPids is the kernel's own ceiling on pids (PID_MAX_LIMIT, 2^22).
+	MaxPids = 4194304
+	// DefaultPids is limits.pids when broker.yaml does not set it.
+	DefaultPids = 1024
+
+	// MinMemoryBytes is the smallest memory limit: below it an agent's
+	// runtime does not start.
+	MinMemoryBytes = 32 << 20
+	// MaxMemoryBytes is the largest memory limit; more is a typo.
+	MaxMemoryBytes = 1 << 40
+	// DefaultMemoryBytes is limits.memory when broker.yaml does not set it.
+	DefaultMemoryBytes = 4 << 30
+
+	// MinCPUWeight and MaxCPUWeight are cgroup v2's cpu.weight range.
+	MinCPUWeight = 1
+	MaxCPUWeight = 10000
+	// DefaultCPUWeight is cgroup v2's own default weight (cgroup v1
+	// cpu.shares 1024).
+	DefaultCPUWeight = 100
+
+	// MinInboxUnreadItems and MaxInboxUnreadItems bound
+	// inbox.max_unread_items.
+	MinInboxUnreadItems = 1
+	MaxInboxUnreadItems = 1000000
+	// DefaultInboxUnreadItems is inbox.max_unread_items when broker.yaml
+	// does not set it.
+	DefaultInboxUnreadItems = 1000
+
+	// MinInboxUnreadBytes is one maximal message body (64 KiB), so an
+	// empty inbox can always take any message.
+	MinInboxUnreadBytes = 64 << 10
+	// MaxInboxUnreadBytes bounds inbox.max_unread_bytes.
+	MaxInboxUnreadBytes = 1 << 30
+	// DefaultInboxUnreadBytes is inbox.max_unread_bytes when broker.yaml
+	// does not set it.
+	DefaultInboxUnreadBytes = 32 << 20
+
+	// MinSandboxUID is the lowest host uid a sandbox may run as: below it
+	// are system and login users (and, at 65534 and 65535, nobody and the
+	// 16-bit "no uid").
+	MinSandboxUID = 100000
+	// MaxSandboxUID is the highest host uid a sandbox may run as: 2^31-2,
+	// so tools that keep uids in a signed 32-bit integer (or use -1 as "no
+	// uid") are never confused.
+	MaxSandboxUID = 2147483646
+	// MinSandboxUIDCount and MaxSandboxUIDCount bound sandbox_uids.count.
+	MinSandboxUIDCount = 1
+	MaxSandboxUIDCount = MaxSandboxUID - MinSandboxUID + 1
+	// DefaultSandboxUIDFirst (2^30) and DefaultSandboxUIDCount (2^20) are
+	// sandbox_uids when broker.yaml does not set them: far above the
+	// subordinate ranges useradd hands out from 100000.
+	DefaultSandboxUIDFirst = 1 << 30
+	DefaultSandboxUIDCount = 1 << 20
+
+	// nobodyUID and noUID16 must never be a sandbox's uid.
+	nobodyUID = 65534
+	noUID16   = 65535
+)
+
+// Broker is a parsed <state dir>/broker.yaml: the broker's own settings.
+type Broker struct {
+	// Limits are the resource limits of every sandbox; a repository's
+	// .jailbee/config.yaml `limits` overrides them key by key.
+	Limits Limits
+	// Inbox is the quota of every sandbox's inbox.
+	Inbox InboxQuota
+	// SandboxUIDs is the host uid range a broker running as root gives its
+	// sandboxes, one uid (and the same gid) each.
+	SandboxUIDs UIDRange
+}
+
+// Limits are one sandbox's resource limits (cgroups).
+type Limits struct {
+	// Pids is the most tasks (processes and threads together) the sandbox
+	// may have at once (cgroup pids.max).
+	Pids int64
+	// MemoryBytes is the sandbox's memory limit (cgroup v2 memory.max,
+	// v1 memory.limit_in_bytes).
+	MemoryBytes int64
+	// CPUWeight is the sandbox's relative share of CPU time when CPUs are
+	// contended, on cgroup v2's scale 1..10000 (cpu.weight; cgroup v1
+	// cpu.shares = CPUWeight*1024/100).
+	CPUWeight int
+}
+
+// LimitsOverride is a repository's `limits` section: each non-nil field
+// replaces the broker's default for that key.
+type LimitsOverride struct {
+	Pids        *int64
+	MemoryBytes *int64
+	CPUWeight   *int
+}
+
+// InboxQuota bounds what one sandbox's inbox holds unread.
+type InboxQuota struct {
+	// MaxUnreadItems is the most unread items the inbox may hold.
+	MaxUnreadItems int
+	// MaxUnreadBytes is the most bytes of unread message bodies the inbox
+	// may hold.
+	MaxUnreadBytes int64
+}
+
+// UIDRange is a range of host uids: First, First+1, ..., First+Count-1.
+type UIDRange struct {
+	First uint32
+	Count uint32
+}
+
+// DefaultBroker returns the config of a broker without broker.yaml.
+func DefaultBroker() *Broker {
+	return &Broker{
+		Limits: Limits{Pids: DefaultPids, MemoryBytes: DefaultMemoryBytes, CPUWeight: DefaultCPUWeight},
+		Inbox:  InboxQuota{MaxUnreadItems: DefaultInboxUnreadItems, MaxUnreadBytes: DefaultInboxUnreadBytes},
+		SandboxUIDs: UIDRange{
+			First: DefaultSandboxUIDFirst,
+			Count: DefaultSandboxUIDCount,
+		},
+	}
+}
+
+// Override returns l with every key o sets replaced.
+func (l Limits) Override(o LimitsOverride) Limits {
+	if o.Pids != nil {
+		l.Pids = *o.Pids
+	}
+	if o.MemoryBytes != nil {
+		l.MemoryBytes = *o.MemoryBytes
+	}
+	if o.CPUWeight != nil {
+		l.CPUWeight = *o.CPUWeight
+	}
+	return l
+}
+
+// Last returns the range's last uid (First-1 for an empty range).
+func (r UIDRange) Last() uint32 { return r.First + r.Count - 1 }
+
+// Contains reports whether uid is in the range.
+func (r UIDRange) Contains(uid uint32) bool {
+	return uid >= r.First && uint64(uid) < uint64(r.First)+uint64(r.Count)
+}
+
+// ParseBroker decodes broker.yaml strictly, like Parse: at most
+// MaxBrokerConfigBytes, one YAML document, no unknown or duplicate keys, no
+// aliases, every value of the right kind and within its bounds. Missing
+// keys (and keys set to null) take the defaults; empty input is
+// DefaultBroker(). Errors are *Error naming the key path and line.
+func ParseBroker(data []byte) (*Broker, error) {
+	if len(data) > MaxBrokerConfigBytes {
+		return nil, &Error{Msg: fmt.Sprintf("broker config exceeds %d bytes", MaxBrokerConfigBytes)}
+	}
+	doc, err := decodeDocument(data)
+	if err != nil {
+		return nil, err
+	}
+	b := DefaultBroker()
+	if doc == nil {
+		return b, nil
+	}
+	root := doc
+	for root.Kind == yaml.DocumentNode && len(root.Content) == 1 {
+		root = root.Content[0]
+	}
+	if root.Kind == yaml.ScalarNode && root.Tag == "!!null" {
+		return b, nil
+	}
+	sections := map[string][]field{
+		"limits":       b.Limits.fields(),
+		"inbox":        b.Inbox.fields(),
+		"sandbox_uids": b.SandboxUIDs.fields(),
+	}
+	var uidsKey *yaml.Node
+	err = eachKey(root, "", func(key string, k, v *yaml.Node) error {
+		fields, ok := sections[key]
+		if !ok {
+			return errAt(key, k, "unknown key")
+		}
+		if key == "sandbox_uids" {
+			uidsKey = k
+		}
+		_, err := decodeFields(v, key, fields)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if msg := b.SandboxUIDs.rangeProblem(); msg != "" {
+		return nil, errAt("sandbox_uids", uidsKey, "%s", msg)
+	}
+	if err := b.Validate(); err != nil {
+		return nil, err // unreachable: every rule was checked above
+	}
+	return b, nil
+}
+
+// Validate checks every bound of b (a Broker built in code, or one
+// ParseBroker returned); the error names the key path.
+func (b *Broker) Validate() error {
+	for _, s := range []struct {
+		key    string
+		fields []field
+	}{
+		{"limits", b.Limits.fields()},
+		{"inbox", b.Inbox.fields()},
+		{"sandbox_uids", b.SandboxUIDs.fields()},
+	} {
+		for _, f := range s.fields {
+			if !f.inBounds(f.get()) {
+				return &Error{Path: s.key + "." + f.key, Msg: f.boundsMsg()}
+			}
+		}
+	}
+	if msg := b.SandboxUIDs.rangeProblem(); msg != "" {
+		return &Error{Path: "sandbox_uids", Msg: msg}
+	}
+	return nil
+}
+
+// Validate checks the bounds of every key o sets; the error names the key
+// path under `limits`.
+func (o LimitsOverride) Validate() error {
+	l := Limits{}.Override(o)
+	set := []bool{o.Pids != nil, o.MemoryBytes != nil, o.CPUWeight != nil} // in fields() order
+	for i, f := range l.fields() {
+		if set[i] && !f.inBounds(f.get()) {
+			return &Error{Path: "limits." + f.key, Msg: f.boundsMsg()}
+		}
+	}
+	return nil
+}
+
+// rangeProblem returns what is wrong with the range as a whole, or "".
+func (r UIDRange) rangeProblem() string {
+	if last := uint64(r.First) + uint64(r.Count) - 1; r.Count > 0 && last > MaxSandboxUID {
+		return fmt.Sprintf("first + count - 1 must be at most %d (this range ends at %d)", MaxSandboxUID, last)
+	}
+	if r.Contains(nobodyUID) || r.Contains(noUID16) {
+		return fmt.Sprintf("the range must not contain %d or %d (nobody and the 16-bit \"no uid\")", nobodyUID, noUID16)
+	}
+	return ""
+}
+
+// UnmarshalYAML decodes a repository's `limits` mapping strictly (the same
+// syntax and bounds as broker.yaml's `limits`); absent and null keys stay
+// nil.
+func (o *LimitsOverride) UnmarshalYAML(n *yaml.Node) error {
+	v, err := decodeLimitsOverride(n, "limits")
+	if err != nil {
+		return err
+	}
+	*o = v
+	return nil
+}
+
+// checkYAML lets checkNode report a bad `limits` key with its path and line.
+func (o *LimitsOverride) checkYAML(n *yaml.Node, path string) error {
+	_, err := decodeLimitsOverride(n, path)
+	return err
+}
+
+func decodeLimitsOverride(n *yaml.Node, path string) (LimitsOverride, error) {
+	var l Limits
+	seen, err := decodeFields(n, path, l.fields())
+	if err != nil {
+		return LimitsOverride{}, err
+	}
+	var o LimitsOverride
+	if seen["pids"] {
+		o.Pids = &l.Pids
+	}
+	if seen["memory"] {
+		o.MemoryBytes = &l.MemoryBytes
+	}
+	if seen["cpu_weight"] {
+		o.CPUWeight = &l.CPUWeight
+	}
+	return o, nil
+}
+
+// field is one integer key of a section: its YAML name, whether it is a
+// size (units allowed), its bounds and where its value lives.
+type field struct {
+	key      string
+	size     bool
+	min, max int64
+	get      func() int64
+	set      func(int64)
+}
+
+func (l *Limits) fields() []field {
+	return []field{
+		{key: "pids", min: MinPids, max: MaxPids,
+			get: func() int64 { return l.Pids }, set: func(v int64) { l.Pids = v }},
+		{key: "memory", size: true, min: MinMemoryBytes, max: MaxMemoryBytes,
+			get: func() int64 { return l.MemoryBytes }, set: func(v int64) { l.MemoryBytes = v }},
+		{key: "cpu_weight", min: MinCPUWeight, max: MaxCPUWeight,
+			get: func() int64 { return int64(l.CPUWeight) }, set: func(v int64) { l.CPUWeight = int(v) }},
+	}
+}
+
+func (q *InboxQuota) fields() []field {
+	return []field{
+		{key: "max_unread_items", min: MinInboxUnreadItems, max: MaxInboxUnreadItems,
+			get: func() int64 { return int64(q.MaxUnreadItems) }, set: func(v int64) { q.MaxUnreadItems = int(v) }},
+		{key: "max_unread_bytes", size: true, min: MinInboxUnreadBytes, max: MaxInboxUnreadBytes,
+			get: func() int64 { return q.MaxUnreadBytes }, set: func(v int64) { q.MaxUnreadBytes = v }},
+	}
+}
+
+func (r *UIDRange) fields() []field {
+	return []field{
+		{key: "first", min: MinSandboxUID, max: MaxSandboxUID,
+			get: func() int64 { return int64(r.First) }, set: func(v int64) { r.First = uint32(v) }},
+		{key: "count", min: MinSandboxUIDCount, max: MaxSandboxUIDCount,
+			get: func() int64 { return int64(r.Count) }, set: func(v int64) { r.Count = uint32(v) }},
+	}
+}
+
+func (f field) inBounds(v int64) bool { return f.min <= v && v <= f.max }
+
+func (f field) boundsMsg() string {
+	if f.size {
+		return fmt.Sprintf("must be %s to %s", FormatSize(f.min), FormatSize(f.max))
+	}
+	return fmt.Sprintf("must be %d to %d", f.min, f.max)
+}
+
+// decimalRE is the only integer text accepted: YAML would also read 0x10,
+// 0o17, 0b1, 1_000 and 017 (octal!) as integers.
+var decimalRE = regexp.MustCompile(`^-?(0|[1-9][0-9]*)$`)
+
+// decode reads one value node of the field; bounds are checked too.
+func (f field) decode(n *yaml.Node, path string) (int64, error) {
+	var v int64
+	if f.size {
+		if n.Kind != yaml.ScalarNode || (n.Tag != "!!int" && n.Tag != "!!str" && n.Tag != "!!float") {
+			return 0, errAt(path, n, "must be %s", sizeSyntax)
+		}
+		var err error
+		if v, err = ParseSize(n.Value); err != nil {
+			return 0, errAt(path, n, "%s", err.Error())
+		}
+	} else {
+		// YAML reads digits past uint64 as a float: still an integer here,
+		// refused below for its bounds.
+		digits := n.Tag == "!!float" && decimalRE.MatchString(n.Value)
+		if n.Kind != yaml.ScalarNode || (n.Tag != "!!int" && !digits) {
+			return 0, errAt(path, n, "must be an integer")
+		}
+		if !decimalRE.MatchString(n.Value) {
+			return 0, errAt(path, n, "must be a plain decimal integer (no sign but -, no 0x, 0o, 0b, _ or leading zeros)")
+		}
+		var err error
+		if v, err = strconv.ParseInt(n.Value, 10, 64); err != nil {
+			return 0, errAt(path, n, "%s", f.boundsMsg()) // past int64: past the bounds too
+		}
+	}
+	if !f.inBounds(v) {
+		return 0, errAt(path, n, "%s", f.boundsMsg())
+	}
+	return v, nil
+}
+
+// decodeFields decodes the mapping n (null: nothing set) into fields,
+// refusing unknown and duplicate keys and aliases; it returns the keys set
+// to a non-null value.
+func decodeFields(n *yaml.Node, path string, fields []field) (map[string]bool, error) {
+	seen := map[string]bool{}
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return seen, nil
+	}
+	err := eachKey(n, path, func(key string, k, v *yaml.Node) error {
+		p := join(path, key)
+		for _, f := range fields {
+			if f.key != key {
+				continue
+			}
+			if v.Kind == yaml.AliasNode {
+				return errAt(p, v, "YAML aliases are not supported")
+			}
+			if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+				return nil
+			}
+			val, err := f.decode(v, p)
+			if err != nil {
+				return err
+			}
+			f.set(val)
+			seen[key] = true
+			return nil
+		}
+		return errAt(p, k, "unknown key")
+	})
+	return seen, err
+}
+
+// eachKey calls fn for each key of the mapping n, refusing an alias, a
+// node that is not a mapping, and duplicate or non-string keys.
+func eachKey(n *yaml.Node, path string, fn func(key string, k, v *yaml.Node) error) error {
+	if n.Kind == yaml.AliasNode {
+		return errAt(path, n, "YAML aliases are not supported")
+	}
+	if n.Kind != yaml.MappingNode {
+		return errAt(path, n, "must be a mapping")
+	}
+	return eachPair(n, path, fn)
+}
