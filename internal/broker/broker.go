@@ -41,6 +41,9 @@ type Config struct {
 	Logger   *slog.Logger
 	// Insecure is recorded so host commands (exec) run the same way.
 	Insecure bool
+	// InboxQuota bounds every sandbox's unread inbox; a zero bound means
+	// its default (DefaultInboxMaxUnreadItems, DefaultInboxMaxUnreadBytes).
+	InboxQuota store.Quota
 }
 
 // Broker serves every sandbox's socket and the host admin socket.
@@ -75,6 +78,10 @@ func Open(cfg Config) (*Broker, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	quota, err := inboxQuota(cfg.InboxQuota)
+	if err != nil {
+		return nil, err
+	}
 	if err := secfs.EnsurePrivateDir(cfg.StateDir); err != nil {
 		return nil, fmt.Errorf("state dir: %w", err)
 	}
@@ -87,6 +94,7 @@ func Open(cfg Config) (*Broker, error) {
 		lock.Close()
 		return nil, err
 	}
+	st.SetQuota(quota)
 	if err := secfs.EnsurePrivateDir(filepath.Join(cfg.StateDir, SockDir)); err != nil {
 		st.Close()
 		lock.Close()

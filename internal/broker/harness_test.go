@@ -27,12 +27,20 @@ type testEnv struct {
 	t     testing.TB
 	state string
 	repo  string
+	quota store.Quota // broker.Config.InboxQuota, kept across restarts
 	b     *broker.Broker
 }
 
 func newTestEnv(t testing.TB) *testEnv {
 	t.Helper()
-	e := &testEnv{t: t, state: shortTempDir(t), repo: makeRepo(t)}
+	return newTestEnvQuota(t, store.Quota{})
+}
+
+// newTestEnvQuota is newTestEnv with an inbox quota (zero bounds: the
+// broker's defaults).
+func newTestEnvQuota(t testing.TB, q store.Quota) *testEnv {
+	t.Helper()
+	e := &testEnv{t: t, state: shortTempDir(t), repo: makeRepo(t), quota: q}
 	e.start()
 	return e
 }
@@ -75,7 +83,7 @@ func (e *testEnv) start() {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	b, err := broker.Open(broker.Config{StateDir: e.state, Backend: be, Logger: log})
+	b, err := broker.Open(broker.Config{StateDir: e.state, Backend: be, Logger: log, InboxQuota: e.quota})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -1,6 +1,11 @@
 package broker
 
-import "time"
+import (
+	"fmt"
+	"time"
+
+	"agentbox/internal/store"
+)
 
 // Limits from the spec, and the broker's own bounds.
 const (
@@ -29,3 +34,27 @@ const (
 	// are assembled up to the 1 MiB cap, so idle connections stay small.
 	readBufBytes = 4096
 )
+
+// The inbox quota's defaults: a message that would put its recipient past
+// either bound of unread items is refused (docs/protocol.md). Bytes are the
+// lengths of the stored item documents.
+const (
+	DefaultInboxMaxUnreadItems = 1000
+	DefaultInboxMaxUnreadBytes = 32 << 20 // 32 MiB
+)
+
+// inboxQuota is the quota the broker runs with: q with each zero bound set
+// to its default. The broker never runs without a quota, so a negative
+// bound is an error rather than "unbounded".
+func inboxQuota(q store.Quota) (store.Quota, error) {
+	if q.MaxUnreadItems < 0 || q.MaxUnreadBytes < 0 {
+		return store.Quota{}, fmt.Errorf("inbox quota: bounds must be positive (max unread items %d, max unread bytes %d)", q.MaxUnreadItems, q.MaxUnreadBytes)
+	}
+	if q.MaxUnreadItems == 0 {
+		q.MaxUnreadItems = DefaultInboxMaxUnreadItems
+	}
+	if q.MaxUnreadBytes == 0 {
+		q.MaxUnreadBytes = DefaultInboxMaxUnreadBytes
+	}
+	return q, nil
+}

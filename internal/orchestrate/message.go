@@ -3,6 +3,8 @@ package orchestrate
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 
 	"agentbox/internal/store"
 )
@@ -43,8 +45,77 @@ func (o *Orchestrator) SendMessage(ctx context.Context, req Requester, m Message
 	sent, err := o.Store.DeliverMessage(ctx, store.Delivery{
 		From: req.Sandbox, To: to, ManifestID: m.ID, Kind: m.Kind, Body: m.Body, InReplyTo: m.InReplyTo,
 	})
-	if err == nil && sent.Fresh {
+	if err != nil {
+		if full, ok := errors.AsType[*store.InboxFullError](err); ok {
+			return store.Sent{}, &Refusal{Detail: inboxFullDetail(full)}
+		}
+		return sent, err
+	}
+	if sent.Fresh {
 		o.notify(to, req.Sandbox)
 	}
-	return sent, err
+	return sent, nil
+}
+
+// inboxFullDetail is the refusal of a message the recipient's inbox quota
+// has no room for (docs/protocol.md):
+//
+//	the inbox of `lead` is full: 1000 unread items (at most 1000) and 2.1 MiB unread (at most 32 MiB); send again with a new id once `lead` has read its messages
+//
+// When the byte bound refuses it, ", no room for this message (SIZE)"
+// follows the counts. A message larger than the whole byte bound could
+// never be delivered, and says so instead.
+func inboxFullDetail(e *store.InboxFullError) string {
+	q := e.Quota
+	if q.MaxUnreadBytes > 0 && e.MessageBytes > q.MaxUnreadBytes {
+		return fmt.Sprintf("the message (%s) is larger than the inbox of `%s` may hold unread (at most %s)",
+			formatSize(e.MessageBytes), e.Sandbox, formatSize(q.MaxUnreadBytes))
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "the inbox of `%s` is full: %d unread %s", e.Sandbox, e.Items, plural(e.Items, "item", "items"))
+	if q.MaxUnreadItems > 0 {
+		fmt.Fprintf(&b, " (at most %d)", q.MaxUnreadItems)
+	}
+	fmt.Fprintf(&b, " and %s unread", formatSize(e.Bytes))
+	if q.MaxUnreadBytes > 0 {
+		fmt.Fprintf(&b, " (at most %s)", formatSize(q.MaxUnreadBytes))
+	}
+	if !e.ItemsFull() {
+		fmt.Fprintf(&b, ", no room for this message (%s)", formatSize(e.MessageBytes))
+	}
+	fmt.Fprintf(&b, "; send again with a new id once `%s` has read its messages", e.Sandbox)
+	return b.String()
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// formatSize writes a byte count for people: "512 B", then KiB, MiB, GiB
+// or TiB with one decimal, rounded down, and no ".0" ("2.1 MiB",
+// "32 MiB").
+func formatSize(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div := int64(unit)
+	for _, u := range []string{"KiB", "MiB", "GiB"} {
+		if n/div < unit {
+			return formatUnit(n, div, u)
+		}
+		div *= unit
+	}
+	return formatUnit(n, div, "TiB")
+}
+
+func formatUnit(n, div int64, unit string) string {
+	whole, tenths := n/div, n%div*10/div
+	if tenths == 0 {
+		return fmt.Sprintf("%d %s", whole, unit)
+	}
+	return fmt.Sprintf("%d.%d %s", whole, tenths, unit)
 }

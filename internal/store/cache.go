@@ -8,12 +8,14 @@ import (
 // The unread cache: each sandbox's unread items, loaded on first use and
 // then kept in step with every commit (withTx applies a cacheUpdate after
 // its commit, under the write lock). list, read with keep and next are
-// served from it without touching SQLite.
+// served from it without touching SQLite. Beside it, the unread totals
+// (item count and document bytes) of each inbox counted so far, which the
+// quota check of every delivery reads.
 
 // cacheUpdate collects what a transaction changed in the unread inboxes.
 type cacheUpdate struct {
 	added   []cachedItem // became unread
-	removed []cachedItem // became read (only Sandbox and ID set)
+	removed []cachedItem // became read (only sandbox, item.ID and size set)
 	dropped []string     // sandboxes deleted
 	// sandboxesChanged: a sandboxes row was written; clear the row cache.
 	sandboxesChanged bool
@@ -22,14 +24,17 @@ type cacheUpdate struct {
 type cachedItem struct {
 	sandbox string
 	item    Item
+	size    int64 // removed items: the length of the document
 }
 
+// add queues an item that became unread (it was not before).
 func (cu *cacheUpdate) add(sandbox string, it Item) {
-	cu.added = append(cu.added, cachedItem{sandbox, it})
+	cu.added = append(cu.added, cachedItem{sandbox: sandbox, item: it})
 }
 
-func (cu *cacheUpdate) remove(sandbox, id string) {
-	cu.removed = append(cu.removed, cachedItem{sandbox, Item{ID: id}})
+// remove queues an unread item of size bytes that became read.
+func (cu *cacheUpdate) remove(sandbox, id string, size int64) {
+	cu.removed = append(cu.removed, cachedItem{sandbox: sandbox, item: Item{ID: id}, size: size})
 }
 
 // applyCache applies cu to the inboxes already loaded; an inbox not loaded
@@ -38,6 +43,11 @@ func (s *Store) applyCache(cu *cacheUpdate) {
 	s.cmu.Lock()
 	defer s.cmu.Unlock()
 	for _, a := range cu.added {
+		if t, ok := s.totals[a.sandbox]; ok {
+			t.items++
+			t.bytes += int64(len(a.item.Doc))
+			s.totals[a.sandbox] = t
+		}
 		items, ok := s.inboxes[a.sandbox]
 		if !ok {
 			continue
@@ -55,6 +65,11 @@ func (s *Store) applyCache(cu *cacheUpdate) {
 		}
 	}
 	for _, r := range cu.removed {
+		if t, ok := s.totals[r.sandbox]; ok {
+			t.items--
+			t.bytes -= r.size
+			s.totals[r.sandbox] = t
+		}
 		items, ok := s.inboxes[r.sandbox]
 		if !ok {
 			continue
@@ -65,6 +80,7 @@ func (s *Store) applyCache(cu *cacheUpdate) {
 	}
 	for _, name := range cu.dropped {
 		delete(s.inboxes, name)
+		delete(s.totals, name)
 	}
 	if cu.sandboxesChanged {
 		clear(s.sandboxes)
@@ -119,6 +135,12 @@ func (s *Store) unread(ctx context.Context, sandbox string) ([]Item, error) {
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
+	var t unreadTotals
+	for _, it := range items {
+		t.items++
+		t.bytes += int64(len(it.Doc))
+	}
+	s.totals[sandbox] = t // under wmu, like every use of totals
 	s.cmu.Lock()
 	s.inboxes[sandbox] = items
 	s.cmu.Unlock()

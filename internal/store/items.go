@@ -33,13 +33,19 @@ func scanItem(row interface{ Scan(...any) error }) (Item, error) {
 }
 
 // insertItem stores doc (whose "id" it fills) in sandbox's inbox and queues
-// it for the unread cache.
-func insertItem(ctx context.Context, w *writer, cu *cacheUpdate, sandbox, typ, ref string, read bool, build func(id string) any) (Item, error) {
+// it for the unread cache. admit, if not nil, sees the document's length
+// before it is stored and may refuse it.
+func insertItem(ctx context.Context, w *writer, cu *cacheUpdate, sandbox, typ, ref string, read bool, build func(id string) any, admit func(docLen int64) error) (Item, error) {
 	for range hostIDAttempts {
 		id := hostID()
 		doc, err := json.Marshal(build(id))
 		if err != nil {
 			return Item{}, err
+		}
+		if admit != nil {
+			if err := admit(int64(len(doc))); err != nil {
+				return Item{}, err
+			}
 		}
 		res, err := w.insertItem.ExecContext(ctx, id, sandbox, typ, ref, string(doc), read, now())
 		if err != nil {
@@ -109,7 +115,10 @@ type Sent struct {
 // the recipient's inbox and the "delivered" status in the sender's, in one
 // durable transaction. The status is stored read: the send's reply carries
 // it (MarkUnread undoes that when the reply cannot be written). A resend of
-// a journaled id returns its latest status and delivers nothing.
+// a journaled id returns its latest status and delivers nothing. A message
+// that would put the recipient's unread inbox past the quota is refused
+// with an *InboxFullError, checked in the same transaction, and nothing
+// is written (the caller journals the refusal).
 func (s *Store) DeliverMessage(ctx context.Context, d Delivery) (Sent, error) {
 	var out Sent
 	err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
@@ -125,11 +134,11 @@ func (s *Store) DeliverMessage(ctx context.Context, d Delivery) (Sent, error) {
 		if _, err := insertItem(ctx, w, cu, d.To, wire.ItemMessage, "", false, func(id string) any {
 			return wire.MessageItem{Version: 1, ID: id, Type: wire.ItemMessage, From: d.From, Kind: d.Kind,
 				Body: d.Body, InReplyTo: inReplyTo, OriginID: d.ManifestID}
-		}); err != nil {
+		}, func(docLen int64) error { return s.checkQuota(ctx, w, d.To, docLen) }); err != nil {
 			return err
 		}
 		st, err := insertItem(ctx, w, cu, d.From, wire.ItemStatus, d.ManifestID, true,
-			statusDoc(d.ManifestID, wire.StateDone, "delivered to "+d.To))
+			statusDoc(d.ManifestID, wire.StateDone, "delivered to "+d.To), nil)
 		if err != nil {
 			return err
 		}
@@ -183,7 +192,7 @@ func (s *Store) RecordStatus(ctx context.Context, sandbox, manifestID, typ, stat
 			out = Sent{Status: prev}
 			return err
 		}
-		st, err := insertItem(ctx, w, cu, sandbox, wire.ItemStatus, manifestID, first, statusDoc(manifestID, state, detail))
+		st, err := insertItem(ctx, w, cu, sandbox, wire.ItemStatus, manifestID, first, statusDoc(manifestID, state, detail), nil)
 		if err != nil {
 			return err
 		}
@@ -277,14 +286,15 @@ func (s *Store) ReadItem(ctx context.Context, sandbox, id string, keep bool) (It
 // Ack marks an unread item read.
 func (s *Store) Ack(ctx context.Context, sandbox, id string) error {
 	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
-		res, err := w.markRead.ExecContext(ctx, id, sandbox)
+		var size int64
+		err := w.markRead.QueryRowContext(ctx, id, sandbox).Scan(&size)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("item %q: %w", id, ErrNotFound)
+		}
 		if err != nil {
 			return err
 		}
-		if n, _ := res.RowsAffected(); n == 0 {
-			return fmt.Errorf("item %q: %w", id, ErrNotFound)
-		}
-		cu.remove(sandbox, id)
+		cu.remove(sandbox, id, size)
 		return nil
 	})
 }

@@ -55,6 +55,12 @@ type Store struct {
 	// cleared it, so a query that raced a write does not install a stale row.
 	sandboxes  map[string]Sandbox
 	sandboxGen uint64
+
+	// quota bounds unread inboxes (see Quota); totals caches the size of
+	// each unread inbox counted so far, kept in step with commits like
+	// inboxes. Both are guarded by wmu.
+	quota  Quota
+	totals map[string]unreadTotals
 }
 
 // Open opens (creating if needed) the database at path with WAL and
@@ -79,7 +85,7 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("open broker.db: journal_mode is %q, want wal", mode)
 	}
-	s := &Store{db: db, inboxes: map[string][]Item{}, sandboxes: map[string]Sandbox{}}
+	s := &Store{db: db, inboxes: map[string][]Item{}, sandboxes: map[string]Sandbox{}, totals: map[string]unreadTotals{}}
 	if err := s.migrate(); err != nil {
 		db.Close()
 		return nil, err

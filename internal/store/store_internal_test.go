@@ -70,6 +70,7 @@ func TestHostIDCollisionRetries(t *testing.T) {
 // store reads from the file.
 func TestUnreadCacheMatchesDatabase(t *testing.T) {
 	s, path := openTestStore(t)
+	s.SetQuota(Quota{MaxUnreadItems: 1000}) // counts c's inbox; never refuses here
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(1, 2))
 	var read []string // ids read in c, candidates for MarkUnread
@@ -100,6 +101,10 @@ func TestUnreadCacheMatchesDatabase(t *testing.T) {
 			}
 			read = read[1:]
 		}
+	}
+	// The unread totals the quota reads followed every change too.
+	if got, want := s.totals["c"], dbTotals(t, s, "c"); got != want {
+		t.Fatalf("c: cached totals %+v, the database %+v", got, want)
 	}
 	fresh, err := Open(path)
 	if err != nil {

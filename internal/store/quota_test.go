@@ -1,0 +1,227 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+
+	"agentbox/internal/wire"
+)
+
+// msgLen is the length of the document DeliverMessage stores for a
+// message from `from` with body and manifest id (host ids have one length).
+func msgLen(t *testing.T, from, manifestID, body string) int64 {
+	t.Helper()
+	doc, err := json.Marshal(wire.MessageItem{Version: 1, ID: "h-00000000", Type: wire.ItemMessage, From: from,
+		Kind: "note", Body: body, OriginID: manifestID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int64(len(doc))
+}
+
+// dbTotals counts a sandbox's unread inbox in the database.
+func dbTotals(t *testing.T, s *Store, sandbox string) unreadTotals {
+	t.Helper()
+	var tot unreadTotals
+	err := s.db.QueryRow(`SELECT count(*), coalesce(sum(octet_length(doc)), 0) FROM items WHERE sandbox = ? AND read = 0`,
+		sandbox).Scan(&tot.items, &tot.bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tot
+}
+
+func deliver(s *Store, from, to, id string) (Sent, error) {
+	return s.DeliverMessage(context.Background(), Delivery{From: from, To: to, ManifestID: id, Kind: "note", Body: "body of " + id})
+}
+
+// TestQuotaBounds fills an inbox to each bound, in both directions, and
+// checks that one more message is refused, writes nothing, and fits again
+// once an item is read.
+func TestQuotaBounds(t *testing.T) {
+	for _, dir := range []struct{ from, to string }{{"o", "c"}, {"c", "o"}} {
+		size := msgLen(t, dir.from, "m-1", "body of m-1")
+		for _, tc := range []struct {
+			name      string
+			quota     Quota
+			fit       int  // messages delivered before the refusal
+			itemsFull bool // the item bound refuses, not the byte bound
+		}{
+			{"items", Quota{MaxUnreadItems: 3}, 3, true},
+			{"items with bytes to spare", Quota{MaxUnreadItems: 3, MaxUnreadBytes: 100 * size}, 3, true},
+			{"bytes", Quota{MaxUnreadBytes: 2 * size}, 2, false},
+			{"bytes one short", Quota{MaxUnreadBytes: 3*size - 1}, 2, false},
+			{"bytes with items to spare", Quota{MaxUnreadItems: 10, MaxUnreadBytes: 2 * size}, 2, false},
+		} {
+			t.Run(dir.from+" to "+dir.to+"/"+tc.name, func(t *testing.T) {
+				s, _ := openTestStore(t)
+				s.SetQuota(tc.quota)
+				ctx := context.Background()
+				for i := 1; i <= tc.fit; i++ {
+					if _, err := deliver(s, dir.from, dir.to, fmt.Sprintf("m-%d", i)); err != nil {
+						t.Fatalf("message %d of %d: %v", i, tc.fit, err)
+					}
+				}
+				refusedID := fmt.Sprintf("m-%d", tc.fit+1)
+				_, err := deliver(s, dir.from, dir.to, refusedID)
+				var full *InboxFullError
+				if !errors.As(err, &full) {
+					t.Fatalf("message %d: %v, want an InboxFullError", tc.fit+1, err)
+				}
+				want := InboxFullError{Sandbox: dir.to, Items: tc.fit, Bytes: int64(tc.fit) * size, MessageBytes: size, Quota: tc.quota}
+				if *full != want || full.ItemsFull() != tc.itemsFull {
+					t.Fatalf("refusal %+v (items full %v), want %+v (items full %v)", *full, full.ItemsFull(), want, tc.itemsFull)
+				}
+				// Nothing was written: no journal row, no new item, no status.
+				if _, found, err := journalLookup(ctx, s.w.journalGet, dir.from, refusedID); found || err != nil {
+					t.Fatalf("refused id journaled: found=%v err=%v", found, err)
+				}
+				if got := dbTotals(t, s, dir.to); got != (unreadTotals{tc.fit, int64(tc.fit) * size}) {
+					t.Fatalf("recipient's unread inbox after the refusal: %+v", got)
+				}
+				all, _ := s.ListItems(ctx, dir.from, true)
+				if len(all) != tc.fit {
+					t.Fatalf("sender holds %d items, want its %d statuses", len(all), tc.fit)
+				}
+				// Reading one item makes room for one message.
+				items, err := s.ListItems(ctx, dir.to, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := s.ReadItem(ctx, dir.to, items[0].ID, false); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := deliver(s, dir.from, dir.to, refusedID); err != nil {
+					t.Fatalf("after a read: %v", err)
+				}
+				if _, err := deliver(s, dir.from, dir.to, "m-next"); !errors.As(err, &full) {
+					t.Fatalf("past the bound again: %v", err)
+				}
+			})
+		}
+	}
+}
+
+// TestQuotaCountsFromDatabase: a store opened on a full inbox, with the
+// unread cache cold or loaded, refuses as the store that filled it did.
+func TestQuotaCountsFromDatabase(t *testing.T) {
+	s, path := openTestStore(t)
+	q := Quota{MaxUnreadItems: 3}
+	s.SetQuota(q)
+	for i := range 3 {
+		if _, err := deliver(s, "o", "c", fmt.Sprintf("m-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := deliver(s, "o", "c", "m-x")
+	var before *InboxFullError
+	if !errors.As(err, &before) {
+		t.Fatalf("past the bound: %v", err)
+	}
+	for _, warm := range []bool{false, true} {
+		fresh, err := Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fresh.SetQuota(q)
+		if warm {
+			fresh.ListItems(context.Background(), "c", false)
+		}
+		_, err = deliver(fresh, "o", "c", "m-y")
+		var full *InboxFullError
+		if !errors.As(err, &full) || *full != *before {
+			t.Errorf("reopened store (cache loaded: %v): %v, want %+v", warm, err, *before)
+		}
+		fresh.Close()
+	}
+}
+
+// TestQuotaNeverRefusesStatuses: statuses go into a full inbox, past its
+// bound; the next message to it reports the true count, also when the
+// bounded count of a reopened store has to count again.
+func TestQuotaNeverRefusesStatuses(t *testing.T) {
+	s, path := openTestStore(t)
+	q := Quota{MaxUnreadItems: 3}
+	s.SetQuota(q)
+	ctx := context.Background()
+	for i := range 3 {
+		if _, err := deliver(s, "o", "c", fmt.Sprintf("m-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// c's inbox is full. Its own send still gets its first status, and
+	// later statuses still arrive unread.
+	if st, err := deliver(s, "c", "o", "from-c"); err != nil || !st.Fresh {
+		t.Fatalf("send from the owner of a full inbox: %+v %v", st, err)
+	}
+	for i := range 2 {
+		if _, err := s.RecordStatus(ctx, "c", "from-c", "message", wire.StateDone, fmt.Sprint("later ", i), false); err != nil {
+			t.Fatalf("later status into a full inbox: %v", err)
+		}
+	}
+	if _, err := s.RecordStatus(ctx, "c", "other", "spawn", wire.StateRefused, "no", true); err != nil {
+		t.Fatalf("first status into a full inbox: %v", err)
+	}
+	want := dbTotals(t, s, "c")
+	if want.items != 5 {
+		t.Fatalf("c holds %d unread items, want 5", want.items)
+	}
+	for _, st := range []*Store{s, reopen(t, path, q)} {
+		_, err := deliver(st, "o", "c", "m-over")
+		var full *InboxFullError
+		if !errors.As(err, &full) || full.Items != want.items || full.Bytes != want.bytes {
+			t.Errorf("message to an inbox past its bound: %v, want %+v", err, want)
+		}
+	}
+}
+
+func reopen(t *testing.T, path string, q Quota) *Store {
+	t.Helper()
+	s, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.SetQuota(q)
+	return s
+}
+
+// TestQuotaZeroChecksNothing: the zero Quota (a store the broker did not
+// configure) delivers without counting.
+func TestQuotaZeroChecksNothing(t *testing.T) {
+	s, _ := openTestStore(t)
+	for i := range 5 {
+		if _, err := deliver(s, "o", "c", fmt.Sprintf("m-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(s.totals) != 0 {
+		t.Fatalf("totals counted without a quota: %v", s.totals)
+	}
+}
+
+// TestQuotaAfterDeleteSandbox: a sandbox created again under a deleted
+// one's name starts with an empty inbox, in the counts too.
+func TestQuotaAfterDeleteSandbox(t *testing.T) {
+	s, _ := openTestStore(t)
+	s.SetQuota(Quota{MaxUnreadItems: 2})
+	ctx := context.Background()
+	kid := Sandbox{Name: "c", UUID: "u3", Role: RoleChild, Parent: "o", Branch: "c", Repo: "/r", State: "running"}
+	for round := range 2 {
+		for i := range 2 {
+			if _, err := deliver(s, "o", "c", fmt.Sprintf("m-%d-%d", round, i)); err != nil {
+				t.Fatalf("round %d, message %d: %v", round, i, err)
+			}
+		}
+		if err := s.DeleteSandbox(ctx, "c"); err != nil {
+			t.Fatal(err)
+		}
+		kid.UUID = fmt.Sprint("u-again-", round)
+		if err := s.CreateSandbox(ctx, kid); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
