@@ -800,3 +800,17 @@ func TestRemove(t *testing.T) {
 		}
 	}
 }
+
+func TestKillEndsWithContext(t *testing.T) {
+	h := realHierarchy(t)
+	g := create(t, h, Limits{Pids: 64})
+	s := startSleep(t)
+	if err := g.Join(s.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := g.Kill(ctx); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "1 processes left") {
+		t.Fatalf("Kill with an ended context: %v, want context.Canceled and a count", err)
+	}
+}

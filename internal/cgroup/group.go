@@ -390,12 +390,16 @@ func (g *Group) Kill(ctx context.Context) error {
 		}
 		thaw = func(context.Context) error { return writeControl(state, "THAWED") }
 	}
-	return g.killLoop(ctx, func() error {
+	return g.killLoop(ctx, func() (err error) {
 		if freeze != nil {
 			switch err := freeze(ctx); {
 			case err == nil:
 				// A fresh context: a group must never be left frozen.
-				defer thaw(context.Background())
+				defer func() {
+					if terr := thaw(context.Background()); err == nil {
+						err = terr
+					}
+				}()
 			case errors.Is(err, fs.ErrNotExist):
 				// This group has no freezer directory: kill unfrozen.
 			default:
@@ -424,12 +428,14 @@ func (g *Group) killLoop(ctx context.Context, round func() error) error {
 		if len(pids) == 0 {
 			return nil
 		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("cgroup: kill %s: %d processes left: %w", g.name, len(pids), ctx.Err())
+		}
 		if err := round(); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("cgroup: kill %s: %w", g.name, err)
 		}
-		select {
+		select { // then look again, even if ctx ended: the round may have emptied it
 		case <-ctx.Done():
-			return fmt.Errorf("cgroup: kill %s: %d processes left: %w", g.name, len(pids), ctx.Err())
 		case <-time.After(killPoll):
 		}
 	}
