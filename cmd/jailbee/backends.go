@@ -19,9 +19,9 @@ func openBackend(o cli.BackendOptions) (backend.Backend, error) {
 			return nil, fmt.Errorf("cannot find the jailbee binary: %w", err)
 		}
 		return local.New(local.Options{
-			Root:         filepath.Join(o.StateDir, "sandboxes"),
-			ClientBinary: exe,
-			Insecure:     o.Insecure,
+			Root:     filepath.Join(o.StateDir, "sandboxes"),
+			Binary:   exe,
+			NoLimits: o.NoLimits,
 		})
 	default:
 		return nil, fmt.Errorf("backend %q is not available (this build has: local)", o.Kind)

@@ -1,5 +1,7 @@
 // Command jailbee (also installed as jb) is the orchestration broker, the
-// host commands, and the inbox client used inside sandboxes.
+// host commands, and the inbox client used inside sandboxes. The same
+// binary is the local backend's launcher and sandbox supervisor, and the
+// in-sandbox side of git transfers (hidden commands starting with "_").
 package main
 
 import (
@@ -7,10 +9,24 @@ import (
 	"os"
 	"path/filepath"
 
+	"agentbox/internal/backend/local/unit"
 	"agentbox/internal/cli"
+	"agentbox/internal/gitx"
 )
 
 func main() {
+	if len(os.Args) > 1 {
+		// Hidden commands run before the command tree: the supervisor is a
+		// sandbox's pid 1 and must start with nothing but its descriptors.
+		switch arg := os.Args[1]; {
+		case arg == "_sandbox-init":
+			os.Exit(unit.InitMain())
+		case arg == "_sandbox-launch":
+			os.Exit(unit.LaunchMain())
+		case gitx.IsHelperCommand(arg):
+			os.Exit(gitx.HelperMain(os.Args[1:]))
+		}
+	}
 	name := filepath.Base(os.Args[0])
 	if name != "jb" {
 		name = "jailbee"

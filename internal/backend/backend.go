@@ -1,6 +1,12 @@
 // Package backend defines the one way the broker touches a sandbox.
 // The interface is written for Incus system containers first; the local
 // (bubblewrap) backend follows it.
+//
+// A running sandbox is one unit: every process in it (agents, services,
+// git, commands from `jb exec`) runs inside it, Stop ends all of them
+// whoever started them, and the unit outlives the broker process that
+// started it. Nothing on the host reads what a sandbox controls: git on a
+// sandbox's checkout runs inside the sandbox through Exec (see gitx).
 package backend
 
 import (
@@ -15,8 +21,11 @@ const SocketMountPath = "/run/jailbee/orchestration"
 // SocketDeviceName is the Incus disk device that carries the socket dir.
 const SocketDeviceName = "jailbee-orchestration"
 
+// WorkspacePath is the sandbox's checkout as its commands see it.
+const WorkspacePath = "/workspace"
+
 // AgentUID and AgentGID are the non-root ids commands and agents run as
-// inside a sandbox unless a user is named.
+// inside a sandbox.
 const (
 	AgentUID = 1000
 	AgentGID = 1000
@@ -27,6 +36,9 @@ var (
 	ErrNotFound   = errors.New("sandbox not found")
 	ErrExists     = errors.New("sandbox already exists")
 	ErrNotRunning = errors.New("sandbox is not running")
+	// ErrUnsupported: the backend cannot do what the options ask (a user
+	// it does not have, a limit it cannot set).
+	ErrUnsupported = errors.New("not supported by this backend")
 )
 
 // Instance is what a backend knows of one sandbox.
@@ -36,52 +48,76 @@ type Instance struct {
 	Running bool
 }
 
-// GitSource says where a new sandbox's checkout comes from.
-type GitSource struct {
-	Repo   string // host path of the source repository
-	Commit string // commit to check out (full sha); empty: Branch's tip in Repo
-	Branch string // branch to create/check out in the sandbox
+// Limits bound one sandbox's resources. A zero field is not limited (only
+// when the broker runs with --no-limits).
+type Limits struct {
+	Pids        int64 // tasks (processes and threads)
+	MemoryBytes int64
+	CPUWeight   int // relative, 1..10000 (cgroup v2 scale)
 }
+
+// IsZero reports whether no limit is set.
+func (l Limits) IsZero() bool { return l == Limits{} }
 
 // CreateOptions describes a new sandbox.
 type CreateOptions struct {
-	Name   string
-	Source GitSource
+	Name string
+	// HostUID is the unprivileged host uid (and gid) the sandbox's
+	// processes run as and that owns its files, from the broker's recorded
+	// range when the broker runs as root; 0 means the broker's own uid.
+	// Backends with their own id mapping (Incus) ignore it.
+	HostUID int
+	Limits  Limits
 }
 
 // ExecOptions describes one command inside a sandbox.
 type ExecOptions struct {
-	Argv   []string
-	User   string            // "" = the agent user; "root", or a numeric uid
-	Env    map[string]string // added to the sandbox's base environment
-	Dir    string            // "" = the checkout; a relative path is under the checkout
+	Argv []string
+	// User is "" for the agent user; backends that have others accept
+	// "root" or a numeric uid, the rest return ErrUnsupported.
+	User string
+	Env  map[string]string // added to the sandbox's base environment
+	Dir  string            // "" = the checkout; a relative path is under the checkout
+	// Stdin, Stdout and Stderr are the command's streams; nil is empty
+	// input or discarded output. An *os.File is handed to the command as
+	// it is, anything else is copied through a pipe.
 	Stdin  io.Reader
 	Stdout io.Writer
 	Stderr io.Writer
+	// TTY: Stdin, Stdout and Stderr are one terminal (*os.File), which
+	// becomes the command's controlling terminal.
+	TTY bool
+	// Started, if set, is called once the command runs with its own copies
+	// of the streams: the caller may then close its copies of *os.File
+	// streams, so the command's end of a pipe is the only one left.
+	Started func()
 }
 
 // Backend creates, runs and removes sandboxes.
 type Backend interface {
 	// Type names the implementation ("local", "incus").
 	Type() string
-	// Create makes a stopped sandbox with a checkout of src.
+	// Create makes a stopped sandbox with an empty checkout owned by the
+	// agent user. The caller attaches the socket, starts it and fills the
+	// checkout (gitx) with commands run inside.
 	Create(ctx context.Context, opts CreateOptions) (Instance, error)
+	// Start starts the sandbox's unit; starting a running sandbox is a no-op.
 	Start(ctx context.Context, name string) error
+	// Stop ends every process of the sandbox and returns once they are
+	// gone; stopping a stopped sandbox is a no-op.
 	Stop(ctx context.Context, name string) error
-	// Destroy removes the sandbox and everything it holds.
+	// Destroy stops the sandbox and removes it and everything it holds.
 	Destroy(ctx context.Context, name string) error
-	// Exec runs a command inside a running sandbox and returns its exit status.
+	// Exec runs a command inside a running sandbox and returns its exit
+	// status (128+n when a signal n ended it). Cancelling ctx ends it.
 	Exec(ctx context.Context, name string, opts ExecOptions) (int, error)
-	// AttachSocket binds the host directory dir read-only at SocketMountPath,
-	// replacing any earlier attachment.
+	// AttachSocket binds the host directory dir read-only at
+	// SocketMountPath, replacing any earlier attachment. A backend that
+	// cannot change a running sandbox's mounts applies it at the next Start.
 	AttachSocket(ctx context.Context, name, dir string) error
 	// DetachSocket removes the socket attachment (no error if absent).
 	DetachSocket(ctx context.Context, name string) error
 	// List returns every sandbox this backend manages, with uuids, so the
 	// broker can detect copies and uuid conflicts.
 	List(ctx context.Context) ([]Instance, error)
-	// GitRemote is a location host git can fetch the sandbox's repository
-	// from (local: the checkout's host path; incus: a git ext:: URL). Used
-	// by gitx; never shown to a sandbox.
-	GitRemote(ctx context.Context, name string) (string, error)
 }

@@ -8,13 +8,19 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
+	"syscall"
 
 	"agentbox/internal/backend"
-	"agentbox/internal/gitx"
 	"agentbox/internal/grant"
+	"agentbox/internal/orchestrate"
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
 )
+
+// maxAdminFDs is the most descriptors one admin request carries: an
+// exec's stdin, stdout and stderr.
+const maxAdminFDs = 3
 
 // listenAdmin serves the host admin socket: <state>/admin.sock, mode 0600
 // in the 0700 state dir, and only for the broker's own uid (or root).
@@ -35,17 +41,15 @@ func (b *Broker) listenAdmin() error {
 	b.admin = ln
 	b.mu.Unlock()
 	b.goWorker(func() {
-		for {
-			conn, err := ln.AcceptUnix()
-			if err != nil {
-				return
-			}
+		b.acceptLoop(ln, "admin", func(conn *net.UnixConn) {
 			if !hostPeer(conn) {
 				b.refuseConn(conn, wire.Errorf(wire.CodeDenied, "admin socket is for the broker's own user"))
-				continue
+				return
 			}
-			b.goWorker(func() { b.serveConn(b.ctx, conn, b.dispatchAdmin) })
-		}
+			b.goWorker(func() {
+				b.serveConn(b.ctx, newRightsConn(conn, maxAdminFDs), b.dispatchAdmin)
+			})
+		})
 	})
 	return nil
 }
@@ -66,24 +70,21 @@ func hostPeer(conn *net.UnixConn) bool {
 }
 
 func (b *Broker) dispatchAdmin(ctx context.Context, cc *connCtx, req *wire.Request) *reply {
+	files := cc.takeFiles()
+	defer closeFiles(files)
+	log := b.log.With("admin_op", truncate(req.Op, 32))
 	var rep *reply
 	switch req.Op {
 	case "ping":
 		rep = replyOK(map[string]any{"backend": b.cfg.Backend.Type()})
 	case "ls":
 		rep = b.adminList(ctx)
-	case "exec_info":
-		rep = b.adminExecInfo(ctx, req.Args)
-	case "new", "destroy":
+	case "exec":
+		rep = b.adminExec(ctx, cc, req.Args, files, log)
+	case "new", "destroy", "start", "stop":
 		// Mutations run on the executor, in order with sends.
 		var r *reply
-		err := b.runExec(ctx, nil, func() {
-			if req.Op == "new" {
-				r = b.adminNew(ctx, req.Args)
-			} else {
-				r = b.adminDestroy(ctx, req.Args)
-			}
-		})
+		err := b.runExec(ctx, nil, func() { r = b.adminMutation(ctx, req.Op, req.Args, log) })
 		if err != nil {
 			r = replyErr(err)
 		}
@@ -91,21 +92,89 @@ func (b *Broker) dispatchAdmin(ctx context.Context, cc *connCtx, req *wire.Reque
 	default:
 		rep = replyErr(wire.Errorf(wire.CodeUnknownOp, "unknown admin op %q", truncate(req.Op, 32)))
 	}
-	if rep.resp.Error != nil {
-		b.log.Info("admin request", "op", req.Op, "code", rep.resp.Error.Code, "detail", rep.resp.Error.Detail)
+	if rep.resp != nil && rep.resp.Error != nil {
+		log.Info("admin request refused", "code", rep.resp.Error.Code, "detail", rep.resp.Error.Detail)
 	}
 	return rep
 }
 
-// SandboxInfo is one entry of `jailbee ls --json`.
-type SandboxInfo struct {
-	Name   string  `json:"name"`
-	Role   string  `json:"role"`
-	Parent *string `json:"parent"`
-	State  string  `json:"state"`
-	Branch string  `json:"branch"`
-	UUID   string  `json:"uuid"`
-	Socket *string `json:"socket"`
+// adminMutation runs new, destroy, start or stop.
+func (b *Broker) adminMutation(ctx context.Context, op string, raw json.RawMessage, log interface {
+	Error(string, ...any)
+	Info(string, ...any)
+}) *reply {
+	var result any
+	var err error
+	switch op {
+	case "new":
+		result, err = b.adminNew(ctx, raw)
+	case "destroy":
+		var a wire.DestroyArgs
+		if werr := decodeArgs(raw, &a); werr != nil {
+			return replyErr(werr)
+		}
+		var n int
+		n, err = b.orchestrator.DestroySandbox(ctx, a.Name, a.Force)
+		result = wire.DestroyResult{Destroyed: n}
+	case "start", "stop":
+		var a wire.NameArgs
+		if werr := decodeArgs(raw, &a); werr != nil {
+			return replyErr(werr)
+		}
+		if op == "start" {
+			err = b.orchestrator.StartSandbox(ctx, a.Name)
+		} else {
+			err = b.orchestrator.StopSandbox(ctx, a.Name)
+		}
+		result = map[string]any{}
+	}
+	b.runRound()
+	if err != nil {
+		return b.adminFailure(op, err, log)
+	}
+	log.Info("admin request done")
+	return replyOK(result)
+}
+
+// adminFailure turns an orchestrate error into the reply: a refusal says
+// its cause; a fault is logged with its root cause and reported as it is
+// (the admin socket's callers are the host user).
+func (b *Broker) adminFailure(op string, err error, log interface{ Error(string, ...any) }) *reply {
+	if r, ok := orchestrate.AsRefusal(err); ok {
+		code := wire.CodeBadRequest
+		if errors.Is(err, orchestrate.ErrNoSuchSandbox) {
+			code = wire.CodeNotFound
+		}
+		return replyErr(&wire.Error{Code: code, Detail: r.Detail})
+	}
+	log.Error("admin request failed", "err", err)
+	return replyErr(wire.Errorf(wire.CodeInternal, "%s failed: %v", op, err))
+}
+
+func (b *Broker) adminNew(ctx context.Context, raw json.RawMessage) (any, error) {
+	var a wire.NewArgs
+	if werr := decodeArgs(raw, &a); werr != nil {
+		return nil, werr
+	}
+	req := orchestrate.CreateRequest{Name: a.Name, Role: a.Role, Parent: a.Parent, Repo: a.Repo, Branch: a.Branch}
+	if a.Role == store.RoleOrchestrator {
+		req.Grant = defaultGrant()
+		if len(a.Grant) > 0 {
+			g, err := parseGrant(a.Grant)
+			if err != nil {
+				return nil, wire.Errorf(wire.CodeBadRequest, "invalid grant: %v", err)
+			}
+			req.Grant = g
+		}
+	} else if len(a.Grant) > 0 {
+		return nil, wire.Errorf(wire.CodeBadRequest, "a grant is only for an orchestrator")
+	}
+	sb, err := b.orchestrator.CreateSandbox(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	b.log.Info("sandbox created", "sandbox", sb.Name, "role", sb.Role, "branch", sb.Branch, "host_uid", sb.HostUID)
+	return wire.NewResult{Name: sb.Name, UUID: sb.UUID, Branch: sb.Branch}, nil
 }
 
 func (b *Broker) adminList(ctx context.Context) *reply {
@@ -113,9 +182,15 @@ func (b *Broker) adminList(ctx context.Context) *reply {
 	if err != nil {
 		return replyErr(err)
 	}
-	out := make([]SandboxInfo, 0, len(sbs))
+	running := map[string]bool{}
+	if insts, err := b.cfg.Backend.List(ctx); err == nil {
+		for _, in := range insts {
+			running[in.Name] = in.Running
+		}
+	}
+	out := make([]wire.SandboxInfo, 0, len(sbs))
 	for _, sb := range sbs {
-		info := SandboxInfo{Name: sb.Name, Role: sb.Role, State: sb.State, Branch: sb.Branch, UUID: sb.UUID}
+		info := wire.SandboxInfo{Name: sb.Name, Role: sb.Role, State: sb.State, Running: running[sb.Name], Branch: sb.Branch, UUID: sb.UUID}
 		if sb.Parent != "" {
 			p := sb.Parent
 			info.Parent = &p
@@ -128,206 +203,42 @@ func (b *Broker) adminList(ctx context.Context) *reply {
 	return replyOK(out)
 }
 
-// NewArgs are the admin new op's arguments.
-type NewArgs struct {
-	Name   string          `json:"name"`
-	Repo   string          `json:"repo"`
-	Branch string          `json:"branch"`
-	Role   string          `json:"role"`
-	Parent string          `json:"parent,omitempty"`
-	Grant  json.RawMessage `json:"grant,omitempty"`
-}
-
-func adminErr(format string, args ...any) *reply {
-	return replyErr(wire.Errorf(wire.CodeBadRequest, format, args...))
-}
-
-func (b *Broker) adminNew(ctx context.Context, raw json.RawMessage) *reply {
-	var a NewArgs
+// adminExec runs a command in a sandbox with the caller's descriptors as
+// its streams, and answers with its exit status once it has ended. The
+// caller hanging up first ends the command.
+func (b *Broker) adminExec(ctx context.Context, cc *connCtx, raw json.RawMessage, files []*os.File, log interface{ Error(string, ...any) }) *reply {
+	var a wire.ExecArgs
 	if werr := decodeArgs(raw, &a); werr != nil {
 		return replyErr(werr)
 	}
-	if backend.ValidateName(a.Name) != nil {
-		return adminErr("name must match ^[a-z0-9][a-z0-9-]{0,63}$")
+	if len(files) != 3 {
+		return replyErr(wire.Errorf(wire.CodeBadRequest, "exec needs the command's stdin, stdout and stderr as 3 descriptors (got %d)", len(files)))
 	}
-	if _, err := b.store.Sandbox(ctx, a.Name); err == nil {
-		return adminErr("sandbox `%s` already exists", a.Name)
+	if len(a.Argv) == 0 {
+		return replyErr(wire.Errorf(wire.CodeBadRequest, "exec needs a command"))
 	}
-	sb := store.Sandbox{Name: a.Name, Role: a.Role, State: "running"}
-	switch a.Role {
-	case store.RoleOrchestrator:
-		sb.Grant = defaultGrant()
-		if len(a.Grant) > 0 {
-			g, err := parseGrant(a.Grant)
-			if err != nil {
-				return adminErr("invalid grant: %v", err)
-			}
-			sb.Grant = g
-		}
-	case store.RoleChild:
-		parent, err := b.store.Sandbox(ctx, a.Parent)
-		if err != nil || parent.Role != store.RoleOrchestrator {
-			return adminErr("parent `%s` is not an orchestrator", a.Parent)
-		}
-		sb.Parent = parent.Name
-		if a.Repo == "" {
-			a.Repo = parent.Repo
-		}
-	default:
-		return adminErr("role must be orchestrator or child")
+	if _, err := b.store.Sandbox(ctx, a.Name); err != nil {
+		return replyErr(wire.Errorf(wire.CodeNotFound, "no sandbox named %s", truncate(a.Name, 64)))
 	}
-	if !filepath.IsAbs(a.Repo) {
-		return adminErr("repo must be an absolute path")
+	runCtx, stop := cc.watchHangup(ctx)
+	code, err := b.cfg.Backend.Exec(runCtx, a.Name, backend.ExecOptions{
+		Argv: a.Argv, User: a.User, Env: a.Env, Dir: a.Dir, TTY: a.TTY,
+		Stdin: files[0], Stdout: files[1], Stderr: files[2],
+	})
+	hungUp := runCtx.Err() != nil && ctx.Err() == nil
+	stop()
+	switch {
+	case hungUp:
+		return &reply{hangup: true}
+	case errors.Is(err, backend.ErrNotRunning):
+		return replyErr(wire.Errorf(wire.CodeBadRequest, "sandbox `%s` is not running (start it with 'jailbee start %s')", a.Name, a.Name))
+	case errors.Is(err, backend.ErrUnsupported):
+		return replyErr(wire.Errorf(wire.CodeBadRequest, "%v", err))
+	case err != nil:
+		log.Error("exec failed", "sandbox", a.Name, "err", err)
+		return replyErr(wire.Errorf(wire.CodeInternal, "exec in `%s` failed: %v", a.Name, err))
 	}
-	sb.Repo = a.Repo
-	branch, commit, err := resolveSource(ctx, a.Repo, a.Branch)
-	if err != nil {
-		return adminErr("%v", err)
-	}
-	sb.Branch = branch
-	inst, err := b.cfg.Backend.Create(ctx, backend.CreateOptions{Name: a.Name, Source: backend.GitSource{Repo: a.Repo, Commit: commit, Branch: branch}})
-	if errors.Is(err, backend.ErrExists) {
-		// Not in broker.db but present in the backend: left by a create
-		// the broker did not finish (it died between the two).
-		return adminErr("a sandbox `%s` exists in the backend without a broker record (an interrupted create?): remove it with 'jailbee destroy %s --force'", a.Name, a.Name)
-	}
-	if err != nil {
-		b.log.Error("create sandbox", "name", a.Name, "err", err)
-		return adminErr("cannot create sandbox `%s` (see the broker log)", a.Name)
-	}
-	sb.UUID = inst.UUID
-	if err := b.cfg.Backend.Start(ctx, a.Name); err != nil {
-		b.cfg.Backend.Destroy(ctx, a.Name)
-		return replyErr(err)
-	}
-	if err := b.store.CreateSandbox(ctx, sb); err != nil {
-		b.cfg.Backend.Destroy(ctx, a.Name)
-		return replyErr(err)
-	}
-	if err := b.serveSandbox(sb); err != nil {
-		b.log.Error("serve new sandbox", "name", a.Name, "err", err)
-		b.store.DeleteSandbox(ctx, a.Name)
-		b.cfg.Backend.Destroy(ctx, a.Name)
-		return adminErr("cannot serve the socket of `%s`: %v", a.Name, err)
-	}
-	b.runRound()
-	b.log.Info("sandbox created", "name", a.Name, "role", a.Role, "branch", branch)
-	return replyOK(map[string]any{"name": a.Name, "uuid": sb.UUID, "branch": branch, "socket": b.SocketPath(a.Name)})
-}
-
-// resolveSource picks the branch (default: the repo's current branch) and
-// the commit to start from: the branch's tip if it exists, else HEAD.
-func resolveSource(ctx context.Context, repo, branch string) (string, string, error) {
-	if branch == "" {
-		cur, err := gitx.CurrentBranch(ctx, repo)
-		if err != nil {
-			return "", "", fmt.Errorf("cannot tell the repository's current branch (name one with --branch)")
-		}
-		branch = cur
-	}
-	if commit, err := gitx.ResolveCommit(ctx, repo, "refs/heads/"+branch); err == nil {
-		return branch, commit, nil
-	}
-	commit, err := gitx.ResolveCommit(ctx, repo, "HEAD")
-	if err != nil {
-		return "", "", fmt.Errorf("the repository has no commit to start from")
-	}
-	return branch, commit, nil
-}
-
-// DestroyArgs are the admin destroy op's arguments.
-type DestroyArgs struct {
-	Name  string `json:"name"`
-	Force bool   `json:"force"`
-}
-
-func (b *Broker) adminDestroy(ctx context.Context, raw json.RawMessage) *reply {
-	var a DestroyArgs
-	if werr := decodeArgs(raw, &a); werr != nil {
-		return replyErr(werr)
-	}
-	sb, err := b.store.Sandbox(ctx, a.Name)
-	if errors.Is(err, store.ErrNotFound) && a.Force && backend.ValidateName(a.Name) == nil {
-		// A backend instance without a broker record: nothing else refers
-		// to it, so --force removes it.
-		if err := b.cfg.Backend.Destroy(ctx, a.Name); err == nil {
-			b.log.Info("unrecorded sandbox destroyed", "name", a.Name)
-			return replyOK(map[string]any{"destroyed": 1})
-		}
-	}
-	if err != nil {
-		return replyErr(wire.Errorf(wire.CodeNotFound, "no sandbox `%s`", truncate(a.Name, 64)))
-	}
-	var victims []store.Sandbox
-	if sb.Role == store.RoleOrchestrator {
-		all, err := b.store.Sandboxes(ctx)
-		if err != nil {
-			return replyErr(err)
-		}
-		for _, c := range all {
-			if c.Parent == sb.Name {
-				victims = append(victims, c)
-			}
-		}
-		if len(victims) > 0 && !a.Force {
-			return adminErr("`%s` has %d children: destroy them first, or use --force to destroy them too", sb.Name, len(victims))
-		}
-	}
-	victims = append(victims, sb)
-	if !a.Force {
-		if dirty := b.dirty(ctx, sb.Name); dirty != "" {
-			return adminErr("%s", dirty)
-		}
-	}
-	for _, v := range victims {
-		b.stopServing(v.Name)
-		if err := b.cfg.Backend.Destroy(ctx, v.Name); err != nil && !errors.Is(err, backend.ErrNotFound) {
-			b.log.Error("destroy sandbox", "name", v.Name, "err", err)
-			return adminErr("cannot destroy `%s` (see the broker log)", v.Name)
-		}
-		if err := b.store.DeleteSandbox(ctx, v.Name); err != nil {
-			return replyErr(err)
-		}
-		b.log.Info("sandbox destroyed", "name", v.Name)
-	}
-	b.runRound()
-	return replyOK(map[string]any{"destroyed": len(victims)})
-}
-
-// dirty returns a refusal when the sandbox's checkout has uncommitted
-// changes, "" when it is clean or cannot be inspected from the host.
-func (b *Broker) dirty(ctx context.Context, name string) string {
-	remote, err := b.cfg.Backend.GitRemote(ctx, name)
-	if err != nil || !filepath.IsAbs(remote) {
-		return ""
-	}
-	clean, err := gitx.IsClean(ctx, remote)
-	if err == nil && !clean {
-		return fmt.Sprintf("`%s` has uncommitted changes: commit them, or use --force", name)
-	}
-	return ""
-}
-
-// ExecInfo tells a host command how to reach a sandbox's backend.
-type ExecInfo struct {
-	Backend  string `json:"backend"`
-	StateDir string `json:"state_dir"`
-	Insecure bool   `json:"insecure"`
-	State    string `json:"state"`
-}
-
-func (b *Broker) adminExecInfo(ctx context.Context, raw json.RawMessage) *reply {
-	var a struct {
-		Name string `json:"name"`
-	}
-	if werr := decodeArgs(raw, &a); werr != nil {
-		return replyErr(werr)
-	}
-	sb, err := b.store.Sandbox(ctx, a.Name)
-	if err != nil {
-		return replyErr(wire.Errorf(wire.CodeNotFound, "no sandbox `%s`", truncate(a.Name, 64)))
-	}
-	return replyOK(ExecInfo{Backend: b.cfg.Backend.Type(), StateDir: b.cfg.StateDir, Insecure: b.cfg.Insecure, State: sb.State})
+	return replyOK(wire.ExecResult{Exit: code})
 }
 
 // parseGrant validates a grant document strictly (the spec's schema) and
@@ -345,4 +256,77 @@ func parseGrant(raw json.RawMessage) (string, error) {
 func defaultGrant() string {
 	out, _ := json.Marshal(grant.Default())
 	return string(out)
+}
+
+// rightsConn is an admin connection whose reads also collect descriptors
+// the client sent as SCM_RIGHTS, at most max per request; more are closed
+// at once and the request is refused.
+type rightsConn struct {
+	*net.UnixConn
+	max int
+
+	mu    sync.Mutex
+	files []*os.File
+	extra bool // more than max arrived
+}
+
+func newRightsConn(c *net.UnixConn, max int) *rightsConn { return &rightsConn{UnixConn: c, max: max} }
+
+func (c *rightsConn) Read(p []byte) (int, error) {
+	oob := make([]byte, syscall.CmsgSpace(c.max*4))
+	n, oobn, flags, _, err := c.ReadMsgUnix(p, oob)
+	if oobn > 0 || flags&syscall.MSG_CTRUNC != 0 {
+		c.collect(oob[:max(oobn, 0)], flags&syscall.MSG_CTRUNC != 0)
+	}
+	// ReadMsgUnix reports -1 with a deadline or close error; io.Reader
+	// must never return a negative count.
+	return max(n, 0), err
+}
+
+func (c *rightsConn) collect(oob []byte, truncated bool) {
+	msgs, _ := syscall.ParseSocketControlMessage(oob)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.extra = c.extra || truncated
+	for _, m := range msgs {
+		fds, err := syscall.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			syscall.CloseOnExec(fd)
+			f := os.NewFile(uintptr(fd), "passed")
+			if len(c.files) >= c.max {
+				f.Close()
+				c.extra = true
+				continue
+			}
+			c.files = append(c.files, f)
+		}
+	}
+}
+
+// take returns the descriptors received so far and forgets them; nil when
+// more than max arrived (all closed).
+func (c *rightsConn) take() []*os.File {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	files, extra := c.files, c.extra
+	c.files, c.extra = nil, false
+	if extra {
+		closeFiles(files)
+		return nil
+	}
+	return files
+}
+
+func (c *rightsConn) Close() error {
+	closeFiles(c.take())
+	return c.UnixConn.Close()
+}
+
+func closeFiles(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
 }

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/orchestrate"
@@ -39,8 +40,9 @@ type Config struct {
 	StateDir string
 	Backend  backend.Backend
 	Logger   *slog.Logger
-	// Insecure is recorded so host commands (exec) run the same way.
-	Insecure bool
+	// Sandboxes configures the sandboxes the broker creates: limits, and
+	// the host uid range of a root broker.
+	Sandboxes orchestrate.Sandboxes
 	// InboxQuota bounds every sandbox's unread inbox; a zero bound means
 	// its default (DefaultInboxMaxUnreadItems, DefaultInboxMaxUnreadBytes).
 	InboxQuota store.Quota
@@ -60,6 +62,7 @@ type Broker struct {
 	mu      sync.Mutex
 	serving map[string]*sandboxServer // by sandbox name
 	admin   net.Listener
+	conns   connTracker
 
 	queries  queryPool
 	executor executor
@@ -105,9 +108,13 @@ func Open(cfg Config) (*Broker, error) {
 		cfg: cfg, log: cfg.Logger, store: st, lock: lock,
 		ctx: ctx, cancel: cancel,
 		serving: map[string]*sandboxServer{},
+		conns:   newConnTracker(),
 		queries: queryPool{workers: make(chan struct{}, QueryWorkers)},
 	}
-	b.orchestrator = &orchestrate.Orchestrator{Store: st, Backend: cfg.Backend, Notify: b.notify}
+	b.orchestrator = &orchestrate.Orchestrator{
+		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes,
+		Serve: b.serveSandbox, Unserve: b.stopServing,
+	}
 	b.snap.Store(&Snapshot{})
 	return b, nil
 }
@@ -140,15 +147,66 @@ func (b *Broker) Serve() error {
 	if err != nil {
 		return err
 	}
+	sbs = b.recover(sbs)
 	for _, sb := range sbs {
 		if err := b.serveSandbox(sb); err != nil {
 			b.log.Error("cannot serve sandbox", "sandbox", sb.Name, "err", err)
 		}
 	}
+	b.restartUnits(sbs)
 	b.runRound()
 	b.goWorker(b.roundLoop)
 	b.log.Info("broker serving", "sandboxes", len(sbs), "backend", b.cfg.Backend.Type())
 	return nil
+}
+
+// recover removes the sandboxes whose create a previous broker did not
+// finish (it died between the steps) and returns the others.
+func (b *Broker) recover(sbs []store.Sandbox) []store.Sandbox {
+	var kept []store.Sandbox
+	for _, sb := range sbs {
+		if sb.State != store.StateCreating {
+			kept = append(kept, sb)
+			continue
+		}
+		b.log.Warn("removing a sandbox whose create was interrupted", "sandbox", sb.Name)
+		if err := b.cfg.Backend.Destroy(b.ctx, sb.Name); err != nil && !errors.Is(err, backend.ErrNotFound) {
+			b.log.Error("cannot remove an interrupted create", "sandbox", sb.Name, "err", err)
+			kept = append(kept, sb)
+			continue
+		}
+		if sb.SocketDir != "" {
+			secfs.RemoveTree(sb.SocketDir)
+		}
+		if err := b.store.DeleteSandbox(b.ctx, sb.Name); err != nil {
+			b.log.Error("cannot remove an interrupted create", "sandbox", sb.Name, "err", err)
+		}
+	}
+	return kept
+}
+
+// restartUnits starts the units of sandboxes recorded running that are
+// not (the host rebooted, or something killed them): a broker restart
+// alone never ends a unit, it finds it running.
+func (b *Broker) restartUnits(sbs []store.Sandbox) {
+	insts, err := b.cfg.Backend.List(b.ctx)
+	if err != nil {
+		b.log.Error("cannot list the backend's sandboxes", "err", err)
+		return
+	}
+	running := map[string]bool{}
+	for _, in := range insts {
+		running[in.Name] = in.Running
+	}
+	for _, sb := range sbs {
+		if sb.State != store.StateRunning || running[sb.Name] {
+			continue
+		}
+		b.log.Warn("sandbox recorded running is not: starting it", "sandbox", sb.Name)
+		if err := b.cfg.Backend.Start(b.ctx, sb.Name); err != nil {
+			b.log.Error("cannot start sandbox", "sandbox", sb.Name, "err", err)
+		}
+	}
 }
 
 func (b *Broker) goWorker(fn func()) {
@@ -159,22 +217,40 @@ func (b *Broker) goWorker(fn func()) {
 	}()
 }
 
-// Close stops listening, drops every connection and waits for workers.
+// Close shuts the broker down like net/http's Shutdown: it stops
+// listening, closes idle connections and parked waits, lets requests in
+// flight finish (for at most DrainTimeout), then cancels what remains and
+// waits for every worker before it closes broker.db. Sandboxes keep
+// running.
 func (b *Broker) Close() error {
-	b.cancel()
 	b.mu.Lock()
 	if b.admin != nil {
 		b.admin.Close()
 	}
 	for _, s := range b.serving {
+		s.ln.Close()
+	}
+	b.mu.Unlock()
+	b.conns.drain()
+	deadline := time.Now().Add(DrainTimeout)
+	for b.conns.busy() > 0 && time.Now().Before(deadline) {
+		time.Sleep(drainPoll)
+	}
+	b.cancel()
+	b.mu.Lock()
+	for _, s := range b.serving {
 		s.close()
 	}
 	b.mu.Unlock()
+	b.conns.closeAll()
 	b.wg.Wait()
 	err := b.store.Close()
 	b.lock.Close()
 	return err
 }
+
+// drainPoll paces Close's wait for requests in flight.
+const drainPoll = 10 * time.Millisecond
 
 // SetExecHookForTest installs fn to run on the executor before each job
 // is looked at, so tests can hold the executor busy.
@@ -196,6 +272,6 @@ func (b *Broker) SetQueryHookForTest(fn func(op string)) {
 	b.queryHook.Store(&fn)
 }
 
-// BackendForRestart returns the broker's backend, so a caller can reopen a
-// broker on the same state dir with it (tests restart brokers in-process).
-func (b *Broker) BackendForRestart() backend.Backend { return b.cfg.Backend }
+// BackendForTest returns the broker's backend, so a test can reopen a
+// broker on the same state dir with it, or look at a sandbox directly.
+func (b *Broker) BackendForTest() backend.Backend { return b.cfg.Backend }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"time"
@@ -14,23 +15,41 @@ import (
 	"agentbox/internal/wire"
 )
 
-// acceptLoop accepts one sandbox's connections. The caller identity is the
-// listener's, bound to the connection here and never taken from a request.
-func (b *Broker) acceptLoop(srv *sandboxServer) {
+// acceptLoop accepts connections on ln until the broker shuts down or
+// ln is closed. An accept error (EMFILE, ENFILE, ENOBUFS) never ends the
+// loop: it backs off from acceptBackoffMin, doubling up to
+// acceptBackoffMax, as net/http's server does.
+func (b *Broker) acceptLoop(ln *net.UnixListener, what string, handle func(*net.UnixConn)) {
+	var delay time.Duration
 	for {
-		conn, err := srv.ln.Accept()
+		conn, err := ln.AcceptUnix()
 		if err != nil {
-			if errors.Is(err, net.ErrClosed) {
+			if errors.Is(err, net.ErrClosed) || b.ctx.Err() != nil {
 				return
 			}
-			b.log.Warn("accept", "sandbox", srv.caller.Sandbox, "err", err)
-			time.Sleep(50 * time.Millisecond)
+			delay = min(max(2*delay, acceptBackoffMin), acceptBackoffMax)
+			b.log.Warn("accept failed; retrying", "listener", what, "err", err, "retry_in", delay)
+			select {
+			case <-time.After(delay):
+			case <-b.ctx.Done():
+				return
+			}
 			continue
 		}
+		delay = 0
+		handle(conn)
+	}
+}
+
+// serveListener accepts one sandbox's connections. The caller identity is
+// the listener's, bound to the connection here and never taken from a
+// request.
+func (b *Broker) serveListener(srv *sandboxServer) {
+	b.acceptLoop(srv.ln, "sandbox "+srv.caller.Sandbox, func(conn *net.UnixConn) {
 		if srv.conns.Add(1) > MaxConnsPerSandbox {
 			srv.conns.Add(-1)
 			b.refuseConn(conn, wire.Errorf(wire.CodeBusy, "too many connections (at most %d per sandbox)", MaxConnsPerSandbox))
-			continue
+			return
 		}
 		if !srv.track(conn) {
 			srv.conns.Add(-1)
@@ -45,7 +64,7 @@ func (b *Broker) acceptLoop(srv *sandboxServer) {
 				return b.dispatch(ctx, srv, cc, req)
 			})
 		})
-	}
+	})
 }
 
 func (b *Broker) refuseConn(conn net.Conn, e *wire.Error) {
@@ -79,6 +98,15 @@ func replyErr(err error) *reply { return &reply{resp: wire.Fail(wire.AsError(err
 type connCtx struct {
 	conn net.Conn
 	r    *bufio.Reader
+}
+
+// takeFiles returns the descriptors the client sent with its request (an
+// admin connection's exec), or nil.
+func (cc *connCtx) takeFiles() []*os.File {
+	if rc, ok := cc.conn.(*rightsConn); ok {
+		return rc.take()
+	}
+	return nil
 }
 
 // watchHangup returns a context cancelled when the client closes or
@@ -144,12 +172,21 @@ func (b *Broker) serveConn(ctx context.Context, conn net.Conn, handle handlerFun
 	defer conn.Close()
 	defer func() {
 		if p := recover(); p != nil {
-			b.log.Error("connection handler panic", "panic", p)
+			b.log.Error("connection handler panic", "panic", p, "stack", string(debug.Stack()))
 		}
 	}()
 	cc := &connCtx{conn: conn, r: bufio.NewReaderSize(conn, readBufBytes)}
+	if !b.conns.add(cc) {
+		return // shutting down
+	}
+	defer b.conns.remove(cc)
 	for {
+		// Idle between requests: a shutdown closes the connection here.
+		if !b.conns.setBusy(cc, false) {
+			return
+		}
 		line, err := wire.ReadLine(cc.r, wire.MaxLineBytes)
+		b.conns.setBusy(cc, true)
 		if errors.Is(err, wire.ErrLineTooLong) {
 			b.writeReply(conn, &reply{resp: wire.Fail(wire.Errorf(wire.CodeBadRequest, "request line exceeds %d bytes", wire.MaxLineBytes))})
 			return
@@ -218,3 +255,82 @@ func decodeRequest(line []byte) (*wire.Request, *wire.Error) {
 }
 
 var versionError = wire.Errorf(wire.CodeVersion, "protocol version %d required", wire.Version)
+
+// connTracker knows every open connection and whether it is handling a
+// request, so a shutdown can close the idle ones at once and let the busy
+// ones finish their request.
+type connTracker struct {
+	mu       sync.Mutex
+	conns    map[*connCtx]bool // true while a request is handled
+	draining bool
+	drained  chan struct{} // closed when draining starts
+}
+
+func newConnTracker() connTracker {
+	return connTracker{conns: map[*connCtx]bool{}, drained: make(chan struct{})}
+}
+
+// add records cc; false once draining started.
+func (t *connTracker) add(cc *connCtx) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.draining {
+		return false
+	}
+	t.conns[cc] = false
+	return true
+}
+
+func (t *connTracker) remove(cc *connCtx) {
+	t.mu.Lock()
+	delete(t.conns, cc)
+	t.mu.Unlock()
+}
+
+// setBusy records whether cc handles a request; false when it is idle and
+// the broker is draining (the caller closes it).
+func (t *connTracker) setBusy(cc *connCtx, busy bool) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.conns[cc] = busy
+	return busy || !t.draining
+}
+
+// drain stops new connections and closes the idle ones; a busy one closes
+// after its reply, a parked next at once (it watches drained).
+func (t *connTracker) drain() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.draining {
+		return
+	}
+	t.draining = true
+	close(t.drained)
+	for cc, busy := range t.conns {
+		if !busy {
+			cc.conn.Close()
+		}
+	}
+}
+
+// busy reports how many connections are handling a request.
+func (t *connTracker) busy() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, b := range t.conns {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+// closeAll closes every connection.
+func (t *connTracker) closeAll() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for cc := range t.conns {
+		cc.conn.Close()
+	}
+}

@@ -30,6 +30,13 @@ const (
 	// RoundInterval is the cadence of the broker round that reconciles state
 	// and publishes the snapshot read by children, status and grant.
 	RoundInterval = time.Second
+	// acceptBackoffMin and acceptBackoffMax bound the pause after a failed
+	// accept (EMFILE: wait for descriptors to free up, do not spin).
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+	// DrainTimeout is how long a shutdown lets requests in flight finish
+	// before it closes their connections.
+	DrainTimeout = 10 * time.Second
 	// readBufBytes is the per-connection read buffer; lines longer than it
 	// are assembled up to the 1 MiB cap, so idle connections stay small.
 	readBufBytes = 4096

@@ -239,6 +239,8 @@ func (b *Broker) opNext(ctx context.Context, c *call) *reply {
 		select {
 		case <-ctx.Done():
 			return &reply{hangup: true}
+		case <-b.conns.drained:
+			return &reply{hangup: true} // shutting down: the client reconnects
 		case <-quiet:
 			return replyOK(NextResult{Quiet: true})
 		case <-changed:

@@ -178,7 +178,7 @@ func (b *Broker) serveSandbox(sb store.Sandbox) error {
 	}
 	b.serving[sb.Name] = srv
 	b.mu.Unlock()
-	b.goWorker(func() { b.acceptLoop(srv) })
+	b.goWorker(func() { b.serveListener(srv) })
 	return nil
 }
 

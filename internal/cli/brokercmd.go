@@ -3,19 +3,28 @@ package cli
 import (
 	"errors"
 	"log/slog"
+	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
 	"agentbox/internal/broker"
+	"agentbox/internal/config"
+	"agentbox/internal/orchestrate"
+	"agentbox/internal/secfs"
+	"agentbox/internal/store"
 )
 
+// BrokerConfigFile is the broker's config in its state dir.
+const BrokerConfigFile = "broker.yaml"
+
 func newBrokerCmd(deps Deps) *cobra.Command {
-	var state, kind, logLevel string
-	var insecure bool
+	var state, kind, logLevel, configFile string
+	var noLimits bool
 	c := &cobra.Command{
-		Use:   "broker [--state DIR] [--backend local] [--insecure-no-sandbox]",
+		Use:   "broker [--state DIR] [--config FILE] [--backend local] [--no-limits]",
 		Short: "Run the orchestration broker in the foreground",
 		Long: `Run the orchestration broker in the foreground until interrupted.
 
@@ -24,9 +33,16 @@ socket <state>/admin.sock (owner only) for the host commands, and one socket
 per orchestrator or child at <state>/sock/<uuid>.<random>/broker.sock. It
 refuses to start while another broker holds the state dir.
 
-The local backend runs sandboxes under bubblewrap. Without bubblewrap it is
-refused unless --insecure-no-sandbox, which runs commands directly on the
-host with JAILBEE_ORCHESTRATION_SOCKET set (no isolation at all).`,
+Sandboxes run under bubblewrap as one unit each, which outlives the broker:
+stopping or killing the broker ends no sandbox, and the next broker finds
+them running. A broker run as root gives each sandbox its own unprivileged
+host uid; otherwise sandboxes run as the broker's uid.
+
+Per-sandbox limits (tasks, memory, CPU weight) and the inbox quota come from
+<state>/broker.yaml (or --config FILE; see docs/broker-config.md), with a
+repository's .jailbee/config.yaml 'limits' overriding them. Where cgroups
+cannot be used (a broker that is not root on a cgroup v1 host) the broker
+refuses to start unless --no-limits.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dir, err := stateDir(state)
@@ -38,13 +54,30 @@ host with JAILBEE_ORCHESTRATION_SOCKET set (no isolation at all).`,
 				return exitf(ExitUsage, "bad --log-level")
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
-			be, err := deps.OpenBackend(BackendOptions{Kind: kind, StateDir: dir, Insecure: insecure})
+			if err := secfs.EnsurePrivateDir(dir); err != nil {
+				return exitf(ExitFailed, "state dir %s: %v", dir, err)
+			}
+			if configFile == "" {
+				configFile = filepath.Join(dir, BrokerConfigFile)
+			}
+			cfg, err := loadBrokerConfig(configFile)
+			if err != nil {
+				return err
+			}
+			be, err := deps.OpenBackend(BackendOptions{Kind: kind, StateDir: dir, NoLimits: noLimits})
 			if err != nil {
 				return exitf(ExitFailed, "%v", err)
 			}
-			b, err := broker.Open(broker.Config{StateDir: dir, Backend: be, Logger: log, Insecure: insecure})
+			sandboxes := orchestrate.Sandboxes{Limits: cfg.Limits, NoLimits: noLimits}
+			if os.Geteuid() == 0 {
+				sandboxes.HostUIDs = &cfg.SandboxUIDs
+			}
+			b, err := broker.Open(broker.Config{
+				StateDir: dir, Backend: be, Logger: log, Sandboxes: sandboxes,
+				InboxQuota: store.Quota{MaxUnreadItems: cfg.Inbox.MaxUnreadItems, MaxUnreadBytes: cfg.Inbox.MaxUnreadBytes},
+			})
 			if errors.Is(err, broker.ErrLocked) {
-				return exitf(ExitFailed, "another broker holds the state dir")
+				return exitf(ExitFailed, "another broker holds the state dir %s", dir)
 			}
 			if err != nil {
 				return exitf(ExitFailed, "%v", err)
@@ -61,8 +94,25 @@ host with JAILBEE_ORCHESTRATION_SOCKET set (no isolation at all).`,
 		},
 	}
 	addStateFlag(c, &state)
+	c.Flags().StringVar(&configFile, "config", "", "broker config (default <state>/broker.yaml; missing: the defaults)")
 	c.Flags().StringVar(&kind, "backend", "local", "sandbox backend: local (bubblewrap)")
-	c.Flags().BoolVar(&insecure, "insecure-no-sandbox", false, "local backend without bubblewrap: no isolation")
+	c.Flags().BoolVar(&noLimits, "no-limits", false, "run sandboxes without per-sandbox resource limits (no cgroups)")
 	c.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return c
+}
+
+// loadBrokerConfig reads broker.yaml; a missing file is the defaults.
+func loadBrokerConfig(path string) (*config.Broker, error) {
+	data, err := secfs.ReadFileNoFollow(path, config.MaxBrokerConfigBytes)
+	if errors.Is(err, os.ErrNotExist) {
+		return config.DefaultBroker(), nil
+	}
+	if err != nil {
+		return nil, exitf(ExitFailed, "broker config %s: %v", path, err)
+	}
+	cfg, err := config.ParseBroker(data)
+	if err != nil {
+		return nil, exitf(ExitFailed, "broker config %s: %v", path, err)
+	}
+	return cfg, nil
 }

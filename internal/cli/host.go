@@ -11,20 +11,33 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"agentbox/internal/backend"
 	"agentbox/internal/broker"
 	"agentbox/internal/inbox"
+	"agentbox/internal/wire"
 )
 
-// adminCall sends one request to the broker's admin socket.
-func adminCall(ctx context.Context, stateFlag, op string, args, result any) error {
+// maxGrantFileBytes bounds a --grant file: a grant document is a few
+// hundred bytes.
+const maxGrantFileBytes = 64 << 10
+
+// dialAdmin connects to the broker's admin socket in the state dir.
+func dialAdmin(ctx context.Context, stateFlag string) (*inbox.Client, error) {
 	dir, err := stateDir(stateFlag)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c, err := inbox.Dial(ctx, filepath.Join(dir, broker.AdminSock))
 	if err != nil {
-		return exitf(ExitUnreachable, "no broker is running for this state dir (start one with 'jailbee broker')")
+		return nil, exitf(ExitUnreachable, "no broker is running for the state dir %s (start one with 'jailbee broker --state %s', or name another with --state or $%s)", dir, dir, StateDirEnv)
+	}
+	return c, nil
+}
+
+// adminCall sends one request to the broker's admin socket.
+func adminCall(ctx context.Context, stateFlag, op string, args, result any) error {
+	c, err := dialAdmin(ctx, stateFlag)
+	if err != nil {
+		return err
 	}
 	defer c.Close()
 	if err := c.Call(ctx, op, args, result); err != nil {
@@ -39,35 +52,36 @@ func newNewCmd(deps Deps) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "new NAME --repo PATH [--branch B] (--orchestrator [--grant FILE] | --parent ORCH)",
 		Short: "Create an orchestrator sandbox, or a child of one, from a host repository",
-		Long: `Create a sandbox whose checkout is a clone of the repository at branch B
+		Long: `Create a running sandbox whose checkout holds branch B of the repository
 (default: the repository's current branch; a branch that does not exist yet
-starts at the repository's HEAD).
+starts at the repository's HEAD). The checkout is filled by git inside the
+sandbox, from the repository's objects for that commit only.
 
   --orchestrator   an orchestrator with the default grant, or --grant FILE
-                   (a grant document, see docs/protocol.md)
-  --parent ORCH    a child of the orchestrator ORCH (--repo defaults to ORCH's)`,
+                   (a grant document, see docs/grants.md)
+  --parent ORCH    a child of the orchestrator ORCH (--repo defaults to ORCH's);
+                   one child per branch per orchestrator
+
+NAME: lowercase letters, digits and dashes, at most 64, not starting with a dash.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if orchestrator == (parent != "") {
 				return exitf(ExitUsage, "give exactly one of --orchestrator and --parent")
 			}
-			a := broker.NewArgs{Name: args[0], Branch: branch, Parent: parent, Role: "child"}
+			a := wire.NewArgs{Name: args[0], Branch: branch, Parent: parent, Role: "child"}
 			if orchestrator {
 				a.Role = "orchestrator"
 				if repo == "" {
-					return exitf(ExitUsage, "--repo is required")
+					return exitf(ExitUsage, "--repo is required with --orchestrator")
 				}
 			}
 			if grantFile != "" {
 				if !orchestrator {
 					return exitf(ExitUsage, "--grant is only for --orchestrator")
 				}
-				g, err := os.ReadFile(grantFile)
+				g, err := readGrantFile(grantFile)
 				if err != nil {
-					return exitf(ExitFailed, "cannot read the grant file")
-				}
-				if !json.Valid(g) {
-					return exitf(ExitFailed, "the grant file is not JSON")
+					return err
 				}
 				a.Grant = g
 			}
@@ -76,11 +90,14 @@ starts at the repository's HEAD).
 				if err != nil {
 					return exitf(ExitUsage, "bad --repo")
 				}
+				if fi, err := os.Stat(abs); err != nil {
+					return exitf(ExitFailed, "no such directory: %s", abs)
+				} else if !fi.IsDir() {
+					return exitf(ExitFailed, "not a directory: %s", abs)
+				}
 				a.Repo = abs
 			}
-			var res struct {
-				Name, UUID, Branch string
-			}
+			var res wire.NewResult
 			if err := adminCall(cmd.Context(), state, "new", a, &res); err != nil {
 				return err
 			}
@@ -89,12 +106,30 @@ starts at the repository's HEAD).
 		},
 	}
 	addStateFlag(c, &state)
-	c.Flags().StringVar(&repo, "repo", "", "host repository to clone")
+	c.Flags().StringVar(&repo, "repo", "", "host repository to start from")
 	c.Flags().StringVar(&branch, "branch", "", "branch to check out (default: the repository's current branch)")
 	c.Flags().BoolVar(&orchestrator, "orchestrator", false, "create an orchestrator")
-	c.Flags().StringVar(&grantFile, "grant", "", "grant document for the orchestrator")
+	c.Flags().StringVar(&grantFile, "grant", "", "grant document for the orchestrator (docs/grants.md)")
 	c.Flags().StringVar(&parent, "parent", "", "create a child of this orchestrator")
 	return c
+}
+
+// readGrantFile reads a --grant document; the broker validates it.
+func readGrantFile(path string) (json.RawMessage, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, exitf(ExitFailed, "cannot read the grant file %s: %v", path, errors.Unwrap(err))
+	}
+	defer f.Close()
+	data := make([]byte, maxGrantFileBytes+1)
+	n, _ := f.Read(data)
+	if n > maxGrantFileBytes {
+		return nil, exitf(ExitFailed, "the grant file %s is larger than %d bytes", path, maxGrantFileBytes)
+	}
+	if !json.Valid(data[:n]) {
+		return nil, exitf(ExitFailed, "the grant file %s is not JSON (docs/grants.md)", path)
+	}
+	return data[:n], nil
 }
 
 func newLsCmd(deps Deps) *cobra.Command {
@@ -103,10 +138,12 @@ func newLsCmd(deps Deps) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "ls [--json]",
 		Short: "List sandboxes",
-		Long:  "List sandboxes. --json prints an array of {name, role, parent, state, branch, uuid, socket}.",
-		Args:  cobra.NoArgs,
+		Long: `List sandboxes. STATE is the broker's record (running, stopped); UNIT says
+whether the sandbox's processes are up. --json prints an array of
+{name, role, parent, state, running, branch, uuid, socket}.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var list []broker.SandboxInfo
+			var list []wire.SandboxInfo
 			if err := adminCall(cmd.Context(), state, "ls", nil, &list); err != nil {
 				return err
 			}
@@ -115,13 +152,17 @@ func newLsCmd(deps Deps) *cobra.Command {
 				return writeJSON(out, list)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tROLE\tPARENT\tSTATE\tBRANCH")
+			fmt.Fprintln(tw, "NAME\tROLE\tPARENT\tSTATE\tUNIT\tBRANCH")
 			for _, s := range list {
 				parent := "-"
 				if s.Parent != nil {
 					parent = *s.Parent
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.Role, parent, s.State, s.Branch)
+				unit := "down"
+				if s.Running {
+					unit = "up"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Role, parent, s.State, unit, s.Branch)
 			}
 			return tw.Flush()
 		},
@@ -131,65 +172,22 @@ func newLsCmd(deps Deps) *cobra.Command {
 	return c
 }
 
-func newExecCmd(deps Deps) *cobra.Command {
-	var state, user string
-	c := &cobra.Command{
-		Use:   "exec NAME [--user U] -- CMD...",
-		Short: "Run a command inside a sandbox",
-		Long: `Run a command inside a sandbox with stdin, stdout and stderr passed through;
-the exit status is the command's. The broker socket is reachable inside at
-/run/jailbee/orchestration/broker.sock and the inbox client is on PATH as
-'jailbee'. The command runs as the sandbox's agent user unless --user names
-another (root: uid 0 inside, without capabilities).`,
-		Args: cobra.MinimumNArgs(2),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if cmd.ArgsLenAtDash() != 1 {
-				return exitf(ExitUsage, "usage: exec NAME [--user U] -- CMD...")
-			}
-			var info broker.ExecInfo
-			if err := adminCall(cmd.Context(), state, "exec_info", map[string]string{"name": args[0]}, &info); err != nil {
-				return err
-			}
-			be, err := deps.OpenBackend(BackendOptions{Kind: info.Backend, StateDir: info.StateDir, Insecure: info.Insecure})
-			if err != nil {
-				return exitf(ExitFailed, "%v", err)
-			}
-			code, err := be.Exec(cmd.Context(), args[0], backend.ExecOptions{
-				Argv: args[1:], User: user,
-				Stdin: cmd.InOrStdin(), Stdout: cmd.OutOrStdout(), Stderr: cmd.ErrOrStderr(),
-			})
-			if errors.Is(err, backend.ErrNotRunning) {
-				return exitf(ExitFailed, "sandbox `%s` is not running", args[0])
-			}
-			if err != nil {
-				return exitf(ExitFailed, "exec: %v", err)
-			}
-			if code != 0 {
-				return &ExitError{Code: code}
-			}
-			return nil
-		},
-	}
-	addStateFlag(c, &state)
-	c.Flags().StringVar(&user, "user", "", "user inside the sandbox (default: the agent user)")
-	return c
-}
-
 func newDestroyCmd(deps Deps) *cobra.Command {
 	var state string
 	var force bool
 	c := &cobra.Command{
 		Use:   "destroy NAME [--force]",
-		Short: "Destroy a sandbox and its inbox",
-		Long: `Destroy a sandbox: its listener, socket directory, checkout and inbox.
-Refused when the checkout has uncommitted changes, or for an orchestrator
-that still has children, unless --force (which destroys the children too).`,
+		Short: "Destroy a sandbox, its processes and its inbox",
+		Long: `Destroy a sandbox: every process in it, its socket directory, checkout, home
+and inbox. Without --force it is refused when work could be lost: uncommitted
+changes, a detached or unreadable HEAD, commits never imported (HEAD is not
+the commit the sandbox started from or was last imported at), a sandbox that
+is not running (its work cannot be checked), or an orchestrator that still
+has children. --force destroys anyway, children included.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var res struct {
-				Destroyed int `json:"destroyed"`
-			}
-			if err := adminCall(cmd.Context(), state, "destroy", broker.DestroyArgs{Name: args[0], Force: force}, &res); err != nil {
+			var res wire.DestroyResult
+			if err := adminCall(cmd.Context(), state, "destroy", wire.DestroyArgs{Name: args[0], Force: force}, &res); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "destroyed %s\n", args[0])
@@ -197,8 +195,38 @@ that still has children, unless --force (which destroys the children too).`,
 		},
 	}
 	addStateFlag(c, &state)
-	c.Flags().BoolVar(&force, "force", false, "destroy despite uncommitted changes or children")
+	c.Flags().BoolVar(&force, "force", false, "destroy despite unsaved work or children")
 	return c
+}
+
+// newStartStopCmd builds `start` and `stop`; done is the past tense.
+func newStartStopCmd(op, done, short, long string) *cobra.Command {
+	var state string
+	c := &cobra.Command{
+		Use:   op + " NAME",
+		Short: short,
+		Long:  long,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := adminCall(cmd.Context(), state, op, wire.NameArgs{Name: args[0]}, nil); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", done, args[0])
+			return nil
+		},
+	}
+	addStateFlag(c, &state)
+	return c
+}
+
+func newStartCmd(Deps) *cobra.Command {
+	return newStartStopCmd("start", "started", "Start a stopped sandbox",
+		"Start a stopped sandbox's processes again (its checkout and home are as it left them).")
+}
+
+func newStopCmd(Deps) *cobra.Command {
+	return newStartStopCmd("stop", "stopped", "Stop a sandbox: end every process in it",
+		"Stop a sandbox: every process in it ends, whoever started it (agents, services,\ncommands from 'jailbee exec'). Its checkout, home and inbox stay.")
 }
 
 func writeJSON(w interface{ Write([]byte) (int, error) }, v any) error {

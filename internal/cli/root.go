@@ -39,11 +39,12 @@ func exitf(code int, format string, args ...any) error {
 	return &ExitError{Code: code, Msg: fmt.Sprintf(format, args...)}
 }
 
-// BackendOptions configures a backend for the broker or a host command.
+// BackendOptions configures the broker's backend.
 type BackendOptions struct {
 	Kind     string // "local" or "incus"
 	StateDir string
-	Insecure bool
+	// NoLimits runs sandboxes without per-sandbox resource limits.
+	NoLimits bool
 }
 
 // Deps are what cmd/jailbee provides.
@@ -92,7 +93,8 @@ message their orchestrator or children. 'jb' is the same program.`,
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return exitf(ExitUsage, "%v (see '%s --help')", err, c.CommandPath())
 	})
-	root.AddCommand(newBrokerCmd(deps), newNewCmd(deps), newLsCmd(deps), newExecCmd(deps), newDestroyCmd(deps), newInboxCmd(deps))
+	root.AddCommand(newBrokerCmd(deps), newNewCmd(deps), newLsCmd(deps), newExecCmd(deps),
+		newStartCmd(deps), newStopCmd(deps), newDestroyCmd(deps), newInboxCmd(deps))
 	return root
 }
 

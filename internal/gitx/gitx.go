@@ -1,10 +1,15 @@
-// Package gitx is the one way agentbox touches git: small operations
-// through the git command line, with a fixed environment (no prompts, no
-// user or system config, no hooks) and git's stderr trimmed into errors.
+// Package gitx is the one way agentbox touches git, through the git
+// command line.
 //
-// Repositories a sandbox can write are untrusted: their config can name
-// filter commands that `git status` runs. Query such a repository inside
-// its sandbox, or only fetch from it (upload-pack honours none of those).
+// Host git runs only on the user's own repository (the one named with
+// `jb new --repo`), with a fixed environment: no prompts, no user or
+// system config, no hooks, git's stderr trimmed into errors. A repository
+// a sandbox can write is never opened by a git process on the host: its
+// config, hooks, filters and work tree are the sandbox's own business.
+// Every git command on it runs inside its sandbox (SandboxRepo, through
+// the backend's Exec), and commits move between repositories through a
+// pipe the broker holds (Transfer): `git upload-pack` where the source
+// lives, `git fetch` where the destination lives.
 package gitx
 
 import (
@@ -46,6 +51,9 @@ var safeConfig = []string{
 	"-c", "protocol.ext.allow=never",
 	"-c", "core.pager=cat",
 	"-c", "credential.helper=",
+	// The user's repository may belong to another uid than a root broker;
+	// the commands gitx runs on it honour none of its command-running keys.
+	"-c", "safe.directory=*",
 }
 
 // gitEnv is the environment of every git call: the process's own minus
@@ -181,131 +189,26 @@ func ResolveCommit(ctx context.Context, repo, rev string) (string, error) {
 	return out, err
 }
 
-// IsClean reports whether repo's work tree and index match HEAD; untracked
-// files count as dirty, ignored files do not, nor do changes inside a
-// submodule's own work tree (a changed submodule commit does count).
-//
-// It is safe on a repository a sandbox wrote: the filter drivers its
-// config names (which `git status` would run on changed files) are
-// switched off for the call, and submodules, whose config is not checked,
-// are not entered. A file that depends on a filter may then read as dirty.
-func IsClean(ctx context.Context, repo string) (bool, error) {
-	noFilters, err := filterOverrides(ctx, repo)
-	if err != nil {
-		return false, err
-	}
-	out, err := runWithConfig(ctx, repo, noFilters, "status", "--porcelain=v1", "--untracked-files=all", "--ignore-submodules=dirty")
-	if err != nil {
-		return false, err
-	}
-	return out == "", nil
-}
+// ErrNotRepository reports a host path that is not a git repository.
+var ErrNotRepository = errors.New("not a git repository")
 
-// filterOverrides returns "-c" settings that disable every filter driver
-// repo's config (includes followed) defines. Reading config runs nothing.
-func filterOverrides(ctx context.Context, repo string) ([]string, error) {
-	out, err := run(ctx, repo, "config", "--null", "--name-only", "--get-regexp", `^filter\.`)
-	if exitCode(err) == 1 { // no filter keys at all
-		return nil, nil
-	}
+// RepoRoot returns the top level of the repository at path on the host
+// (the repository itself when it is bare), or an error wrapping
+// os.ErrNotExist (no such directory) or ErrNotRepository.
+func RepoRoot(ctx context.Context, path string) (string, error) {
+	fi, err := os.Stat(path)
 	if err != nil {
-		return nil, err
-	}
-	seen := map[string]bool{}
-	var overrides []string
-	for _, key := range strings.Split(out, "\x00") {
-		if key == "" {
-			continue
-		}
-		dot := strings.LastIndexByte(key, '.')
-		driver := key[len("filter."):max(dot, len("filter."))]
-		if seen[driver] {
-			continue
-		}
-		seen[driver] = true
-		// "-c" splits at the first "=": a driver name holding one cannot
-		// be overridden, so such a repository is refused.
-		if strings.ContainsAny(driver, "=\n") {
-			return nil, fmt.Errorf("%w: repository config names filter driver %q", ErrInvalidArgument, driver)
-		}
-		for _, k := range []string{"clean=", "smudge=", "process=", "required=false"} {
-			overrides = append(overrides, "-c", "filter."+driver+"."+k)
-		}
-	}
-	return overrides, nil
-}
-
-// Clone makes dst a fresh, independent clone of the repository at src
-// (a host path) with branch checked out at commit; an empty commit means
-// the tip of branch in src. Objects are copied, never hardlinked or shared
-// through alternates: whoever writes dst must not reach src's objects.
-func Clone(ctx context.Context, src, dst, branch, commit string) error {
-	if err := checkArg("source", src); err != nil {
-		return err
-	}
-	if err := checkArg("destination", dst); err != nil {
-		return err
-	}
-	if err := CheckBranchName(ctx, branch); err != nil {
-		return err
-	}
-	if commit == "" {
-		sha, err := ResolveCommit(ctx, src, "refs/heads/"+branch)
-		if err != nil {
-			return fmt.Errorf("branch %q in source: %w", branch, err)
-		}
-		commit = sha
-	} else if !shaPattern.MatchString(commit) {
-		return fmt.Errorf("%w: commit %q is not a full object id", ErrInvalidArgument, commit)
-	}
-	if _, err := run(ctx, "", "clone", "--quiet", "--no-hardlinks", "--no-checkout", "--", src, dst); err != nil {
-		return err
-	}
-	// A commit no ref of src reaches may be missing from the clone.
-	if _, err := run(ctx, dst, "cat-file", "-e", commit+"^{commit}"); err != nil {
-		if _, err := run(ctx, dst, "fetch", "--quiet", "--no-tags", "origin", commit); err != nil {
-			return err
-		}
-	}
-	if _, err := run(ctx, dst, "checkout", "--quiet", "-B", branch, commit, "--"); err != nil {
-		return err
-	}
-	// The clone's origin names the host repository's path, which a sandbox
-	// must not learn; commits move through the broker, not through origin.
-	_, err := run(ctx, dst, "remote", "remove", "origin")
-	return err
-}
-
-// Fetch fetches srcRef (a full ref, or HEAD) from srcURL into dstRef of dstRepo, replacing what
-// dstRef held (it is a ref the caller owns, such as refs/jailbee/...), and
-// returns the commit dstRef now names. srcURL is a path or a URL a backend
-// produced (ext:: is allowed when srcURL itself is ext::, for container
-// backends): never pass one that came from a sandbox.
-//
-// dstRepo's config steers the fetch (url.*.insteadOf can redirect srcURL):
-// dstRepo must be a repository the host owns. To move commits into a
-// sandbox's repository, run the fetch inside the sandbox instead.
-func Fetch(ctx context.Context, dstRepo, srcURL, srcRef, dstRef string) (string, error) {
-	if err := checkArg("source url", srcURL); err != nil {
 		return "", err
 	}
-	if srcRef != "HEAD" { // the source's checked-out commit
-		if err := checkFullRef(ctx, "source ref", srcRef); err != nil {
-			return "", err
-		}
+	if !fi.IsDir() {
+		return "", fmt.Errorf("%w: not a directory", ErrNotRepository)
 	}
-	if err := checkFullRef(ctx, "destination ref", dstRef); err != nil {
-		return "", err
+	bare, err := run(ctx, path, "rev-parse", "--is-bare-repository")
+	if err != nil {
+		return "", ErrNotRepository
 	}
-	var config []string
-	if strings.HasPrefix(srcURL, "ext::") {
-		config = []string{"-c", "protocol.ext.allow=always"}
+	if bare == "true" {
+		return run(ctx, path, "rev-parse", "--absolute-git-dir")
 	}
-	if _, err := runWithConfig(ctx, dstRepo, config,
-		"fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
-		"--no-recurse-submodules", "--no-auto-gc", "--",
-		srcURL, "+"+srcRef+":"+dstRef); err != nil {
-		return "", err
-	}
-	return ResolveCommit(ctx, dstRepo, dstRef)
+	return run(ctx, path, "rev-parse", "--show-toplevel")
 }

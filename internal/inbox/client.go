@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"syscall"
 	"time"
 
 	"agentbox/internal/wire"
@@ -77,8 +78,29 @@ func (c *Client) Call(ctx context.Context, op string, args any, result any) erro
 	return nil
 }
 
+// CallFiles is Call with files sent along with the request as SCM_RIGHTS
+// (the admin socket's exec). The broker has its own copies once the call
+// is written; the caller keeps and closes files.
+func (c *Client) CallFiles(ctx context.Context, op string, args any, files []*os.File, result any) error {
+	raw, err := c.call(ctx, op, args, files)
+	if err != nil {
+		return err
+	}
+	if result == nil {
+		return nil
+	}
+	if err := json.Unmarshal(raw, result); err != nil {
+		return fmt.Errorf("%w: unexpected reply shape", ErrUnreachable)
+	}
+	return nil
+}
+
 // CallRaw is Call returning the raw result.
 func (c *Client) CallRaw(ctx context.Context, op string, args any) (json.RawMessage, error) {
+	return c.call(ctx, op, args, nil)
+}
+
+func (c *Client) call(ctx context.Context, op string, args any, files []*os.File) (json.RawMessage, error) {
 	req := wire.Request{V: wire.Version, Op: op}
 	if args != nil {
 		a, err := json.Marshal(args)
@@ -93,7 +115,7 @@ func (c *Client) CallRaw(ctx context.Context, op string, args any) (json.RawMess
 	}
 	stop := context.AfterFunc(ctx, func() { c.conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	if _, err := c.conn.Write(line); err != nil {
+	if err := c.write(line, files); err != nil {
 		return nil, c.ioErr(ctx)
 	}
 	respLine, err := wire.ReadLine(c.r, wire.MaxLineBytes)
@@ -114,6 +136,27 @@ func (c *Client) CallRaw(ctx context.Context, op string, args any) (json.RawMess
 		return nil, &wire.Error{Code: wire.CodeVersion, Detail: fmt.Sprintf("broker speaks protocol version %d", resp.V)}
 	}
 	return resp.Result, nil
+}
+
+// write sends one request line, with files attached to it.
+func (c *Client) write(line []byte, files []*os.File) error {
+	if len(files) == 0 {
+		_, err := c.conn.Write(line)
+		return err
+	}
+	uc, ok := c.conn.(*net.UnixConn)
+	if !ok {
+		return errors.New("descriptors need a Unix socket")
+	}
+	fds := make([]int, len(files))
+	for i, f := range files {
+		fds[i] = int(f.Fd())
+	}
+	n, _, err := uc.WriteMsgUnix(line, syscall.UnixRights(fds...), nil)
+	if err == nil && n < len(line) {
+		_, err = c.conn.Write(line[n:])
+	}
+	return err
 }
 
 func (c *Client) ioErr(ctx context.Context) error {

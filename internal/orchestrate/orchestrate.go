@@ -16,11 +16,24 @@ import (
 
 // Refusal is a refusal the requester may read: its Detail becomes the
 // refused status's detail.
-type Refusal struct{ Detail string }
+type Refusal struct {
+	Detail string
+	err    error // a class (ErrNoSuchSandbox), or nil
+}
 
 func (r *Refusal) Error() string { return r.Detail }
 
+func (r *Refusal) Unwrap() error { return r.err }
+
 func refusef(format string, args ...any) error { return &Refusal{Detail: fmt.Sprintf(format, args...)} }
+
+// ErrNoSuchSandbox marks a refusal that names a sandbox that does not exist.
+var ErrNoSuchSandbox = errors.New("no such sandbox")
+
+// noSuchSandbox is the refusal for a sandbox name that is not recorded.
+func noSuchSandbox(name string) error {
+	return &Refusal{Detail: "no sandbox named " + truncate(name, 80), err: ErrNoSuchSandbox}
+}
 
 // AsRefusal reports whether err is a refusal and returns it.
 func AsRefusal(err error) (*Refusal, bool) {
@@ -42,6 +55,13 @@ type Orchestrator struct {
 	Backend backend.Backend
 	// Notify is called with the name of every sandbox whose inbox changed.
 	Notify func(sandbox string)
+	// Sandboxes configures new sandboxes.
+	Sandboxes Sandboxes
+	// Serve starts serving a sandbox's broker socket (the broker's
+	// listener, attached to the sandbox); Unserve stops it and removes
+	// the socket's directory. Nil: no sockets (tests of this package).
+	Serve   func(sb store.Sandbox) error
+	Unserve func(name string)
 
 	mu     sync.Mutex
 	grants map[string]grant.Grant // parsed grant documents by their text

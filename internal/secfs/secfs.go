@@ -1,7 +1,8 @@
 // Package secfs holds the filesystem primitives both programs use on
 // trusted paths: private directories, atomic durable writes, opens that
-// never follow a symlink. No other package calls os.Chmod, os.Rename or
-// os.OpenFile on trusted paths directly.
+// never follow a symlink, and removal of a hostile tree below a trusted
+// directory through directory handles (RemoveTree). No other package calls
+// os.Chmod, os.Rename or os.OpenFile on trusted paths directly.
 package secfs
 
 import (
@@ -11,6 +12,8 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // ErrUnsafe reports a trusted path that is a symlink, has the wrong type,
@@ -125,4 +128,39 @@ func ReadFileNoFollow(path string, maxBytes int64) ([]byte, error) {
 		return nil, fmt.Errorf("file larger than %d bytes", maxBytes)
 	}
 	return data, nil
+}
+
+// MkdirOwned creates dir (which must not exist) with mode 0700 and gives
+// it to uid:gid, through the new directory's own handle.
+func MkdirOwned(dir string, uid, gid int) error {
+	if err := MkdirFresh(dir); err != nil {
+		return err
+	}
+	return ChownNoFollow(dir, uid, gid)
+}
+
+// ChownNoFollow gives path to uid:gid through a handle opened without
+// following a symlink at its last component; a symlink there is refused.
+// It is a no-op when path already has that owner.
+func ChownNoFollow(path string, uid, gid int) error {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: filepath.Base(path), Err: err}
+	}
+	defer syscall.Close(fd)
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return err
+	}
+	if st.Mode&syscall.S_IFMT == syscall.S_IFLNK {
+		return fmt.Errorf("%w: %s is a symlink", ErrUnsafe, filepath.Base(path))
+	}
+	if int(st.Uid) == uid && int(st.Gid) == gid {
+		return nil
+	}
+	// fchownat(fd, "", AT_EMPTY_PATH) changes the inode the handle names.
+	if err := unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH); err != nil {
+		return &os.PathError{Op: "chown", Path: filepath.Base(path), Err: err}
+	}
+	return nil
 }

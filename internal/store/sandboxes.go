@@ -14,6 +14,15 @@ const (
 	RoleChild        = "child"
 )
 
+// States of a sandbox row.
+const (
+	// StateCreating: the create has not finished. A broker that finds one
+	// at start removes it (its create was interrupted).
+	StateCreating = "creating"
+	StateRunning  = "running"
+	StateStopped  = "stopped"
+)
+
 // Sandbox is one row of the sandboxes table.
 type Sandbox struct {
 	Name      string
@@ -25,21 +34,26 @@ type Sandbox struct {
 	State     string
 	SocketDir string // host dir of the current listener; "" if none yet
 	Grant     string // grant document (JSON) of an orchestrator
+	HostUID   int    // host uid (and gid) the sandbox runs as; 0: the broker's own
+	// Imported is the commit whose work is safe outside the sandbox: the
+	// commit it started from, then its last import. Destroy without force
+	// refuses a HEAD elsewhere (commits never imported).
+	Imported string
 }
 
-const sandboxCols = `name, uuid, role, parent, branch, repo, state, socket_dir, grant_doc`
+const sandboxCols = `name, uuid, role, parent, branch, repo, state, socket_dir, grant_doc, host_uid, imported`
 
 func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
-	err := row.Scan(&sb.Name, &sb.UUID, &sb.Role, &sb.Parent, &sb.Branch, &sb.Repo, &sb.State, &sb.SocketDir, &sb.Grant)
+	err := row.Scan(&sb.Name, &sb.UUID, &sb.Role, &sb.Parent, &sb.Branch, &sb.Repo, &sb.State, &sb.SocketDir, &sb.Grant, &sb.HostUID, &sb.Imported)
 	return sb, err
 }
 
 // CreateSandbox inserts a new sandbox; ErrExists if the name is taken.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
-		_, err := w.conn.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?)`,
-			sb.Name, sb.UUID, sb.Role, sb.Parent, sb.Branch, sb.Repo, sb.State, sb.SocketDir, sb.Grant, now())
+		_, err := w.conn.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
+			sb.Name, sb.UUID, sb.Role, sb.Parent, sb.Branch, sb.Repo, sb.State, sb.SocketDir, sb.Grant, sb.HostUID, sb.Imported, now())
 		if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
 		}
@@ -97,6 +111,25 @@ func (s *Store) Sandboxes(ctx context.Context) ([]Sandbox, error) {
 // SetState records a sandbox's state.
 func (s *Store) SetState(ctx context.Context, name, state string) error {
 	return s.updateOne(ctx, `UPDATE sandboxes SET state = ? WHERE name = ?`, state, name)
+}
+
+// SetImported records the commit a sandbox's work was last imported at.
+func (s *Store) SetImported(ctx context.Context, name, commit string) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET imported = ? WHERE name = ?`, commit, name)
+}
+
+// ClaimHostUID records uid as given to a sandbox. A uid is claimed once,
+// ever: a uid used before fails with ErrExists.
+func (s *Store) ClaimHostUID(ctx context.Context, uid int) error {
+	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		if _, err := w.conn.ExecContext(ctx, `INSERT INTO host_uids (uid) VALUES (?)`, uid); err != nil {
+			if strings.Contains(err.Error(), "UNIQUE constraint failed") {
+				return fmt.Errorf("host uid %d: %w", uid, ErrExists)
+			}
+			return fmt.Errorf("claim host uid: %w", err)
+		}
+		return nil
+	})
 }
 
 // SetGrant records an orchestrator's grant document.

@@ -13,10 +13,15 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	_ "modernc.org/sqlite" // pure-Go SQLite driver, registered as "sqlite"
+
+	"agentbox/internal/secfs"
 )
 
 // Tunables.
@@ -66,6 +71,9 @@ type Store struct {
 // Open opens (creating if needed) the database at path with WAL and
 // synchronous=FULL on every pooled connection, and applies the schema.
 func Open(path string) (*Store, error) {
+	if err := ownerOnly(path); err != nil {
+		return nil, fmt.Errorf("open broker.db: %w", err)
+	}
 	q := url.Values{}
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(FULL)")
@@ -93,6 +101,35 @@ func Open(path string) (*Store, error) {
 	return s, nil
 }
 
+// ownerOnly creates the database file mode 0600 if it is missing and
+// takes group and other access from it and its WAL files; SQLite gives the
+// -wal and -shm files it creates the database file's mode.
+func ownerOnly(path string) error {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		fi, err := os.Lstat(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if !fi.Mode().IsRegular() {
+			return fmt.Errorf("%s is not a regular file", filepath.Base(p))
+		}
+		if fi.Mode().Perm()&0o077 != 0 {
+			if err := secfs.Chmod(p, fi.Mode().Perm()&0o700); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // Close closes the database.
 func (s *Store) Close() error {
 	s.closeStatements()
@@ -100,7 +137,7 @@ func (s *Store) Close() error {
 }
 
 // schemaVersion is PRAGMA user_version of a database with this schema.
-const schemaVersion = 1
+const schemaVersion = 2
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -113,7 +150,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	state      TEXT NOT NULL,
 	socket_dir TEXT NOT NULL DEFAULT '',
 	grant_doc  TEXT NOT NULL DEFAULT '',
-	created_at INTEGER NOT NULL
+	created_at INTEGER NOT NULL,
+	host_uid   INTEGER NOT NULL DEFAULT 0,
+	imported   TEXT NOT NULL DEFAULT ''
 );
 -- Inbox items. seq orders them (rowid: new rows always get max+1, so the
 -- order of an inbox never goes backwards). Host ids are unique per inbox:
@@ -142,8 +181,22 @@ CREATE TABLE IF NOT EXISTS journal (
 CREATE TABLE IF NOT EXISTS socket_dirs (
 	dir TEXT PRIMARY KEY
 ) WITHOUT ROWID;
-PRAGMA user_version = 1;
+-- Every host uid ever given to a sandbox: a uid is never handed out twice.
+CREATE TABLE IF NOT EXISTS host_uids (
+	uid INTEGER PRIMARY KEY
+);
+PRAGMA user_version = 2;
 `
+
+// migrations[v] brings a database of schema version v to v+1.
+var migrations = map[int]string{
+	1: `
+ALTER TABLE sandboxes ADD COLUMN host_uid INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN imported TEXT NOT NULL DEFAULT '';
+CREATE TABLE IF NOT EXISTS host_uids (uid INTEGER PRIMARY KEY);
+PRAGMA user_version = 2;
+`,
+}
 
 func (s *Store) migrate() error {
 	var version int
@@ -152,6 +205,11 @@ func (s *Store) migrate() error {
 	}
 	if version > schemaVersion {
 		return fmt.Errorf("broker.db has schema version %d; this jailbee knows %d", version, schemaVersion)
+	}
+	for ; version > 0 && version < schemaVersion; version++ {
+		if _, err := s.db.Exec(migrations[version]); err != nil {
+			return fmt.Errorf("migrate broker.db from schema version %d: %w", version, err)
+		}
 	}
 	if _, err := s.db.Exec(schema); err != nil {
 		return fmt.Errorf("apply schema: %w", err)

@@ -1,10 +1,12 @@
 // Package backendtest is the conformance suite every backend.Backend runs:
 // what the broker relies on, seen only through the interface, with real
-// git repositories and real Unix sockets.
+// git repositories (filled and moved with gitx, git running inside the
+// sandboxes) and real Unix sockets.
 package backendtest
 
 import (
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -17,9 +19,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/gitx"
+	"agentbox/internal/term"
 )
 
 // uuidPattern is the form every backend's instance uuid takes (Incus's
@@ -80,30 +84,134 @@ func Name(t testing.TB, label string) string {
 	return name
 }
 
-// Create makes a sandbox and destroys it when the test ends.
-func Create(t testing.TB, b backend.Backend, name string, src backend.GitSource) backend.Instance {
-	t.Helper()
-	inst, err := b.Create(t.Context(), backend.CreateOptions{Name: name, Source: src})
-	if err != nil {
-		t.Fatalf("Create(%s): %v", name, err)
-	}
-	t.Cleanup(func() {
-		if err := b.Destroy(t.Context(), name); err != nil && !errors.Is(err, backend.ErrNotFound) {
-			t.Errorf("cleanup Destroy(%s): %v", name, err)
-		}
-	})
-	return inst
+// Options adapts the suite to a backend.
+type Options struct {
+	// HostUID returns the host uid for a new sandbox (the broker's
+	// CreateOptions.HostUID); nil gives 0.
+	HostUID func(t testing.TB) int
+	// Limits are set on every sandbox the suite creates.
+	Limits backend.Limits
+	// AgentOnly: the backend has only the agent user (ExecOptions.User
+	// other than the agent is ErrUnsupported).
+	AgentOnly bool
+	// AttachAtStart: AttachSocket on a running sandbox takes effect at its
+	// next start (the local backend), not at once.
+	AttachAtStart bool
 }
 
-// CreateStarted makes a running sandbox on branch main of repo.
-func CreateStarted(t testing.TB, b backend.Backend, label string, repo Repo) string {
-	t.Helper()
-	name := Name(t, label)
-	Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
-	if err := b.Start(t.Context(), name); err != nil {
-		t.Fatalf("Start(%s): %v", name, err)
+// suite is one subtest's backend and options.
+type suite struct {
+	t    *testing.T
+	b    backend.Backend
+	opts Options
+}
+
+// Run runs the conformance suite. newBackend is called once per subtest
+// and must return a backend with no sandboxes of its own making yet.
+func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Options) {
+	tests := []struct {
+		name string
+		fn   func(s *suite)
+	}{
+		{"Type", testType},
+		{"CreateIsStoppedAndEmpty", testCreateStopped},
+		{"CreateExistingName", testCreateExisting},
+		{"CreateInvalidName", testCreateInvalidName},
+		{"UUIDsAreUnique", testUUIDsUnique},
+		{"ExecWhenStopped", testExecStopped},
+		{"StartStopIdempotent", testStartStopIdempotent},
+		{"ExecStatusAndStreams", testExecStreams},
+		{"ExecUsersAndDir", testExecUsersAndDir},
+		{"ExecTerminal", testExecTerminal},
+		{"ExecCancelEndsCommand", testExecCancel},
+		{"StopEndsEveryProcess", testStopEndsEveryProcess},
+		{"CheckoutPersistsAcrossStop", testPersistsAcrossStop},
+		{"AttachDetachSocket", testAttachDetach},
+		{"FillCheckoutFromHost", testFillCheckout},
+		{"TransferBetweenSandboxes", testTransfer},
+		{"TransferBound", testTransferBound},
+		{"WorkChecks", testWorkChecks},
+		{"Destroy", testDestroy},
+		{"UnknownSandbox", testUnknown},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(&suite{t: t, b: newBackend(t), opts: opts}) })
+	}
+}
+
+// options are the CreateOptions of a new sandbox name.
+func (s *suite) options(name string) backend.CreateOptions {
+	o := backend.CreateOptions{Name: name, Limits: s.opts.Limits}
+	if s.opts.HostUID != nil {
+		o.HostUID = s.opts.HostUID(s.t)
+	}
+	return o
+}
+
+// create makes a stopped sandbox and destroys it when the test ends.
+func (s *suite) create(label string) (string, backend.Instance) {
+	s.t.Helper()
+	name := Name(s.t, label)
+	inst, err := s.b.Create(s.t.Context(), s.options(name))
+	if err != nil {
+		s.t.Fatalf("Create(%s): %v", name, err)
+	}
+	s.t.Cleanup(func() {
+		if err := s.b.Destroy(context.Background(), name); err != nil && !errors.Is(err, backend.ErrNotFound) {
+			s.t.Errorf("cleanup Destroy(%s): %v", name, err)
+		}
+	})
+	return name, inst
+}
+
+// started makes a running sandbox.
+func (s *suite) started(label string) string {
+	s.t.Helper()
+	name, _ := s.create(label)
+	if err := s.b.Start(s.t.Context(), name); err != nil {
+		s.t.Fatalf("Start(%s): %v", name, err)
 	}
 	return name
+}
+
+// filled makes a running sandbox whose checkout is branch main of repo.
+func (s *suite) filled(label string, repo Repo) string {
+	s.t.Helper()
+	name := s.started(label)
+	FillCheckout(s.t, s.b, name, repo.Path, "main", repo.Second)
+	return name
+}
+
+// Runner runs commands in the sandbox name through the backend, for gitx.
+func Runner(b backend.Backend, name string) gitx.Runner {
+	return gitx.RunnerFunc(func(ctx context.Context, c gitx.Cmd) (int, error) {
+		return b.Exec(ctx, name, backend.ExecOptions{
+			Argv: c.Argv, Dir: c.Dir, Env: c.Env, Stdin: c.Stdin, Stdout: c.Stdout, Stderr: c.Stderr, Started: c.Started,
+		})
+	})
+}
+
+// Checkout is the sandbox's repository, for gitx.
+func Checkout(b backend.Backend, name string) gitx.Repo {
+	return gitx.SandboxRepo(name, Runner(b, name), backend.WorkspacePath)
+}
+
+// FillCheckout fills a running sandbox's empty checkout with branch at
+// commit of the host repository repo, as the broker does: every git
+// command inside the sandbox.
+func FillCheckout(t testing.TB, b backend.Backend, name, repo, branch, commit string) {
+	t.Helper()
+	ctx := t.Context()
+	dst := Checkout(b, name)
+	if err := gitx.Init(ctx, dst); err != nil {
+		t.Fatalf("git init in %s: %v", name, err)
+	}
+	if err := gitx.Transfer(ctx, gitx.HostRepo(repo), commit, dst, "refs/jailbee/start", gitx.TransferOptions{}); err != nil {
+		t.Fatalf("transfer into %s: %v", name, err)
+	}
+	if err := gitx.Checkout(ctx, dst, branch, commit); err != nil {
+		t.Fatalf("checkout in %s: %v", name, err)
+	}
 }
 
 // Result is what one Exec produced.
@@ -152,6 +260,9 @@ func SocketDir(t testing.TB, greeting string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := os.Chmod(filepath.Join(dir, "broker.sock"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -166,53 +277,11 @@ func SocketDir(t testing.TB, greeting string) string {
 	return dir
 }
 
-// Options adapts the suite to a backend's documented differences.
-type Options struct {
-	// HostUser: commands run as the caller's own host user (the local
-	// backend's insecure mode), so the user ids inside are not checked.
-	HostUser bool
-}
-
-// Run runs the conformance suite. newBackend is called once per subtest
-// and must return a backend with no sandboxes of its own making yet.
-func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Options) {
-	tests := []struct {
-		name string
-		fn   func(t *testing.T, b backend.Backend, opts Options)
-	}{
-		{"Type", testType},
-		{"CreateIsStoppedWithUUID", testCreateStopped},
-		{"CreateChecksOutBranchTip", testCreateBranchTip},
-		{"CreateAtCommitOnNewBranch", testCreateAtCommit},
-		{"CreateExistingName", testCreateExisting},
-		{"CreateInvalidName", testCreateInvalidName},
-		{"CreateBadSourceLeavesNothing", testCreateBadSource},
-		{"UUIDsAreUnique", testUUIDsUnique},
-		{"ExecWhenStopped", testExecStopped},
-		{"StartStopIdempotent", testStartStopIdempotent},
-		{"ExecStatusAndStreams", testExecStreams},
-		{"ExecUsersAndDir", testExecUsersAndDir},
-		{"CheckoutPersistsAcrossStop", testPersistsAcrossStop},
-		{"AttachDetachSocket", testAttachDetach},
-		{"Destroy", testDestroy},
-		{"UnknownSandbox", testUnknown},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newBackend(t), opts) })
-	}
-}
-
-func testType(t *testing.T, b backend.Backend, opts Options) {
-	if b.Type() == "" {
-		t.Fatal("Type() is empty")
-	}
-}
-
-func find(t *testing.T, b backend.Backend, name string) (backend.Instance, bool) {
-	t.Helper()
-	list, err := b.List(t.Context())
+func (s *suite) find(name string) (backend.Instance, bool) {
+	s.t.Helper()
+	list, err := s.b.List(s.t.Context())
 	if err != nil {
-		t.Fatalf("List: %v", err)
+		s.t.Fatalf("List: %v", err)
 	}
 	for _, inst := range list {
 		if inst.Name == name {
@@ -222,166 +291,104 @@ func find(t *testing.T, b backend.Backend, name string) (backend.Instance, bool)
 	return backend.Instance{}, false
 }
 
-func testCreateStopped(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
-	name := Name(t, "new")
-	inst := Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
+func testType(s *suite) {
+	if s.b.Type() == "" {
+		s.t.Fatal("Type() is empty")
+	}
+}
+
+func testCreateStopped(s *suite) {
+	name, inst := s.create("new")
 	if inst.Name != name || inst.Running || !uuidPattern.MatchString(inst.UUID) {
-		t.Fatalf("Create returned %+v; want name %s, stopped, a v4 uuid", inst, name)
+		s.t.Fatalf("Create returned %+v; want name %s, stopped, a v4 uuid", inst, name)
 	}
-	got, ok := find(t, b, name)
-	if !ok || got != inst {
-		t.Fatalf("List has %+v (found %v), want %+v", got, ok, inst)
+	if got, ok := s.find(name); !ok || got != inst {
+		s.t.Fatalf("List has %+v (found %v), want %+v", got, ok, inst)
 	}
-}
-
-// remoteCommit fetches ref from the sandbox's git remote into a scratch
-// repository and returns the commit it names.
-func remoteCommit(t *testing.T, b backend.Backend, name, ref string) string {
-	t.Helper()
-	remote, err := b.GitRemote(t.Context(), name)
-	if err != nil {
-		t.Fatalf("GitRemote: %v", err)
+	if err := s.b.Start(s.t.Context(), name); err != nil {
+		s.t.Fatal(err)
 	}
-	scratch := filepath.Join(t.TempDir(), "scratch")
-	git(t, "", "init", "--quiet", scratch)
-	sha, err := gitx.Fetch(t.Context(), scratch, remote, ref, "refs/verify/sandbox")
-	if err != nil {
-		t.Fatalf("fetch %s from sandbox: %v", ref, err)
-	}
-	return sha
-}
-
-func testCreateBranchTip(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
-	name := Name(t, "tip")
-	Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
-	if got := remoteCommit(t, b, name, "refs/heads/main"); got != repo.Second {
-		t.Fatalf("sandbox main = %s, want the source tip %s", got, repo.Second)
-	}
-	if got := remoteCommit(t, b, name, "HEAD"); got != repo.Second {
-		t.Fatalf("sandbox HEAD = %s, want %s", got, repo.Second)
+	// An empty checkout the agent user owns and can write.
+	if got := Sh(s.t, s.b, name, "ls -A; stat -c %u "+backend.WorkspacePath+"; touch f && echo ok"); got != strconv.Itoa(backend.AgentUID)+"\nok" {
+		s.t.Fatalf("new checkout: %q; want empty, owned by %d, writable", got, backend.AgentUID)
 	}
 }
 
-func testCreateAtCommit(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
-	name := Name(t, "at")
-	Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "task-1", Commit: repo.First})
-	if got := remoteCommit(t, b, name, "refs/heads/task-1"); got != repo.First {
-		t.Fatalf("sandbox task-1 = %s, want %s", got, repo.First)
-	}
-	if err := b.Start(t.Context(), name); err != nil {
-		t.Fatal(err)
-	}
-	if got := Sh(t, b, name, "cat README"); got != "one" {
-		t.Fatalf("checkout README = %q, want the first commit's %q", got, "one")
-	}
-}
-
-func testCreateExisting(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
-	name := Name(t, "dup")
-	inst := Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
-	_, err := b.Create(t.Context(), backend.CreateOptions{Name: name, Source: backend.GitSource{Repo: repo.Path, Branch: "main"}})
+func testCreateExisting(s *suite) {
+	name, inst := s.create("dup")
+	_, err := s.b.Create(s.t.Context(), s.options(name))
 	if !errors.Is(err, backend.ErrExists) {
-		t.Fatalf("second Create: err = %v, want ErrExists", err)
+		s.t.Fatalf("second Create: err = %v, want ErrExists", err)
 	}
-	if got, _ := find(t, b, name); got.UUID != inst.UUID {
-		t.Fatalf("failed Create changed the sandbox: uuid %s, want %s", got.UUID, inst.UUID)
+	if got, _ := s.find(name); got.UUID != inst.UUID {
+		s.t.Fatalf("failed Create changed the sandbox: uuid %s, want %s", got.UUID, inst.UUID)
 	}
 }
 
-func testCreateInvalidName(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
+func testCreateInvalidName(s *suite) {
 	for _, name := range []string{"", "-x", "Upper", "a/b", "..", strings.Repeat("a", backend.NameMaxLen+1)} {
-		_, err := b.Create(t.Context(), backend.CreateOptions{Name: name, Source: backend.GitSource{Repo: repo.Path, Branch: "main"}})
+		_, err := s.b.Create(s.t.Context(), s.options(name))
 		if !errors.Is(err, backend.ErrInvalidName) {
-			t.Errorf("Create(%q): err = %v, want ErrInvalidName", name, err)
+			s.t.Errorf("Create(%q): err = %v, want ErrInvalidName", name, err)
 		}
 	}
 }
 
-func testCreateBadSource(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
-	name := Name(t, "bad")
-	for _, src := range []backend.GitSource{
-		{Repo: repo.Path, Branch: "no-such-branch"},
-		{Repo: repo.Path, Branch: "x", Commit: strings.Repeat("0", 40)},
-		{Repo: filepath.Join(t.TempDir(), "missing"), Branch: "main"},
-	} {
-		if _, err := b.Create(t.Context(), backend.CreateOptions{Name: name, Source: src}); err == nil {
-			b.Destroy(t.Context(), name)
-			t.Fatalf("Create from %+v succeeded", src)
-		}
-		if _, ok := find(t, b, name); ok {
-			t.Fatalf("failed Create from %+v left a sandbox", src)
-		}
-	}
-	// The name is free again.
-	Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
-}
-
-func testUUIDsUnique(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
+func testUUIDsUnique(s *suite) {
 	seen := map[string]string{}
 	for i := range 3 {
-		name := Name(t, "u"+strconv.Itoa(i))
-		inst := Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
+		name, inst := s.create("u" + strconv.Itoa(i))
 		if other, dup := seen[inst.UUID]; dup {
-			t.Fatalf("%s and %s share uuid %s", name, other, inst.UUID)
+			s.t.Fatalf("%s and %s share uuid %s", name, other, inst.UUID)
 		}
 		seen[inst.UUID] = name
 	}
-	list, err := b.List(t.Context())
+	list, err := s.b.List(s.t.Context())
 	if err != nil {
-		t.Fatal(err)
+		s.t.Fatal(err)
 	}
 	for _, inst := range list {
 		if name, ok := seen[inst.UUID]; ok {
 			if inst.Name != name {
-				t.Errorf("List: uuid %s on %s, want %s", inst.UUID, inst.Name, name)
+				s.t.Errorf("List: uuid %s on %s, want %s", inst.UUID, inst.Name, name)
 			}
 			delete(seen, inst.UUID)
 		}
 	}
 	if len(seen) != 0 {
-		t.Fatalf("List is missing %v", seen)
+		s.t.Fatalf("List is missing %v", seen)
 	}
 }
 
-func testExecStopped(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
-	name := Name(t, "stopped")
-	Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
-	_, err := b.Exec(t.Context(), name, backend.ExecOptions{Argv: []string{"true"}})
+func testExecStopped(s *suite) {
+	name, _ := s.create("stopped")
+	_, err := s.b.Exec(s.t.Context(), name, backend.ExecOptions{Argv: []string{"true"}})
 	if !errors.Is(err, backend.ErrNotRunning) {
-		t.Fatalf("Exec on a stopped sandbox: err = %v, want ErrNotRunning", err)
+		s.t.Fatalf("Exec on a stopped sandbox: err = %v, want ErrNotRunning", err)
 	}
 }
 
-func testStartStopIdempotent(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
-	name := CreateStarted(t, b, "idem", repo)
-	if err := b.Start(t.Context(), name); err != nil {
-		t.Fatalf("Start of a running sandbox: %v", err)
+func testStartStopIdempotent(s *suite) {
+	name := s.started("idem")
+	if err := s.b.Start(s.t.Context(), name); err != nil {
+		s.t.Fatalf("Start of a running sandbox: %v", err)
 	}
-	if inst, _ := find(t, b, name); !inst.Running {
-		t.Fatal("List: started sandbox not running")
+	if inst, _ := s.find(name); !inst.Running {
+		s.t.Fatal("List: started sandbox not running")
 	}
 	for range 2 {
-		if err := b.Stop(t.Context(), name); err != nil {
-			t.Fatalf("Stop: %v", err)
+		if err := s.b.Stop(s.t.Context(), name); err != nil {
+			s.t.Fatalf("Stop: %v", err)
 		}
 	}
-	if inst, _ := find(t, b, name); inst.Running {
-		t.Fatal("List: stopped sandbox running")
+	if inst, _ := s.find(name); inst.Running {
+		s.t.Fatal("List: stopped sandbox running")
 	}
 }
 
-func testExecStreams(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
-	name := CreateStarted(t, b, "streams", repo)
+func testExecStreams(s *suite) {
+	t, b := s.t, s.b
+	name := s.started("streams")
 	r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"sh", "-c", "echo out; echo err >&2; exit 7"}})
 	if r.Code != 7 || r.Stdout != "out\n" || r.Stderr != "err\n" {
 		t.Fatalf("got %+v; want exit 7, stdout out, stderr err", r)
@@ -397,42 +404,147 @@ func testExecStreams(t *testing.T, b backend.Backend, opts Options) {
 	if r.Stdout != "hello world|" {
 		t.Fatalf("env: stdout %q", r.Stdout)
 	}
-	// A missing command is an error or a failing status, never success.
-	code, err := b.Exec(t.Context(), name, backend.ExecOptions{Argv: []string{"no-such-command-xyz"}, Stderr: io.Discard})
-	if err == nil && code == 0 {
-		t.Fatal("missing command exited 0")
+	// A signal's status is 128+n.
+	if r = Exec(t, b, name, backend.ExecOptions{Argv: []string{"sh", "-c", "kill -TERM $$"}}); r.Code != 128+15 {
+		t.Fatalf("killed by SIGTERM: exit %d, want %d", r.Code, 128+15)
+	}
+	// A missing command is the shell's 127.
+	if r = Exec(t, b, name, backend.ExecOptions{Argv: []string{"no-such-command-xyz"}}); r.Code != 127 {
+		t.Fatalf("missing command: exit %d (%q), want 127", r.Code, r.Stderr)
+	}
+	// Files go to the command as they are; Started says when ours may go.
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := false
+	code, err := b.Exec(t.Context(), name, backend.ExecOptions{
+		Argv: []string{"echo", "through a file"}, Stdout: wr,
+		Started: func() { started = true; wr.Close() },
+	})
+	if err != nil || code != 0 || !started {
+		t.Fatalf("Exec with a file: %d, %v, started %v", code, err, started)
+	}
+	got, _ := io.ReadAll(rd)
+	rd.Close()
+	if string(got) != "through a file\n" {
+		t.Fatalf("through a file: %q (the pipe must end when the command ends)", got)
 	}
 }
 
-func testExecUsersAndDir(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
-	name := CreateStarted(t, b, "users", repo)
-	if !opts.HostUser {
-		ids := map[string]string{"": strconv.Itoa(backend.AgentUID), "root": "0"}
-		for user, want := range ids {
-			r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"id", "-u"}, User: user})
-			if strings.TrimSpace(r.Stdout) != want {
-				t.Errorf("User %q: id -u = %q, want %s", user, r.Stdout, want)
-			}
-		}
-		if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"id", "-g"}}); strings.TrimSpace(r.Stdout) != strconv.Itoa(backend.AgentGID) {
-			t.Errorf("id -g = %q, want %d", r.Stdout, backend.AgentGID)
-		}
+func testExecUsersAndDir(s *suite) {
+	t, b := s.t, s.b
+	name := s.started("users")
+	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"id", "-u"}}); strings.TrimSpace(r.Stdout) != strconv.Itoa(backend.AgentUID) {
+		t.Errorf("id -u = %q, want %d", r.Stdout, backend.AgentUID)
 	}
-	if got := Sh(t, b, name, "cat README"); got != "two" {
-		t.Fatalf("default dir: README = %q, want the checkout's %q", got, "two")
+	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"id", "-g"}}); strings.TrimSpace(r.Stdout) != strconv.Itoa(backend.AgentGID) {
+		t.Errorf("id -g = %q, want %d", r.Stdout, backend.AgentGID)
+	}
+	if s.opts.AgentOnly {
+		if _, err := b.Exec(t.Context(), name, backend.ExecOptions{Argv: []string{"true"}, User: "root"}); !errors.Is(err, backend.ErrUnsupported) {
+			t.Errorf("User root: err = %v, want ErrUnsupported", err)
+		}
+	} else if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"id", "-u"}, User: "root"}); strings.TrimSpace(r.Stdout) != "0" {
+		t.Errorf("User root: id -u = %q, want 0", r.Stdout)
+	}
+	if got := Sh(t, b, name, "pwd"); got != backend.WorkspacePath {
+		t.Fatalf("default dir %q, want %s", got, backend.WorkspacePath)
 	}
 	Sh(t, b, name, "mkdir sub && echo deep > sub/f")
-	r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"cat", "f"}, Dir: "sub"})
-	if r.Stdout != "deep\n" {
+	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"cat", "f"}, Dir: "sub"}); r.Stdout != "deep\n" {
 		t.Fatalf("Dir sub: %+v", r)
+	}
+	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"pwd"}, Dir: "/tmp"}); r.Stdout != "/tmp\n" {
+		t.Fatalf("Dir /tmp: %+v", r)
 	}
 }
 
-func testPersistsAcrossStop(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
-	name := CreateStarted(t, b, "persist", repo)
-	Sh(t, b, name, "echo kept > note.txt")
+func testExecTerminal(s *suite) {
+	t, b := s.t, s.b
+	name := s.started("tty")
+	master, slave, err := term.OpenPTY()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer master.Close()
+	out := make(chan []byte, 1)
+	go func() {
+		data, _ := io.ReadAll(master) // ends with EIO once the slave is closed everywhere
+		out <- data
+	}()
+	code, err := b.Exec(t.Context(), name, backend.ExecOptions{
+		Argv: []string{"sh", "-c", "test -t 0 && test -t 1 && echo is-a-terminal; exit 3"},
+		TTY:  true, Stdin: slave, Stdout: slave, Stderr: slave,
+	})
+	slave.Close()
+	if err != nil || code != 3 {
+		t.Fatalf("Exec with a terminal: %d, %v", code, err)
+	}
+	select {
+	case data := <-out:
+		if !strings.Contains(string(data), "is-a-terminal") {
+			t.Fatalf("terminal output %q", data)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the terminal never closed")
+	}
+}
+
+func testExecCancel(s *suite) {
+	name := s.started("cancel")
+	ctx, cancel := context.WithCancel(s.t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.b.Exec(ctx, name, backend.ExecOptions{Argv: []string{"sh", "-c", "echo $$ > /tmp/pid; exec sleep 600"}})
+		done <- err
+	}()
+	waitFor(s.t, func() bool {
+		return Exec(s.t, s.b, name, backend.ExecOptions{Argv: []string{"test", "-s", "/tmp/pid"}}).Code == 0
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil {
+			s.t.Fatal("a cancelled Exec returned no error")
+		}
+	case <-time.After(30 * time.Second):
+		s.t.Fatal("cancelling did not end the command")
+	}
+	waitFor(s.t, func() bool {
+		return Exec(s.t, s.b, name, backend.ExecOptions{Argv: []string{"sh", "-c", "kill -0 $(cat /tmp/pid)"}}).Code != 0
+	})
+}
+
+// testStopEndsEveryProcess: what a command left running in the background
+// ends with Stop, whoever started it.
+func testStopEndsEveryProcess(s *suite) {
+	t, b := s.t, s.b
+	name := s.started("stopall")
+	Sh(t, b, name, "nohup sh -c 'while :; do date +%s%N > /home/agent/beat; sleep 0.05; done' >/dev/null 2>&1 &")
+	waitFor(t, func() bool {
+		return Exec(t, b, name, backend.ExecOptions{Argv: []string{"test", "-s", "/home/agent/beat"}}).Code == 0
+	})
+	if err := b.Stop(t.Context(), name); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(t.Context(), name); err != nil {
+		t.Fatal(err)
+	}
+	first := Sh(t, b, name, "cat /home/agent/beat")
+	time.Sleep(300 * time.Millisecond)
+	if again := Sh(t, b, name, "cat /home/agent/beat"); again != first {
+		t.Fatal("a background loop survived Stop: its heartbeat still changes")
+	}
+	if got := Sh(t, b, name, "ps -e -o comm= | grep -c -x sleep || true"); got != "0" {
+		t.Fatalf("processes of the old unit after a restart: %s sleep", got)
+	}
+}
+
+func testPersistsAcrossStop(s *suite) {
+	t, b := s.t, s.b
+	name := s.started("persist")
+	Sh(t, b, name, "echo kept > note.txt; echo home > /home/agent/h")
 	if err := b.Stop(t.Context(), name); err != nil {
 		t.Fatal(err)
 	}
@@ -442,57 +554,167 @@ func testPersistsAcrossStop(t *testing.T, b backend.Backend, opts Options) {
 	if err := b.Start(t.Context(), name); err != nil {
 		t.Fatal(err)
 	}
-	if got := Sh(t, b, name, "cat note.txt"); got != "kept" {
-		t.Fatalf("note.txt = %q after restart", got)
+	if got := Sh(t, b, name, "cat note.txt /home/agent/h"); got != "kept\nhome" {
+		t.Fatalf("after restart: %q", got)
 	}
 }
 
-func testAttachDetach(t *testing.T, b backend.Backend, opts Options) {
-	repo := NewRepo(t)
-	name := CreateStarted(t, b, "sock", repo)
-	// The client's own lookup: the override variable (set where no mount
-	// can carry the socket), else the mount path.
-	sock := `"${JAILBEE_ORCHESTRATION_SOCKET:-` + backend.SocketMountPath + `/broker.sock}"`
-	probe := backend.ExecOptions{Argv: []string{"sh", "-c", "test -S " + sock}}
-	if r := Exec(t, b, name, probe); r.Code == 0 {
-		t.Fatal("socket visible before AttachSocket")
-	}
+func testAttachDetach(s *suite) {
+	t, b := s.t, s.b
+	name, _ := s.create("sock")
+	probe := backend.ExecOptions{Argv: []string{"sh", "-c", "test -S " + backend.SocketMountPath + "/broker.sock"}}
 	if err := b.AttachSocket(t.Context(), name, SocketDir(t, "one\n")); err != nil {
 		t.Fatalf("AttachSocket: %v", err)
 	}
-	if r := Exec(t, b, name, probe); r.Code != 0 {
-		t.Fatalf("attached socket not visible at %s: %+v", sock, r)
+	if err := b.Start(t.Context(), name); err != nil {
+		t.Fatal(err)
 	}
-	// Read-only: the sandbox cannot replace the socket.
-	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"sh", "-c", "rm -f " + sock}}); r.Code == 0 && !opts.HostUser {
+	if r := Exec(t, b, name, probe); r.Code != 0 {
+		t.Fatalf("attached socket not visible: %+v", r)
+	}
+	// The agent user can connect; the mount is read-only.
+	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"sh", "-c", "rm -f " + backend.SocketMountPath + "/broker.sock"}}); r.Code == 0 {
 		t.Fatal("sandbox removed the attached socket")
 	}
 	if err := b.DetachSocket(t.Context(), name); err != nil {
 		t.Fatalf("DetachSocket: %v", err)
 	}
-	if r := Exec(t, b, name, probe); r.Code == 0 {
-		t.Fatal("socket still visible after DetachSocket")
-	}
 	if err := b.DetachSocket(t.Context(), name); err != nil {
 		t.Fatalf("second DetachSocket: %v", err)
 	}
-	// Attaching again, to a new directory, replaces the attachment.
+	restart := func() {
+		t.Helper()
+		if s.opts.AttachAtStart {
+			if err := b.Stop(t.Context(), name); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Start(t.Context(), name); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	restart()
+	if r := Exec(t, b, name, probe); r.Code == 0 {
+		t.Fatal("socket still visible after DetachSocket")
+	}
 	if err := b.AttachSocket(t.Context(), name, SocketDir(t, "two\n")); err != nil {
 		t.Fatal(err)
 	}
+	restart()
 	if r := Exec(t, b, name, probe); r.Code != 0 {
 		t.Fatalf("re-attached socket not visible: %+v", r)
 	}
 }
 
-func testDestroy(t *testing.T, b backend.Backend, opts Options) {
+func testFillCheckout(s *suite) {
+	t, b := s.t, s.b
 	repo := NewRepo(t)
-	name := CreateStarted(t, b, "gone", repo)
-	first, _ := find(t, b, name)
+	git(t, repo.Path, "branch", "secret-branch-name")
+	name := s.started("fill")
+	FillCheckout(t, b, name, repo.Path, "task-1", repo.First)
+	if got := Sh(t, b, name, "cat README"); got != "one" {
+		t.Fatalf("checkout README = %q, want the first commit's %q", got, "one")
+	}
+	branch, head, err := gitx.Head(t.Context(), Checkout(b, name))
+	if err != nil || branch != "task-1" || head != repo.First {
+		t.Fatalf("Head = %q %s %v; want task-1 at %s", branch, head, err, repo.First)
+	}
+	// Only what the commit reaches came over: no branch or tag of the
+	// source, not the later commit, no remote naming the host path.
+	if got := Sh(t, b, name, "git for-each-ref --format='%(refname)'"); got != "refs/heads/task-1\nrefs/jailbee/start" {
+		t.Fatalf("refs in the sandbox: %q", got)
+	}
+	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"git", "cat-file", "-e", repo.Second}}); r.Code == 0 {
+		t.Fatal("the sandbox holds a commit its checkout does not reach")
+	}
+	if got := Sh(t, b, name, "git remote; cat .git/config .git/FETCH_HEAD 2>/dev/null || true"); strings.Contains(got, repo.Path) {
+		t.Fatalf("the host repository's path is in the sandbox: %q", got)
+	}
+}
+
+func testTransfer(s *suite) {
+	t, b := s.t, s.b
+	repo := NewRepo(t)
+	src := s.filled("src", repo)
+	dst := s.filled("dst", repo)
+	Sh(t, b, src, "echo work > work.txt && git add work.txt && git -c user.name=A -c user.email=a@example.com commit -qm work")
+	_, commit, err := gitx.Head(t.Context(), Checkout(b, src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := gitx.Transfer(t.Context(), Checkout(b, src), commit, Checkout(b, dst), "refs/jailbee/from/src/main", gitx.TransferOptions{}); err != nil {
+		t.Fatalf("Transfer: %v", err)
+	}
+	if got := Sh(t, b, dst, "git rev-parse refs/jailbee/from/src/main"); got != commit {
+		t.Fatalf("destination ref = %s, want %s", got, commit)
+	}
+	// Nothing merged: the destination's branch and work tree are as they were.
+	if got := Sh(t, b, dst, "git rev-parse HEAD; test -e work.txt || echo no-work"); got != repo.Second+"\nno-work" {
+		t.Fatalf("destination work tree changed: %q", got)
+	}
+	// A destination ref outside refs/ and a short id are refused.
+	if err := gitx.Transfer(t.Context(), Checkout(b, src), commit, Checkout(b, dst), "HEAD", gitx.TransferOptions{}); !errors.Is(err, gitx.ErrInvalidArgument) {
+		t.Fatalf("Transfer to HEAD: %v, want ErrInvalidArgument", err)
+	}
+	if err := gitx.Transfer(t.Context(), Checkout(b, src), commit[:12], Checkout(b, dst), "refs/x", gitx.TransferOptions{}); !errors.Is(err, gitx.ErrInvalidArgument) {
+		t.Fatalf("Transfer of a short id: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// testTransferBound: a source cannot send more than the bound.
+func testTransferBound(s *suite) {
+	t, b := s.t, s.b
+	repo := NewRepo(t)
+	src := s.filled("big", repo)
+	dst := s.filled("small", repo)
+	Sh(t, b, src, "head -c 300000 /dev/urandom > blob && git add blob && git -c user.name=A -c user.email=a@example.com commit -qm blob")
+	_, commit, err := gitx.Head(t.Context(), Checkout(b, src))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = gitx.Transfer(t.Context(), Checkout(b, src), commit, Checkout(b, dst), "refs/x", gitx.TransferOptions{MaxBytes: 100000})
+	if !errors.Is(err, gitx.ErrTransferTooLarge) {
+		t.Fatalf("Transfer past the bound: %v, want ErrTransferTooLarge", err)
+	}
+	if r := Exec(t, b, dst, backend.ExecOptions{Argv: []string{"git", "rev-parse", "--verify", "-q", "refs/x"}}); r.Code == 0 {
+		t.Fatal("the destination got the ref of a transfer past its bound")
+	}
+	if err := gitx.Transfer(t.Context(), Checkout(b, src), commit, Checkout(b, dst), "refs/x", gitx.TransferOptions{MaxBytes: 1 << 20}); err != nil {
+		t.Fatalf("Transfer within the bound: %v", err)
+	}
+}
+
+func testWorkChecks(s *suite) {
+	t, b := s.t, s.b
+	repo := NewRepo(t)
+	name := s.filled("work", repo)
+	co := Checkout(b, name)
+	if clean, err := gitx.IsClean(t.Context(), co); err != nil || !clean {
+		t.Fatalf("fresh checkout: clean %v, %v", clean, err)
+	}
+	Sh(t, b, name, "echo x > untracked")
+	if clean, err := gitx.IsClean(t.Context(), co); err != nil || clean {
+		t.Fatalf("untracked file: clean %v, %v", clean, err)
+	}
+	Sh(t, b, name, "rm untracked; echo changed > README")
+	if clean, err := gitx.IsClean(t.Context(), co); err != nil || clean {
+		t.Fatalf("changed file: clean %v, %v", clean, err)
+	}
+	Sh(t, b, name, "git checkout -q README; git checkout -q --detach")
+	if branch, head, err := gitx.Head(t.Context(), co); err != nil || branch != "" || head != repo.Second {
+		t.Fatalf("detached Head = %q %s %v", branch, head, err)
+	}
+}
+
+func testDestroy(s *suite) {
+	t, b := s.t, s.b
+	name := s.started("gone")
+	first, _ := s.find(name)
+	Sh(t, b, name, "nohup sleep 600 >/dev/null 2>&1 &")
 	if err := b.Destroy(t.Context(), name); err != nil {
 		t.Fatalf("Destroy: %v", err)
 	}
-	if _, ok := find(t, b, name); ok {
+	if _, ok := s.find(name); ok {
 		t.Fatal("List still has the destroyed sandbox")
 	}
 	if _, err := b.Exec(t.Context(), name, backend.ExecOptions{Argv: []string{"true"}}); !errors.Is(err, backend.ErrNotFound) {
@@ -501,16 +723,17 @@ func testDestroy(t *testing.T, b backend.Backend, opts Options) {
 	if err := b.Destroy(t.Context(), name); !errors.Is(err, backend.ErrNotFound) {
 		t.Fatalf("second Destroy: %v, want ErrNotFound", err)
 	}
-	again := Create(t, b, name, backend.GitSource{Repo: repo.Path, Branch: "main"})
-	if again.UUID == first.UUID {
-		t.Fatal("a re-created sandbox kept the old uuid")
+	again, err := b.Create(t.Context(), s.options(name))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if again.Running {
-		t.Fatal("a re-created sandbox is running")
+	if again.UUID == first.UUID || again.Running {
+		t.Fatalf("a re-created sandbox: %+v (old uuid %s)", again, first.UUID)
 	}
 }
 
-func testUnknown(t *testing.T, b backend.Backend, opts Options) {
+func testUnknown(s *suite) {
+	t, b := s.t, s.b
 	name := Name(t, "never")
 	ctx := t.Context()
 	checks := map[string]error{
@@ -521,10 +744,21 @@ func testUnknown(t *testing.T, b backend.Backend, opts Options) {
 		"DetachSocket": b.DetachSocket(ctx, name),
 	}
 	_, checks["Exec"] = b.Exec(ctx, name, backend.ExecOptions{Argv: []string{"true"}})
-	_, checks["GitRemote"] = b.GitRemote(ctx, name)
 	for op, err := range checks {
 		if !errors.Is(err, backend.ErrNotFound) {
 			t.Errorf("%s on an unknown sandbox: err = %v, want ErrNotFound", op, err)
 		}
+	}
+}
+
+// waitFor polls cond until it holds, failing t after 30 s.
+func waitFor(t testing.TB, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within 30 s")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

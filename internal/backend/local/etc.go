@@ -36,6 +36,10 @@ func writeEtc(dir, name string) error {
 	if err := secfs.MkdirFresh(dir); err != nil {
 		return err
 	}
+	// The sandbox's uid binds these files: it must reach them.
+	if err := secfs.Chmod(dir, 0o755); err != nil {
+		return err
+	}
 	files := map[string]string{
 		"passwd": fmt.Sprintf("root:x:0:0:root:/root:/bin/sh\n"+
 			"%s:x:%d:%d:%s:%s:/bin/sh\n"+

@@ -1,7 +1,10 @@
 // Package local is the embedded sandbox backend: a sandbox is a directory
-// holding its own git clone, and commands run in it under bubblewrap with
-// new namespaces (user, pid, mount, ipc, uts, net, cgroup), a read-only
-// system, a generated /etc and the checkout writable at /workspace.
+// holding its checkout and home, and a running sandbox is one unit: a
+// bubblewrap process tree (new user, pid, mount, ipc, uts, net and cgroup
+// namespaces, no nested user namespaces, read-only system and /proc/sys)
+// whose pid 1 is a supervisor (package unit) that outlives the broker and
+// runs every command of the sandbox. It runs as an unprivileged host uid,
+// in cgroups that bound its tasks, memory and CPU share.
 package local
 
 import (
@@ -14,7 +17,7 @@ import (
 	"sync"
 
 	"agentbox/internal/backend"
-	"agentbox/internal/gitx"
+	"agentbox/internal/cgroup"
 	"agentbox/internal/secfs"
 )
 
@@ -25,29 +28,24 @@ var _ backend.Backend = (*Backend)(nil)
 
 // Paths a sandboxed command sees.
 const (
-	WorkspacePath = "/workspace"       // the checkout, writable; default working dir
-	HomePath      = "/home/agent"      // the agent's persistent home, writable
-	ClientBinDir  = "/run/jailbee/bin" // first on PATH; holds the client
-	ClientName    = "jailbee"          // the client's name on PATH
-	AgentUser     = "agent"            // login name of backend.AgentUID
+	WorkspacePath = backend.WorkspacePath // the checkout, writable; default working dir
+	HomePath      = "/home/agent"         // the agent's persistent home, writable
+	ClientBinDir  = "/run/jailbee/bin"    // first on PATH; holds the client
+	ClientName    = "jailbee"             // the client's name on PATH
+	AgentUser     = "agent"               // login name of backend.AgentUID
 )
-
-// SocketEnv is set in insecure mode, where no mount puts the socket at
-// backend.SocketMountPath, to tell the client where it is.
-const SocketEnv = "JAILBEE_ORCHESTRATION_SOCKET"
 
 // SocketFile is the broker socket's name in an attached directory.
 const SocketFile = "broker.sock"
 
 // Layout of one sandbox directory under Root.
 const (
-	metaFile    = "meta.json" // sandbox state, written atomically
-	checkoutDir = "checkout"  // the git clone, bound at WorkspacePath
-	homeDir     = "home"      // bound at HomePath
-	etcDir      = "etc"       // generated /etc files, bound read-only
-	// insecureBinDir (under Root, not a valid sandbox name) holds the
-	// client symlink that insecure mode puts first on PATH.
-	insecureBinDir = ".insecure-bin"
+	metaFile    = "meta.json"      // sandbox state, written atomically
+	checkoutDir = "checkout"       // bound at WorkspacePath, owned by the sandbox's uid
+	homeDir     = "home"           // bound at HomePath, owned by the sandbox's uid
+	etcDir      = "etc"            // generated /etc files, bound read-only
+	controlSock = "control.sock"   // the supervisor's control socket (owner only)
+	unitLog     = "supervisor.log" // stderr of the launcher, bubblewrap and supervisor
 )
 
 // Options configures a local backend.
@@ -55,35 +53,30 @@ type Options struct {
 	// Root is the directory holding one subdirectory per sandbox
 	// (the broker passes <state>/sandboxes). Created 0700 if missing.
 	Root string
-	// ClientBinary is bound read-only as `jailbee` on the sandbox's PATH
-	// (the broker passes its own executable). Empty: no client inside.
-	ClientBinary string
-	// Insecure runs commands directly on the host in the checkout, with no
-	// namespaces at all (the broker's --insecure-no-sandbox).
-	Insecure bool
+	// Binary is the jailbee executable (static): the launcher on the host,
+	// the supervisor and the client inside. The broker passes its own.
+	Binary string
+	// NoLimits runs sandboxes without cgroups: limits are not set and
+	// Create's Limits are ignored. Without it, New fails where per-sandbox
+	// limits cannot be set.
+	NoLimits bool
 }
 
-// Backend runs sandboxes as directories and bubblewrap processes.
+// Backend runs sandboxes as directories and bubblewrap units.
 type Backend struct {
-	root     string
-	client   string // absolute path of the client binary, or ""
-	insecure bool
-	bwrap    string // absolute path of bwrap; "" in insecure mode
+	root   string
+	binary string
+	bwrap  string
+	cg     *cgroup.Hierarchy // nil with NoLimits
+	// asRoot: the broker runs as root, so each sandbox runs as its own
+	// unprivileged host uid, and the launcher stages its directories.
+	asRoot bool
 
-	mu       sync.Mutex
-	creating map[string]bool              // names whose Create is under way
-	procs    map[string]map[*process]bool // running Execs per sandbox
-}
-
-// process is one running Exec, tracked so Stop and Destroy can end it.
-type process struct {
-	cmd    *exec.Cmd
-	done   chan struct{} // closed when the command has been waited for
-	killed bool          // ended by Stop or Destroy (guarded by Backend.mu)
+	mu    sync.Mutex
+	locks map[string]*sync.Mutex // one lifecycle operation at a time per sandbox
 }
 
 // New opens (creating if needed) a local backend rooted at opts.Root.
-// Without Insecure it needs bwrap on PATH.
 func New(opts Options) (*Backend, error) {
 	if opts.Root == "" {
 		return nil, errors.New("local backend: no root directory")
@@ -92,35 +85,34 @@ func New(opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	b := &Backend{root: root, asRoot: os.Geteuid() == 0, locks: map[string]*sync.Mutex{}}
+	if b.bwrap, err = exec.LookPath("bwrap"); err != nil {
+		return nil, errors.New("bubblewrap (bwrap) not found on PATH: install bubblewrap (apt-get install bubblewrap)")
+	}
+	if b.bwrap, err = filepath.Abs(b.bwrap); err != nil {
+		return nil, err
+	}
+	if opts.Binary == "" {
+		return nil, errors.New("local backend: no jailbee binary")
+	}
+	if b.binary, err = filepath.Abs(opts.Binary); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(b.binary); err != nil || !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("jailbee binary %s is not a regular file", b.binary)
+	}
+	if !opts.NoLimits {
+		h, err := cgroup.Detect()
+		if err == nil {
+			err = h.Usable()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("cannot set per-sandbox limits: %v (run the broker as root, or on a cgroup v2 host give it a delegated subtree, or start it with --no-limits to run sandboxes without limits)", err)
+		}
+		b.cg = h
+	}
 	if err := secfs.EnsurePrivateDir(root); err != nil {
 		return nil, fmt.Errorf("local backend root: %w", err)
-	}
-	b := &Backend{
-		root:     root,
-		insecure: opts.Insecure,
-		creating: map[string]bool{},
-		procs:    map[string]map[*process]bool{},
-	}
-	if opts.ClientBinary != "" {
-		if b.client, err = filepath.Abs(opts.ClientBinary); err != nil {
-			return nil, err
-		}
-		fi, err := os.Stat(b.client)
-		if err != nil {
-			return nil, fmt.Errorf("client binary: %w", err)
-		}
-		if !fi.Mode().IsRegular() {
-			return nil, fmt.Errorf("client binary %s is not a regular file", b.client)
-		}
-	}
-	if opts.Insecure {
-		if err := b.linkInsecureClient(); err != nil {
-			return nil, err
-		}
-		return b, nil
-	}
-	if b.bwrap, err = exec.LookPath("bwrap"); err != nil {
-		return nil, errors.New("bubblewrap (bwrap) not found on PATH: install bubblewrap (apt-get install bubblewrap) or run with --insecure-no-sandbox")
 	}
 	return b, nil
 }
@@ -131,48 +123,72 @@ func (b *Backend) Type() string { return Type }
 // dir is the host directory of a sandbox; name must be valid.
 func (b *Backend) dir(name string) string { return filepath.Join(b.root, name) }
 
-// Create clones opts.Source into a new, stopped sandbox with a fresh uuid.
+// lock serializes Create, Start, Stop and Destroy of one sandbox.
+func (b *Backend) lock(name string) func() {
+	b.mu.Lock()
+	l := b.locks[name]
+	if l == nil {
+		l = &sync.Mutex{}
+		b.locks[name] = l
+	}
+	b.mu.Unlock()
+	l.Lock()
+	return l.Unlock
+}
+
+// hostIDs are the host uid and gid of a new sandbox.
+func (b *Backend) hostIDs(requested int) (int, int, error) {
+	if !b.asRoot {
+		if requested != 0 && requested != os.Getuid() {
+			return 0, 0, fmt.Errorf("%w: a broker that is not root runs sandboxes as its own uid", backend.ErrUnsupported)
+		}
+		return os.Getuid(), os.Getgid(), nil
+	}
+	if requested <= 0 || requested == os.Getuid() {
+		return 0, 0, errors.New("create: a root broker needs an unprivileged host uid for the sandbox")
+	}
+	return requested, requested, nil
+}
+
+// Create makes a stopped sandbox with an empty checkout and home owned by
+// its host uid, and a fresh uuid.
 func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backend.Instance, error) {
 	name := opts.Name
 	if err := backend.ValidateName(name); err != nil {
 		return backend.Instance{}, err
 	}
-	if opts.Source.Repo == "" {
-		return backend.Instance{}, errors.New("create: no source repository")
+	uid, gid, err := b.hostIDs(opts.HostUID)
+	if err != nil {
+		return backend.Instance{}, err
 	}
+	defer b.lock(name)()
+	dir := b.dir(name)
 	if err := b.claim(name); err != nil {
 		return backend.Instance{}, err
 	}
-	defer func() {
-		b.mu.Lock()
-		delete(b.creating, name)
-		b.mu.Unlock()
-	}()
-	dir := b.dir(name)
-	inst, err := b.populate(ctx, name, dir, opts.Source)
+	m := meta{UID: uid, GID: gid}
+	if b.cg != nil {
+		m.Limits = opts.Limits
+	}
+	if m.UUID, err = newUUID(); err == nil {
+		err = populate(dir, name, m)
+	}
 	if err != nil {
-		// Nothing outside dir was created; meta.json is written last, so a
-		// failure leaves no sandbox behind.
-		os.RemoveAll(dir)
+		// meta.json is written last, so a failure leaves no sandbox behind.
+		secfs.RemoveTree(dir)
 		return backend.Instance{}, fmt.Errorf("create %s: %w", name, err)
 	}
-	return inst, nil
+	return backend.Instance{Name: name, UUID: m.UUID}, nil
 }
 
-// claim reserves name for a Create: it makes the sandbox directory, which
-// must not exist, except as the leftover of a Create a crash interrupted
-// (a directory without metadata that no Create of this process is filling).
+// claim makes the sandbox directory, which must not exist, except as the
+// leftover of a Create a crash interrupted (a directory without metadata).
 func (b *Backend) claim(name string) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.creating[name] {
-		return fmt.Errorf("%w: %s", backend.ErrExists, name)
-	}
 	dir := b.dir(name)
-	if _, err := b.loadLocked(name); err == nil {
+	if _, err := loadSandbox(dir); err == nil {
 		return fmt.Errorf("%w: %s", backend.ErrExists, name)
 	} else if errors.Is(err, errIncomplete) {
-		if err := removeSandboxDir(dir); err != nil {
+		if err := secfs.RemoveTree(dir); err != nil {
 			return err
 		}
 	} else if !errors.Is(err, backend.ErrNotFound) {
@@ -184,144 +200,79 @@ func (b *Backend) claim(name string) error {
 		}
 		return err
 	}
-	b.creating[name] = true
 	return nil
 }
 
 // populate fills a claimed sandbox directory; the metadata file comes last.
-func (b *Backend) populate(ctx context.Context, name, dir string, src backend.GitSource) (backend.Instance, error) {
-	if err := gitx.Clone(ctx, src.Repo, filepath.Join(dir, checkoutDir), src.Branch, src.Commit); err != nil {
-		return backend.Instance{}, err
-	}
-	if err := secfs.MkdirFresh(filepath.Join(dir, homeDir)); err != nil {
-		return backend.Instance{}, err
+func populate(dir, name string, m meta) error {
+	for _, d := range []string{checkoutDir, homeDir} {
+		if err := secfs.MkdirOwned(filepath.Join(dir, d), m.UID, m.GID); err != nil {
+			return err
+		}
 	}
 	if err := writeEtc(filepath.Join(dir, etcDir), name); err != nil {
-		return backend.Instance{}, err
-	}
-	id, err := newUUID()
-	if err != nil {
-		return backend.Instance{}, err
-	}
-	if err := saveMeta(dir, meta{UUID: id}); err != nil {
-		return backend.Instance{}, err
-	}
-	return backend.Instance{Name: name, UUID: id}, nil
-}
-
-// Start marks the sandbox running; starting a running sandbox is a no-op.
-func (b *Backend) Start(ctx context.Context, name string) error {
-	return b.update(name, func(m *meta) { m.Running = true })
-}
-
-// Stop marks the sandbox stopped and ends every command Exec started in
-// it, returning once they have exited (or ctx is done). Stopping a stopped
-// sandbox is a no-op.
-func (b *Backend) Stop(ctx context.Context, name string) error {
-	b.mu.Lock()
-	m, err := b.loadLocked(name)
-	if err == nil && m.Running {
-		m.Running = false
-		err = saveMeta(b.dir(name), m)
-	}
-	var waits []chan struct{}
-	if err == nil {
-		waits = b.killLocked(name)
-	}
-	b.mu.Unlock()
-	if err != nil {
 		return err
 	}
-	return waitAll(ctx, waits)
+	return saveMeta(dir, m)
 }
 
-// Destroy ends the sandbox's commands and removes its directory. A
-// sandbox directory that is a symlink is refused, never followed.
+// Destroy stops the sandbox and removes its directory by handles: nothing
+// the sandbox put there (symlinks, read-only trees) can redirect it.
 func (b *Backend) Destroy(ctx context.Context, name string) error {
 	if err := backend.ValidateName(name); err != nil {
 		return err
 	}
-	b.mu.Lock()
-	if b.creating[name] {
-		b.mu.Unlock()
-		return fmt.Errorf("destroy %s: a create is in progress", name)
-	}
+	defer b.lock(name)()
 	dir := b.dir(name)
-	fi, err := os.Lstat(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		b.mu.Unlock()
-		return fmt.Errorf("%w: %s", backend.ErrNotFound, name)
-	}
-	if err == nil && !fi.IsDir() { // a symlink is not IsDir under Lstat
-		err = fmt.Errorf("destroy %s: %w: not a real directory", name, secfs.ErrUnsafe)
+	m, err := loadSandbox(dir)
+	if errors.Is(err, errIncomplete) {
+		return secfs.RemoveTree(dir) // an interrupted Create
 	}
 	if err != nil {
-		b.mu.Unlock()
+		return err
+	}
+	if err := b.stopUnit(ctx, dir, m); err != nil {
 		return err
 	}
 	// The sandbox disappears for List and Exec before it is emptied, so a
 	// failure halfway never leaves a half-removed sandbox that looks whole.
-	err = os.Remove(filepath.Join(dir, metaFile))
-	waits := b.killLocked(name)
-	b.mu.Unlock()
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := os.Remove(filepath.Join(dir, metaFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	if err := waitAll(ctx, waits); err != nil {
-		return err
-	}
-	return removeSandboxDir(dir)
-}
-
-// killLocked kills every command running in the sandbox and returns
-// channels closed when each has been waited for.
-func (b *Backend) killLocked(name string) []chan struct{} {
-	var waits []chan struct{}
-	for p := range b.procs[name] {
-		p.killed = true
-		p.kill()
-		waits = append(waits, p.done)
-	}
-	return waits
-}
-
-func waitAll(ctx context.Context, waits []chan struct{}) error {
-	for _, w := range waits {
-		select {
-		case <-w:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
+	if err := secfs.RemoveTree(dir); err != nil {
+		return fmt.Errorf("remove %s: %w", name, err)
 	}
 	return nil
 }
 
-// AttachSocket records dir as the sandbox's socket directory: Execs that
-// start from now on see it read-only at backend.SocketMountPath.
+// AttachSocket records dir as the sandbox's socket directory, owned by the
+// sandbox's uid so its agent can connect. A running sandbox keeps the
+// directory it started with; dir is bound from its next start.
 func (b *Backend) AttachSocket(ctx context.Context, name, dir string) error {
 	if !filepath.IsAbs(dir) {
 		return fmt.Errorf("attach socket: %q is not an absolute path", dir)
 	}
-	fi, err := os.Lstat(dir)
+	m, err := b.load(name)
 	if err != nil {
+		return err
+	}
+	if err := secfs.ChownNoFollow(dir, m.UID, m.GID); err != nil {
 		return fmt.Errorf("attach socket: %w", err)
 	}
-	if !fi.IsDir() {
-		return fmt.Errorf("attach socket: %w: not a real directory", secfs.ErrUnsafe)
+	sock := filepath.Join(dir, SocketFile)
+	if err := secfs.ChownNoFollow(sock, m.UID, m.GID); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("attach socket: %w", err)
 	}
 	return b.update(name, func(m *meta) { m.SocketDir = filepath.Clean(dir) })
 }
 
-// DetachSocket forgets the socket directory; commands already running
-// keep the mount they started with.
+// DetachSocket forgets the socket directory from the next start on.
 func (b *Backend) DetachSocket(ctx context.Context, name string) error {
 	return b.update(name, func(m *meta) { m.SocketDir = "" })
 }
 
 // List returns every complete sandbox under Root, sorted by name.
 func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	entries, err := os.ReadDir(b.root)
 	if err != nil {
 		return nil, err
@@ -331,33 +282,25 @@ func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
 		if !e.IsDir() || backend.ValidateName(e.Name()) != nil {
 			continue
 		}
-		m, err := b.loadLocked(e.Name())
-		if errors.Is(err, errIncomplete) || errors.Is(err, backend.ErrNotFound) {
+		m, err := loadSandbox(b.dir(e.Name()))
+		if errors.Is(err, backend.ErrNotFound) {
 			continue // being created, or a crashed create
 		}
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, backend.Instance{Name: e.Name(), UUID: m.UUID, Running: m.Running})
+		out = append(out, backend.Instance{Name: e.Name(), UUID: m.UUID, Running: m.running()})
 	}
 	return out, nil
 }
 
-// GitRemote returns the host path of the sandbox's checkout.
-func (b *Backend) GitRemote(ctx context.Context, name string) (string, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if _, err := b.loadLocked(name); err != nil {
-		return "", err
-	}
-	return filepath.Join(b.dir(name), checkoutDir), nil
-}
-
 // update applies change to the sandbox's metadata and saves it durably.
 func (b *Backend) update(name string, change func(*meta)) error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	m, err := b.loadLocked(name)
+	if err := backend.ValidateName(name); err != nil {
+		return err
+	}
+	defer b.lock(name)()
+	m, err := loadSandbox(b.dir(name))
 	if err != nil {
 		return err
 	}
@@ -369,23 +312,27 @@ func (b *Backend) update(name string, change func(*meta)) error {
 	return saveMeta(b.dir(name), m)
 }
 
-// loadLocked reads a sandbox's metadata. It returns backend.ErrNotFound
-// for a missing sandbox and errIncomplete for a directory Create has not
-// finished.
-func (b *Backend) loadLocked(name string) (meta, error) {
+// load reads a sandbox's metadata by name.
+func (b *Backend) load(name string) (meta, error) {
 	if err := backend.ValidateName(name); err != nil {
 		return meta{}, err
 	}
-	dir := b.dir(name)
+	return loadSandbox(b.dir(name))
+}
+
+// loadSandbox reads the metadata of the sandbox directory dir. It returns
+// backend.ErrNotFound for a missing sandbox and errIncomplete for a
+// directory Create has not finished.
+func loadSandbox(dir string) (meta, error) {
 	fi, err := os.Lstat(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return meta{}, fmt.Errorf("%w: %s", backend.ErrNotFound, name)
+		return meta{}, fmt.Errorf("%w: %s", backend.ErrNotFound, filepath.Base(dir))
 	}
 	if err != nil {
 		return meta{}, err
 	}
 	if !fi.IsDir() {
-		return meta{}, fmt.Errorf("sandbox %s: %w: not a real directory", name, secfs.ErrUnsafe)
+		return meta{}, fmt.Errorf("sandbox %s: %w: not a real directory", filepath.Base(dir), secfs.ErrUnsafe)
 	}
 	return loadMeta(dir)
 }

@@ -1,0 +1,266 @@
+package unit
+
+import (
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"os/signal"
+	"path"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ControlFD is the descriptor the supervisor inherits its control
+// listener on (the launcher's first extra file).
+const ControlFD = 3
+
+// reapInterval is how often the supervisor reaps children even without a
+// SIGCHLD (signals coalesce; orphans of the sandbox reparent to it).
+const reapInterval = time.Second
+
+// notFoundStatus and cannotRunStatus are the shell's statuses for a
+// command that does not exist or cannot be executed.
+const (
+	notFoundStatus  = 127
+	cannotRunStatus = 126
+)
+
+// InitMain is `jailbee _sandbox-init`: the sandbox's pid 1. It returns only
+// on a setup failure.
+func InitMain() int {
+	// Nothing but the control listener may stay open: a descriptor of the
+	// launcher or bubblewrap could reach host paths.
+	if err := unix.CloseRange(ControlFD+1, math.MaxUint32, 0); err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox-init: close descriptors: %v\n", err)
+		return 1
+	}
+	// Not dumpable: no process of the sandbox (same uid) may ptrace the
+	// supervisor or open its descriptors through /proc.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox-init: prctl: %v\n", err)
+		return 1
+	}
+	// Go would turn these signals into an exit, so a sandbox process could
+	// end its own sandbox by accident: catch and drop them. Caught, not
+	// ignored: an ignored signal stays ignored in every command started.
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT,
+		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGPIPE)
+	go func() {
+		for range sigs {
+		}
+	}()
+	f := os.NewFile(ControlFD, "control")
+	ln, err := net.FileListener(f)
+	f.Close()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox-init: control listener: %v\n", err)
+		return 1
+	}
+	s := &supervisor{waiters: map[int]chan syscall.WaitStatus{}}
+	go s.reap()
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			// Only the broker connects; a transient error (EMFILE) must
+			// not end the sandbox.
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		go s.serve(conn.(*net.UnixConn))
+	}
+}
+
+// supervisor runs commands and reaps every process of the sandbox.
+type supervisor struct {
+	mu      sync.Mutex
+	waiters map[int]chan syscall.WaitStatus // commands of live connections, by pid
+}
+
+// reap collects every child that ended (commands, and orphans reparented
+// to pid 1) and hands a command's status to its connection.
+func (s *supervisor) reap() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGCHLD)
+	tick := time.NewTicker(reapInterval)
+	for {
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+			s.mu.Lock()
+			if ch, ok := s.waiters[pid]; ok {
+				ch <- ws
+				delete(s.waiters, pid)
+			}
+			s.mu.Unlock()
+		}
+		select {
+		case <-sigs:
+		case <-tick.C:
+		}
+	}
+}
+
+func (s *supervisor) serve(conn *net.UnixConn) {
+	defer conn.Close()
+	req, files, err := readRequest(conn)
+	defer closeAll(files)
+	if err != nil {
+		return
+	}
+	switch req.Op {
+	case "ping":
+		writeReply(conn, Reply{OK: true})
+	case "exec":
+		if len(files) != maxFDs {
+			return
+		}
+		s.exec(conn, req, files)
+	}
+}
+
+// exec starts one command and reports its pid and its exit status; the
+// connection closing first kills the command's process group.
+func (s *supervisor) exec(conn *net.UnixConn, req Request, files []*os.File) {
+	status, started := s.start(req, files)
+	closeAll(files)
+	if !started {
+		writeReply(conn, Reply{Exit: &status})
+		return
+	}
+	pid := status
+	ch := s.waiter(pid)
+	if err := writeReply(conn, Reply{PID: &pid}); err != nil {
+		syscall.Kill(-pid, syscall.SIGKILL)
+		<-ch
+		return
+	}
+	gone := make(chan struct{})
+	go func() {
+		// The broker sends nothing more: any read result means it left.
+		var b [1]byte
+		conn.Read(b[:])
+		close(gone)
+	}()
+	var ws syscall.WaitStatus
+	select {
+	case ws = <-ch:
+	case <-gone:
+		syscall.Kill(-pid, syscall.SIGKILL)
+		<-ch
+		return
+	}
+	code := ws.ExitStatus()
+	if ws.Signaled() {
+		code = 128 + int(ws.Signal())
+	}
+	writeReply(conn, Reply{Exit: &code})
+}
+
+// waiter returns the channel the reaper sends pid's status on. It was
+// registered by start, under the same lock as the fork.
+func (s *supervisor) waiter(pid int) chan syscall.WaitStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.waiters[pid]
+}
+
+// start forks the command in a session of its own. It returns the pid and
+// true, or a shell-style status (the reason written to the command's
+// stderr) and false.
+func (s *supervisor) start(req Request, files []*os.File) (int, bool) {
+	stderr := files[2]
+	if len(req.Argv) == 0 || req.Argv[0] == "" {
+		fmt.Fprintln(stderr, "jailbee: empty command")
+		return cannotRunStatus, false
+	}
+	prog, err := lookPath(req.Argv[0], envPath(req.Env))
+	if err != nil {
+		fmt.Fprintf(stderr, "jailbee: %s: command not found\n", shown(req.Argv[0]))
+		return notFoundStatus, false
+	}
+	dir := req.Dir
+	if dir == "" {
+		dir = "/"
+	}
+	attr := &syscall.ProcAttr{
+		Dir:   dir,
+		Env:   req.Env,
+		Files: []uintptr{files[0].Fd(), files[1].Fd(), files[2].Fd()},
+		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: req.TTY, Ctty: 0},
+	}
+	s.mu.Lock()
+	pid, err := syscall.ForkExec(prog, req.Argv, attr)
+	if err == nil {
+		s.waiters[pid] = make(chan syscall.WaitStatus, 1)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		fmt.Fprintf(stderr, "jailbee: %s: %v\n", shown(req.Argv[0]), err)
+		if err == syscall.ENOENT {
+			return notFoundStatus, false
+		}
+		return cannotRunStatus, false
+	}
+	return pid, true
+}
+
+// envPath is the PATH of the command's environment.
+func envPath(env []string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			return v
+		}
+	}
+	return "/usr/bin:/bin"
+}
+
+// lookPath finds prog as a shell would, in the command's own PATH.
+func lookPath(prog, pathList string) (string, error) {
+	if strings.Contains(prog, "/") {
+		return prog, executable(prog)
+	}
+	for _, d := range strings.Split(pathList, ":") {
+		if d == "" {
+			d = "."
+		}
+		p := path.Join(d, prog)
+		if executable(p) == nil {
+			return p, nil
+		}
+	}
+	return "", os.ErrNotExist
+}
+
+func executable(p string) error {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return err
+	}
+	if fi.IsDir() || fi.Mode()&0o111 == 0 {
+		return os.ErrPermission
+	}
+	return nil
+}
+
+// shown bounds a command name in a message.
+func shown(s string) string {
+	if len(s) > 128 {
+		return s[:128] + "..."
+	}
+	return s
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}

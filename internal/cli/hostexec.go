@@ -1,0 +1,218 @@
+package cli
+
+import (
+	"context"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"agentbox/internal/term"
+	"agentbox/internal/wire"
+)
+
+// execOutputGrace is how long exec keeps copying output after the command
+// ended: a process it left in the background may hold the stream open.
+const execOutputGrace = 2 * time.Second
+
+func newExecCmd(deps Deps) *cobra.Command {
+	var state, user string
+	var tty bool
+	var envs []string
+	c := &cobra.Command{
+		Use:   "exec NAME [-t] [--env K=V]... -- CMD...",
+		Short: "Run a command inside a sandbox",
+		Long: `Run a command inside a running sandbox, as its agent user, in its checkout
+(/workspace). The broker runs it in the sandbox: it is one of the sandbox's
+processes, limited with them and ended with them by 'jailbee stop' or
+'jailbee destroy'. stdin, stdout and stderr are passed through and the exit
+status is the command's (127: no such command). Ending exec (Ctrl-C) ends
+the command; what the command started in the background keeps running.
+
+  -t          give the command a new terminal, sized like yours, with your
+              terminal in raw mode meanwhile (jailbee exec -t NAME -- bash)
+  --env K=V   add a variable to the command's environment (repeatable)
+
+Inside, the broker socket is /run/jailbee/orchestration/broker.sock and the
+inbox client is on PATH as 'jailbee'.`,
+		Args: cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.ArgsLenAtDash() != 1 {
+				return exitf(ExitUsage, "usage: exec NAME [-t] -- CMD...")
+			}
+			a := wire.ExecArgs{Name: args[0], Argv: args[1:], User: user, TTY: tty}
+			for _, kv := range envs {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return exitf(ExitUsage, "--env needs K=V, not %q", kv)
+				}
+				if a.Env == nil {
+					a.Env = map[string]string{}
+				}
+				a.Env[k] = v
+			}
+			code, err := runExec(cmd.Context(), state, a, deps)
+			if err != nil {
+				return err
+			}
+			if code != 0 {
+				return &ExitError{Code: code}
+			}
+			return nil
+		},
+	}
+	addStateFlag(c, &state)
+	c.Flags().BoolVarP(&tty, "tty", "t", false, "give the command a terminal")
+	c.Flags().StringArrayVar(&envs, "env", nil, "K=V added to the command's environment")
+	c.Flags().StringVar(&user, "user", "", "user inside the sandbox (the local backend has only its agent user)")
+	return c
+}
+
+// runExec asks the broker to run a.Argv in the sandbox with new pipes (or
+// a new terminal) as its streams, and copies them to and from this
+// process's own. The user's own terminal is never passed into a sandbox.
+func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) (int, error) {
+	c, err := dialAdmin(ctx, state)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	var st *execStreams
+	if a.TTY {
+		st, err = ttyStreams(deps, &a)
+	} else {
+		st, err = pipeStreams(deps)
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer st.restore()
+	var res wire.ExecResult
+	err = c.CallFiles(ctx, "exec", a, st.child[:], &res)
+	st.wait(err == nil)
+	if err != nil {
+		return 0, protocolExit(err)
+	}
+	return res.Exit, nil
+}
+
+// execStreams are the command's descriptors (sent to the broker, closed
+// here once sent) and the copies between them and this process's streams.
+type execStreams struct {
+	child   [3]*os.File
+	output  sync.WaitGroup // copies of the command's output
+	closers []io.Closer    // our ends, closed when the copies end
+	restore func()
+}
+
+// pipeStreams makes a pipe for each stream.
+func pipeStreams(deps Deps) (*execStreams, error) {
+	st := &execStreams{restore: func() {}}
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	st.child[0] = inR
+	st.closers = append(st.closers, inW)
+	go func() {
+		io.Copy(inW, deps.Stdin)
+		inW.Close()
+	}()
+	for i, w := range []io.Writer{deps.Stdout, deps.Stderr} {
+		r, cw, err := os.Pipe()
+		if err != nil {
+			st.closeAll()
+			return nil, err
+		}
+		st.child[i+1] = cw
+		st.closers = append(st.closers, r)
+		st.output.Add(1)
+		go func() {
+			defer st.output.Done()
+			io.Copy(w, r)
+		}()
+	}
+	return st, nil
+}
+
+// ttyStreams makes a new terminal for the command: its slave is all three
+// streams, its master is copied to and from this process's terminal, which
+// is in raw mode until restore.
+func ttyStreams(deps Deps, a *wire.ExecArgs) (*execStreams, error) {
+	in, ok := deps.Stdin.(*os.File)
+	if !ok || !term.IsTerminal(in) {
+		return nil, exitf(ExitUsage, "-t needs a terminal on stdin")
+	}
+	master, slave, err := term.OpenPTY()
+	if err != nil {
+		return nil, exitf(ExitFailed, "%v", err)
+	}
+	term.CopySize(slave, in)
+	restoreMode, err := term.MakeRaw(in)
+	if err != nil {
+		master.Close()
+		slave.Close()
+		return nil, exitf(ExitFailed, "cannot put the terminal in raw mode: %v", err)
+	}
+	winch := make(chan os.Signal, 1)
+	signal.Notify(winch, syscall.SIGWINCH)
+	go func() {
+		for range winch {
+			term.CopySize(slave, in)
+		}
+	}()
+	if t := os.Getenv("TERM"); t != "" {
+		if a.Env == nil {
+			a.Env = map[string]string{}
+		}
+		if _, set := a.Env["TERM"]; !set {
+			a.Env["TERM"] = t
+		}
+	}
+	st := &execStreams{child: [3]*os.File{slave, slave, slave}, closers: []io.Closer{master}}
+	st.restore = func() {
+		signal.Stop(winch)
+		close(winch)
+		restoreMode()
+	}
+	go io.Copy(master, in)
+	st.output.Add(1)
+	go func() {
+		defer st.output.Done()
+		// Reading the master ends with EIO once every holder of the slave
+		// (the command and what it left running) has closed it.
+		io.Copy(deps.Stdout, master)
+	}()
+	return st, nil
+}
+
+// wait closes the command's descriptors (the broker has its own), then
+// lets the output copies finish: to the end of the command's output, at
+// most execOutputGrace after it ended (at once when it never ran).
+func (st *execStreams) wait(ran bool) {
+	for _, f := range st.child {
+		f.Close()
+	}
+	done := make(chan struct{})
+	go func() { st.output.Wait(); close(done) }()
+	grace := execOutputGrace
+	if !ran {
+		grace = 0
+	}
+	select {
+	case <-done:
+	case <-time.After(grace):
+	}
+	st.closeAll()
+}
+
+func (st *execStreams) closeAll() {
+	for _, c := range st.closers {
+		c.Close()
+	}
+}

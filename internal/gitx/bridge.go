@@ -1,0 +1,377 @@
+package gitx
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"unicode"
+)
+
+// Bounds of git inside sandboxes.
+const (
+	// MaxTransferBytes bounds what one Transfer carries from the source to
+	// the destination (the pack and its protocol): a hostile source cannot
+	// fill the destination's disk through the broker.
+	MaxTransferBytes = 4 << 30
+	// maxOutputBytes bounds what is read of a git command's output inside a
+	// sandbox: a ref, a commit id, or the first lines of `git status`.
+	maxOutputBytes = 64 << 10
+)
+
+// ErrTransferTooLarge: the source sent more than the transfer's bound.
+var ErrTransferTooLarge = errors.New("transfer larger than its bound")
+
+// ClientName is the jailbee client's name on a sandbox's PATH: it carries
+// the fetch side of a transfer (FetchMain).
+const ClientName = "jailbee"
+
+// Runner runs a command inside a sandbox (the backend's Exec) and returns
+// its exit status.
+type Runner interface {
+	Run(ctx context.Context, c Cmd) (int, error)
+}
+
+// RunnerFunc adapts a function to Runner.
+type RunnerFunc func(ctx context.Context, c Cmd) (int, error)
+
+// Run calls f.
+func (f RunnerFunc) Run(ctx context.Context, c Cmd) (int, error) { return f(ctx, c) }
+
+// Cmd is one command for a Runner.
+type Cmd struct {
+	Argv   []string
+	Dir    string
+	Env    map[string]string
+	Stdin  io.Reader
+	Stdout io.Writer
+	Stderr io.Writer
+	// Started is called once the command runs with its own copies of its
+	// streams (backend.ExecOptions.Started).
+	Started func()
+}
+
+// Repo is a repository and where git runs on it: the user's own
+// repository on the host, or a sandbox's repository inside the sandbox.
+type Repo struct {
+	run  Runner // nil: the host
+	dir  string
+	name string // for errors: "the repository" or the sandbox's name
+}
+
+// HostRepo is the user's own repository at path: host git, fixed safe
+// environment.
+func HostRepo(path string) Repo { return Repo{dir: path, name: "the repository"} }
+
+// SandboxRepo is the repository at dir inside a sandbox (name, for
+// errors): every git command runs there through run, under the sandbox's
+// own config.
+func SandboxRepo(name string, run Runner, dir string) Repo {
+	return Repo{run: run, dir: dir, name: "`" + name + "`"}
+}
+
+// sandboxEnv is the environment of git inside a sandbox: deterministic
+// output, never a prompt.
+var sandboxEnv = map[string]string{
+	"LC_ALL":              "C",
+	"GIT_TERMINAL_PROMPT": "0",
+	"GIT_PAGER":           "cat",
+}
+
+// git runs git with args in r and returns its stdout (at most
+// maxOutputBytes kept, the rest discarded so git can finish).
+func (r Repo) git(ctx context.Context, args ...string) (string, error) {
+	if r.run == nil {
+		return run(ctx, r.dir, args...)
+	}
+	var stdout, stderr boundedBuffer
+	code, err := r.run.Run(ctx, Cmd{
+		Argv: append([]string{"git"}, args...), Dir: r.dir, Env: sandboxEnv,
+		Stdout: &stdout, Stderr: &stderr,
+	})
+	if err != nil {
+		return "", fmt.Errorf("git %s in %s: %w", args[0], r.name, err)
+	}
+	if code != 0 {
+		return "", &SandboxGitError{Sub: args[0], Where: r.name, Code: code, Stderr: stderr.text()}
+	}
+	return strings.TrimSpace(stdout.String()), nil
+}
+
+// SandboxGitError is a git command that failed inside a sandbox. Stderr is
+// what the sandbox's git printed: bounded, control characters replaced,
+// still sandbox-controlled, so for logs only.
+type SandboxGitError struct {
+	Sub    string
+	Where  string
+	Code   int
+	Stderr string
+}
+
+func (e *SandboxGitError) Error() string {
+	return fmt.Sprintf("git %s in %s exited %d: %q", e.Sub, e.Where, e.Code, e.Stderr)
+}
+
+// boundedBuffer keeps the first maxOutputBytes written and counts them
+// all. It has no ReadFrom: io.Copy must go through Write.
+type boundedBuffer struct {
+	buf   bytes.Buffer
+	total int64
+}
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	b.total += int64(len(p))
+	if room := maxOutputBytes - b.buf.Len(); room > 0 {
+		b.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (b *boundedBuffer) String() string { return b.buf.String() }
+
+// text is the buffer as a short printable string.
+func (b *boundedBuffer) text() string {
+	s := b.String()
+	if len(s) > maxStderrBytes {
+		s = s[:maxStderrBytes] + "..."
+	}
+	return strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return ' '
+	}, strings.TrimSpace(s))
+}
+
+// Init makes an empty repository at r (inside a sandbox).
+func Init(ctx context.Context, r Repo) error {
+	_, err := r.git(ctx, "init", "--quiet")
+	return err
+}
+
+// Head returns the branch HEAD is on ("" when detached) and the commit it
+// names. A sandbox may answer anything: both are checked for shape.
+func Head(ctx context.Context, r Repo) (branch, commit string, err error) {
+	commit, err = r.git(ctx, "rev-parse", "--verify", "--quiet", "HEAD^{commit}")
+	if err != nil {
+		return "", "", err
+	}
+	if !shaPattern.MatchString(commit) {
+		return "", "", fmt.Errorf("git rev-parse in %s: not a commit id", r.name)
+	}
+	branch, err = r.git(ctx, "symbolic-ref", "--quiet", "--short", "HEAD")
+	var ge *SandboxGitError
+	if errors.As(err, &ge) && ge.Code == 1 {
+		return "", commit, nil // detached
+	}
+	if err != nil {
+		return "", "", err
+	}
+	if err := CheckBranchName(ctx, branch); err != nil {
+		return "", "", fmt.Errorf("git symbolic-ref in %s: not a branch name", r.name)
+	}
+	return branch, commit, nil
+}
+
+// IsClean reports whether r's work tree and index match HEAD; untracked
+// files count as dirty, ignored files do not, nor do changes inside a
+// submodule's own work tree.
+func IsClean(ctx context.Context, r Repo) (bool, error) {
+	if r.run == nil {
+		return false, errors.New("gitx: IsClean runs only inside a sandbox")
+	}
+	var stdout, stderr boundedBuffer
+	code, err := r.run.Run(ctx, Cmd{
+		Argv: []string{"git", "status", "--porcelain=v1", "--untracked-files=all", "--ignore-submodules=dirty"},
+		Dir:  r.dir, Env: sandboxEnv, Stdout: &stdout, Stderr: &stderr,
+	})
+	if err != nil {
+		return false, fmt.Errorf("git status in %s: %w", r.name, err)
+	}
+	if code != 0 {
+		return false, &SandboxGitError{Sub: "status", Where: r.name, Code: code, Stderr: stderr.text()}
+	}
+	return stdout.total == 0, nil
+}
+
+// Checkout puts r's HEAD on branch at commit, creating or resetting the
+// branch, and checks it out (inside a sandbox, on a fresh repository).
+func Checkout(ctx context.Context, r Repo, branch, commit string) error {
+	if err := CheckBranchName(ctx, branch); err != nil {
+		return err
+	}
+	if !shaPattern.MatchString(commit) {
+		return fmt.Errorf("%w: commit %q is not a full object id", ErrInvalidArgument, commit)
+	}
+	_, err := r.git(ctx, "checkout", "--quiet", "-B", branch, commit, "--")
+	return err
+}
+
+// DeleteRef removes ref from r.
+func DeleteRef(ctx context.Context, r Repo, ref string) error {
+	if err := checkFullRef(ctx, "ref", ref); err != nil {
+		return err
+	}
+	_, err := r.git(ctx, "update-ref", "-d", ref)
+	return err
+}
+
+// TransferOptions tune a Transfer.
+type TransferOptions struct {
+	// MaxBytes bounds the bytes from the source; 0 is MaxTransferBytes.
+	MaxBytes int64
+}
+
+// Transfer makes commit (with its history) available in dst at dstRef. The
+// source's `git upload-pack` and the destination's `git fetch` (through
+// the jailbee client's ext:: relay, FetchMain) are joined by pipes the
+// caller's process holds: neither repository's config runs anywhere but
+// where that repository lives. The source serves only what commit reaches
+// (its refs are hidden). dst must be a sandbox repository.
+func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef string, opts TransferOptions) error {
+	if dst.run == nil {
+		return errors.New("gitx: Transfer writes only into a sandbox repository")
+	}
+	if !shaPattern.MatchString(commit) {
+		return fmt.Errorf("%w: commit %q is not a full object id", ErrInvalidArgument, commit)
+	}
+	if err := checkFullRef(ctx, "destination ref", dstRef); err != nil {
+		return err
+	}
+	limit := opts.MaxBytes
+	if limit <= 0 {
+		limit = MaxTransferBytes
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	// source stdout -> (bounded copy) -> destination stdin;
+	// destination stdout -> source stdin.
+	fromSrc, srcOut, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	dstIn, toDst, err := os.Pipe()
+	if err != nil {
+		closeFiles(fromSrc, srcOut)
+		return err
+	}
+	srcIn, dstOut, err := os.Pipe()
+	if err != nil {
+		closeFiles(fromSrc, srcOut, dstIn, toDst)
+		return err
+	}
+	var wg sync.WaitGroup
+	var copyErr, srcErr, dstErr error
+	var srcStderr, dstStderr boundedBuffer
+	wg.Add(3)
+	go func() {
+		defer wg.Done()
+		defer closeFiles(fromSrc, toDst)
+		n, err := io.Copy(toDst, io.LimitReader(fromSrc, limit+1))
+		if n > limit {
+			copyErr = fmt.Errorf("%w (%d bytes)", ErrTransferTooLarge, limit)
+			cancel()
+		} else if err != nil {
+			copyErr = err
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		// Once a command holds its ends, ours are closed: each side then
+		// sees the end of the other's stream when the other closes it.
+		srcErr = src.uploadPack(ctx, srcIn, srcOut, &srcStderr, func() { closeFiles(srcIn, srcOut) })
+		closeFiles(srcIn, srcOut)
+		if srcErr != nil {
+			cancel()
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		var code int
+		code, dstErr = dst.run.Run(ctx, Cmd{
+			Argv: []string{ClientName, fetchCommand, commit, dstRef},
+			Dir:  dst.dir, Env: sandboxEnv,
+			Stdin: dstIn, Stdout: dstOut, Stderr: &dstStderr,
+			Started: func() { closeFiles(dstIn, dstOut) },
+		})
+		if dstErr == nil && code != 0 {
+			dstErr = &SandboxGitError{Sub: "fetch", Where: dst.name, Code: code, Stderr: dstStderr.text()}
+		}
+		closeFiles(dstIn, dstOut)
+		if dstErr != nil {
+			cancel()
+		}
+	}()
+	wg.Wait()
+	switch {
+	case copyErr != nil && errors.Is(copyErr, ErrTransferTooLarge):
+		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, copyErr)
+	case dstErr != nil:
+		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, dstErr)
+	case srcErr != nil:
+		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, srcErr)
+	}
+	return nil
+}
+
+// uploadArgs serve only objects asked for by id: every ref (HEAD too) is
+// hidden, so a destination learns no branch name of the source and can
+// fetch only what the commit it was given reaches.
+var uploadArgs = []string{
+	"-c", "uploadpack.allowAnySHA1InWant=true",
+	"-c", "uploadpack.hideRefs=refs/",
+	"-c", "uploadpack.hideRefs=HEAD",
+	"upload-pack",
+}
+
+// uploadProtocol makes upload-pack speak protocol version 2, whose fetch
+// asks for objects by id without matching them against advertised refs
+// (version 0 refuses a fetch from a source that advertises none). The
+// ext:: transport cannot pass it from the fetching side.
+const uploadProtocol = "version=2"
+
+// uploadPack runs `git upload-pack` on r with the given streams.
+func (r Repo) uploadPack(ctx context.Context, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+	if r.run == nil {
+		args := append(append(append([]string{}, safeConfig...), uploadArgs...), "--", r.dir)
+		cmd := exec.CommandContext(ctx, "git", args...)
+		cmd.Env = append(gitEnv(), "GIT_PROTOCOL="+uploadProtocol)
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+		if err := cmd.Start(); err != nil {
+			return commandError(ctx, []string{"upload-pack"}, nil, err)
+		}
+		started()
+		if err := cmd.Wait(); err != nil {
+			return commandError(ctx, []string{"upload-pack"}, []byte(stderr.text()), err)
+		}
+		return nil
+	}
+	env := map[string]string{"GIT_PROTOCOL": uploadProtocol}
+	for k, v := range sandboxEnv {
+		env[k] = v
+	}
+	code, err := r.run.Run(ctx, Cmd{
+		Argv: append(append([]string{"git"}, uploadArgs...), "--", r.dir),
+		Dir:  r.dir, Env: env,
+		Stdin: stdin, Stdout: stdout, Stderr: stderr, Started: started,
+	})
+	if err != nil {
+		return fmt.Errorf("git upload-pack in %s: %w", r.name, err)
+	}
+	if code != 0 {
+		return &SandboxGitError{Sub: "upload-pack", Where: r.name, Code: code, Stderr: stderr.text()}
+	}
+	return nil
+}
+
+func closeFiles(files ...*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}

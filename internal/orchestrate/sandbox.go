@@ -1,0 +1,424 @@
+package orchestrate
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/config"
+	"agentbox/internal/gitx"
+	"agentbox/internal/store"
+)
+
+// Bounds of sandbox lifecycle work.
+const (
+	// checkoutTimeout bounds filling a new sandbox's checkout from the
+	// host repository.
+	checkoutTimeout = 10 * time.Minute
+	// workCheckTimeout bounds the git checks destroy runs inside a sandbox
+	// (its fsmonitor or filters may be slow on purpose).
+	workCheckTimeout = time.Minute
+	// hostUIDAttempts bounds the random picks for a free host uid.
+	hostUIDAttempts = 64
+	// startRef holds a new sandbox's start commit while it is checked out.
+	startRef = "refs/jailbee/start"
+)
+
+// Sandboxes configures the sandboxes an orchestrator creates.
+type Sandboxes struct {
+	// Limits are the broker's per-sandbox defaults; a repository's config
+	// overrides them key by key. Ignored with NoLimits.
+	Limits   config.Limits
+	NoLimits bool
+	// HostUIDs is the range a root broker gives sandboxes their own host
+	// uid from; nil: sandboxes run as the broker's own uid.
+	HostUIDs *config.UIDRange
+}
+
+// CreateRequest is `jailbee new`.
+type CreateRequest struct {
+	Name   string
+	Role   string // store.RoleOrchestrator or store.RoleChild
+	Parent string // a child's orchestrator
+	Repo   string // host path; a child defaults to its orchestrator's
+	Branch string // "" = the repository's current branch
+	Grant  string // an orchestrator's grant document (canonical JSON)
+}
+
+// Runner runs commands inside the sandbox name, for gitx.
+func (o *Orchestrator) Runner(name string) gitx.Runner {
+	return gitx.RunnerFunc(func(ctx context.Context, c gitx.Cmd) (int, error) {
+		return o.Backend.Exec(ctx, name, backend.ExecOptions{
+			Argv: c.Argv, Dir: c.Dir, Env: c.Env, Stdin: c.Stdin, Stdout: c.Stdout, Stderr: c.Stderr,
+			Started: c.Started,
+		})
+	})
+}
+
+// checkout is a sandbox's repository, where git runs on it.
+func (o *Orchestrator) checkout(name string) gitx.Repo {
+	return gitx.SandboxRepo(name, o.Runner(name), backend.WorkspacePath)
+}
+
+// CreateSandbox makes a running sandbox whose checkout is req.Branch of
+// the host repository, serves its socket, and records it. Every step is
+// undone if a later one fails. Refusals (*Refusal) name the cause for the
+// host user who asked.
+func (o *Orchestrator) CreateSandbox(ctx context.Context, req CreateRequest) (sb store.Sandbox, err error) {
+	src, err := o.checkCreate(ctx, &req)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	sb = store.Sandbox{Name: req.Name, Role: req.Role, Parent: req.Parent, Branch: src.branch,
+		Repo: src.repo, State: store.StateCreating, Grant: req.Grant, Imported: src.commit}
+	limits, err := o.limitsFor(src.repo)
+	if err != nil {
+		return store.Sandbox{}, err
+	}
+	if sb.HostUID, err = o.claimHostUID(ctx); err != nil {
+		return store.Sandbox{}, err
+	}
+
+	// Steps taken, undone in reverse by one deferred cleanup.
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	inst, err := o.Backend.Create(ctx, backend.CreateOptions{Name: req.Name, HostUID: sb.HostUID, Limits: limits})
+	if errors.Is(err, backend.ErrExists) {
+		// Not in broker.db but present in the backend: left by a create
+		// the broker did not finish.
+		return store.Sandbox{}, refusef("a sandbox `%s` exists in the backend without a broker record (an interrupted create?): remove it with 'jailbee destroy %s --force'", req.Name, req.Name)
+	}
+	if err != nil {
+		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+	}
+	undo = append(undo, func() { o.Backend.Destroy(context.WithoutCancel(ctx), req.Name) })
+	sb.UUID = inst.UUID
+	if err = o.Store.CreateSandbox(ctx, sb); err != nil {
+		return store.Sandbox{}, fmt.Errorf("record sandbox: %w", err)
+	}
+	undo = append(undo, func() { o.Store.DeleteSandbox(context.WithoutCancel(ctx), req.Name) })
+	if o.Serve != nil {
+		if err = o.Serve(sb); err != nil {
+			return store.Sandbox{}, fmt.Errorf("serve the sandbox's socket: %w", err)
+		}
+		undo = append(undo, func() { o.Unserve(req.Name) })
+	}
+	if err = o.Backend.Start(ctx, req.Name); err != nil {
+		return store.Sandbox{}, fmt.Errorf("start sandbox: %w", err)
+	}
+	if err = o.fillCheckout(ctx, req.Name, src); err != nil {
+		return store.Sandbox{}, err
+	}
+	if err = o.Store.SetState(ctx, req.Name, store.StateRunning); err != nil {
+		return store.Sandbox{}, fmt.Errorf("record sandbox: %w", err)
+	}
+	sb.State = store.StateRunning
+	return sb, nil
+}
+
+// source is where a new sandbox's checkout comes from.
+type source struct {
+	repo, branch, commit string
+}
+
+// checkCreate applies every rule of a create before anything is made.
+func (o *Orchestrator) checkCreate(ctx context.Context, req *CreateRequest) (source, error) {
+	if backend.ValidateName(req.Name) != nil {
+		return source{}, refusef("invalid sandbox name %q: use lowercase letters, digits and dashes (at most %d), not starting with a dash", truncate(req.Name, 80), backend.NameMaxLen)
+	}
+	if _, err := o.Store.Sandbox(ctx, req.Name); err == nil {
+		return source{}, refusef("sandbox `%s` already exists", req.Name)
+	}
+	switch req.Role {
+	case store.RoleOrchestrator:
+	case store.RoleChild:
+		parent, err := o.Store.Sandbox(ctx, req.Parent)
+		if errors.Is(err, store.ErrNotFound) {
+			return source{}, noSuchSandbox(req.Parent)
+		}
+		if err != nil {
+			return source{}, err
+		}
+		if parent.Role != store.RoleOrchestrator {
+			return source{}, refusef("`%s` is not an orchestrator", parent.Name)
+		}
+		if req.Repo == "" {
+			req.Repo = parent.Repo
+		}
+	default:
+		return source{}, refusef("role must be orchestrator or child")
+	}
+	if !filepath.IsAbs(req.Repo) {
+		return source{}, refusef("the repository must be an absolute path")
+	}
+	repo, err := gitx.RepoRoot(ctx, req.Repo)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return source{}, refusef("no such directory: %s", req.Repo)
+	case errors.Is(err, gitx.ErrNotRepository):
+		return source{}, refusef("not a git repository: %s", req.Repo)
+	case err != nil:
+		return source{}, refusef("cannot read the repository %s: %v", req.Repo, err)
+	}
+	src := source{repo: repo, branch: req.Branch}
+	if src.branch == "" {
+		src.branch, err = gitx.CurrentBranch(ctx, repo)
+		if errors.Is(err, gitx.ErrDetachedHead) {
+			return source{}, refusef("the repository's HEAD is detached: name a branch with --branch")
+		}
+		if err != nil {
+			return source{}, refusef("cannot read the repository's current branch: %v", err)
+		}
+	} else if gitx.CheckBranchName(ctx, src.branch) != nil {
+		return source{}, refusef("invalid branch name: %q", truncate(src.branch, 200))
+	}
+	if src.commit, err = gitx.ResolveCommit(ctx, repo, "refs/heads/"+src.branch); err != nil {
+		if src.commit, err = gitx.ResolveCommit(ctx, repo, "HEAD"); err != nil {
+			return source{}, refusef("the repository has no commit to start from")
+		}
+	}
+	if req.Role == store.RoleChild {
+		if err := o.oneChildPerBranch(ctx, req.Parent, src.branch); err != nil {
+			return source{}, err
+		}
+	}
+	return src, nil
+}
+
+// oneChildPerBranch refuses a second child of parent on branch.
+func (o *Orchestrator) oneChildPerBranch(ctx context.Context, parent, branch string) error {
+	all, err := o.Store.Sandboxes(ctx)
+	if err != nil {
+		return err
+	}
+	for _, c := range all {
+		if c.Role == store.RoleChild && c.Parent == parent && c.Branch == branch {
+			return refusef("`%s` already has a child on branch %s: `%s`", parent, branch, c.Name)
+		}
+	}
+	return nil
+}
+
+// limitsFor is the broker's limits with the repository's overrides.
+func (o *Orchestrator) limitsFor(repo string) (backend.Limits, error) {
+	if o.Sandboxes.NoLimits {
+		return backend.Limits{}, nil
+	}
+	cfg, err := LoadRepoConfig(repo)
+	if err != nil {
+		return backend.Limits{}, err
+	}
+	l := o.Sandboxes.Limits.Override(cfg.Limits)
+	return backend.Limits{Pids: l.Pids, MemoryBytes: l.MemoryBytes, CPUWeight: l.CPUWeight}, nil
+}
+
+// claimHostUID picks and records a host uid for a new sandbox: random in
+// the configured range (two brokers on one host rarely meet), never given
+// before by this broker, no account of the host's, no process running as
+// it. 0 when sandboxes run as the broker's own uid.
+func (o *Orchestrator) claimHostUID(ctx context.Context) (int, error) {
+	r := o.Sandboxes.HostUIDs
+	if r == nil {
+		return 0, nil
+	}
+	for range hostUIDAttempts {
+		var b [4]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			return 0, err
+		}
+		uid := int(r.First + binary.LittleEndian.Uint32(b[:])%r.Count)
+		if _, err := user.LookupId(strconv.Itoa(uid)); err == nil {
+			continue
+		}
+		if uidHasProcesses(uid) {
+			continue
+		}
+		err := o.Store.ClaimHostUID(ctx, uid)
+		if errors.Is(err, store.ErrExists) {
+			continue
+		}
+		return uid, err
+	}
+	return 0, fmt.Errorf("no free host uid found in %d tries in %d..%d: widen sandbox_uids in broker.yaml", hostUIDAttempts, r.First, r.Last())
+}
+
+// uidHasProcesses reports whether a process of the host runs as uid
+// (/proc/<pid> belongs to the process's effective uid).
+func uidHasProcesses(uid int) bool {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return true // cannot tell: do not take it
+	}
+	for _, e := range entries {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		if fi, err := e.Info(); err == nil {
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == uid {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// fillCheckout fills a new sandbox's empty checkout with src, every git
+// command inside the sandbox: objects through the broker's pipe from the
+// host repository's upload-pack (which serves only what the commit
+// reaches), then the branch checked out at the commit.
+func (o *Orchestrator) fillCheckout(ctx context.Context, name string, src source) error {
+	ctx, cancel := context.WithTimeout(ctx, checkoutTimeout)
+	defer cancel()
+	dst := o.checkout(name)
+	if err := gitx.Init(ctx, dst); err != nil {
+		return fmt.Errorf("checkout: %w", err)
+	}
+	if err := gitx.Transfer(ctx, gitx.HostRepo(src.repo), src.commit, dst, startRef, gitx.TransferOptions{}); err != nil {
+		return fmt.Errorf("checkout: %w", err)
+	}
+	if err := gitx.Checkout(ctx, dst, src.branch, src.commit); err != nil {
+		return fmt.Errorf("checkout: %w", err)
+	}
+	if err := gitx.DeleteRef(ctx, dst, startRef); err != nil {
+		return fmt.Errorf("checkout: %w", err)
+	}
+	return nil
+}
+
+// DestroySandbox destroys a sandbox (an orchestrator with its children,
+// with force) and returns how many were destroyed. Without force it is
+// refused for an orchestrator with children, and for a sandbox whose work
+// could be lost: uncommitted changes, a HEAD that cannot be read, or
+// commits never imported (HEAD is not the commit it started from or was
+// last imported at).
+func (o *Orchestrator) DestroySandbox(ctx context.Context, name string, force bool) (int, error) {
+	sb, err := o.Store.Sandbox(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		if force && backend.ValidateName(name) == nil {
+			// A backend instance without a broker record: nothing else
+			// refers to it, so --force removes it.
+			if err := o.Backend.Destroy(ctx, name); err == nil {
+				return 1, nil
+			}
+		}
+		return 0, noSuchSandbox(name)
+	}
+	if err != nil {
+		return 0, err
+	}
+	var victims []store.Sandbox
+	if sb.Role == store.RoleOrchestrator {
+		all, err := o.Store.Sandboxes(ctx)
+		if err != nil {
+			return 0, err
+		}
+		for _, c := range all {
+			if c.Parent == sb.Name {
+				victims = append(victims, c)
+			}
+		}
+		if len(victims) > 0 && !force {
+			return 0, refusef("`%s` has %d children: destroy them first, or use --force to destroy them too", sb.Name, len(victims))
+		}
+	}
+	if !force {
+		if err := o.checkWorkSaved(ctx, sb); err != nil {
+			return 0, err
+		}
+	}
+	victims = append(victims, sb)
+	for _, v := range victims {
+		if o.Unserve != nil {
+			o.Unserve(v.Name)
+		}
+		if err := o.Backend.Destroy(ctx, v.Name); err != nil && !errors.Is(err, backend.ErrNotFound) {
+			return 0, fmt.Errorf("destroy `%s`: %w", v.Name, err)
+		}
+		if err := o.Store.DeleteSandbox(ctx, v.Name); err != nil {
+			return 0, err
+		}
+	}
+	return len(victims), nil
+}
+
+// checkWorkSaved refuses when destroying sb could lose work. The answers
+// come from git inside the sandbox, which the sandbox controls: it can
+// only lie its own work away.
+func (o *Orchestrator) checkWorkSaved(ctx context.Context, sb store.Sandbox) error {
+	ctx, cancel := context.WithTimeout(ctx, workCheckTimeout)
+	defer cancel()
+	repo := o.checkout(sb.Name)
+	clean, err := gitx.IsClean(ctx, repo)
+	if errors.Is(err, backend.ErrNotRunning) {
+		return refusef("`%s` is not running, so its work cannot be checked: start it with 'jailbee start %s', or use --force", sb.Name, sb.Name)
+	}
+	if err != nil {
+		return refusef("cannot check `%s` for uncommitted changes (%v): use --force to destroy it anyway", sb.Name, err)
+	}
+	if !clean {
+		return refusef("`%s` has uncommitted changes: commit them, or use --force", sb.Name)
+	}
+	branch, head, err := gitx.Head(ctx, repo)
+	if err != nil {
+		return refusef("cannot read the HEAD of `%s` (%v): use --force to destroy it anyway", sb.Name, err)
+	}
+	if branch == "" {
+		return refusef("the HEAD of `%s` is detached, so its work cannot be checked: check out its branch, or use --force", sb.Name)
+	}
+	if head != sb.Imported {
+		return refusef("`%s` has commits that were never imported (HEAD %s, last imported %s): import them, or use --force", sb.Name, short(head), short(sb.Imported))
+	}
+	return nil
+}
+
+// StartSandbox starts a stopped sandbox's unit and records it running.
+func (o *Orchestrator) StartSandbox(ctx context.Context, name string) error {
+	if _, err := o.Store.Sandbox(ctx, name); errors.Is(err, store.ErrNotFound) {
+		return noSuchSandbox(name)
+	}
+	if err := o.Backend.Start(ctx, name); err != nil {
+		return fmt.Errorf("start `%s`: %w", name, err)
+	}
+	return o.Store.SetState(ctx, name, store.StateRunning)
+}
+
+// StopSandbox ends every process of a sandbox and records it stopped.
+func (o *Orchestrator) StopSandbox(ctx context.Context, name string) error {
+	if _, err := o.Store.Sandbox(ctx, name); errors.Is(err, store.ErrNotFound) {
+		return noSuchSandbox(name)
+	}
+	if err := o.Backend.Stop(ctx, name); err != nil {
+		return fmt.Errorf("stop `%s`: %w", name, err)
+	}
+	return o.Store.SetState(ctx, name, store.StateStopped)
+}
+
+// short is the 12-character form of a commit id.
+func short(commit string) string {
+	if len(commit) > 12 {
+		return commit[:12]
+	}
+	return commit
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}

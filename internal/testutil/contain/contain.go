@@ -1,0 +1,182 @@
+// Package contain runs a test binary whose tests attack host paths (tree
+// removal under symlink swaps, sandbox escapes) where a regression cannot
+// damage the machine: as root, TestMain re-executes the binary in a mount
+// namespace of its own in which every filesystem is read-only except one
+// scratch directory, which becomes TMPDIR (so t.TempDir is inside it).
+// A broken removal then fails with EROFS instead of deleting /etc.
+//
+// Use it from TestMain:
+//
+//	func TestMain(m *testing.M) { contain.Main(m, nil, nil) }
+//
+// Not as root, the tests run as they are: an unprivileged user cannot
+// remove what matters on the host.
+package contain
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// scratchEnv names the scratch directory in the re-executed binary.
+const scratchEnv = "AGENTBOX_CONTAINED_SCRATCH"
+
+// Main runs the tests contained (root) or directly, and exits. before
+// (if not nil) runs first, outside the namespace: builds that need a
+// writable cache belong there; its error ends the run.
+func Main(m *testing.M, before func() error, after func()) {
+	if before != nil && os.Getenv(scratchEnv) == "" {
+		if err := before(); err != nil {
+			fmt.Fprintf(os.Stderr, "contain: %v\n", err)
+			os.Exit(1)
+		}
+	}
+	code := run(m)
+	if after != nil && os.Getenv(scratchEnv) == "" {
+		after()
+	}
+	os.Exit(code)
+}
+
+func run(m *testing.M) int {
+	if scratch := os.Getenv(scratchEnv); scratch != "" {
+		if os.Geteuid() != 0 {
+			// A test re-ran itself as another uid: it inherited the
+			// sealed namespace already.
+			return m.Run()
+		}
+		if err := seal(scratch); err != nil {
+			fmt.Fprintf(os.Stderr, "contain: %v\n", err)
+			return 1
+		}
+		return m.Run()
+	}
+	if os.Geteuid() != 0 {
+		return m.Run()
+	}
+	scratch, err := os.MkdirTemp("", "ct")
+	if err == nil {
+		// Tests re-run themselves as other uids from copies in here.
+		err = os.Chmod(scratch, 0o755)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "contain: %v\n", err)
+		return 1
+	}
+	code := reexec(scratch)
+	if err := os.RemoveAll(scratch); err != nil {
+		fmt.Fprintf(os.Stderr, "contain: remove scratch: %v\n", err)
+	}
+	return code
+}
+
+// reexec runs this test binary again, with the same arguments, in a new
+// mount namespace, and returns its exit status.
+func reexec(scratch string) int {
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "contain: %v\n", err)
+		return 1
+	}
+	cmd := exec.Command(exe, os.Args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), scratchEnv+"="+scratch, "TMPDIR="+scratch)
+	// Go makes / private in the new namespace: nothing here reaches the host.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
+	if err := cmd.Run(); err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode()
+		}
+		fmt.Fprintf(os.Stderr, "contain: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// seal makes every mount read-only, then scratch writable again. The
+// kernel's own filesystems (proc, sys, dev, cgroup) stay as they are.
+func seal(scratch string) error {
+	mounts, err := mountPoints()
+	if err != nil {
+		return err
+	}
+	for _, mp := range mounts {
+		if kernelMount(mp) {
+			continue
+		}
+		// MS_REMOUNT|MS_BIND changes this mount's flags only.
+		if err := unix.Mount("", mp, "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("remount %s read-only: %w", mp, err)
+		}
+	}
+	if err := unix.Mount(scratch, scratch, "", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind scratch: %w", err)
+	}
+	if err := unix.Mount("", scratch, "", unix.MS_REMOUNT|unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("scratch read-write: %w", err)
+	}
+	// Prove it: the host's /etc must refuse a write.
+	f, err := os.CreateTemp("/etc", ".contain-probe-")
+	if err == nil {
+		f.Close()
+		os.Remove(f.Name())
+		return fmt.Errorf("/etc is still writable")
+	}
+	return nil
+}
+
+// kernelMount reports mounts left writable: pseudo filesystems the tests
+// need (/proc/self/fd, cgroups, /dev/null).
+func kernelMount(mp string) bool {
+	for _, p := range []string{"/proc", "/sys", "/dev"} {
+		if mp == p || strings.HasPrefix(mp, p+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// mountPoints lists this namespace's mount points from /proc/self/mountinfo.
+func mountPoints() ([]string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		out = append(out, filepath.Clean(unescape(fields[4])))
+	}
+	return out, sc.Err()
+}
+
+// unescape decodes mountinfo's octal escapes (\040 for a space).
+func unescape(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v int
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
