@@ -107,7 +107,7 @@ func readRequest(conn *net.UnixConn) (Request, []*os.File, error) {
 				return Request{}, files, perr
 			}
 		}
-		line = append(line, buf[:n]...)
+		line = append(line, buf[:max(n, 0)]...)
 		if i := bytes.IndexByte(line, '\n'); i >= 0 {
 			if i != len(line)-1 {
 				return Request{}, files, fmt.Errorf("%w: data after the request", ErrProtocol)
@@ -124,6 +124,9 @@ func readRequest(conn *net.UnixConn) (Request, []*os.File, error) {
 		if n == 0 {
 			return Request{}, files, fmt.Errorf("%w: connection closed before a request", ErrProtocol)
 		}
+	}
+	if len(line) > MaxRequestBytes {
+		return Request{}, files, fmt.Errorf("%w: request over %d bytes", ErrProtocol, MaxRequestBytes)
 	}
 	if len(files) > maxFDs {
 		return Request{}, files, fmt.Errorf("%w: %d descriptors", ErrProtocol, len(files))
