@@ -186,16 +186,7 @@ func (b *Broker) serveSandbox(sb store.Sandbox) error {
 // layout) if present; never through a symlink.
 func (b *Broker) removeLegacySocketDir(sb store.Sandbox) {
 	legacy := filepath.Join(b.socketRoot(), sb.UUID)
-	fi, err := os.Lstat(legacy)
-	if err != nil {
-		return
-	}
-	if fi.IsDir() {
-		err = os.RemoveAll(legacy)
-	} else {
-		err = os.Remove(legacy)
-	}
-	if err != nil {
+	if err := secfs.RemoveTree(legacy); err != nil {
 		b.log.Warn("cannot remove legacy socket dir", "sandbox", sb.Name, "err", err)
 	}
 }
@@ -210,7 +201,8 @@ func (b *Broker) stopServing(name string) {
 		return
 	}
 	srv.close()
-	if err := os.RemoveAll(srv.dir); err != nil {
+	// The directory belongs to the sandbox's uid: removed by handles.
+	if err := secfs.RemoveTree(srv.dir); err != nil {
 		b.log.Warn("cannot remove socket dir", "sandbox", name, "err", err)
 	}
 }
