@@ -48,9 +48,15 @@ func InitMain() int {
 	// Go would turn these signals into an exit, so a sandbox process could
 	// end its own sandbox by accident: catch and drop them. Caught, not
 	// ignored: an ignored signal stays ignored in every command started.
+	// The kernel hands pid 1 every signal it has a handler for, and Go
+	// crashes on a fault signal (SIGSEGV, SIGABRT, ...) another process
+	// sends: those are caught too. Notify takes only sent ones: a real
+	// fault of the supervisor still crashes it.
 	sigs := make(chan os.Signal, 16)
 	signal.Notify(sigs, syscall.SIGHUP, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT,
-		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGPIPE)
+		syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGTSTP, syscall.SIGTTIN, syscall.SIGTTOU, syscall.SIGPIPE,
+		syscall.SIGILL, syscall.SIGTRAP, syscall.SIGABRT, syscall.SIGBUS, syscall.SIGFPE, syscall.SIGSEGV,
+		syscall.SIGSTKFLT, syscall.SIGSYS)
 	go func() {
 		for range sigs {
 		}
