@@ -1,11 +1,19 @@
 package local_test
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/backendtest"
@@ -44,4 +52,253 @@ func hostUID(t testing.TB) int {
 func TestConformance(t *testing.T) {
 	backendtest.Run(t, func(t *testing.T) backend.Backend { return newBackend(t) },
 		backendtest.Options{HostUID: hostUID, Limits: testLimits, AgentOnly: true, AttachAtStart: true})
+}
+
+// What follows is the sandbox seen from inside and from the host, ported
+// from the tests of the design where the sandbox ran as host root.
+
+func TestSystemIsReadOnly(t *testing.T) {
+	f := newFixture(t)
+	x := f.start("ro", testLimits)
+	probe := "/usr/agentbox-write-probe-" + randomHex(t)
+	for _, script := range []string{
+		"touch " + probe, "touch /etc/passwd", "mkdir /newdir", "touch /run/jailbee/bin/jailbee",
+		"touch /run/jailbee/bin/other", "echo x > /proc/sys/kernel/hostname",
+	} {
+		if r := sh(t, f.b, x.name, script); r.Code == 0 {
+			t.Errorf("%q succeeded inside", script)
+		}
+	}
+	if _, err := os.Lstat(probe); err == nil {
+		t.Fatal("the probe reached the host's /usr")
+	}
+	// The tools still run: the system is there, only read-only.
+	if got := mustSh(t, f.b, x.name, "ls /usr/bin >/dev/null && test -d /bin && git --version >/dev/null && echo usable"); got != "usable" {
+		t.Fatalf("system dirs: %q", got)
+	}
+}
+
+func TestHostEtcIsHidden(t *testing.T) {
+	if _, err := os.Stat("/etc/shadow"); err != nil {
+		t.Fatalf("this test needs a host /etc/shadow: %v", err)
+	}
+	f := newFixture(t)
+	x := f.start("etc", testLimits)
+	if r := sh(t, f.b, x.name, "cat /etc/shadow"); r.Code == 0 || r.Stdout != "" {
+		t.Errorf("read /etc/shadow inside: %+v", r)
+	}
+	want := "root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin"
+	if got := mustSh(t, f.b, x.name, "cat /etc/passwd"); got != want {
+		t.Errorf("/etc/passwd inside is not the generated one: %q", got)
+	}
+	if got := mustSh(t, f.b, x.name, "hostname; id -un; cat /etc/hostname"); got != x.name+"\nagent\n"+x.name {
+		t.Errorf("hostname, user: %q", got)
+	}
+	// Only the generated files and the few harmless host ones.
+	allowed := map[string]bool{}
+	for _, n := range strings.Fields("passwd group hosts hostname nsswitch.conf alternatives ld.so.cache ld.so.conf ld.so.conf.d localtime resolv.conf ssl ca-certificates.conf gitconfig protocols services mime.types") {
+		allowed[n] = true
+	}
+	for _, n := range strings.Fields(mustSh(t, f.b, x.name, "ls -A /etc")) {
+		if !allowed[n] {
+			t.Errorf("/etc/%s is visible inside", n)
+		}
+	}
+}
+
+func TestEnvironmentIsCleared(t *testing.T) {
+	t.Setenv("AGENTBOX_HOST_SECRET", "leak")
+	t.Setenv("TERM", "xterm-test")
+	f := newFixture(t)
+	x := f.start("env", testLimits)
+	r, err := run(t, f.b, x.name, backend.ExecOptions{Argv: []string{"env"}, Env: map[string]string{"EXTRA": "1"}})
+	if err != nil || r.Code != 0 {
+		t.Fatalf("env: %+v, %v", r, err)
+	}
+	got := strings.Fields(r.Stdout)
+	slices.Sort(got)
+	want := []string{"EXTRA=1", "HOME=/home/agent", "LANG=C.UTF-8", "PATH=/run/jailbee/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "USER=agent"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("environment inside = %q, want exactly %q", got, want)
+	}
+}
+
+func TestPrivatePIDNamespace(t *testing.T) {
+	f := newFixture(t)
+	x := f.start("pidns", testLimits)
+	lines := strings.Fields(mustSh(t, f.b, x.name, `cat /proc/1/comm; echo $$; ls /proc | grep -c '^[0-9]'`))
+	if len(lines) != 3 || lines[0] != "jailbee" {
+		t.Fatalf("inside: %q, want pid 1 to be the supervisor", lines)
+	}
+	if pid, _ := strconv.Atoi(lines[1]); pid < 2 || pid > 100 {
+		t.Errorf("the command's pid inside is %s, want a fresh namespace's", lines[1])
+	}
+	// The supervisor, sh, ls and grep.
+	if n, _ := strconv.Atoi(lines[2]); n > 4 {
+		t.Errorf("%d processes visible inside, want only the sandbox's", n)
+	}
+}
+
+func TestHostAbstractSocketUnreachable(t *testing.T) {
+	f := newFixture(t)
+	x := f.start("abstract", testLimits)
+	addr := "@agentbox-test-" + randomHex(t)
+	ln, err := net.Listen("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ops := serveFakeBroker(t, ln)
+	// Control: from the host the same client reaches it.
+	cmd := exec.Command(testbin.Jailbee(t), "inbox", "ls")
+	cmd.Env = []string{"JAILBEE_ORCHESTRATION_SOCKET=" + addr}
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), fakeItem) {
+		t.Fatalf("host control: %q, %v", out, err)
+	}
+	<-ops
+	r, err := run(t, f.b, x.name, backend.ExecOptions{Argv: []string{"jailbee", "inbox", "ls"}, Env: map[string]string{"JAILBEE_ORCHESTRATION_SOCKET": addr}})
+	if err != nil || r.Code == 0 || strings.Contains(r.Stdout, fakeItem) {
+		t.Fatalf("the sandbox reached a host abstract socket: %+v, %v", r, err)
+	}
+	select {
+	case op := <-ops:
+		t.Fatalf("the host socket got %q from inside", op)
+	default:
+	}
+}
+
+func TestSocketReachableWithClientOnPath(t *testing.T) {
+	f := newFixture(t)
+	x := f.create("sock", testLimits)
+	dir, ops := fakeBrokerDir(t)
+	if err := f.b.AttachSocket(t.Context(), x.name, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.b.Start(t.Context(), x.name); err != nil {
+		t.Fatal(err)
+	}
+	got := mustSh(t, f.b, x.name, "command -v jailbee; jailbee inbox ls")
+	if want := local.ClientBinDir + "/" + local.ClientName + "\nmsg-0001  message  from lead  note: " + fakeItem; got != want {
+		t.Fatalf("the client inside: %q, want %q", got, want)
+	}
+	select {
+	case op := <-ops:
+		if op != "list" {
+			t.Fatalf("the broker got op %q, want list", op)
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("the broker got no request")
+	}
+	sock := backend.SocketMountPath + "/" + local.SocketFile
+	if got := mustSh(t, f.b, x.name, "test -S "+sock+" && echo socket; touch "+backend.SocketMountPath+"/x 2>/dev/null || echo read-only"); got != "socket\nread-only" {
+		t.Fatalf("socket dir inside: %q", got)
+	}
+}
+
+func TestStateSurvivesReopen(t *testing.T) {
+	f := newFixture(t)
+	x := f.create("reopen", testLimits)
+	dir, _ := fakeBrokerDir(t)
+	if err := f.b.AttachSocket(t.Context(), x.name, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.b.Start(t.Context(), x.name); err != nil {
+		t.Fatal(err)
+	}
+	before, err := f.b.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2 := openBackend(t, f.root)
+	after, err := b2.List(t.Context())
+	if err != nil || len(after) != 1 || after[0] != before[0] || !after[0].Running {
+		t.Fatalf("after reopen List = %+v, %v; want %+v running", after, err, before)
+	}
+	if got := mustSh(t, b2, x.name, "jailbee inbox ls"); !strings.Contains(got, fakeItem) {
+		t.Fatalf("socket after reopen: %q", got)
+	}
+	if err := b2.Stop(t.Context(), x.name); err != nil {
+		t.Fatal(err)
+	}
+	if list, _ := f.b.List(t.Context()); len(list) != 1 || list[0].Running {
+		t.Fatalf("the first backend after the second stopped it: %+v", list)
+	}
+}
+
+func TestCreateRecoversFromInterruptedCreate(t *testing.T) {
+	f := newFixture(t)
+	name := backendtest.Name(t, "half")
+	// What a crash in the middle of Create leaves: a directory, no metadata.
+	if err := os.MkdirAll(filepath.Join(f.root, name, "checkout"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(f.root, name, "checkout", "stale"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := f.b.List(t.Context()); err != nil || len(list) != 0 {
+		t.Fatalf("List shows an unfinished sandbox: %+v, %v", list, err)
+	}
+	if err := f.b.Start(t.Context(), name); !errors.Is(err, backend.ErrNotFound) {
+		t.Fatalf("Start on an unfinished sandbox: %v, want ErrNotFound", err)
+	}
+	if _, err := f.b.Exec(t.Context(), name, backend.ExecOptions{Argv: []string{"true"}}); !errors.Is(err, backend.ErrNotFound) {
+		t.Fatalf("Exec on an unfinished sandbox: %v, want ErrNotFound", err)
+	}
+	if _, err := f.b.Create(t.Context(), backend.CreateOptions{Name: name, HostUID: f.freshUID(), Limits: testLimits}); err != nil {
+		t.Fatalf("Create over an interrupted create: %v", err)
+	}
+	t.Cleanup(func() { f.b.Destroy(context.Background(), name) })
+	if err := f.b.Start(t.Context(), name); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustSh(t, f.b, name, "ls -A"); got != "" {
+		t.Fatalf("the new checkout holds %q from the interrupted create", got)
+	}
+}
+
+func TestDestroyRefusesSymlinkedSandboxDir(t *testing.T) {
+	f := newFixture(t)
+	victim := t.TempDir()
+	if err := os.WriteFile(filepath.Join(victim, "precious"), []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(f.root, "evil")); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.b.Destroy(t.Context(), "evil"); err == nil {
+		t.Fatal("Destroy followed a symlinked sandbox dir")
+	}
+	if err := f.b.Start(t.Context(), "evil"); err == nil {
+		t.Fatal("Start of a symlinked sandbox dir succeeded")
+	}
+	if data, err := os.ReadFile(filepath.Join(victim, "precious")); err != nil || string(data) != "x" {
+		t.Fatalf("symlink target damaged: %q, %v", data, err)
+	}
+	if list, err := f.b.List(t.Context()); err != nil || len(list) != 0 {
+		t.Fatalf("List = %+v, %v; a symlink is no sandbox", list, err)
+	}
+}
+
+func TestExecRefusals(t *testing.T) {
+	f := newFixture(t)
+	x := f.start("refuse", testLimits)
+	for _, user := range []string{"root", "0", "65534", "mallory"} {
+		if _, err := f.b.Exec(t.Context(), x.name, backend.ExecOptions{Argv: []string{"true"}, User: user}); !errors.Is(err, backend.ErrUnsupported) {
+			t.Errorf("User %q: %v, want ErrUnsupported", user, err)
+		}
+	}
+	for _, user := range []string{"", local.AgentUser, "1000"} {
+		if r, err := run(t, f.b, x.name, backend.ExecOptions{Argv: []string{"id", "-u"}, User: user}); err != nil || strings.TrimSpace(r.Stdout) != "1000" {
+			t.Errorf("User %q: %+v, %v", user, r, err)
+		}
+	}
+	for what, opts := range map[string]backend.ExecOptions{
+		"empty argv":    {},
+		"bad env name":  {Argv: []string{"true"}, Env: map[string]string{"A=B": "x"}},
+		"empty env key": {Argv: []string{"true"}, Env: map[string]string{"": "x"}},
+		"NUL in value":  {Argv: []string{"true"}, Env: map[string]string{"A": "x\x00y"}},
+	} {
+		if _, err := f.b.Exec(t.Context(), x.name, opts); err == nil {
+			t.Errorf("%s: Exec succeeded", what)
+		}
+	}
 }
