@@ -193,7 +193,9 @@ func ttyStreams(deps Deps, a *wire.ExecArgs) (*execStreams, error) {
 
 // wait closes the command's descriptors (the broker has its own), then
 // lets the output copies finish: to the end of the command's output, at
-// most execOutputGrace after it ended (at once when it never ran).
+// most execOutputGrace after it ended (at once when it never ran). Closing
+// our ends then stops the copies, and wait returns once they have: nothing
+// is written to the caller's streams after exec returns.
 func (st *execStreams) wait(ran bool) {
 	for _, f := range st.child {
 		f.Close()
@@ -209,6 +211,7 @@ func (st *execStreams) wait(ran bool) {
 	case <-time.After(grace):
 	}
 	st.closeAll()
+	<-done
 }
 
 func (st *execStreams) closeAll() {
