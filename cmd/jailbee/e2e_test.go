@@ -908,7 +908,8 @@ func TestHostileGitNeverRunsOnTheHost(t *testing.T) {
 		t.Fatalf("destroy evil without --force: exit %d %q", code, errs)
 	}
 	noMarkers("after the orchestrator's guard")
-	// Kept for the control below.
+	// Kept for the control below, copied once stop has ended the swapper.
+	h.mustJB("stop", "evil")
 	control := filepath.Join(h.dir, "control")
 	if out, err := exec.Command("cp", "-r", filepath.Join(h.sandboxDir("evil"), "checkout"), control).CombinedOutput(); err != nil {
 		t.Fatalf("copy the checkout: %v %s", err, out)
