@@ -312,9 +312,11 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// processesOf lists the host processes with uid as a real, effective,
-// saved or filesystem uid (from /proc/<pid>/status, which a non-dumpable
-// process's /proc directory ownership would hide).
+// processesOf lists the live host processes with uid as a real,
+// effective, saved or filesystem uid (from /proc/<pid>/status: a
+// non-dumpable process's /proc directory is root's). Zombies are left out:
+// they run nothing, and the unit's bubblewrap stays one until the broker
+// that started it reaps it, just after destroy.
 func processesOf(uid int) []string {
 	entries, _ := os.ReadDir("/proc")
 	var out []string
@@ -324,6 +326,9 @@ func processesOf(uid int) []string {
 		}
 		status, err := os.ReadFile("/proc/" + e.Name() + "/status")
 		if err != nil {
+			continue
+		}
+		if regexp.MustCompile(`(?m)^State:\s+[ZX]`).Match(status) {
 			continue
 		}
 		for _, line := range strings.Split(string(status), "\n") {
