@@ -10,7 +10,12 @@ bash scripts/install-deps.sh
 work=$(mktemp -d /tmp/jb-demo.XXXXXX)
 broker_pid=
 cleanup() {
-	[ -n "$broker_pid" ] && kill "$broker_pid" 2>/dev/null && wait "$broker_pid" 2>/dev/null
+	if [ -n "$broker_pid" ]; then
+		# Sandboxes outlive the broker: destroy what a failed run left
+		# (its child with it) before the broker and the directory go.
+		JAILBEE_STATE_DIR="$work/state" "$work/bin/jailbee" destroy lead --force >/dev/null 2>&1 || true
+		kill "$broker_pid" 2>/dev/null && wait "$broker_pid" 2>/dev/null
+	fi
 	rm -rf "$work"
 }
 trap cleanup EXIT

@@ -108,6 +108,9 @@ type execStreams struct {
 	output  sync.WaitGroup // copies of the command's output
 	closers []io.Closer    // our ends, closed when the copies end
 	restore func()
+	// stopResize (-t) ends the resizing of the command's terminal, which
+	// must not outlive it.
+	stopResize func()
 }
 
 // pipeStreams makes a pipe for each stream.
@@ -161,7 +164,9 @@ func ttyStreams(deps Deps, a *wire.ExecArgs) (*execStreams, error) {
 	}
 	winch := make(chan os.Signal, 1)
 	signal.Notify(winch, syscall.SIGWINCH)
+	resizer := make(chan struct{})
 	go func() {
+		defer close(resizer)
 		for range winch {
 			term.CopySize(slave, in)
 		}
@@ -174,11 +179,11 @@ func ttyStreams(deps Deps, a *wire.ExecArgs) (*execStreams, error) {
 			a.Env["TERM"] = t
 		}
 	}
-	st := &execStreams{child: [3]*os.File{slave, slave, slave}, closers: []io.Closer{master}}
-	st.restore = func() {
+	st := &execStreams{child: [3]*os.File{slave, slave, slave}, closers: []io.Closer{master}, restore: restoreMode}
+	st.stopResize = func() {
 		signal.Stop(winch)
 		close(winch)
-		restoreMode()
+		<-resizer
 	}
 	go io.Copy(master, in)
 	st.output.Add(1)
@@ -193,8 +198,13 @@ func ttyStreams(deps Deps, a *wire.ExecArgs) (*execStreams, error) {
 
 // wait closes the command's descriptors (the broker has its own), then
 // lets the output copies finish: to the end of the command's output, at
-// most execOutputGrace after it ended (at once when it never ran).
+// most execOutputGrace after it ended (at once when it never ran). Closing
+// our ends then stops the copies, and wait returns once they have: nothing
+// is written to the caller's streams after exec returns.
 func (st *execStreams) wait(ran bool) {
+	if st.stopResize != nil {
+		st.stopResize()
+	}
 	for _, f := range st.child {
 		f.Close()
 	}
@@ -209,6 +219,7 @@ func (st *execStreams) wait(ran bool) {
 	case <-time.After(grace):
 	}
 	st.closeAll()
+	<-done
 }
 
 func (st *execStreams) closeAll() {

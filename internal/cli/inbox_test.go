@@ -18,7 +18,10 @@ import (
 	"agentbox/internal/backend/local"
 	"agentbox/internal/broker"
 	"agentbox/internal/cli"
+	"agentbox/internal/config"
 	"agentbox/internal/inbox"
+	"agentbox/internal/orchestrate"
+	"agentbox/internal/testutil/testbin"
 )
 
 // run runs the jailbee command line in-process with the given stdin.
@@ -27,7 +30,7 @@ func run(t *testing.T, stdin string, args ...string) (code int, stdout, stderr s
 	var out, errb bytes.Buffer
 	code = cli.Run(context.Background(), "jailbee", args, cli.Deps{
 		OpenBackend: func(o cli.BackendOptions) (backend.Backend, error) {
-			return local.New(local.Options{Root: filepath.Join(o.StateDir, "sandboxes"), Insecure: o.Insecure})
+			return local.New(local.Options{Root: filepath.Join(o.StateDir, "sandboxes"), Binary: testbin.Jailbee(t), NoLimits: o.NoLimits})
 		},
 		Stdin: strings.NewReader(stdin), Stdout: &out, Stderr: &errb,
 	})
@@ -137,6 +140,35 @@ func TestInboxUsageErrors(t *testing.T) {
 	}
 }
 
+// brokerConfig is the config `jailbee broker` runs with by default: the
+// default limits, and (as root) a host uid of its own for each sandbox.
+func brokerConfig(state string, be backend.Backend) broker.Config {
+	def := config.DefaultBroker()
+	sbs := orchestrate.Sandboxes{Limits: def.Limits}
+	if os.Geteuid() == 0 {
+		sbs.HostUIDs = &def.SandboxUIDs
+	}
+	return broker.Config{StateDir: state, Backend: be, Sandboxes: sbs,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
+// destroyAll destroys every sandbox of the backend: their units outlive
+// the broker and the test process.
+func destroyAll(t *testing.T, be backend.Backend) {
+	t.Helper()
+	ctx := context.Background()
+	insts, err := be.List(ctx)
+	if err != nil {
+		t.Errorf("list sandboxes to destroy: %v", err)
+		return
+	}
+	for _, in := range insts {
+		if err := be.Destroy(ctx, in.Name); err != nil {
+			t.Errorf("destroy sandbox %s: %v", in.Name, err)
+		}
+	}
+}
+
 // realBroker starts a broker with an orchestrator "orch" and child "kid".
 func realBroker(t *testing.T) *broker.Broker {
 	t.Helper()
@@ -147,11 +179,14 @@ func realBroker(t *testing.T) *broker.Broker {
 			t.Fatalf("git: %v %s", err, out)
 		}
 	}
-	be, err := local.New(local.Options{Root: filepath.Join(state, "sandboxes")})
+	be, err := local.New(local.Options{Root: filepath.Join(state, "sandboxes"), Binary: testbin.Jailbee(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := broker.Open(broker.Config{StateDir: state, Backend: be, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	// Sandboxes outlive the broker: destroy every one this test made
+	// (registered before the broker's Close, so it runs after it).
+	t.Cleanup(func() { destroyAll(t, be) })
+	b, err := broker.Open(brokerConfig(state, be))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,9 +264,9 @@ func TestWaitSurvivesBrokerRestart(t *testing.T) {
 	}()
 	time.Sleep(300 * time.Millisecond)
 	state := os.Getenv(cli.StateDirEnv)
-	be := b.BackendForRestart()
+	be := b.BackendForTest()
 	b.Close()
-	b2, err := broker.Open(broker.Config{StateDir: state, Backend: be, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	b2, err := broker.Open(brokerConfig(state, be))
 	if err != nil {
 		t.Fatal(err)
 	}
