@@ -23,6 +23,8 @@ func main() {
 			os.Exit(unit.InitMain())
 		case arg == "_sandbox-launch":
 			os.Exit(unit.LaunchMain())
+		case arg == unit.PtyRelayCommand:
+			os.Exit(unit.PtyRelayMain(os.Args[2:]))
 		case gitx.IsHelperCommand(arg):
 			os.Exit(gitx.HelperMain(os.Args[1:]))
 		}

@@ -9,8 +9,9 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
-	"syscall"
+	"strings"
 	"time"
 
 	"agentbox/internal/backend"
@@ -257,20 +258,29 @@ func (o *Orchestrator) claimHostUID(ctx context.Context) (int, error) {
 	return 0, fmt.Errorf("no free host uid found in %d tries in %d..%d: widen sandbox_uids in broker.yaml", hostUIDAttempts, r.First, r.Last())
 }
 
-// uidHasProcesses reports whether a process of the host runs as uid
-// (/proc/<pid> belongs to the process's effective uid).
+// uidHasProcesses reports whether a process of the host runs with uid as
+// any of its ids (real, effective, saved, filesystem). The owner of
+// /proc/<pid> would not do: it is root for a non-dumpable process.
 func uidHasProcesses(uid int) bool {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return true // cannot tell: do not take it
 	}
+	want := strconv.Itoa(uid)
 	for _, e := range entries {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
 		}
-		if fi, err := e.Info(); err == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok && int(st.Uid) == uid {
-				return true
+		data, err := os.ReadFile("/proc/" + e.Name() + "/status")
+		if err != nil {
+			continue // ended meanwhile
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if ids, ok := strings.CutPrefix(line, "Uid:"); ok {
+				if slices.Contains(strings.Fields(ids), want) {
+					return true
+				}
+				break
 			}
 		}
 	}

@@ -182,7 +182,17 @@ func (s *supervisor) start(req Request, files []*os.File) (int, chan syscall.Wai
 		fmt.Fprintln(stderr, "jailbee: empty command")
 		return cannotRunStatus, nil, false
 	}
-	prog, err := lookPath(req.Argv[0], envPath(req.Env))
+	argv := req.Argv
+	if req.TTY {
+		// The command gets a terminal of the sandbox's own (ptyrelay.go).
+		self, err := os.Executable()
+		if err != nil {
+			fmt.Fprintf(stderr, "jailbee: %v\r\n", err)
+			return cannotRunStatus, nil, false
+		}
+		argv = append([]string{self, PtyRelayCommand, "--"}, argv...)
+	}
+	prog, err := lookPath(argv[0], envPath(req.Env))
 	if err != nil {
 		fmt.Fprintf(stderr, "jailbee: %s: command not found\n", shown(req.Argv[0]))
 		return notFoundStatus, nil, false
@@ -199,7 +209,7 @@ func (s *supervisor) start(req Request, files []*os.File) (int, chan syscall.Wai
 	}
 	ch := make(chan syscall.WaitStatus, 1)
 	s.mu.Lock()
-	pid, err := syscall.ForkExec(prog, req.Argv, attr)
+	pid, err := syscall.ForkExec(prog, argv, attr)
 	if err == nil {
 		s.waiters[pid] = ch
 	}
