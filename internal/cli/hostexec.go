@@ -77,6 +77,9 @@ inbox client is on PATH as 'jailbee'.`,
 // a new terminal) as its streams, and copies them to and from this
 // process's own. The user's own terminal is never passed into a sandbox.
 func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) (int, error) {
+	if in, ok := deps.Stdin.(*os.File); a.TTY && (!ok || !term.IsTerminal(in)) {
+		return 0, exitf(ExitUsage, "-t needs a terminal on stdin")
+	}
 	c, err := dialAdmin(ctx, state)
 	if err != nil {
 		return 0, err
