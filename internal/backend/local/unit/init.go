@@ -130,14 +130,13 @@ func (s *supervisor) serve(conn *net.UnixConn) {
 // exec starts one command and reports its pid and its exit status; the
 // connection closing first kills the command's process group.
 func (s *supervisor) exec(conn *net.UnixConn, req Request, files []*os.File) {
-	status, started := s.start(req, files)
+	status, ch, started := s.start(req, files)
 	closeAll(files)
 	if !started {
 		writeReply(conn, Reply{Exit: &status})
 		return
 	}
 	pid := status
-	ch := s.waiter(pid)
 	if err := writeReply(conn, Reply{PID: &pid}); err != nil {
 		syscall.Kill(-pid, syscall.SIGKILL)
 		<-ch
@@ -165,27 +164,21 @@ func (s *supervisor) exec(conn *net.UnixConn, req Request, files []*os.File) {
 	writeReply(conn, Reply{Exit: &code})
 }
 
-// waiter returns the channel the reaper sends pid's status on. It was
-// registered by start, under the same lock as the fork.
-func (s *supervisor) waiter(pid int) chan syscall.WaitStatus {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.waiters[pid]
-}
-
-// start forks the command in a session of its own. It returns the pid and
-// true, or a shell-style status (the reason written to the command's
-// stderr) and false.
-func (s *supervisor) start(req Request, files []*os.File) (int, bool) {
+// start forks the command in a session of its own. It returns the pid,
+// the channel the reaper sends its status on (registered under the same
+// lock as the fork, so the reaper cannot miss it) and true, or a
+// shell-style status (the reason written to the command's stderr) and
+// false.
+func (s *supervisor) start(req Request, files []*os.File) (int, chan syscall.WaitStatus, bool) {
 	stderr := files[2]
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		fmt.Fprintln(stderr, "jailbee: empty command")
-		return cannotRunStatus, false
+		return cannotRunStatus, nil, false
 	}
 	prog, err := lookPath(req.Argv[0], envPath(req.Env))
 	if err != nil {
 		fmt.Fprintf(stderr, "jailbee: %s: command not found\n", shown(req.Argv[0]))
-		return notFoundStatus, false
+		return notFoundStatus, nil, false
 	}
 	dir := req.Dir
 	if dir == "" {
@@ -197,20 +190,21 @@ func (s *supervisor) start(req Request, files []*os.File) (int, bool) {
 		Files: []uintptr{files[0].Fd(), files[1].Fd(), files[2].Fd()},
 		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: req.TTY, Ctty: 0},
 	}
+	ch := make(chan syscall.WaitStatus, 1)
 	s.mu.Lock()
 	pid, err := syscall.ForkExec(prog, req.Argv, attr)
 	if err == nil {
-		s.waiters[pid] = make(chan syscall.WaitStatus, 1)
+		s.waiters[pid] = ch
 	}
 	s.mu.Unlock()
 	if err != nil {
 		fmt.Fprintf(stderr, "jailbee: %s: %v\n", shown(req.Argv[0]), err)
 		if err == syscall.ENOENT {
-			return notFoundStatus, false
+			return notFoundStatus, nil, false
 		}
-		return cannotRunStatus, false
+		return cannotRunStatus, nil, false
 	}
-	return pid, true
+	return pid, ch, true
 }
 
 // envPath is the PATH of the command's environment.
