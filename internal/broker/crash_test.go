@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -44,15 +43,23 @@ type procBroker struct {
 // answers ping. It is killed at the end of the test.
 func startProcBroker(t testing.TB, bin, state string) *procBroker {
 	t.Helper()
+	return startProcBrokerVia(t, bin, state, nil)
+}
+
+// startProcBrokerVia is startProcBroker with the broker run by a wrapper:
+// wrapper's arguments, then the broker's (a shell that execs it keeps its
+// pid).
+func startProcBrokerVia(t testing.TB, bin, state string, wrapper []string) *procBroker {
+	t.Helper()
 	p := &procBroker{t: t, bin: bin, state: state, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	args := []string{"broker", "--state", state}
+	// It runs its units from its own executable, the testbin jailbee, and
+	// its sandboxes under <state>/sandboxes, which shortTempDir's cleanup
+	// destroys; the default broker.yaml (none in the state dir) applies.
+	args := append(append([]string{}, wrapper...), bin, "broker", "--state", state)
 	if noLimits() {
 		args = append(args, "--no-limits")
 	}
-	p.cmd = exec.Command(bin, args...)
-	// The broker runs its units from its own executable: the binary the
-	// env names (testbin) is the one it is.
-	p.cmd.Env = os.Environ()
+	p.cmd = exec.Command(args[0], args[1:]...)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -194,6 +193,7 @@ func claimedHostUIDs(t testing.TB, state string) []int {
 // proc is a host process.
 type proc struct {
 	pid     int
+	uid     int
 	cmdline string // arguments joined with spaces
 }
 
@@ -207,14 +207,9 @@ func processesOf(uid int, marker string) []proc {
 		if err != nil {
 			continue
 		}
-		if uid >= 0 {
-			fi, err := os.Stat("/proc/" + e.Name())
-			if err != nil {
-				continue
-			}
-			if st, ok := fi.Sys().(*syscall.Stat_t); !ok || int(st.Uid) != uid {
-				continue
-			}
+		puid, ok := procUID(pid)
+		if !ok || (uid >= 0 && puid != uid) {
+			continue
 		}
 		raw, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
 		if err != nil || len(raw) == 0 {
@@ -224,9 +219,25 @@ func processesOf(uid int, marker string) []proc {
 		if marker != "" && !strings.Contains(cmd, marker) {
 			continue
 		}
-		out = append(out, proc{pid: pid, cmdline: cmd})
+		out = append(out, proc{pid: pid, uid: puid, cmdline: cmd})
 	}
 	return out
+}
+
+// procUID is the real uid of process pid, from its status (the owner of
+// /proc/<pid> is root for a process that is not dumpable).
+func procUID(pid int) (int, bool) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "Uid:" {
+			uid, err := strconv.Atoi(f[1])
+			return uid, err == nil
+		}
+	}
+	return 0, false
 }
 
 // makeRepo creates a git repository with one commit on main.
