@@ -85,44 +85,49 @@ func TestAdminDestroyGuard(t *testing.T) {
 
 	for _, tc := range []struct {
 		name  string
-		setup func(name string) // makes the sandbox's state
-		// refusal is the detail of destroy without --force ("" destroys).
-		refusal func(name string) string
+		setup func(e *testEnv, name string) // makes the sandbox's state
+		// refusal is the detail of destroy without --force (nil: it destroys).
+		refusal func(e *testEnv, name string) string
 	}{
-		{"clean", func(string) {}, nil},
-		{"committed-and-clean", func(name string) {
+		{"clean", func(*testEnv, string) {}, nil},
+		{"committed-and-clean", func(e *testEnv, name string) {
 			// Work committed, and HEAD back where it was imported: nothing
 			// to lose.
 			e.mustExec(name, "sh", "-c", "echo x > f && git add f && "+commit+" -m f && git reset -q --hard HEAD~1")
 		}, nil},
-		{"untracked", func(name string) { e.mustExec(name, "touch", "new-file") },
-			func(name string) string { return "`" + name + "` has uncommitted changes: commit them, or use --force" }},
-		{"staged", func(name string) { e.mustExec(name, "sh", "-c", "echo x > f && git add f") },
-			func(name string) string { return "`" + name + "` has uncommitted changes: commit them, or use --force" }},
-		{"committed", func(name string) { e.mustExec(name, "sh", "-c", commit+" --allow-empty -m work") },
-			func(name string) string {
+		{"untracked", func(e *testEnv, name string) { e.mustExec(name, "touch", "new-file") },
+			func(e *testEnv, name string) string {
+				return "`" + name + "` has uncommitted changes: commit them, or use --force"
+			}},
+		{"staged", func(e *testEnv, name string) { e.mustExec(name, "sh", "-c", "echo x > f && git add f") },
+			func(e *testEnv, name string) string {
+				return "`" + name + "` has uncommitted changes: commit them, or use --force"
+			}},
+		{"committed", func(e *testEnv, name string) { e.mustExec(name, "sh", "-c", commit+" --allow-empty -m work") },
+			func(e *testEnv, name string) string {
 				head := e.mustExec(name, "git", "rev-parse", "HEAD")
 				return "`" + name + "` has commits that were never imported (HEAD " + head[:12] + ", last imported " + start[:12] + "): import them, or use --force"
 			}},
-		{"detached", func(name string) { e.mustExec(name, "git", "checkout", "-q", "--detach") },
-			func(name string) string {
+		{"detached", func(e *testEnv, name string) { e.mustExec(name, "git", "checkout", "-q", "--detach") },
+			func(e *testEnv, name string) string {
 				return "the HEAD of `" + name + "` is detached, so its work cannot be checked: check out its branch, or use --force"
 			}},
-		{"stopped", func(name string) {
+		{"stopped", func(e *testEnv, name string) {
 			if err := e.admin("stop", wire.NameArgs{Name: name}, nil); err != nil {
-				t.Fatal(err)
+				e.t.Fatal(err)
 			}
-		}, func(name string) string {
+		}, func(e *testEnv, name string) string {
 			return "`" + name + "` is not running, so its work cannot be checked: start it with 'jailbee start " + name + "', or use --force"
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			e := e.withT(t)
 			name := "c-" + tc.name
 			e.child(name, "orch")
-			tc.setup(name)
+			tc.setup(e, name)
 			tr := e.trace(name)
 			if tc.refusal != nil {
-				want := tc.refusal(name)
+				want := tc.refusal(e, name)
 				before := e.info(name)
 				n, err := e.destroy(name, false)
 				wantWireError(t, "destroy", err, wire.CodeBadRequest, want)

@@ -286,6 +286,14 @@ func (e *testEnv) start() {
 	})
 }
 
+// withT is the env as seen from a subtest: its helpers fail t. The
+// subtest must not start or stop the broker.
+func (e *testEnv) withT(t testing.TB) *testEnv {
+	c := *e
+	c.t = t
+	return &c
+}
+
 // stop closes the broker; sandboxes keep running.
 func (e *testEnv) stop() {
 	e.t.Helper()

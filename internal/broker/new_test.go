@@ -145,6 +145,7 @@ func TestAdminNewRefusals(t *testing.T) {
 			wire.CodeBadRequest, "invalid grant: grant: version must be 1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			e := e.withT(t)
 			before := e.footprint()
 			err := e.admin("new", tc.args, nil)
 			wantWireError(t, "new", err, tc.code, tc.detail)
