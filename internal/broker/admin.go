@@ -140,6 +140,10 @@ func (b *Broker) adminMutation(ctx context.Context, op string, raw json.RawMessa
 // its cause; a fault is logged with its root cause and reported as it is
 // (the admin socket's callers are the host user).
 func (b *Broker) adminFailure(op string, err error, log interface{ Error(string, ...any) }) *reply {
+	var we *wire.Error
+	if errors.As(err, &we) {
+		return replyErr(we) // the request itself was refused (its arguments, its grant)
+	}
 	if r, ok := orchestrate.AsRefusal(err); ok {
 		code := wire.CodeBadRequest
 		if errors.Is(err, orchestrate.ErrNoSuchSandbox) {

@@ -197,6 +197,9 @@ func (b *Broker) serveConn(ctx context.Context, conn net.Conn, handle handlerFun
 		req, werr := decodeRequest(line)
 		var rep *reply
 		if werr != nil {
+			// Descriptors sent with a line that is no request belong to
+			// no request: never to the next one.
+			closeFiles(cc.takeFiles())
 			rep = &reply{resp: wire.Fail(werr)}
 		} else {
 			rep = handle(ctx, cc, req)

@@ -15,47 +15,19 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"agentbox/internal/broker"
 	"agentbox/internal/inbox"
+	"agentbox/internal/testutil/testbin"
 	"agentbox/internal/wire"
 )
 
-// execCommand is exec.Command (a seam only for readability).
-var execCommand = exec.Command
-
-// buildJailbee builds cmd/jailbee into a temp dir and returns its path.
-func buildJailbee(t testing.TB) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "jailbee")
-	out, err := execCommand("go", "build", "-o", bin, "agentbox/cmd/jailbee").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build cmd/jailbee: %v\n%s", err, out)
-	}
-	return bin
-}
-
-// syncBuffer is a bytes.Buffer safe for a process's writes and our reads.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// jailbeeBin is the jailbee binary built for this test process: the
+// broker processes run it, and so do the units of every broker.
+func jailbeeBin(t testing.TB) string { return testbin.Jailbee(t) }
 
 // procBroker is `jailbee broker --state DIR` running as a child process.
 type procBroker struct {
@@ -71,8 +43,23 @@ type procBroker struct {
 // answers ping. It is killed at the end of the test.
 func startProcBroker(t testing.TB, bin, state string) *procBroker {
 	t.Helper()
+	return startProcBrokerVia(t, bin, state, nil)
+}
+
+// startProcBrokerVia is startProcBroker with the broker run by a wrapper:
+// wrapper's arguments, then the broker's (a shell that execs it keeps its
+// pid).
+func startProcBrokerVia(t testing.TB, bin, state string, wrapper []string) *procBroker {
+	t.Helper()
 	p := &procBroker{t: t, bin: bin, state: state, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	p.cmd = execCommand(bin, "broker", "--state", state)
+	// It runs its units from its own executable, the testbin jailbee, and
+	// its sandboxes under <state>/sandboxes, which shortTempDir's cleanup
+	// destroys; the default broker.yaml (none in the state dir) applies.
+	args := append(append([]string{}, wrapper...), bin, "broker", "--state", state)
+	if noLimits() {
+		args = append(args, "--no-limits")
+	}
+	p.cmd = exec.Command(args[0], args[1:]...)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -113,11 +100,14 @@ func (p *procBroker) kill9() {
 // pid returns the broker's process id.
 func (p *procBroker) pid() int { return p.cmd.Process.Pid }
 
+// adminPath is the broker's admin socket.
+func (p *procBroker) adminPath() string { return filepath.Join(p.state, broker.AdminSock) }
+
 // adminCall runs one admin op on a fresh admin connection.
 func (p *procBroker) adminCall(op string, args, result any) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := inbox.Dial(ctx, filepath.Join(p.state, broker.AdminSock))
+	c, err := inbox.Dial(ctx, p.adminPath())
 	if err != nil {
 		return err
 	}
@@ -126,7 +116,7 @@ func (p *procBroker) adminCall(op string, args, result any) error {
 }
 
 // newSandbox creates a sandbox through the admin new op.
-func (p *procBroker) newSandbox(a broker.NewArgs) {
+func (p *procBroker) newSandbox(a wire.NewArgs) {
 	p.t.Helper()
 	if err := p.adminCall("new", a, nil); err != nil {
 		p.t.Fatalf("new %s: %v\n%s", a.Name, err, p.stderr)
@@ -136,7 +126,7 @@ func (p *procBroker) newSandbox(a broker.NewArgs) {
 // socket returns a sandbox's socket path, as `ls` reports it.
 func (p *procBroker) socket(name string) string {
 	p.t.Helper()
-	var list []broker.SandboxInfo
+	var list []wire.SandboxInfo
 	if err := p.adminCall("ls", nil, &list); err != nil {
 		p.t.Fatal(err)
 	}
@@ -175,10 +165,10 @@ func (p *procBroker) raw(name string) *rawConn {
 // child "kid".
 func crashFamily(t *testing.T) (bin, state, repo string, p *procBroker) {
 	t.Helper()
-	bin, state, repo = buildJailbee(t), shortTempDir(t), makeRepo(t)
+	bin, state, repo = jailbeeBin(t), shortTempDir(t), makeRepo(t)
 	p = startProcBroker(t, bin, state)
-	p.newSandbox(broker.NewArgs{Name: "orch", Repo: repo, Role: "orchestrator"})
-	p.newSandbox(broker.NewArgs{Name: "kid", Repo: repo, Branch: "work/kid", Role: "child", Parent: "orch"})
+	p.newSandbox(wire.NewArgs{Name: "orch", Repo: repo, Role: "orchestrator"})
+	p.newSandbox(wire.NewArgs{Name: "kid", Repo: repo, Branch: "work/kid", Role: "child", Parent: "orch"})
 	return bin, state, repo, p
 }
 
@@ -357,7 +347,7 @@ func TestCrashWhileNextParked(t *testing.T) {
 }
 
 func TestSecondBrokerProcessRefusedUntilFirstKilled(t *testing.T) {
-	bin, state := buildJailbee(t), shortTempDir(t)
+	bin, state := jailbeeBin(t), shortTempDir(t)
 	first := startProcBroker(t, bin, state)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -50,17 +50,17 @@ func vmRSS(t *testing.T, pid int) (rss, hwm int64) {
 }
 
 func TestMemory200SandboxesWith1600IdleConnections(t *testing.T) {
-	bin, state, repo := buildJailbee(t), shortTempDir(t), makeRepo(t)
+	bin, state, repo := jailbeeBin(t), shortTempDir(t), makeRepo(t)
 	p := startProcBroker(t, bin, state)
 	idle, _ := vmRSS(t, p.pid())
 
 	start := time.Now()
 	for i := range memSandboxes {
 		name := fmt.Sprintf("o%03d", i)
-		p.newSandbox(broker.NewArgs{Name: name, Repo: repo, Role: "orchestrator"})
+		p.newSandbox(wire.NewArgs{Name: name, Repo: repo, Role: "orchestrator"})
 	}
 	created := time.Since(start)
-	var list []broker.SandboxInfo
+	var list []wire.SandboxInfo
 	if err := p.adminCall("ls", nil, &list); err != nil {
 		t.Fatal(err)
 	}

@@ -3,11 +3,15 @@ package broker_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +20,7 @@ import (
 
 	"agentbox/internal/backend"
 	"agentbox/internal/broker"
+	"agentbox/internal/config"
 	"agentbox/internal/inbox"
 	"agentbox/internal/wire"
 )
@@ -266,9 +271,11 @@ func TestMessageToStoppedChildIsDelivered(t *testing.T) {
 	e := newTestEnv(t)
 	e.orchestrator("orch")
 	e.child("kid", "orch")
-	be := backendOf(t, e)
-	if err := be.Stop(context.Background(), "kid"); err != nil {
+	if err := e.admin("stop", wire.NameArgs{Name: "kid"}, nil); err != nil {
 		t.Fatal(err)
+	}
+	if got := e.info("kid"); got.State != "stopped" || got.Running {
+		t.Fatalf("kid after stop: %+v", got)
 	}
 	st := sendMessage(t, e.client("orch"), map[string]any{"id": "while-stopped", "to": "kid", "body": "later"})
 	if st.State != "done" || st.Detail != "delivered to kid" {
@@ -526,11 +533,14 @@ func TestSecondBrokerRefused(t *testing.T) {
 func TestSocketLayout(t *testing.T) {
 	e := newTestEnv(t)
 	e.orchestrator("orch")
-	var list []broker.SandboxInfo
+	var list []wire.SandboxInfo
 	if err := e.admin("ls", nil, &list); err != nil {
 		t.Fatal(err)
 	}
 	info := list[0]
+	if info.Name != "orch" || info.Role != "orchestrator" || info.State != "running" || !info.Running || info.Parent != nil || info.Branch != "main" {
+		t.Fatalf("ls entry: %+v", info)
+	}
 	dir := filepath.Dir(*info.Socket)
 	if filepath.Dir(dir) != filepath.Join(e.state, "sock") || !strings.HasPrefix(filepath.Base(dir), info.UUID+".") {
 		t.Fatalf("socket dir %s is not <state>/sock/<uuid>.<random>", dir)
@@ -542,12 +552,11 @@ func TestSocketLayout(t *testing.T) {
 func TestLegacySocketDirReplaced(t *testing.T) {
 	e := newTestEnv(t)
 	e.orchestrator("orch")
-	var list []broker.SandboxInfo
+	var list []wire.SandboxInfo
 	e.admin("ls", nil, &list)
 	uuid := list[0].UUID
 	oldDir := filepath.Dir(e.sock("orch"))
-	e.b.Close()
-	e.b = nil
+	e.stop()
 	// Simulate the legacy layout: the sandbox's recorded dir is
 	// <state>/sock/<uuid>/.
 	legacy := filepath.Join(e.state, "sock", uuid)
@@ -565,6 +574,18 @@ func TestLegacySocketDirReplaced(t *testing.T) {
 	}
 	if got := unread(t, e.client("orch")); len(got) != 0 {
 		t.Fatalf("unexpected items %+v", got)
+	}
+	// The unit kept running across the restart with the directory it
+	// started with bound (the legacy one, now removed): a local sandbox's
+	// socket dir is bound at its next start. After a stop and a start the
+	// client inside reaches the broker through the new directory.
+	for _, op := range []string{"stop", "start"} {
+		if err := e.admin(op, wire.NameArgs{Name: "orch"}, nil); err != nil {
+			t.Fatalf("%s: %v", op, err)
+		}
+	}
+	if out := e.mustExec("orch", "jailbee", "inbox", "ls", "--json"); out != "[]" {
+		t.Fatalf("inbox ls inside the sandbox: %q", out)
 	}
 }
 
@@ -688,13 +709,13 @@ func TestGrantDocuments(t *testing.T) {
 		t.Fatalf("default grant = %v", g)
 	}
 	for _, bad := range []string{`{"version":1,"bogus":true}`, `{"version":2,"max_running_children":1,"operations":[],"grantable":{"mounts":[],"loose":false,"egress":[]}}`, `[]`} {
-		err := e.admin("new", broker.NewArgs{Name: "x", Repo: e.repo, Role: "orchestrator", Grant: json.RawMessage(bad)}, nil)
+		err := e.admin("new", wire.NewArgs{Name: "x", Repo: e.repo, Role: "orchestrator", Grant: json.RawMessage(bad)}, nil)
 		var we *wire.Error
 		if !errors.As(err, &we) || !strings.HasPrefix(we.Detail, "invalid grant") {
 			t.Errorf("grant %s: %v", bad, err)
 		}
 	}
-	var list []broker.SandboxInfo
+	var list []wire.SandboxInfo
 	e.admin("ls", nil, &list)
 	if len(list) != 1 {
 		t.Fatalf("a refused grant left a sandbox: %+v", list)
@@ -815,20 +836,49 @@ func TestExecutorQueueBusyOnlyWhenFull(t *testing.T) {
 func TestUnrecordedBackendSandbox(t *testing.T) {
 	e := newTestEnv(t)
 	// A create the broker did not finish: the backend has it, broker.db not.
-	if _, err := backendOf(t, e).Create(context.Background(), backend.CreateOptions{Name: "ghost",
-		Source: backend.GitSource{Repo: e.repo, Branch: "main"}}); err != nil {
+	ghost, err := backendOf(t, e).Create(context.Background(), backend.CreateOptions{Name: "ghost", HostUID: spareHostUID(t)})
+	if err != nil {
 		t.Fatal(err)
 	}
-	err := e.admin("new", broker.NewArgs{Name: "ghost", Repo: e.repo, Role: "orchestrator"}, nil)
-	var we *wire.Error
-	if !errors.As(err, &we) || !strings.Contains(we.Detail, "jailbee destroy ghost --force") {
-		t.Fatalf("new over an unrecorded sandbox: %v", err)
+	err = e.admin("new", wire.NewArgs{Name: "ghost", Repo: e.repo, Role: "orchestrator"}, nil)
+	wantWireError(t, "new over an unrecorded sandbox", err, wire.CodeBadRequest,
+		"a sandbox `ghost` exists in the backend without a broker record (an interrupted create?): remove it with 'jailbee destroy ghost --force'")
+	// The refused create left the backend's sandbox as it was.
+	if insts, _ := backendOf(t, e).List(context.Background()); len(insts) != 1 || insts[0].UUID != ghost.UUID {
+		t.Fatalf("backend after the refused new: %+v", insts)
 	}
-	if err := e.admin("destroy", broker.DestroyArgs{Name: "ghost"}, nil); !errors.As(err, &we) || we.Code != wire.CodeNotFound {
-		t.Fatalf("destroy without --force: %v", err)
+	err = e.admin("destroy", wire.DestroyArgs{Name: "ghost"}, nil)
+	wantWireError(t, "destroy without --force", err, wire.CodeNotFound, "no sandbox named ghost")
+	var res wire.DestroyResult
+	if err := e.admin("destroy", wire.DestroyArgs{Name: "ghost", Force: true}, &res); err != nil || res.Destroyed != 1 {
+		t.Fatalf("destroy --force: %+v, %v", res, err)
 	}
-	if err := e.admin("destroy", broker.DestroyArgs{Name: "ghost", Force: true}, nil); err != nil {
-		t.Fatalf("destroy --force: %v", err)
+	if insts, _ := backendOf(t, e).List(context.Background()); len(insts) != 0 {
+		t.Fatalf("backend after destroy --force: %+v", insts)
 	}
 	e.orchestrator("ghost")
+	if got := e.info("ghost"); got.UUID == ghost.UUID || !got.Running {
+		t.Fatalf("the new ghost: %+v", got)
+	}
+}
+
+// spareHostUID is a host uid for a sandbox made without the broker: as
+// root, a uid outside the broker's range (so the broker never picks it)
+// that no account or process uses; 0 otherwise.
+func spareHostUID(t testing.TB) int {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return 0
+	}
+	def := config.DefaultBroker().SandboxUIDs
+	for {
+		var b [4]byte
+		rand.Read(b[:])
+		uid := int(def.Last()) + 1 + int(binary.LittleEndian.Uint32(b[:])%(1<<20))
+		if len(processesOf(uid, "")) == 0 {
+			if _, err := user.LookupId(strconv.Itoa(uid)); err != nil {
+				return uid
+			}
+		}
+	}
 }

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"testing"
 
-	"agentbox/internal/broker"
 	"agentbox/internal/inbox"
 	"agentbox/internal/wire"
 )
@@ -35,7 +34,7 @@ func TestBrokerEnforcesManifestRules(t *testing.T) {
 	e.orchestrator("orch")
 	e.child("fix-12", "orch")
 	// An orchestrator whose grant lacks rights and destroy.
-	if err := e.admin("new", broker.NewArgs{Name: "narrow", Repo: e.repo, Role: "orchestrator",
+	if err := e.admin("new", wire.NewArgs{Name: "narrow", Repo: e.repo, Role: "orchestrator",
 		Grant: json.RawMessage(`{"version":1,"max_running_children":1,"operations":["message","spawn"],"grantable":{"mounts":[],"loose":false,"egress":[]}}`)}, nil); err != nil {
 		t.Fatal(err)
 	}
