@@ -9,9 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/fdpass"
 	"agentbox/internal/grant"
 	"agentbox/internal/orchestrate"
 	"agentbox/internal/store"
@@ -277,36 +277,24 @@ type rightsConn struct {
 func newRightsConn(c *net.UnixConn, max int) *rightsConn { return &rightsConn{UnixConn: c, max: max} }
 
 func (c *rightsConn) Read(p []byte) (int, error) {
-	oob := make([]byte, syscall.CmsgSpace(c.max*4))
-	n, oobn, flags, _, err := c.ReadMsgUnix(p, oob)
-	if oobn > 0 || flags&syscall.MSG_CTRUNC != 0 {
-		c.collect(oob[:max(oobn, 0)], flags&syscall.MSG_CTRUNC != 0)
+	n, files, truncated, err := fdpass.Read(c.UnixConn, p, c.max)
+	if len(files) > 0 || truncated {
+		c.collect(files, truncated)
 	}
-	// ReadMsgUnix reports -1 with a deadline or close error; io.Reader
-	// must never return a negative count.
-	return max(n, 0), err
+	return n, err
 }
 
-func (c *rightsConn) collect(oob []byte, truncated bool) {
-	msgs, _ := syscall.ParseSocketControlMessage(oob)
+func (c *rightsConn) collect(files []*os.File, truncated bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.extra = c.extra || truncated
-	for _, m := range msgs {
-		fds, err := syscall.ParseUnixRights(&m)
-		if err != nil {
+	for _, f := range files {
+		if len(c.files) >= c.max {
+			f.Close()
+			c.extra = true
 			continue
 		}
-		for _, fd := range fds {
-			syscall.CloseOnExec(fd)
-			f := os.NewFile(uintptr(fd), "passed")
-			if len(c.files) >= c.max {
-				f.Close()
-				c.extra = true
-				continue
-			}
-			c.files = append(c.files, f)
-		}
+		c.files = append(c.files, f)
 	}
 }
 

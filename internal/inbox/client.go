@@ -12,9 +12,9 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"syscall"
 	"time"
 
+	"agentbox/internal/fdpass"
 	"agentbox/internal/wire"
 )
 
@@ -65,17 +65,7 @@ func (c *Client) Close() error { return c.conn.Close() }
 // reply that is not a protocol line as ErrUnreachable. ctx's deadline or
 // cancellation closes the connection and returns ctx.Err().
 func (c *Client) Call(ctx context.Context, op string, args any, result any) error {
-	raw, err := c.CallRaw(ctx, op, args)
-	if err != nil {
-		return err
-	}
-	if result == nil {
-		return nil
-	}
-	if err := json.Unmarshal(raw, result); err != nil {
-		return fmt.Errorf("%w: unexpected reply shape", ErrUnreachable)
-	}
-	return nil
+	return c.CallFiles(ctx, op, args, nil, result)
 }
 
 // CallFiles is Call with files sent along with the request as SCM_RIGHTS
@@ -148,15 +138,7 @@ func (c *Client) write(line []byte, files []*os.File) error {
 	if !ok {
 		return errors.New("descriptors need a Unix socket")
 	}
-	fds := make([]int, len(files))
-	for i, f := range files {
-		fds[i] = int(f.Fd())
-	}
-	n, _, err := uc.WriteMsgUnix(line, syscall.UnixRights(fds...), nil)
-	if err == nil && n < len(line) {
-		_, err = c.conn.Write(line[n:])
-	}
-	return err
+	return fdpass.Write(uc, line, files)
 }
 
 func (c *Client) ioErr(ctx context.Context) error {

@@ -219,12 +219,8 @@ func populate(dir, name string, m meta) error {
 // Destroy stops the sandbox and removes its directory by handles: nothing
 // the sandbox put there (symlinks, read-only trees) can redirect it.
 func (b *Backend) Destroy(ctx context.Context, name string) error {
-	if err := backend.ValidateName(name); err != nil {
-		return err
-	}
-	defer b.lock(name)()
-	dir := b.dir(name)
-	m, err := loadSandbox(dir)
+	dir, m, unlock, err := b.lockLoad(name)
+	defer unlock()
 	if errors.Is(err, errIncomplete) {
 		return secfs.RemoveTree(dir) // an interrupted Create
 	}
@@ -296,11 +292,8 @@ func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
 
 // update applies change to the sandbox's metadata and saves it durably.
 func (b *Backend) update(name string, change func(*meta)) error {
-	if err := backend.ValidateName(name); err != nil {
-		return err
-	}
-	defer b.lock(name)()
-	m, err := loadSandbox(b.dir(name))
+	dir, m, unlock, err := b.lockLoad(name)
+	defer unlock()
 	if err != nil {
 		return err
 	}
@@ -309,7 +302,20 @@ func (b *Backend) update(name string, change func(*meta)) error {
 	if m == before {
 		return nil
 	}
-	return saveMeta(b.dir(name), m)
+	return saveMeta(dir, m)
+}
+
+// lockLoad takes the sandbox's lifecycle lock and reads its metadata. The
+// caller defers unlock whatever the error (a no-op when the name is
+// invalid and no lock was taken).
+func (b *Backend) lockLoad(name string) (dir string, m meta, unlock func(), err error) {
+	if err := backend.ValidateName(name); err != nil {
+		return "", meta{}, func() {}, err
+	}
+	unlock = b.lock(name)
+	dir = b.dir(name)
+	m, err = loadSandbox(dir)
+	return dir, m, unlock, err
 }
 
 // load reads a sandbox's metadata by name.

@@ -51,12 +51,8 @@ var readOnlyProc = []string{"/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/p
 
 // Start launches the sandbox's unit; starting a running sandbox is a no-op.
 func (b *Backend) Start(ctx context.Context, name string) error {
-	if err := backend.ValidateName(name); err != nil {
-		return err
-	}
-	defer b.lock(name)()
-	dir := b.dir(name)
-	m, err := loadSandbox(dir)
+	dir, m, unlock, err := b.lockLoad(name)
+	defer unlock()
 	if err != nil {
 		return err
 	}
@@ -82,12 +78,8 @@ func (b *Backend) Start(ctx context.Context, name string) error {
 // Stop kills the sandbox's unit: its pid 1, and with it every process of
 // its pid namespace, then whatever is left in its cgroups.
 func (b *Backend) Stop(ctx context.Context, name string) error {
-	if err := backend.ValidateName(name); err != nil {
-		return err
-	}
-	defer b.lock(name)()
-	dir := b.dir(name)
-	m, err := loadSandbox(dir)
+	dir, m, unlock, err := b.lockLoad(name)
+	defer unlock()
 	if err != nil {
 		return err
 	}

@@ -30,7 +30,8 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"syscall"
+
+	"agentbox/internal/fdpass"
 )
 
 // Limits of the control protocol.
@@ -70,14 +71,7 @@ func sendRequest(conn *net.UnixConn, req Request, files []*os.File) error {
 		return err
 	}
 	line = append(line, '\n')
-	var oob []byte
-	if len(files) > 0 {
-		fds := make([]int, len(files))
-		for i, f := range files {
-			fds[i] = int(f.Fd())
-		}
-		oob = syscall.UnixRights(fds...)
-	}
+	oob := fdpass.Rights(files)
 	n, oobn, err := conn.WriteMsgUnix(line, oob, nil)
 	if err != nil {
 		return err
@@ -94,20 +88,13 @@ func readRequest(conn *net.UnixConn) (Request, []*os.File, error) {
 	var line []byte
 	var files []*os.File
 	buf := make([]byte, 64<<10)
-	oob := make([]byte, syscall.CmsgSpace(maxFDs*4))
 	for {
-		n, oobn, flags, _, err := conn.ReadMsgUnix(buf, oob)
-		if flags&syscall.MSG_CTRUNC != 0 {
+		n, got, truncated, err := fdpass.Read(conn, buf, maxFDs)
+		files = append(files, got...)
+		if truncated {
 			return Request{}, files, fmt.Errorf("%w: too many descriptors", ErrProtocol)
 		}
-		if oobn > 0 {
-			got, perr := parseRights(oob[:oobn])
-			files = append(files, got...)
-			if perr != nil {
-				return Request{}, files, perr
-			}
-		}
-		line = append(line, buf[:max(n, 0)]...)
+		line = append(line, buf[:n]...)
 		if i := bytes.IndexByte(line, '\n'); i >= 0 {
 			if i != len(line)-1 {
 				return Request{}, files, fmt.Errorf("%w: data after the request", ErrProtocol)
@@ -138,26 +125,6 @@ func readRequest(conn *net.UnixConn) (Request, []*os.File, error) {
 		return Request{}, files, fmt.Errorf("%w: %v", ErrProtocol, err)
 	}
 	return req, files, nil
-}
-
-// parseRights turns SCM_RIGHTS messages into files.
-func parseRights(oob []byte) ([]*os.File, error) {
-	msgs, err := syscall.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrProtocol, err)
-	}
-	var files []*os.File
-	for _, m := range msgs {
-		fds, err := syscall.ParseUnixRights(&m)
-		if err != nil {
-			continue
-		}
-		for _, fd := range fds {
-			syscall.CloseOnExec(fd)
-			files = append(files, os.NewFile(uintptr(fd), "passed"))
-		}
-	}
-	return files, nil
 }
 
 // writeReply writes one reply line.
