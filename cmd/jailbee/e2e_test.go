@@ -14,7 +14,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,6 +24,7 @@ import (
 	"agentbox/internal/term"
 	"agentbox/internal/testutil/contain"
 	"agentbox/internal/testutil/testbin"
+	"agentbox/internal/testutil/wait"
 )
 
 // TestMain builds jailbee (static, as it is bound into sandboxes) while
@@ -287,7 +287,7 @@ func (h *hostEnv) startHeartbeat(name string) {
 	h.t.Helper()
 	h.mustJB("exec", name, "--", "sh", "-c",
 		`nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /home/agent/beat.tmp; mv /home/agent/beat.tmp /home/agent/beat; sleep 0.1; done' >/dev/null 2>&1 &`)
-	waitFor(h.t, "the heartbeat to start", func() bool {
+	wait.For(h.t, "the heartbeat to start", func() bool {
 		_, err := os.Stat(filepath.Join(h.sandboxDir(name), "home", "beat"))
 		return err == nil
 	})
@@ -297,19 +297,7 @@ func (h *hostEnv) startHeartbeat(name string) {
 func (h *hostEnv) waitBeatAdvances(name string) {
 	h.t.Helper()
 	first := h.beat(name)
-	waitFor(h.t, "the heartbeat of "+name+" to advance", func() bool { return h.beat(name) > first })
-}
-
-// waitFor polls cond until it holds; the limit is a hang guard.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitGuard)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	wait.For(h.t, "the heartbeat of "+name+" to advance", func() bool { return h.beat(name) > first })
 }
 
 // processesOf lists the live host processes with uid as a real,
@@ -518,7 +506,7 @@ func TestExecTTYThroughARealTerminal(t *testing.T) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	var out syncBuffer
+	var out wait.Buffer
 	readDone := make(chan struct{})
 	go func() {
 		io.Copy(&out, master) // ends with EIO once no one holds the slave
@@ -526,7 +514,7 @@ func TestExecTTYThroughARealTerminal(t *testing.T) {
 	}()
 	// Type once jb has the terminal in raw mode (else the outer line
 	// discipline would echo and cook the input).
-	waitFor(t, "raw mode on the outer terminal", func() bool {
+	wait.For(t, "raw mode on the outer terminal", func() bool {
 		tm, err := unix.IoctlGetTermios(int(slave.Fd()), unix.TCGETS)
 		return err == nil && tm.Lflag&unix.ICANON == 0
 	})
@@ -614,7 +602,7 @@ func TestBrokerKill9LeavesSandboxesRunning(t *testing.T) {
 		return n
 	}
 	first := readBeat()
-	waitFor(t, "the heartbeat to advance with no broker", func() bool { return readBeat() > first })
+	wait.For(t, "the heartbeat to advance with no broker", func() bool { return readBeat() > first })
 	if code, _, errs := h.jb("", "ls"); code != 4 || !strings.Contains(errs, "no broker is running for the state dir "+h.state) {
 		t.Errorf("ls with the broker killed: exit %d %q", code, errs)
 	}
@@ -674,24 +662,6 @@ func TestSecondBrokerProcessRefused(t *testing.T) {
 	if code != 1 || !strings.Contains(errs, "another broker holds the state dir") {
 		t.Fatalf("second broker: exit %d %q", code, errs)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // everyHook is every hook git 2.39 runs (githooks(5)).

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"agentbox/internal/inbox"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -254,7 +255,7 @@ func TestAdminExecHangupKillsCommand(t *testing.T) {
 	go func() {
 		done <- c.CallFiles(ctx, "exec", wire.ExecArgs{Name: "orch", Argv: heartbeatLoop(marker)}, p.child(), nil)
 	}()
-	waitFor(t, "the command to run", func() bool { return len(processesOf(uid, marker)) > 0 })
+	wait.For(t, "the command to run", func() bool { return len(processesOf(uid, marker)) > 0 })
 	waitHeartbeat(t, hb)
 
 	// The client hangs up: the broker ends the command.
@@ -263,7 +264,7 @@ func TestAdminExecHangupKillsCommand(t *testing.T) {
 		t.Fatalf("exec after the client hung up: %v", err)
 	}
 	p.finish() // returns once the command's copies of the pipes are gone
-	waitFor(t, "the command to end", func() bool { return len(processesOf(uid, marker)) == 0 })
+	wait.For(t, "the command to end", func() bool { return len(processesOf(uid, marker)) == 0 })
 	assertNoHeartbeat(t, hb)
 	// The sandbox itself runs on.
 	if out := e.mustExec("orch", "echo", "alive"); out != "alive" {
@@ -303,7 +304,7 @@ func readHeartbeat(path string) string {
 func waitHeartbeat(t testing.TB, path string) {
 	t.Helper()
 	first := readHeartbeat(path)
-	waitFor(t, "the heartbeat "+path+" to change", func() bool {
+	wait.For(t, "the heartbeat "+path+" to change", func() bool {
 		now := readHeartbeat(path)
 		return now != "" && now != first
 	})

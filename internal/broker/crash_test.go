@@ -22,6 +22,7 @@ import (
 	"agentbox/internal/broker"
 	"agentbox/internal/inbox"
 	"agentbox/internal/testutil/testbin"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -35,7 +36,7 @@ type procBroker struct {
 	bin    string
 	state  string
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *wait.Buffer
 	exited chan struct{}
 }
 
@@ -51,7 +52,7 @@ func startProcBroker(t testing.TB, bin, state string) *procBroker {
 // pid).
 func startProcBrokerVia(t testing.TB, bin, state string, wrapper []string) *procBroker {
 	t.Helper()
-	p := &procBroker{t: t, bin: bin, state: state, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	p := &procBroker{t: t, bin: bin, state: state, stderr: &wait.Buffer{}, exited: make(chan struct{})}
 	// It runs its units from its own executable, the testbin jailbee, and
 	// its sandboxes under <state>/sandboxes, which shortTempDir's cleanup
 	// destroys; the default broker.yaml (none in the state dir) applies.

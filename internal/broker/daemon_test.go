@@ -19,6 +19,7 @@ import (
 
 	"agentbox/internal/broker"
 	"agentbox/internal/inbox"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -83,7 +84,7 @@ func TestAcceptSurvivesDescriptorExhaustion(t *testing.T) {
 			held = append(held, c)
 		}
 	}
-	waitFor(t, "the broker to run out of descriptors", func() bool {
+	wait.For(t, "the broker to run out of descriptors", func() bool {
 		return strings.Contains(p.stderr.String(), "accept failed; retrying") &&
 			strings.Contains(p.stderr.String(), "too many open files")
 	})
@@ -93,10 +94,10 @@ func TestAcceptSurvivesDescriptorExhaustion(t *testing.T) {
 		c.Close()
 	}
 	held = nil
-	waitFor(t, "the admin socket to answer again", func() bool {
+	wait.For(t, "the admin socket to answer again", func() bool {
 		return callWithin(p.adminPath(), "ping", nil, time.Second) == nil
 	})
-	waitFor(t, "the sandbox socket to answer again", func() bool {
+	wait.For(t, "the sandbox socket to answer again", func() bool {
 		return callWithin(sock, "list", nil, time.Second) == nil
 	})
 	// Still under the low limit, and again with descriptors to spare: the
@@ -235,7 +236,7 @@ func TestHandlerPanicLoggedAndServing(t *testing.T) {
 	// Every slot comes back (a connection's slot is given back just after
 	// it is closed): a full set of connections, each with a query.
 	e.b.SetQueryHookForTest(nil)
-	waitFor(t, "a full set of connections to be served", func() bool {
+	wait.For(t, "a full set of connections to be served", func() bool {
 		var conns []*rawConn
 		defer func() {
 			for _, c := range conns {

@@ -30,6 +30,7 @@ import (
 	"agentbox/internal/store"
 	"agentbox/internal/testutil/contain"
 	"agentbox/internal/testutil/testbin"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -50,7 +51,7 @@ type testEnv struct {
 	sandboxes orchestrate.Sandboxes
 	b         *broker.Broker
 	be        *recBackend
-	logs      *syncBuffer // everything every broker of the env logged
+	logs      *wait.Buffer // everything every broker of the env logged
 }
 
 func newTestEnv(t testing.TB) *testEnv {
@@ -71,7 +72,7 @@ func newTestEnvQuota(t testing.TB, q store.Quota) *testEnv {
 // newTestEnvStopped prepares an env without starting its broker.
 func newTestEnvStopped(t testing.TB) *testEnv {
 	t.Helper()
-	return &testEnv{t: t, state: shortTempDir(t), repo: makeRepo(t), sandboxes: testSandboxes(), logs: &syncBuffer{}}
+	return &testEnv{t: t, state: shortTempDir(t), repo: makeRepo(t), sandboxes: testSandboxes(), logs: &wait.Buffer{}}
 }
 
 // noLimits reports whether per-sandbox cgroups cannot be used here (a
@@ -603,37 +604,6 @@ func wantWireError(t testing.TB, what string, err error, code wire.Code, detail 
 	if !errors.As(err, &we) || we.Code != code || we.Detail != detail {
 		t.Fatalf("%s: got %v (%#v),\nwant %s %q", what, err, we, code, detail)
 	}
-}
-
-// waitFor polls cond until it holds; the deadline is a hang guard only.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writes and reads (a
-// process's stderr, a broker's log).
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // recBackend is the env's local backend, recording the uuid of every

@@ -20,6 +20,7 @@ import (
 
 	"agentbox/internal/cli"
 	"agentbox/internal/term"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -638,7 +639,7 @@ func TestExecTTYGivesANewTerminal(t *testing.T) {
 		tty.Write([]byte("from the command\n"))
 		return okReply(wire.ExecResult{Exit: 5})
 	})
-	var out syncBuffer
+	var out wait.Buffer
 	code := runWith(t, userTTY, &out, io.Discard, "exec", "--state", f.state, "-t", "kid", "--", "sh")
 	for p := range problems {
 		t.Error(p)
@@ -667,22 +668,4 @@ func waitFor(limit time.Duration, cond func() bool) bool {
 		time.Sleep(10 * time.Millisecond)
 	}
 	return true
-}
-
-// syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

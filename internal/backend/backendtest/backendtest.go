@@ -24,6 +24,7 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/gitx"
 	"agentbox/internal/term"
+	"agentbox/internal/testutil/wait"
 )
 
 // uuidPattern is the form every backend's instance uuid takes (Incus's
@@ -499,7 +500,7 @@ func testExecCancel(s *suite) {
 		_, err := s.b.Exec(ctx, name, backend.ExecOptions{Argv: []string{"sh", "-c", "echo $$ > /tmp/pid; exec sleep 600"}})
 		done <- err
 	}()
-	waitFor(s.t, func() bool {
+	wait.For(s.t, "the sandbox's state", func() bool {
 		return Exec(s.t, s.b, name, backend.ExecOptions{Argv: []string{"test", "-s", "/tmp/pid"}}).Code == 0
 	})
 	cancel()
@@ -511,7 +512,7 @@ func testExecCancel(s *suite) {
 	case <-time.After(30 * time.Second):
 		s.t.Fatal("cancelling did not end the command")
 	}
-	waitFor(s.t, func() bool {
+	wait.For(s.t, "the sandbox's state", func() bool {
 		return Exec(s.t, s.b, name, backend.ExecOptions{Argv: []string{"sh", "-c", "kill -0 $(cat /tmp/pid)"}}).Code != 0
 	})
 }
@@ -522,7 +523,7 @@ func testStopEndsEveryProcess(s *suite) {
 	t, b := s.t, s.b
 	name := s.started("stopall")
 	Sh(t, b, name, "nohup sh -c 'while :; do date +%s%N > /home/agent/beat; sleep 0.05; done' >/dev/null 2>&1 &")
-	waitFor(t, func() bool {
+	wait.For(t, "the sandbox's state", func() bool {
 		return Exec(t, b, name, backend.ExecOptions{Argv: []string{"test", "-s", "/home/agent/beat"}}).Code == 0
 	})
 	if err := b.Stop(t.Context(), name); err != nil {
@@ -748,17 +749,5 @@ func testUnknown(s *suite) {
 		if !errors.Is(err, backend.ErrNotFound) {
 			t.Errorf("%s on an unknown sandbox: err = %v, want ErrNotFound", op, err)
 		}
-	}
-}
-
-// waitFor polls cond until it holds, failing t after 30 s.
-func waitFor(t testing.TB, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 30 s")
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"agentbox/internal/backend/backendtest"
 	"agentbox/internal/backend/local"
 	"agentbox/internal/testutil/testbin"
+	"agentbox/internal/testutil/wait"
 )
 
 // helperEnv selects a helper test when this binary is re-executed.
@@ -314,7 +315,7 @@ func TestAttackStopAndDestroyEndEverything(t *testing.T) {
 	loop := func(beat string) {
 		t.Helper()
 		mustSh(t, f.b, x.name, "setsid -f sh -c 'while :; do date +%s%N > /home/agent/"+beat+"; sleep 0.05; done' >/dev/null 2>&1; nohup sleep 3600 >/dev/null 2>&1 &")
-		waitFor(t, "heartbeat", func() bool {
+		wait.For(t, "heartbeat", func() bool {
 			_, err := os.Stat(filepath.Join(x.home(), beat))
 			return err == nil
 		})
@@ -330,7 +331,7 @@ func TestAttackStopAndDestroyEndEverything(t *testing.T) {
 		_, err := f.b.Exec(context.Background(), x.name, backend.ExecOptions{Argv: []string{"sh", "-c", "touch /tmp/running; exec sleep 3600"}})
 		errc <- err
 	}()
-	waitFor(t, "running command", func() bool {
+	wait.For(t, "running command", func() bool {
 		r, err := run(t, f.b, x.name, backend.ExecOptions{Argv: []string{"test", "-e", "/tmp/running"}})
 		return err == nil && r.Code == 0
 	})
@@ -444,7 +445,7 @@ func TestAttackUnitOutlivesBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the heartbeat to go on", func() bool {
+	wait.For(t, "the heartbeat to go on", func() bool {
 		n, err := strconv.Atoi(mustSh(t, b, name, "cat /home/agent/beat.n"))
 		return err == nil && n > first
 	})
@@ -469,7 +470,7 @@ func TestBrokerProcessHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustSh(t, b, name, `setsid -f sh -c 'echo $$ > /home/agent/beat.pid; n=0; while :; do n=$((n+1)); echo $n > /home/agent/beat.tmp; mv /home/agent/beat.tmp /home/agent/beat.n; sleep 0.05; done' >/dev/null 2>&1`)
-	waitFor(t, "heartbeat", func() bool {
+	wait.For(t, "heartbeat", func() bool {
 		return sh(t, b, name, "test -s /home/agent/beat.pid && test -s /home/agent/beat.n").Code == 0
 	})
 	loop := mustSh(t, b, name, "cat /home/agent/beat.pid")

@@ -153,18 +153,6 @@ func mustSh(t *testing.T, b backend.Backend, name, script string) string {
 	return strings.TrimSpace(r.Stdout)
 }
 
-// waitFor polls cond until it holds; hangGuard fails t.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(hangGuard)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, hangGuard)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // hostMeta is what the host reads of a sandbox's meta.json.
 type hostMeta struct {
 	UUID string `json:"uuid"`
