@@ -265,7 +265,9 @@ func hostGit(t testing.TB, dir string, args ...string) string {
 func (e *testEnv) start() {
 	e.t.Helper()
 	e.be = &recBackend{Backend: localBackend(e.t, e.state)}
-	h := slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug})
+	// Info, as a broker runs by default: a debug line per request would
+	// weigh on the benchmarks and fill e.logs.
+	h := slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelInfo})
 	if testing.Verbose() {
 		h = slog.NewTextHandler(io.MultiWriter(e.logs, os.Stderr), &slog.HandlerOptions{Level: slog.LevelDebug})
 	}
