@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -99,10 +100,7 @@ func (b *Broker) dispatchAdmin(ctx context.Context, cc *connCtx, req *wire.Reque
 }
 
 // adminMutation runs new, destroy, start or stop.
-func (b *Broker) adminMutation(ctx context.Context, op string, raw json.RawMessage, log interface {
-	Error(string, ...any)
-	Info(string, ...any)
-}) *reply {
+func (b *Broker) adminMutation(ctx context.Context, op string, raw json.RawMessage, log *slog.Logger) *reply {
 	var result any
 	var err error
 	switch op {
@@ -139,7 +137,7 @@ func (b *Broker) adminMutation(ctx context.Context, op string, raw json.RawMessa
 // adminFailure turns an orchestrate error into the reply: a refusal says
 // its cause; a fault is logged with its root cause and reported as it is
 // (the admin socket's callers are the host user).
-func (b *Broker) adminFailure(op string, err error, log interface{ Error(string, ...any) }) *reply {
+func (b *Broker) adminFailure(op string, err error, log *slog.Logger) *reply {
 	var we *wire.Error
 	if errors.As(err, &we) {
 		return replyErr(we) // the request itself was refused (its arguments, its grant)
@@ -210,7 +208,7 @@ func (b *Broker) adminList(ctx context.Context) *reply {
 // adminExec runs a command in a sandbox with the caller's descriptors as
 // its streams, and answers with its exit status once it has ended. The
 // caller hanging up first ends the command.
-func (b *Broker) adminExec(ctx context.Context, cc *connCtx, raw json.RawMessage, files []*os.File, log interface{ Error(string, ...any) }) *reply {
+func (b *Broker) adminExec(ctx context.Context, cc *connCtx, raw json.RawMessage, files []*os.File, log *slog.Logger) *reply {
 	var a wire.ExecArgs
 	if werr := decodeArgs(raw, &a); werr != nil {
 		return replyErr(werr)

@@ -310,7 +310,7 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	}()
 	wg.Wait()
 	switch {
-	case copyErr != nil && errors.Is(copyErr, ErrTransferTooLarge):
+	case errors.Is(copyErr, ErrTransferTooLarge):
 		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, copyErr)
 	case dstErr != nil:
 		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, dstErr)

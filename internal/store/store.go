@@ -207,7 +207,7 @@ func (s *Store) migrate() error {
 		return fmt.Errorf("broker.db has schema version %d; this jailbee knows %d", version, schemaVersion)
 	}
 	for ; version > 0 && version < schemaVersion; version++ {
-		if _, err := s.db.Exec(migrations[version]); err != nil {
+		if err := s.migrateFrom(version); err != nil {
 			return fmt.Errorf("migrate broker.db from schema version %d: %w", version, err)
 		}
 	}
@@ -215,6 +215,20 @@ func (s *Store) migrate() error {
 		return fmt.Errorf("apply schema: %w", err)
 	}
 	return s.prepare(context.Background())
+}
+
+// migrateFrom applies migrations[version] in one transaction: a crash
+// halfway leaves the database at version, to be migrated again.
+func (s *Store) migrateFrom(version int) error {
+	tx, err := s.db.Begin()
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(migrations[version]); err != nil {
+		tx.Rollback()
+		return err
+	}
+	return tx.Commit()
 }
 
 // hostID makes item ids; tests replace it to force collisions.

@@ -126,9 +126,9 @@ func (b *Backend) launch(ctx context.Context, name, dir string, m meta) (int, ui
 	src := b.sources(dir, m)
 	if b.asRoot {
 		spec.UID, spec.GID = m.UID, m.GID
-		for _, s := range src.stage {
-			spec.Stage = append(spec.Stage, unit.StageEntry{Source: s.host, Name: s.name})
-		}
+	}
+	for _, s := range src.stage {
+		spec.Stage = append(spec.Stage, unit.StageEntry{Source: s.host, Name: s.name})
 	}
 	spec.Args = b.bwrapArgs(name, src)
 	spec.Env = []string{"PATH=" + ClientBinDir + ":" + systemPath, "HOME=" + HomePath, "LANG=C.UTF-8"}
@@ -313,8 +313,8 @@ type source struct {
 }
 
 // sources are the host paths a unit binds, each as bubblewrap will name
-// it: staged under unit.StageDir for a root broker, the host path itself
-// otherwise.
+// it: staged under unit.StageDir for a root broker (stage lists them),
+// the host path itself otherwise.
 type sources struct {
 	stage                    []source
 	checkout, home, etc, bin string
@@ -324,11 +324,11 @@ type sources struct {
 func (b *Backend) sources(dir string, m meta) sources {
 	var s sources
 	add := func(name, host string) string {
-		s.stage = append(s.stage, source{name: name, host: host})
-		if b.asRoot {
-			return path.Join(unit.StageDir, name)
+		if !b.asRoot {
+			return host
 		}
-		return host
+		s.stage = append(s.stage, source{name: name, host: host})
+		return path.Join(unit.StageDir, name)
 	}
 	s.checkout = add("checkout", filepath.Join(dir, checkoutDir))
 	s.home = add("home", filepath.Join(dir, homeDir))
