@@ -35,9 +35,21 @@ git -C "$work/repo" -c user.name=demo -c user.email=demo@example.com commit -q -
 echo "repo: $work/repo"
 
 step "start the broker"
-jailbee broker >"$work/broker.log" 2>&1 &
+flags=()
+if [ "$(id -u)" -ne 0 ]; then
+	# Per-sandbox cgroups need root (or a delegated cgroup v2 subtree).
+	echo "not root: sandboxes run as your uid, without per-sandbox limits"
+	flags=(--no-limits)
+fi
+jailbee broker "${flags[@]}" >"$work/broker.log" 2>&1 &
 broker_pid=$!
 for _ in $(seq 50); do [ -S "$work/state/admin.sock" ] && break; sleep 0.1; done
+if ! kill -0 "$broker_pid" 2>/dev/null; then
+	echo "the broker did not start:" >&2
+	cat "$work/broker.log" >&2
+	broker_pid=
+	exit 1
+fi
 
 step "create an orchestrator and a child"
 run jb new lead --repo "$work/repo" --orchestrator
