@@ -112,7 +112,7 @@ func Open(cfg Config) (*Broker, error) {
 		queries: queryPool{workers: make(chan struct{}, QueryWorkers)},
 	}
 	b.orchestrator = &orchestrate.Orchestrator{
-		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes,
+		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes, Log: cfg.Logger,
 		Serve: b.serveSandbox, Unserve: b.stopServing,
 	}
 	b.snap.Store(&Snapshot{})

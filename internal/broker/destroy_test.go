@@ -112,12 +112,28 @@ func TestAdminDestroyGuard(t *testing.T) {
 			func(e *testEnv, name string) string {
 				return "the HEAD of `" + name + "` is detached, so its work cannot be checked: check out its branch, or use --force"
 			}},
-		{"stopped", func(e *testEnv, name string) {
-			if err := e.admin("stop", wire.NameArgs{Name: name}, nil); err != nil {
+		// Stopped by the broker: what it recorded at the stop counts.
+		{"stopped-clean", func(e *testEnv, name string) { e.stopByBroker(name) }, nil},
+		{"stopped-dirty", func(e *testEnv, name string) {
+			e.mustExec(name, "touch", "new-file")
+			e.stopByBroker(name)
+		}, func(e *testEnv, name string) string {
+			return "`" + name + "` has uncommitted changes: commit them, or use --force"
+		}},
+		{"stopped-commits", func(e *testEnv, name string) {
+			e.mustExec(name, "sh", "-c", commit+" --allow-empty -m work")
+			e.stopByBroker(name)
+		}, func(e *testEnv, name string) string {
+			head := e.row(name).StopHead
+			return "`" + name + "` has commits that were never imported (HEAD " + head[:12] + ", last imported " + start[:12] + "): import them, or use --force"
+		}},
+		// Stopped behind the broker's back: nothing was recorded.
+		{"stopped-otherwise", func(e *testEnv, name string) {
+			if err := e.be.Stop(context.Background(), name); err != nil {
 				e.t.Fatal(err)
 			}
 		}, func(e *testEnv, name string) string {
-			return "`" + name + "` is not running, so its work cannot be checked: start it with 'jailbee start " + name + "', or use --force"
+			return "`" + name + "` is not running and was not stopped by the broker, so its work cannot be checked: start it again, or use --force"
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -196,5 +212,13 @@ func TestAdminDestroyOrchestratorWithChildren(t *testing.T) {
 	}
 	if got := e.list(); len(got) != 0 {
 		t.Fatalf("ls at the end: %+v", got)
+	}
+}
+
+// stopByBroker stops a sandbox through the admin socket.
+func (e *testEnv) stopByBroker(name string) {
+	e.t.Helper()
+	if err := e.admin("stop", wire.NameArgs{Name: name}, nil); err != nil {
+		e.t.Fatal(err)
 	}
 }

@@ -54,7 +54,7 @@ func TestBrokerEnforcesManifestRules(t *testing.T) {
 		{"unknown key", "orch", `{"version":1,"id":"u1","type":"stop","child":"fix-12","extra":1}`, nil, "refused", ""},
 		{"version 2 stop", "orch", `{"version":2,"id":"u2","type":"stop","child":"fix-12"}`, nil, "refused", ""},
 		{"unknown type", "orch", `{"version":1,"id":"u3","type":"launch"}`, nil, "refused", ""},
-		{"stop valid", "orch", `{"version":1,"id":"st1","type":"stop","child":"fix-12"}`, nil, "refused", "operation `stop` is not available in this broker yet"},
+		{"stop valid", "orch", `{"version":1,"id":"st1","type":"stop","child":"fix-12"}`, nil, "done", "child `fix-12` stopped"},
 		{"update ref and base", "orch", `{"version":1,"id":"up1","type":"update","child":"fix-12","ref":"refs/heads/a","base":"main"}`, nil, "refused", ""},
 		{"publish bad name", "orch", `{"version":1,"id":"p1","type":"publish","outbox":"issue","manifest":".progress.json"}`, nil, "refused", ""},
 		{"rights missing op", "narrow", `{"version":1,"id":"r1","type":"rights","child":"x","grant":{"loose":false,"mounts":[],"egress":["a.example"],"for":"5m"}}`, nil,

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 
 	"agentbox/internal/backend"
@@ -57,6 +58,9 @@ type Orchestrator struct {
 	Notify func(sandbox string)
 	// Sandboxes configures new sandboxes.
 	Sandboxes Sandboxes
+	// Log records failures whose cause stays out of statuses (nil: the
+	// default logger).
+	Log *slog.Logger
 	// Serve starts serving a sandbox's broker socket (the broker's
 	// listener, attached to the sandbox); Unserve stops it and removes
 	// the socket's directory. Nil: no sockets (tests of this package).

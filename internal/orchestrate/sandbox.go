@@ -366,34 +366,68 @@ func (o *Orchestrator) DestroySandbox(ctx context.Context, name string, force bo
 	return len(victims), nil
 }
 
-// checkWorkSaved refuses when destroying sb could lose work. The answers
-// come from git inside the sandbox, which the sandbox controls: it can
-// only lie its own work away.
+// checkWorkSaved refuses when destroying sb could lose work: uncommitted
+// changes, a HEAD that cannot be read or is detached, or commits never
+// imported (HEAD is not sb.Imported). A running sandbox is asked with git
+// inside it, which the sandbox controls: it can only lie its own work
+// away. For one the broker stopped, what it saw at the stop counts; one
+// stopped any other way cannot be checked.
 func (o *Orchestrator) checkWorkSaved(ctx context.Context, sb store.Sandbox) error {
-	ctx, cancel := context.WithTimeout(ctx, workCheckTimeout)
-	defer cancel()
-	repo := o.checkout(sb.Name)
-	clean, err := gitx.IsClean(ctx, repo)
-	if errors.Is(err, backend.ErrNotRunning) {
-		return refusef("`%s` is not running, so its work cannot be checked: start it with 'jailbee start %s', or use --force", sb.Name, sb.Name)
-	}
+	head, err := o.savedHead(ctx, sb)
 	if err != nil {
-		return refusef("cannot check `%s` for uncommitted changes (%v): use --force to destroy it anyway", sb.Name, err)
-	}
-	if !clean {
-		return refusef("`%s` has uncommitted changes: commit them, or use --force", sb.Name)
-	}
-	branch, head, err := gitx.Head(ctx, repo)
-	if err != nil {
-		return refusef("cannot read the HEAD of `%s` (%v): use --force to destroy it anyway", sb.Name, err)
-	}
-	if branch == "" {
-		return refusef("the HEAD of `%s` is detached, so its work cannot be checked: check out its branch, or use --force", sb.Name)
+		return err
 	}
 	if head != sb.Imported {
 		return refusef("`%s` has commits that were never imported (HEAD %s, last imported %s): import them, or use --force", sb.Name, short(head), short(sb.Imported))
 	}
 	return nil
+}
+
+// savedHead returns sb's HEAD when its work tree is clean and on a
+// branch, or the refusal that says why its work cannot be counted saved.
+func (o *Orchestrator) savedHead(ctx context.Context, sb store.Sandbox) (string, error) {
+	work, err := o.readWork(ctx, sb.Name)
+	if errors.Is(err, backend.ErrNotRunning) {
+		if sb.State != store.StateStopped {
+			return "", refusef("`%s` is not running and was not stopped by the broker, so its work cannot be checked: start it again, or use --force", sb.Name)
+		}
+		work = workState{head: sb.StopHead, branch: "(recorded)", dirty: sb.StopDirty}
+		if work.head == "" {
+			return "", refusef("the HEAD of `%s` could not be read when it was stopped: start it again to check it, or use --force", sb.Name)
+		}
+	} else if err != nil {
+		return "", refusef("cannot check the work of `%s` (%v): use --force to destroy it anyway", sb.Name, err)
+	}
+	if work.dirty {
+		return "", refusef("`%s` has uncommitted changes: commit them, or use --force", sb.Name)
+	}
+	if work.branch == "" {
+		return "", refusef("the HEAD of `%s` is detached, so its work cannot be checked: check out its branch, or use --force", sb.Name)
+	}
+	return work.head, nil
+}
+
+// workState is what git inside a sandbox says of its checkout.
+type workState struct {
+	head, branch string // branch "" when detached
+	dirty        bool
+}
+
+// readWork asks git inside the running sandbox name for its HEAD, branch
+// and dirtiness; backend.ErrNotRunning when it does not run.
+func (o *Orchestrator) readWork(ctx context.Context, name string) (workState, error) {
+	ctx, cancel := context.WithTimeout(ctx, workCheckTimeout)
+	defer cancel()
+	repo := o.checkout(name)
+	clean, err := gitx.IsClean(ctx, repo)
+	if err != nil {
+		return workState{}, err
+	}
+	branch, head, err := gitx.Head(ctx, repo)
+	if err != nil {
+		return workState{}, err
+	}
+	return workState{head: head, branch: branch, dirty: !clean}, nil
 }
 
 // StartSandbox starts a stopped sandbox's unit and records it running.
@@ -407,15 +441,25 @@ func (o *Orchestrator) StartSandbox(ctx context.Context, name string) error {
 	return o.Store.SetState(ctx, name, store.StateRunning)
 }
 
-// StopSandbox ends every process of a sandbox and records it stopped.
+// StopSandbox records a running sandbox's HEAD and dirtiness (destroy
+// checks them while it is stopped), ends every process of it, and records
+// it stopped. A HEAD that cannot be read is recorded as unknown.
 func (o *Orchestrator) StopSandbox(ctx context.Context, name string) error {
 	if _, err := o.Store.Sandbox(ctx, name); errors.Is(err, store.ErrNotFound) {
 		return noSuchSandbox(name)
 	}
+	work, readErr := o.readWork(ctx, name)
 	if err := o.Backend.Stop(ctx, name); err != nil {
 		return fmt.Errorf("stop `%s`: %w", name, err)
 	}
-	return o.Store.SetState(ctx, name, store.StateStopped)
+	switch {
+	case errors.Is(readErr, backend.ErrNotRunning):
+		// Already down: what a previous stop recorded stays.
+		return o.Store.SetState(ctx, name, store.StateStopped)
+	case readErr != nil:
+		work = workState{} // unreadable: destroy will say so
+	}
+	return o.Store.SetStopped(ctx, name, work.head, work.dirty)
 }
 
 // short is the 12-character form of a commit id.

@@ -37,6 +37,12 @@ func (o *Orchestrator) Send(ctx context.Context, req Requester, raw json.RawMess
 	case manifest.TypeMessage:
 		msg := m.Message
 		return o.SendMessage(ctx, req, Message{ID: m.ID, To: msg.To, Kind: msg.Kind, Body: msg.Body, InReplyTo: msg.InReplyTo})
+	case manifest.TypeImport:
+		return o.Import(ctx, req, m)
+	case manifest.TypeStop:
+		return o.StopChild(ctx, req, m)
+	case manifest.TypeDestroy:
+		return o.DestroyChild(ctx, req, m)
 	default:
 		return store.Sent{}, asRefusal(manifest.NotAvailable(m.Type))
 	}

@@ -39,21 +39,29 @@ type Sandbox struct {
 	// commit it started from, then its last import. Destroy without force
 	// refuses a HEAD elsewhere (commits never imported).
 	Imported string
+	// StopHead and StopDirty are what the broker saw when it stopped the
+	// sandbox (state stopped): its HEAD ("" when it could not be read) and
+	// whether its work tree had changes. Destroy checks them instead of
+	// the (then unreachable) checkout.
+	StopHead  string
+	StopDirty bool
 }
 
-const sandboxCols = `name, uuid, role, parent, branch, repo, state, socket_dir, grant_doc, host_uid, imported`
+const sandboxCols = `name, uuid, role, parent, branch, repo, state, socket_dir, grant_doc, host_uid, imported, stop_head, stop_dirty`
 
 func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
-	err := row.Scan(&sb.Name, &sb.UUID, &sb.Role, &sb.Parent, &sb.Branch, &sb.Repo, &sb.State, &sb.SocketDir, &sb.Grant, &sb.HostUID, &sb.Imported)
+	err := row.Scan(&sb.Name, &sb.UUID, &sb.Role, &sb.Parent, &sb.Branch, &sb.Repo, &sb.State, &sb.SocketDir, &sb.Grant,
+		&sb.HostUID, &sb.Imported, &sb.StopHead, &sb.StopDirty)
 	return sb, err
 }
 
 // CreateSandbox inserts a new sandbox; ErrExists if the name is taken.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
-		_, err := w.conn.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
-			sb.Name, sb.UUID, sb.Role, sb.Parent, sb.Branch, sb.Repo, sb.State, sb.SocketDir, sb.Grant, sb.HostUID, sb.Imported, now())
+		_, err := w.conn.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+			sb.Name, sb.UUID, sb.Role, sb.Parent, sb.Branch, sb.Repo, sb.State, sb.SocketDir, sb.Grant, sb.HostUID, sb.Imported,
+			sb.StopHead, sb.StopDirty, now())
 		if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
 		}
@@ -111,6 +119,12 @@ func (s *Store) Sandboxes(ctx context.Context) ([]Sandbox, error) {
 // SetState records a sandbox's state.
 func (s *Store) SetState(ctx context.Context, name, state string) error {
 	return s.updateOne(ctx, `UPDATE sandboxes SET state = ? WHERE name = ?`, state, name)
+}
+
+// SetStopped records a sandbox stopped by the broker, with the HEAD and
+// dirtiness it had then.
+func (s *Store) SetStopped(ctx context.Context, name, head string, dirty bool) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET state = ?, stop_head = ?, stop_dirty = ? WHERE name = ?`, StateStopped, head, dirty, name)
 }
 
 // SetImported records the commit a sandbox's work was last imported at.

@@ -152,7 +152,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	grant_doc  TEXT NOT NULL DEFAULT '',
 	created_at INTEGER NOT NULL,
 	host_uid   INTEGER NOT NULL DEFAULT 0,
-	imported   TEXT NOT NULL DEFAULT ''
+	imported   TEXT NOT NULL DEFAULT '',
+	stop_head  TEXT NOT NULL DEFAULT '',
+	stop_dirty INTEGER NOT NULL DEFAULT 0
 );
 -- Inbox items. seq orders them (rowid: new rows always get max+1, so the
 -- order of an inbox never goes backwards). Host ids are unique per inbox:
@@ -193,6 +195,8 @@ var migrations = map[int]string{
 	1: `
 ALTER TABLE sandboxes ADD COLUMN host_uid INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE sandboxes ADD COLUMN imported TEXT NOT NULL DEFAULT '';
+ALTER TABLE sandboxes ADD COLUMN stop_head TEXT NOT NULL DEFAULT '';
+ALTER TABLE sandboxes ADD COLUMN stop_dirty INTEGER NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS host_uids (uid INTEGER PRIMARY KEY);
 PRAGMA user_version = 2;
 `,

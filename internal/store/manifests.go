@@ -1,0 +1,54 @@
+package store
+
+import (
+	"context"
+	"errors"
+
+	"agentbox/internal/wire"
+)
+
+// A manifest whose handler acts outside the store (import, stop, destroy)
+// is journaled before it acts and given its first status after, so a
+// resend of its id returns the status and never acts twice; a broker that
+// dies in between leaves the id journaled without a status (a resend is
+// `duplicate`; the sender resends with a new id).
+
+// BeginManifest journals manifestID for sandbox. found is true, with the
+// recorded status, when the id was handled before; ErrDuplicate when it is
+// journaled without a status.
+func (s *Store) BeginManifest(ctx context.Context, sandbox, manifestID, typ string) (prev Sent, found bool, err error) {
+	err = s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		st, ok, err := journalLookup(ctx, w.journalGet, sandbox, manifestID)
+		if err != nil || ok {
+			prev, found = Sent{Status: st}, ok
+			return err
+		}
+		_, err = w.journalPut.ExecContext(ctx, sandbox, manifestID, typ, nil, now())
+		return err
+	})
+	return prev, found, err
+}
+
+// FinishManifest records the first status of a manifest BeginManifest
+// journaled, stored read: the send's reply carries it.
+func (s *Store) FinishManifest(ctx context.Context, sandbox, manifestID, state, detail string) (Sent, error) {
+	var out Sent
+	err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		if _, _, err := journalLookup(ctx, w.journalGet, sandbox, manifestID); !errors.Is(err, ErrDuplicate) {
+			if err == nil {
+				err = errors.New("finish manifest: the id is not journaled without a status")
+			}
+			return err
+		}
+		st, err := insertItem(ctx, w, cu, sandbox, wire.ItemStatus, manifestID, true, statusDoc(manifestID, state, detail), nil)
+		if err != nil {
+			return err
+		}
+		if _, err := w.journalSetSt.ExecContext(ctx, st.Seq, sandbox, manifestID); err != nil {
+			return err
+		}
+		out = Sent{Status: st, Fresh: true}
+		return nil
+	})
+	return out, err
+}
