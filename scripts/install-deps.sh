@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what agentbox's demo and tests need on a Debian 12 machine:
-# git, bubblewrap, procps (ps, inside sandboxes and in tests) and sqlite3
+# git, bubblewrap, procps (ps, inside sandboxes and in tests), tmux (a
+# child's agent runs in a tmux session in its sandbox) and sqlite3
 # (for inspecting broker.db by hand). Go itself is expected at
 # /usr/local/go or on PATH. Idempotent; needs root for apt.
 set -euo pipefail
@@ -10,6 +11,7 @@ command -v git >/dev/null || need+=(git)
 command -v bwrap >/dev/null || need+=(bubblewrap)
 command -v sqlite3 >/dev/null || need+=(sqlite3)
 command -v ps >/dev/null || need+=(procps)
+command -v tmux >/dev/null || need+=(tmux)
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then
 		echo "install-deps: need ${need[*]}; run as root or install them" >&2

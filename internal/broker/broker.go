@@ -29,6 +29,7 @@ const (
 	LockFile   = "broker.lock"
 	AdminSock  = "admin.sock"
 	SockDir    = "sock"
+	LogDir     = "logs" // one worker log per spawn
 	SocketName = "broker.sock"
 )
 
@@ -114,6 +115,9 @@ func Open(cfg Config) (*Broker, error) {
 	b.orchestrator = &orchestrate.Orchestrator{
 		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes, Log: cfg.Logger,
 		Serve: b.serveSandbox, Unserve: b.stopServing,
+		Go:     func(fn func(context.Context)) { b.goWorker(func() { fn(b.ctx) }) },
+		Serial: func(fn func()) { b.runExec(b.ctx, nil, fn) },
+		LogDir: filepath.Join(cfg.StateDir, LogDir),
 	}
 	b.snap.Store(&Snapshot{})
 	return b, nil
@@ -149,11 +153,16 @@ func (b *Broker) Serve() error {
 	}
 	sbs = b.recover(sbs)
 	for _, sb := range sbs {
+		if sb.State == store.StateQueued {
+			continue // no sandbox yet
+		}
 		if err := b.serveSandbox(sb); err != nil {
 			b.log.Error("cannot serve sandbox", "sandbox", sb.Name, "err", err)
 		}
 	}
 	b.restartUnits(sbs)
+	// Spawns a previous broker left: creating ones failed, queued resume.
+	b.orchestrator.RecoverSpawns(b.ctx)
 	b.runRound()
 	b.goWorker(b.roundLoop)
 	b.log.Info("broker serving", "sandboxes", len(sbs), "backend", b.cfg.Backend.Type())
@@ -165,7 +174,8 @@ func (b *Broker) Serve() error {
 func (b *Broker) recover(sbs []store.Sandbox) []store.Sandbox {
 	var kept []store.Sandbox
 	for _, sb := range sbs {
-		if sb.State != store.StateCreating {
+		if sb.State != store.StateCreating || sb.SpawnDoc != "" {
+			// A spawn's child is its worker's: RecoverSpawns reports it.
 			kept = append(kept, sb)
 			continue
 		}
@@ -199,7 +209,7 @@ func (b *Broker) restartUnits(sbs []store.Sandbox) {
 		running[in.Name] = in.Running
 	}
 	for _, sb := range sbs {
-		if sb.State != store.StateRunning || running[sb.Name] {
+		if (sb.State != store.StateRunning && sb.State != store.StateReady) || running[sb.Name] {
 			continue
 		}
 		b.log.Warn("sandbox recorded running is not: starting it", "sandbox", sb.Name)

@@ -12,7 +12,9 @@ import (
 // sendManifest sends a manifest of any type and returns its first status.
 func sendManifest(t testing.TB, c *inbox.Client, m map[string]any) wire.StatusItem {
 	t.Helper()
-	m["version"] = 1
+	if _, ok := m["version"]; !ok {
+		m["version"] = 1
+	}
 	var st wire.StatusItem
 	if err := c.Call(context.Background(), "send", map[string]any{"manifest": m}, &st); err != nil {
 		t.Fatalf("send %v: %v", m["id"], err)

@@ -45,8 +45,9 @@ func TestBrokerEnforcesManifestRules(t *testing.T) {
 		body                 *string
 		state, detail        string
 	}{
+		// Valid, but this repository has no agent to start.
 		{"spawn valid", "orch", `{"version":1,"id":"s1","type":"spawn","kind":"fork","branch":"fix/x","prompt":"p","rights":{"mounts":[],"loose":false,"egress":[]}}`, nil,
-			"refused", "operation `spawn` is not available in this broker yet"},
+			"refused", "no agent to start: name a runner (--agent), or set default_agent in the repository's .jailbee/config.yaml"},
 		{"spawn v1 with ref", "orch", `{"version":1,"id":"s2","type":"spawn","kind":"fork","branch":"fix/x","ref":"refs/heads/x","prompt":"p","rights":{"mounts":[],"loose":false,"egress":[]}}`, nil,
 			"refused", ""},
 		{"spawn rights beyond grantable", "orch", `{"version":1,"id":"s3","type":"spawn","kind":"fork","branch":"fix/x","prompt":"p","rights":{"mounts":["aws"],"loose":false,"egress":[]}}`, nil,

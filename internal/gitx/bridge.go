@@ -178,6 +178,25 @@ func Head(ctx context.Context, r Repo) (branch, commit string, err error) {
 	return branch, commit, nil
 }
 
+// RevParse returns the commit rev names in r: a full ref (refs/...) or a
+// full object id, nothing git would read as an option.
+func RevParse(ctx context.Context, r Repo, rev string) (string, error) {
+	if !strings.HasPrefix(rev, "refs/") && !shaPattern.MatchString(rev) {
+		return "", fmt.Errorf("%w: %q is neither a full ref nor an object id", ErrInvalidArgument, rev)
+	}
+	if err := checkArg("revision", rev); err != nil {
+		return "", err
+	}
+	out, err := r.git(ctx, "rev-parse", "--verify", "--quiet", "--end-of-options", rev+"^{commit}")
+	if err != nil {
+		return "", err
+	}
+	if !shaPattern.MatchString(out) {
+		return "", fmt.Errorf("git rev-parse in %s: not a commit id", r.name)
+	}
+	return out, nil
+}
+
 // IsClean reports whether r's work tree and index match HEAD; untracked
 // files count as dirty, ignored files do not, nor do changes inside a
 // submodule's own work tree.

@@ -36,6 +36,9 @@ func (o *Orchestrator) childManifest(ctx context.Context, req Requester, m *mani
 	}
 	state, detail := wire.StateDone, ""
 	sb, err := o.childOf(ctx, req, child)
+	if err == nil && sb.State == store.StateCreating {
+		err = refusef("`%s` is being created: wait for its spawn's final status", sb.Name)
+	}
 	if err == nil {
 		detail, err = act(sb)
 	}
@@ -99,9 +102,13 @@ func (o *Orchestrator) Import(ctx context.Context, req Requester, m *manifest.Ma
 // frees; its HEAD and dirtiness are recorded for destroy.
 func (o *Orchestrator) StopChild(ctx context.Context, req Requester, m *manifest.Manifest) (store.Sent, error) {
 	return o.childManifest(ctx, req, m, m.Stop.Child, func(sb store.Sandbox) (string, error) {
+		if sb.State == store.StateQueued {
+			return "", refusef("`%s` is queued: it has not started", sb.Name)
+		}
 		if err := o.StopSandbox(ctx, sb.Name); err != nil {
 			return "", err
 		}
+		defer o.startQueued(ctx, req.Sandbox) // its slot is free
 		return fmt.Sprintf("child `%s` stopped", sb.Name), nil
 	})
 }
@@ -110,7 +117,8 @@ func (o *Orchestrator) StopChild(ctx context.Context, req Requester, m *manifest
 // child's work could be lost (as host destroy).
 func (o *Orchestrator) DestroyChild(ctx context.Context, req Requester, m *manifest.Manifest) (store.Sent, error) {
 	return o.childManifest(ctx, req, m, m.Destroy.Child, func(sb store.Sandbox) (string, error) {
-		if !m.Destroy.Force {
+		defer o.startQueued(ctx, req.Sandbox) // its slot, if it had one, is free
+		if !m.Destroy.Force && sb.State != store.StateQueued {
 			if err := o.checkWorkSaved(ctx, sb); err != nil {
 				return "", err
 			}

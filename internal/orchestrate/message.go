@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"agentbox/internal/manifest"
 	"agentbox/internal/store"
 )
 
@@ -31,6 +32,9 @@ func (o *Orchestrator) SendMessage(ctx context.Context, req Requester, m Message
 		}
 		to = child.Name
 	case store.RoleChild:
+		if m.Kind == manifest.MsgDone {
+			return o.childDone(ctx, req, m)
+		}
 		parent, err := o.Store.Sandbox(ctx, req.Parent)
 		if errors.Is(err, store.ErrNotFound) {
 			return store.Sent{}, refusef("your orchestrator `%s` no longer exists", req.Parent)

@@ -61,6 +61,15 @@ type Orchestrator struct {
 	// Log records failures whose cause stays out of statuses (nil: the
 	// default logger).
 	Log *slog.Logger
+	// Go runs long work (a spawn's worker) in the background, with a
+	// context that ends when the broker shuts down; nil: spawns stay
+	// recorded and nothing creates them (tests of this package).
+	Go func(func(ctx context.Context))
+	// LogDir holds the worker logs ("": none).
+	LogDir string
+	// Serial runs background mutations (a done child's destroy) in order
+	// with the broker's executor; nil: directly.
+	Serial func(func())
 	// Serve starts serving a sandbox's broker socket (the broker's
 	// listener, attached to the sandbox); Unserve stops it and removes
 	// the socket's directory. Nil: no sockets (tests of this package).

@@ -292,16 +292,23 @@ func uidHasProcesses(uid int) bool {
 // host repository's upload-pack (which serves only what the commit
 // reaches), then the branch checked out at the commit.
 func (o *Orchestrator) fillCheckout(ctx context.Context, name string, src source) error {
+	return o.fillFrom(ctx, name, gitx.HostRepo(src.repo), src.branch, src.commit)
+}
+
+// fillFrom fills a new sandbox's empty checkout with branch at commit,
+// whose objects come from src (the host repository, or another sandbox:
+// a fork from an orchestrator).
+func (o *Orchestrator) fillFrom(ctx context.Context, name string, src gitx.Repo, branch, commit string) error {
 	ctx, cancel := context.WithTimeout(ctx, checkoutTimeout)
 	defer cancel()
 	dst := o.checkout(name)
 	if err := gitx.Init(ctx, dst); err != nil {
 		return fmt.Errorf("checkout: %w", err)
 	}
-	if err := gitx.Transfer(ctx, gitx.HostRepo(src.repo), src.commit, dst, startRef, gitx.TransferOptions{}); err != nil {
+	if err := gitx.Transfer(ctx, src, commit, dst, startRef, gitx.TransferOptions{}); err != nil {
 		return fmt.Errorf("checkout: %w", err)
 	}
-	if err := gitx.Checkout(ctx, dst, src.branch, src.commit); err != nil {
+	if err := gitx.Checkout(ctx, dst, branch, commit); err != nil {
 		return fmt.Errorf("checkout: %w", err)
 	}
 	if err := gitx.DeleteRef(ctx, dst, startRef); err != nil {

@@ -37,6 +37,8 @@ func (o *Orchestrator) Send(ctx context.Context, req Requester, raw json.RawMess
 	case manifest.TypeMessage:
 		msg := m.Message
 		return o.SendMessage(ctx, req, Message{ID: m.ID, To: msg.To, Kind: msg.Kind, Body: msg.Body, InReplyTo: msg.InReplyTo})
+	case manifest.TypeSpawn:
+		return o.Spawn(ctx, req, m, vctx)
 	case manifest.TypeImport:
 		return o.Import(ctx, req, m)
 	case manifest.TypeStop:

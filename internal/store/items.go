@@ -102,6 +102,18 @@ type Delivery struct {
 	Kind       string
 	Body       string
 	InReplyTo  *string // as the sender wrote it
+	// Import is a done report's import outcome (nil for other messages).
+	Import *ImportResult
+	// Journaled: BeginManifest journaled the id already.
+	Journaled bool
+	// StatusDetail is the sender's done detail ("" = "delivered to <To>").
+	StatusDetail string
+}
+
+// ImportResult is what a done report's message carries of its import.
+type ImportResult struct {
+	Ref, SHA, Error      string
+	OnDone, OnDoneReason string
 }
 
 // Sent is the outcome of a send: the manifest's first status, and whether
@@ -123,7 +135,10 @@ func (s *Store) DeliverMessage(ctx context.Context, d Delivery) (Sent, error) {
 	var out Sent
 	err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
 		prev, found, err := journalLookup(ctx, w.journalGet, d.From, d.ManifestID)
-		if err != nil || found {
+		if d.Journaled && errors.Is(err, ErrDuplicate) {
+			err = nil // journaled by BeginManifest, no status yet: ours to give
+		}
+		if err != nil || found && !d.Journaled {
 			out = Sent{Status: prev}
 			return err
 		}
@@ -132,17 +147,30 @@ func (s *Store) DeliverMessage(ctx context.Context, d Delivery) (Sent, error) {
 			return err
 		}
 		if _, err := insertItem(ctx, w, cu, d.To, wire.ItemMessage, "", false, func(id string) any {
-			return wire.MessageItem{Version: 1, ID: id, Type: wire.ItemMessage, From: d.From, Kind: d.Kind,
+			m := wire.MessageItem{Version: 1, ID: id, Type: wire.ItemMessage, From: d.From, Kind: d.Kind,
 				Body: d.Body, InReplyTo: inReplyTo, OriginID: d.ManifestID}
+			if im := d.Import; im != nil {
+				m.ImportedRef, m.ImportedSHA, m.ImportError, m.OnDone, m.OnDoneReason = im.Ref, im.SHA, im.Error, im.OnDone, im.OnDoneReason
+			}
+			return m
 		}, func(docLen int64) error { return s.checkQuota(ctx, w, d.To, docLen) }); err != nil {
 			return err
 		}
+		detail := d.StatusDetail
+		if detail == "" {
+			detail = "delivered to " + d.To
+		}
 		st, err := insertItem(ctx, w, cu, d.From, wire.ItemStatus, d.ManifestID, true,
-			statusDoc(d.ManifestID, wire.StateDone, "delivered to "+d.To), nil)
+			statusDoc(d.ManifestID, wire.StateDone, detail), nil)
 		if err != nil {
 			return err
 		}
-		if _, err := w.journalPut.ExecContext(ctx, d.From, d.ManifestID, wire.ItemMessage, st.Seq, now()); err != nil {
+		if d.Journaled {
+			_, err = w.journalSetSt.ExecContext(ctx, st.Seq, d.From, d.ManifestID)
+		} else {
+			_, err = w.journalPut.ExecContext(ctx, d.From, d.ManifestID, wire.ItemMessage, st.Seq, now())
+		}
+		if err != nil {
 			return err
 		}
 		out = Sent{Status: st, Fresh: true}

@@ -52,3 +52,19 @@ func (s *Store) FinishManifest(ctx context.Context, sandbox, manifestID, state, 
 	})
 	return out, err
 }
+
+// DeliverHostMessage puts a message the broker writes itself (a child's
+// agent ended: kind blocked) in an inbox: from names the sandbox it is
+// about, there is no origin_id, and nothing is journaled. Host messages
+// are not refused by the inbox quota: they are the broker's own news.
+func (s *Store) DeliverHostMessage(ctx context.Context, to, from, kind, body string) (Item, error) {
+	var out Item
+	err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		it, err := insertItem(ctx, w, cu, to, wire.ItemMessage, "", false, func(id string) any {
+			return wire.MessageItem{Version: 1, ID: id, Type: wire.ItemMessage, From: from, Kind: kind, Body: body}
+		}, nil)
+		out = it
+		return err
+	})
+	return out, err
+}

@@ -16,11 +16,17 @@ const (
 
 // States of a sandbox row.
 const (
+	// StateQueued: a spawned child waiting for a free slot; no sandbox yet.
+	StateQueued = "queued"
 	// StateCreating: the create has not finished. A broker that finds one
 	// at start removes it (its create was interrupted).
 	StateCreating = "creating"
 	StateRunning  = "running"
-	StateStopped  = "stopped"
+	// StateReady: a spawned child whose agent was seen alive twice.
+	StateReady   = "ready"
+	StateStopped = "stopped"
+	// StateFailed: a spawned child whose create failed (kept, stopped).
+	StateFailed = "failed"
 )
 
 // Sandbox is one row of the sandboxes table.
@@ -45,23 +51,35 @@ type Sandbox struct {
 	// the (then unreachable) checkout.
 	StopHead  string
 	StopDirty bool
+	// SpawnDoc is a spawned child's spawn (JSON, orchestrate's), "" for a
+	// sandbox made on the host.
+	SpawnDoc string
+	// Phase is the step a spawn's worker records before taking it.
+	Phase string
+	// Agent is the child's agent as last seen (JSON, orchestrate's).
+	Agent string
+	// QueuedSeq orders queued spawns (0: not queued).
+	QueuedSeq int64
+	// DoneHead is the HEAD of a child's accepted done report ("" before).
+	DoneHead string
 }
 
-const sandboxCols = `name, uuid, role, parent, branch, repo, state, socket_dir, grant_doc, host_uid, imported, stop_head, stop_dirty`
+const sandboxCols = `name, uuid, role, parent, branch, repo, state, socket_dir, grant_doc, host_uid, imported, stop_head, stop_dirty,
+	spawn_doc, phase, agent, queued_seq, done_head`
 
 func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
 	err := row.Scan(&sb.Name, &sb.UUID, &sb.Role, &sb.Parent, &sb.Branch, &sb.Repo, &sb.State, &sb.SocketDir, &sb.Grant,
-		&sb.HostUID, &sb.Imported, &sb.StopHead, &sb.StopDirty)
+		&sb.HostUID, &sb.Imported, &sb.StopHead, &sb.StopDirty, &sb.SpawnDoc, &sb.Phase, &sb.Agent, &sb.QueuedSeq, &sb.DoneHead)
 	return sb, err
 }
 
 // CreateSandbox inserts a new sandbox; ErrExists if the name is taken.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
-		_, err := w.conn.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		_, err := w.conn.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			sb.Name, sb.UUID, sb.Role, sb.Parent, sb.Branch, sb.Repo, sb.State, sb.SocketDir, sb.Grant, sb.HostUID, sb.Imported,
-			sb.StopHead, sb.StopDirty, now())
+			sb.StopHead, sb.StopDirty, sb.SpawnDoc, sb.Phase, sb.Agent, sb.QueuedSeq, sb.DoneHead, now())
 		if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
 		}
@@ -125,6 +143,27 @@ func (s *Store) SetState(ctx context.Context, name, state string) error {
 // dirtiness it had then.
 func (s *Store) SetStopped(ctx context.Context, name, head string, dirty bool) error {
 	return s.updateOne(ctx, `UPDATE sandboxes SET state = ?, stop_head = ?, stop_dirty = ? WHERE name = ?`, StateStopped, head, dirty, name)
+}
+
+// SetDoneHead records the HEAD of a child's accepted done report.
+func (s *Store) SetDoneHead(ctx context.Context, name, head string) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET done_head = ? WHERE name = ?`, head, name)
+}
+
+// SetPhase records the step a spawn's worker takes next.
+func (s *Store) SetPhase(ctx context.Context, name, phase string) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET phase = ? WHERE name = ?`, phase, name)
+}
+
+// SetAgent records a child's agent as last seen.
+func (s *Store) SetAgent(ctx context.Context, name, agent string) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET agent = ? WHERE name = ?`, agent, name)
+}
+
+// SetCreated records the backend instance a queued or creating child got.
+func (s *Store) SetCreated(ctx context.Context, name, uuid string, hostUID int) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET uuid = ?, host_uid = ?, state = ?, queued_seq = 0 WHERE name = ?`,
+		uuid, hostUID, StateCreating, name)
 }
 
 // SetImported records the commit a sandbox's work was last imported at.

@@ -154,7 +154,12 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	host_uid   INTEGER NOT NULL DEFAULT 0,
 	imported   TEXT NOT NULL DEFAULT '',
 	stop_head  TEXT NOT NULL DEFAULT '',
-	stop_dirty INTEGER NOT NULL DEFAULT 0
+	stop_dirty INTEGER NOT NULL DEFAULT 0,
+	spawn_doc  TEXT NOT NULL DEFAULT '',
+	phase      TEXT NOT NULL DEFAULT '',
+	agent      TEXT NOT NULL DEFAULT '',
+	queued_seq INTEGER NOT NULL DEFAULT 0,
+	done_head  TEXT NOT NULL DEFAULT ''
 );
 -- Inbox items. seq orders them (rowid: new rows always get max+1, so the
 -- order of an inbox never goes backwards). Host ids are unique per inbox:
@@ -197,6 +202,11 @@ ALTER TABLE sandboxes ADD COLUMN host_uid INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE sandboxes ADD COLUMN imported TEXT NOT NULL DEFAULT '';
 ALTER TABLE sandboxes ADD COLUMN stop_head TEXT NOT NULL DEFAULT '';
 ALTER TABLE sandboxes ADD COLUMN stop_dirty INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN spawn_doc TEXT NOT NULL DEFAULT '';
+ALTER TABLE sandboxes ADD COLUMN phase TEXT NOT NULL DEFAULT '';
+ALTER TABLE sandboxes ADD COLUMN agent TEXT NOT NULL DEFAULT '';
+ALTER TABLE sandboxes ADD COLUMN queued_seq INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sandboxes ADD COLUMN done_head TEXT NOT NULL DEFAULT '';
 CREATE TABLE IF NOT EXISTS host_uids (uid INTEGER PRIMARY KEY);
 PRAGMA user_version = 2;
 `,

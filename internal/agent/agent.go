@@ -1,0 +1,158 @@
+// Package agent knows a child's agent: which one a spawn starts (the
+// runner resolution), the command that starts it in the sandbox's tmux
+// session, and how its identity (pid and start time inside the sandbox)
+// is read back. It is pure: the broker runs the commands it builds inside
+// the sandbox and hands the output back.
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"agentbox/internal/config"
+	"agentbox/internal/grant"
+)
+
+// Session is the tmux session of a sandbox's agents; each agent is a
+// window named after it.
+const Session = "jailbee"
+
+// PromptPlaceholder in an agent's prompt_args expands to the prompt text.
+const PromptPlaceholder = "{prompt}"
+
+// Spec is the agent a spawn starts.
+type Spec struct {
+	Name       string   // the agents.<name> entry: the tmux window's name
+	Command    string   // run with sh -c inside the sandbox
+	PromptArgs []string // appended as arguments, {prompt} expanded
+	// Model is the runner's model tier ("" for the agent's own default),
+	// passed as --model to a claude command.
+	Model string
+	// Runner is the runner that chose it (nil: the repository's default
+	// agent).
+	Runner *grant.Runner
+}
+
+// ErrNoAgent: neither the spawn, the grant nor the repository names an
+// agent to start.
+var ErrNoAgent = errors.New("no agent to start: name a runner (--agent), or set default_agent in the repository's .jailbee/config.yaml")
+
+// Resolve picks a spawn's agent: the explicit runner, else the effective
+// grant's default runner, else the repository's default agent. A runner
+// the repository cannot run is refused with the reason (CheckRunner),
+// never replaced by another.
+func Resolve(explicit *grant.Runner, effective grant.Grant, repo *config.Repo) (Spec, error) {
+	r := explicit
+	if r == nil {
+		r = effective.DefaultRunner
+	}
+	if r != nil {
+		if err := repo.CheckRunner(*r); err != nil {
+			return Spec{}, err
+		}
+		name := r.Agent
+		a, ok := repo.Agents[name]
+		if !ok && r.Agent == grant.AgentClaudeJB {
+			// claude-jb without an entry of its own runs agents.claude's
+			// command with its first word swapped.
+			name = grant.AgentClaude
+			a = repo.Agents[name]
+			a.Command = grant.AgentClaudeJB + strings.TrimPrefix(strings.TrimSpace(a.Command), grant.AgentClaude)
+		}
+		return Spec{Name: name, Command: a.Command, PromptArgs: a.PromptArgs, Model: r.Model, Runner: r}, nil
+	}
+	name := repo.DefaultAgent
+	if name == "" {
+		return Spec{}, ErrNoAgent
+	}
+	a, ok := repo.Agents[name]
+	if !ok || !a.IsEnabled() {
+		return Spec{}, fmt.Errorf("agent `%s` is not enabled in this repo", name)
+	}
+	if len(a.PromptArgs) == 0 {
+		return Spec{}, fmt.Errorf("agent `%s` has no prompt_args, so it cannot take a prompt", name)
+	}
+	return Spec{Name: name, Command: a.Command, PromptArgs: a.PromptArgs}, nil
+}
+
+// Argv is the agent's command line for a prompt: `sh -c 'exec COMMAND
+// "$@"'` with the prompt arguments, so the prompt is an argument, never
+// shell text, and the agent replaces the shell (its pid is the pane's).
+func (s Spec) Argv(prompt string) []string {
+	args := make([]string, 0, len(s.PromptArgs)+2)
+	if s.Model != "" {
+		args = append(args, "--model", s.Model)
+	}
+	for _, a := range s.PromptArgs {
+		args = append(args, strings.ReplaceAll(a, PromptPlaceholder, prompt))
+	}
+	return append([]string{"sh", "-c", "exec " + s.Command + ` "$@"`, s.Name}, args...)
+}
+
+// StartArgv starts the agent in a detached tmux session's window named
+// after it (a new session when there is none yet, else a new window).
+func StartArgv(s Spec, prompt string, newSession bool) []string {
+	cmd := s.Argv(prompt)
+	if newSession {
+		return append([]string{"tmux", "new-session", "-d", "-s", Session, "-n", s.Name, "-x", "200", "-y", "50", "--"}, cmd...)
+	}
+	return append([]string{"tmux", "new-window", "-d", "-t", Session + ":", "-n", s.Name, "--"}, cmd...)
+}
+
+// PaneArgv prints the pid of the agent's pane process, or fails when the
+// window is gone.
+func PaneArgv(window string) []string {
+	return []string{"tmux", "list-panes", "-t", Session + ":" + window, "-F", "#{pane_pid}"}
+}
+
+// Identity is an agent process inside its sandbox: its pid there and its
+// start time (clock ticks after boot). A pid alone may be reused.
+type Identity struct {
+	PID   int    `json:"pid"`
+	Start uint64 `json:"start"`
+}
+
+// IdentityArgv prints the stat line of process pid, or fails when it is
+// gone.
+func IdentityArgv(pid int) []string {
+	return []string{"cat", "/proc/" + strconv.Itoa(pid) + "/stat"}
+}
+
+// maxPID bounds a pid read from a sandbox (the kernel's limit is 2^22).
+const maxPID = 1 << 22
+
+// ParsePID reads the pid PaneArgv printed (sandbox-controlled).
+func ParsePID(out []byte) (int, error) {
+	s := strings.TrimSpace(string(out))
+	if first, _, ok := strings.Cut(s, "\n"); ok {
+		s = first
+	}
+	pid, err := strconv.Atoi(s)
+	if err != nil || pid <= 1 || pid > maxPID {
+		return 0, fmt.Errorf("not a pid: %.20q", s)
+	}
+	return pid, nil
+}
+
+// ParseStat reads the identity from a /proc/<pid>/stat line
+// (sandbox-controlled): fields counted after the command name's last ')'.
+// A zombie or an exiting process is not alive.
+func ParseStat(pid int, stat []byte) (Identity, bool, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return Identity{}, false, errors.New("malformed stat")
+	}
+	f := bytes.Fields(stat[i+1:])
+	if len(f) < 20 || len(f[0]) != 1 {
+		return Identity{}, false, errors.New("malformed stat")
+	}
+	start, err := strconv.ParseUint(string(f[19]), 10, 64)
+	if err != nil {
+		return Identity{}, false, errors.New("malformed stat")
+	}
+	state := f[0][0]
+	return Identity{PID: pid, Start: start}, state != 'Z' && state != 'X', nil
+}

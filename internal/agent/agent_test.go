@@ -1,0 +1,129 @@
+package agent
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"agentbox/internal/config"
+	"agentbox/internal/grant"
+)
+
+func repo(t *testing.T, yaml string) *config.Repo {
+	t.Helper()
+	c, err := config.Parse([]byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+const repoYAML = `
+agents:
+  claude:
+    command: "claude --dangerously-skip-permissions"
+    prompt_args: ["-p", "{prompt}"]
+  scripted:
+    command: "sh .jailbee/agent.sh"
+    prompt_args: ["{prompt}"]
+  mute:
+    command: "sh idle.sh"
+default_agent: scripted
+`
+
+func TestResolve(t *testing.T) {
+	r := repo(t, repoYAML)
+	claude := &grant.Runner{Agent: "claude", Model: "sonnet"}
+	for _, tc := range []struct {
+		name     string
+		explicit *grant.Runner
+		def      *grant.Runner
+		repo     *config.Repo
+		want     string // agent name, or the error text
+		wantErr  bool
+	}{
+		{"explicit runner", claude, nil, r, "claude", false},
+		{"the grant's default runner", nil, claude, r, "claude", false},
+		{"explicit beats the grant", &grant.Runner{Agent: "claude"}, &grant.Runner{Agent: "claude-jb"}, r, "claude", false},
+		{"the repository's default agent", nil, nil, r, "scripted", false},
+		{"no agent at all", nil, nil, repo(t, ""), ErrNoAgent.Error(), true},
+		{"default agent not defined", nil, nil, &config.Repo{DefaultAgent: "ghost"}, "agent `ghost` is not enabled in this repo", true},
+		{"default agent without prompt_args", nil, nil, repo(t, strings.Replace(repoYAML, "default_agent: scripted", "default_agent: mute", 1)), "agent `mute` has no prompt_args, so it cannot take a prompt", true},
+		{"a runner the repo cannot run is refused, never replaced", &grant.Runner{Agent: "claude-jb"}, nil, r, "claude-jb needs LiteLLM enabled in this repo", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := grant.Default()
+			g.DefaultRunner = tc.def
+			s, err := Resolve(tc.explicit, g, tc.repo)
+			if tc.wantErr {
+				if err == nil || err.Error() != tc.want {
+					t.Fatalf("err = %v, want %q", err, tc.want)
+				}
+				return
+			}
+			if err != nil || s.Name != tc.want {
+				t.Fatalf("Resolve = %+v, %v; want agent %s", s, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestArgv(t *testing.T) {
+	s := Spec{Name: "claude", Command: "claude --x", PromptArgs: []string{"-p", "{prompt}", "tail {prompt}"}, Model: "sonnet[1m]"}
+	prompt := `fix "it"; $(rm -rf /) {prompt}`
+	got := s.Argv(prompt)
+	want := []string{"sh", "-c", `exec claude --x "$@"`, "claude", "--model", "sonnet[1m]", "-p", prompt, "tail " + prompt}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Argv = %q\nwant %q", got, want)
+	}
+	if a := StartArgv(s, "p", true); a[0] != "tmux" || a[1] != "new-session" || a[6] != "claude" {
+		t.Fatalf("StartArgv(new) = %q", a)
+	}
+	if a := StartArgv(s, "p", false); a[1] != "new-window" || a[4] != Session+":" {
+		t.Fatalf("StartArgv(window) = %q", a)
+	}
+}
+
+func TestParsePID(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+	}{
+		{"42\n", 42}, {"7", 7}, {"42\n43\n", 42},
+		{"", 0}, {"1", 0}, {"0", 0}, {"-5", 0}, {"4194304", 4194304}, {"4194305", 0}, {"x", 0},
+	} {
+		got, err := ParsePID([]byte(tc.in))
+		if (tc.want == 0) != (err != nil) || got != tc.want {
+			t.Errorf("ParsePID(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	line := "42 (sh) x) S 1 42 42 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 98765 1000 100 18446744073709551615"
+	id, alive, err := ParseStat(42, []byte(line))
+	if err != nil || !alive || id != (Identity{PID: 42, Start: 98765}) {
+		t.Fatalf("ParseStat = %+v %v %v", id, alive, err)
+	}
+	if _, alive, _ := ParseStat(42, []byte(strings.Replace(line, ") S ", ") Z ", 1))); alive {
+		t.Fatal("a zombie counts as alive")
+	}
+	for _, bad := range []string{"", "42 sh S 1", "42 (sh) S 1 2", "42 (sh) SS 1 42 42 0 -1 4 1 0 0 0 1 2 0 0 20 0 1 0 5 1 1"} {
+		if _, _, err := ParseStat(42, []byte(bad)); err == nil {
+			t.Errorf("ParseStat(%q) accepted", bad)
+		}
+	}
+}
+
+// FuzzParse: what a sandbox prints for its agent's pid and stat never
+// panics the parsers or yields an impossible pid.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("42\n"))
+	f.Add([]byte("42 (a) S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 1 1"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if pid, err := ParsePID(data); err == nil && (pid <= 1 || pid > maxPID) {
+			t.Fatalf("pid %d", pid)
+		}
+		ParseStat(2, data)
+	})
+}

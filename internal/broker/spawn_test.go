@@ -1,0 +1,350 @@
+package broker_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"agentbox/internal/broker"
+	"agentbox/internal/inbox"
+	"agentbox/internal/testutil/testbin"
+	"agentbox/internal/testutil/wait"
+	"agentbox/internal/wire"
+)
+
+// agentConfig runs the scripted agent (testdata/agent/agent.sh) as the
+// repository's default agent.
+const agentConfig = `agents:
+  scripted:
+    command: "sh .jailbee/agent.sh"
+    prompt_args: ["{prompt}"]
+default_agent: scripted
+`
+
+// withAgent commits the scripted agent and its config to the env's host
+// repository (before sandboxes are made from it).
+func (e *testEnv) withAgent() {
+	e.t.Helper()
+	script, err := os.ReadFile(filepath.Join("..", "..", "testdata", "agent", "agent.sh"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	dir := filepath.Join(e.repo, ".jailbee")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "agent.sh"), script, 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(agentConfig), 0o644); err != nil {
+		e.t.Fatal(err)
+	}
+	hostGit(e.t, e.repo, "add", ".jailbee")
+	hostGit(e.t, e.repo, "commit", "-q", "-m", "the scripted agent")
+}
+
+// spawn sends a spawn manifest and returns its first status.
+func spawn(t testing.TB, c *inbox.Client, id string, fields map[string]any) wire.StatusItem {
+	t.Helper()
+	m := map[string]any{"id": id, "type": "spawn", "kind": "fork", "rights": map[string]any{"mounts": []string{}, "loose": false, "egress": []string{}}}
+	for k, v := range fields {
+		m[k] = v
+	}
+	return sendManifest(t, c, m)
+}
+
+// nextItem waits for the next unread item of c's inbox that match
+// accepts, acknowledging what it reads.
+func nextItem(t testing.TB, c *inbox.Client, match func(raw json.RawMessage) bool) json.RawMessage {
+	t.Helper()
+	deadline := time.Now().Add(wait.Guard + 150*time.Second) // a spawn's agent has 120 s
+	for time.Now().Before(deadline) {
+		var res struct {
+			Items []json.RawMessage `json:"items"`
+		}
+		if err := c.Call(context.Background(), "list", nil, &res); err != nil {
+			t.Fatal(err)
+		}
+		for _, raw := range res.Items {
+			var it struct {
+				ID string `json:"id"`
+			}
+			json.Unmarshal(raw, &it)
+			c.Call(context.Background(), "ack", map[string]any{"id": it.ID}, nil)
+			if match(raw) {
+				return raw
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatal("timed out waiting for an inbox item")
+	return nil
+}
+
+// statusOf waits for a status of manifest ref in a final state (or one of
+// states).
+func statusOf(t testing.TB, c *inbox.Client, ref string, states ...string) wire.StatusItem {
+	t.Helper()
+	var st wire.StatusItem
+	nextItem(t, c, func(raw json.RawMessage) bool {
+		json.Unmarshal(raw, &st)
+		if st.Type != wire.ItemStatus || st.Ref != ref {
+			return false
+		}
+		for _, s := range states {
+			if st.State == s {
+				return true
+			}
+		}
+		return false
+	})
+	return st
+}
+
+// messageFrom waits for a message of kind from sandbox from.
+func messageFrom(t testing.TB, c *inbox.Client, from, kind string) wire.MessageItem {
+	t.Helper()
+	var m wire.MessageItem
+	nextItem(t, c, func(raw json.RawMessage) bool {
+		json.Unmarshal(raw, &m)
+		return m.Type == wire.ItemMessage && m.From == from && m.Kind == kind
+	})
+	return m
+}
+
+var fullSHA = regexp.MustCompile(`^[0-9a-f]{40}$`)
+
+// TestSpawnForkToDoneAndImport: the job, end to end. A fork spawn starts
+// the child from the orchestrator's HEAD, its agent (the scripted one)
+// commits and reports done; the report arrives imported at the child's
+// exact commit in the orchestrator's repository, and the child is
+// destroyed (on_done defaults to destroy with the default grant).
+func TestSpawnForkToDoneAndImport(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	leadHead := e.mustExec("lead", "git", "rev-parse", "HEAD")
+
+	wantStatus(t, spawn(t, lead, "spawn-a", map[string]any{"branch": "fix/a", "prompt": "fix A", "note": "task A"}),
+		"started", "creation of child `fix-a` started")
+	done := messageFrom(t, lead, "fix-a", "done")
+	if done.ImportedRef != "refs/jailbee/from/fix-a/fix/a" || !fullSHA.MatchString(done.ImportedSHA) || done.OnDone != "destroy" || done.ImportError != "" {
+		t.Fatalf("done report: %+v", done)
+	}
+	if done.Body != "done: fix A" || done.OriginID == "" {
+		t.Fatalf("done report body %q origin %q", done.Body, done.OriginID)
+	}
+	// The import is the agent's commit, on top of the orchestrator's HEAD.
+	if got := e.mustExec("lead", "git", "rev-parse", done.ImportedRef); got != done.ImportedSHA {
+		t.Fatalf("%s in lead = %s, want %s", done.ImportedRef, got, done.ImportedSHA)
+	}
+	if got := e.mustExec("lead", "git", "rev-parse", done.ImportedSHA+"~1"); got != leadHead {
+		t.Fatalf("the child's commit's parent is %s, want the orchestrator's HEAD %s", got, leadHead)
+	}
+	if got := e.mustExec("lead", "git", "show", "-s", "--format=%s", done.ImportedSHA); got != "agent: fix A" {
+		t.Fatalf("imported commit %q", got)
+	}
+	st := statusOf(t, lead, "spawn-a", "done", "failed")
+	if st.State != "done" || !strings.HasPrefix(st.Detail, "child `fix-a` is ready") {
+		t.Fatalf("spawn's final status %s %q", st.State, st.Detail)
+	}
+	wait.For(t, "the done child to be destroyed", func() bool {
+		for _, s := range e.list() {
+			if s.Name == "fix-a" {
+				return false
+			}
+		}
+		return true
+	})
+	logs, _ := filepath.Glob(filepath.Join(e.state, broker.LogDir, "fix-a.spawn-a.log"))
+	if len(logs) != 1 {
+		t.Fatalf("worker log: %v", logs)
+	}
+	data, _ := os.ReadFile(logs[0])
+	if !strings.Contains(string(data), "agent scripted ready") {
+		t.Fatalf("worker log:\n%s", data)
+	}
+}
+
+// TestSpawnQueuedUntilASlotFrees: with max_running_children 1 a second
+// spawn is queued at position 1 and starts when the first child stops.
+func TestSpawnQueuedUntilASlotFrees(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	grant := `{"version":1,"max_running_children":1,"operations":["destroy","import","message","restart","rights","spawn","stop"],"grantable":{"mounts":[],"loose":false,"egress":[]},"default_runner":null,"default_runner_source":null}`
+	if err := e.admin("new", wire.NewArgs{Name: "lead", Repo: e.repo, Role: "orchestrator", Grant: json.RawMessage(grant)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	lead := e.client("lead")
+	wantStatus(t, spawn(t, lead, "spawn-1", map[string]any{"branch": "one", "prompt": "one", "on_done": "keep"}),
+		"started", "creation of child `one` started")
+	wantStatus(t, spawn(t, lead, "spawn-2", map[string]any{"branch": "two", "prompt": "two", "on_done": "keep"}),
+		"queued", "queued at position 1")
+	wantStatus(t, spawn(t, lead, "spawn-3", map[string]any{"branch": "three", "prompt": "three", "on_done": "keep"}),
+		"queued", "queued at position 2")
+	if st := statusOf(t, lead, "spawn-1", "done", "failed"); st.State != "done" {
+		t.Fatalf("spawn-1: %+v", st)
+	}
+	if info := e.info("two"); info.State != "queued" {
+		t.Fatalf("two while one runs: %+v", info)
+	}
+	wantStatus(t, sendManifest(t, lead, map[string]any{"id": "stop-1", "type": "stop", "child": "one"}), "done", "child `one` stopped")
+	wantStatus(t, statusOf(t, lead, "spawn-2", "started"), "started", "creation of child `two` started")
+	if st := statusOf(t, lead, "spawn-2", "done", "failed"); st.State != "done" {
+		t.Fatalf("spawn-2: %+v", st)
+	}
+	if info := e.info("three"); info.State != "queued" {
+		t.Fatalf("three while two runs: %+v", info)
+	}
+}
+
+// TestSpawnRefusals: what a spawn cannot run is refused at once.
+func TestSpawnRefusals(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	e.mustExec("lead", "touch", "prompt.md")
+	wantStatus(t, spawn(t, lead, "s-dirty", map[string]any{"branch": "x", "prompt": "p"}),
+		"refused", "uncommitted changes: a fork starts from your committed HEAD; commit or remove them (prompt files too) before spawning")
+	e.mustExec("lead", "rm", "prompt.md")
+	wantStatus(t, spawn(t, lead, "s-pr", map[string]any{"version": 2, "kind": "pr", "pr": 7, "prompt": "p"}),
+		"refused", "spawn kind `pr` is not available in this broker yet")
+	wantStatus(t, spawn(t, lead, "s-ok", map[string]any{"branch": "x", "prompt": "p", "on_done": "keep"}),
+		"started", "creation of child `x` started")
+	wantStatus(t, spawn(t, lead, "s-taken", map[string]any{"branch": "X", "prompt": "p"}),
+		"refused", "`x` already exists")
+	wantStatus(t, spawn(t, lead, "s-ref", map[string]any{"version": 2, "branch": "y", "ref": "refs/heads/nope", "prompt": "p"}),
+		"refused", "`ref` refs/heads/nope names no commit in your repository")
+	statusOf(t, lead, "s-ok", "done", "failed")
+}
+
+// TestSpawnNewAndRef: kind new starts from the host repository's base;
+// a version 2 fork with ref starts from that commit of the orchestrator.
+func TestSpawnNewAndRef(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	hostHead := hostGit(t, e.repo, "rev-parse", "HEAD")
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	e.mustExec("lead", "sh", "-c", "git -c user.name=L -c user.email=l@example.com commit -q --allow-empty -m lead-work")
+	leadWork := e.mustExec("lead", "git", "rev-parse", "HEAD")
+
+	wantStatus(t, spawn(t, lead, "s-new", map[string]any{"kind": "new", "base": "main", "branch": "fresh", "prompt": "new work"}),
+		"started", "creation of child `fresh` started")
+	done := messageFrom(t, lead, "fresh", "done")
+	if got := e.mustExec("lead", "git", "rev-parse", done.ImportedSHA+"~1"); got != hostHead {
+		t.Fatalf("kind new started from %s, want the host base %s", got, hostHead)
+	}
+	wantStatus(t, spawn(t, lead, "s-ref", map[string]any{"version": 2, "branch": "from-ref", "ref": leadWork, "prompt": "ref work"}),
+		"started", "creation of child `from-ref` started")
+	done = messageFrom(t, lead, "from-ref", "done")
+	if got := e.mustExec("lead", "git", "rev-parse", done.ImportedSHA+"~1"); got != leadWork {
+		t.Fatalf("fork with ref started from %s, want %s", got, leadWork)
+	}
+}
+
+// TestDoneRefusedDirtyThenAccepted: a done report with uncommitted
+// changes is refused with the spec's text; the agent commits and reports
+// again, and that report is accepted and imported.
+func TestDoneRefusedDirtyThenAccepted(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	spawn(t, lead, "s-dirty", map[string]any{"branch": "d", "prompt": "dirty work", "on_done": "keep"})
+	done := messageFrom(t, lead, "d", "done")
+	if done.Body != "done: dirty work" || done.ImportedSHA == "" {
+		t.Fatalf("accepted report: %+v", done)
+	}
+	// The child's own history holds the refusal of its first report.
+	var res struct {
+		Items []json.RawMessage `json:"items"`
+	}
+	if err := e.client("d").Call(context.Background(), "list", map[string]any{"all": true}, &res); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, raw := range res.Items {
+		var st wire.StatusItem
+		json.Unmarshal(raw, &st)
+		if st.State == "refused" && st.Detail == "uncommitted changes: commit everything before reporting done" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("no refused first report in the child's history: %s", res.Items)
+	}
+	statusOf(t, lead, "s-dirty", "done", "failed")
+	if info := e.info("d"); info.State != "ready" {
+		t.Fatalf("a kept done child: %+v", info)
+	}
+}
+
+// TestAgentEndsEarlyOrWithoutDone: an agent that ends before it is ready
+// fails its spawn (the child kept, stopped); one that ends after, without
+// a done report, sends the orchestrator a message of kind blocked.
+func TestAgentEndsEarlyOrWithoutDone(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	spawn(t, lead, "s-early", map[string]any{"branch": "early", "prompt": "exit-early"})
+	spawn(t, lead, "s-later", map[string]any{"branch": "later", "prompt": "exit-later"})
+	wantStatus(t, statusOf(t, lead, "s-early", "done", "failed"), "failed",
+		"creation of child `early` failed: the agent ended before it was ready during agent start — the child was kept, stopped")
+	if info := e.info("early"); info.State != "failed" || info.Running {
+		t.Fatalf("a failed spawn's child: %+v", info)
+	}
+	wantStatus(t, statusOf(t, lead, "s-later", "done", "failed"), "done", "child `later` is ready")
+	blocked := messageFrom(t, lead, "later", "blocked")
+	if blocked.OriginID != "" || !strings.Contains(blocked.Body, "ended without reporting done") {
+		t.Fatalf("blocked message: %+v", blocked)
+	}
+}
+
+// TestSpawnWorkerStoppedByBrokerKill: a broker killed while a spawn's
+// worker waits for its agent leaves the spawn creating; the next broker
+// reports it failed, names the phase, and removes the child.
+func TestSpawnWorkerStoppedByBrokerKill(t *testing.T) {
+	state := shortTempDir(t)
+	e := &testEnv{t: t, repo: makeRepo(t)}
+	e.withAgent()
+	bin := testbin.Jailbee(t)
+	p := startProcBroker(t, bin, state)
+	p.newSandbox(wire.NewArgs{Name: "lead", Repo: e.repo, Role: "orchestrator"})
+	lead := p.client("lead")
+	wantStatus(t, spawn(t, lead, "s-1", map[string]any{"branch": "slow", "prompt": "exit-later"}), "started", "creation of child `slow` started")
+	// The worker is at its agent's readiness for at least two seconds.
+	wait.For(t, "the worker to reach the agent", func() bool {
+		return strings.Contains(readFile(t, filepath.Join(state, broker.LogDir, "slow.s-1.log")), "agent seen")
+	})
+	p.kill9()
+	p = startProcBroker(t, bin, state)
+	lead = p.client("lead")
+	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "failed",
+		"creation of child `slow` failed: the worker stopped during agent start — the child was removed")
+	var list []wire.SandboxInfo
+	if err := p.adminCall("ls", nil, &list); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range list {
+		if s.Name == "slow" {
+			t.Fatalf("the child of an interrupted spawn is still listed: %+v", s)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(state, "sandboxes", "slow")); !os.IsNotExist(err) {
+		t.Fatalf("the child's sandbox directory: %v", err)
+	}
+}
+
+func readFile(t testing.TB, path string) string {
+	data, _ := os.ReadFile(path)
+	return string(data)
+}

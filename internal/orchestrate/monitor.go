@@ -1,0 +1,74 @@
+package orchestrate
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"agentbox/internal/manifest"
+	"agentbox/internal/store"
+)
+
+// livenessInterval paces the watch on a ready child's agent.
+const livenessInterval = 5 * time.Second
+
+// watchAgent watches a ready child's agent (the identity seen at
+// readiness) until it ends, the child stops or goes, or its done report
+// is accepted. An agent that ends without an accepted done sends the
+// orchestrator a message of kind blocked. A restarted broker resumes the
+// watch (RecoverSpawns): the agent runs on in its sandbox.
+func (o *Orchestrator) watchAgent(name string) {
+	if o.Go == nil {
+		return
+	}
+	o.Go(func(ctx context.Context) {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(livenessInterval):
+			}
+			sb, err := o.Store.Sandbox(ctx, name)
+			if err != nil || sb.State != store.StateReady || sb.DoneHead != "" {
+				return // gone, stopped, failed, or done: nothing to watch
+			}
+			var seen agentSeen
+			if json.Unmarshal([]byte(sb.Agent), &seen) != nil || seen.Ended {
+				return
+			}
+			id, alive := o.observeAgent(ctx, name, seen.Window)
+			if ctx.Err() != nil {
+				return
+			}
+			if alive && id == seen.Identity {
+				continue
+			}
+			o.agentEnded(ctx, sb, seen)
+			return
+		}
+	})
+}
+
+// agentEnded records that a child's agent ended and, unless its done was
+// accepted meanwhile, tells its orchestrator: kind blocked.
+func (o *Orchestrator) agentEnded(ctx context.Context, sb store.Sandbox, seen agentSeen) {
+	o.serial(func() {
+		now, err := o.Store.Sandbox(ctx, sb.Name)
+		if err != nil || now.State != store.StateReady || now.DoneHead != "" {
+			return
+		}
+		seen.Ended = true
+		raw, _ := json.Marshal(seen)
+		if err := o.Store.SetAgent(ctx, sb.Name, string(raw)); err != nil {
+			return
+		}
+		body := fmt.Sprintf("the agent of `%s` (%s) ended without reporting done; the child keeps running: message it, or restart, import, stop or destroy it", sb.Name, seen.Window)
+		if _, err := o.Store.DeliverHostMessage(ctx, sb.Parent, sb.Name, manifest.MsgBlocked, body); err != nil {
+			o.logger().Error("deliver blocked", "sandbox", sb.Name, "err", err)
+			return
+		}
+		o.logger().Info("agent ended without done", "sandbox", sb.Name)
+		o.notify(sb.Parent)
+	})
+}

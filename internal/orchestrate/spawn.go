@@ -1,0 +1,542 @@
+package orchestrate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"agentbox/internal/agent"
+	"agentbox/internal/backend"
+	"agentbox/internal/gitx"
+	"agentbox/internal/grant"
+	"agentbox/internal/manifest"
+	"agentbox/internal/secfs"
+	"agentbox/internal/shortname"
+	"agentbox/internal/store"
+	"agentbox/internal/wire"
+)
+
+// Bounds of a spawn.
+const (
+	// agentStartTimeout: a child whose agent is not seen alive this long
+	// after setup failed.
+	agentStartTimeout = 120 * time.Second
+	// readyGap is the least time between the two observations of one agent
+	// identity that make a child ready.
+	readyGap = 2 * time.Second
+	// observeInterval paces the observations of a starting agent.
+	observeInterval = 500 * time.Millisecond
+	// agentCheckTimeout bounds one observation (two commands in the sandbox).
+	agentCheckTimeout = 30 * time.Second
+)
+
+// Phases a spawn's worker records before it takes them; a failure (or a
+// broker that died) names the phase.
+const (
+	PhaseCreating = "creating"    // the sandbox: its record, unit and socket
+	PhaseCloning  = "cloning"     // its checkout
+	PhaseAgent    = "agent start" // its agent's start and readiness
+)
+
+// spawnDoc is what a spawned child keeps of its spawn (store.Sandbox.SpawnDoc).
+type spawnDoc struct {
+	Ref    string       `json:"ref"` // the spawn manifest's id: its statuses' ref
+	Kind   string       `json:"kind"`
+	Commit string       `json:"commit"`         // the commit it starts from
+	Source string       `json:"source"`         // "orchestrator" (fork) or "host" (new)
+	Prompt string       `json:"prompt"`         // passed to the agent
+	Note   string       `json:"note,omitempty"` // the spawn's note
+	OnDone string       `json:"on_done"`        // destroy or keep
+	Rights grant.Rights `json:"rights"`
+	Agent  agent.Spec   `json:"agent"`
+}
+
+// agentSeen is a child's agent as last seen (store.Sandbox.Agent).
+type agentSeen struct {
+	Window   string         `json:"window"`
+	Identity agent.Identity `json:"identity"`
+	// Ended: the watch saw it end (and told the orchestrator).
+	Ended bool `json:"ended,omitempty"`
+}
+
+// Spawn runs a spawn manifest (kinds fork and new): it refuses what it
+// cannot run, journals the child (queued when the orchestrator's running
+// children fill its grant's max_running_children, else created by a
+// worker), and answers queued or started; the worker appends done (the
+// agent is ready) or failed.
+func (o *Orchestrator) Spawn(ctx context.Context, req Requester, m *manifest.Manifest, vctx manifest.Context) (store.Sent, error) {
+	prev, found, err := o.Store.BeginManifest(ctx, req.Sandbox, m.ID, string(m.Type))
+	if err != nil || found {
+		return prev, err
+	}
+	state, detail, name, err := o.admitSpawn(ctx, req, m, vctx)
+	if r, ok := AsRefusal(err); ok {
+		return o.Store.FinishManifest(ctx, req.Sandbox, m.ID, wire.StateRefused, r.Detail)
+	}
+	if err != nil {
+		o.logger().Error("spawn failed", "sandbox", req.Sandbox, "manifest", m.ID, "err", err)
+		return o.Store.FinishManifest(ctx, req.Sandbox, m.ID, wire.StateFailed, "spawn failed (see the broker log)")
+	}
+	sent, err := o.Store.FinishManifest(ctx, req.Sandbox, m.ID, state, detail)
+	if err == nil && state == wire.StateStarted {
+		o.startWorker(name)
+	}
+	return sent, err
+}
+
+// admitSpawn checks a spawn and records its child, queued or creating.
+func (o *Orchestrator) admitSpawn(ctx context.Context, req Requester, m *manifest.Manifest, vctx manifest.Context) (state, detail, name string, err error) {
+	s := m.Spawn
+	if s.Kind == manifest.KindPR {
+		return "", "", "", refusef("spawn kind `pr` is not available in this broker yet")
+	}
+	name = shortname.FromBranch(s.Branch)
+	if _, err := o.Store.Sandbox(ctx, name); err == nil {
+		return "", "", "", refusef("`%s` already exists", name)
+	}
+	orch, err := o.Store.Sandbox(ctx, req.Sandbox)
+	if err != nil {
+		return "", "", "", err
+	}
+	if err := o.oneChildPerBranch(ctx, orch.Name, s.Branch); err != nil {
+		return "", "", "", err
+	}
+	effective := vctx.Grant.Capped(vctx.Repo.Orchestration.Cap)
+	spec, err := agent.Resolve(s.Runner, effective, vctx.Repo)
+	if err != nil {
+		return "", "", "", refusef("%v", err)
+	}
+	doc := spawnDoc{Ref: m.ID, Kind: s.Kind, Prompt: s.Prompt, Note: s.Note, OnDone: s.EffectiveOnDone(effective), Rights: s.Rights, Agent: spec}
+	if doc.Commit, doc.Source, err = o.spawnSource(ctx, orch, s); err != nil {
+		return "", "", "", err
+	}
+	raw, err := json.Marshal(doc)
+	if err != nil {
+		return "", "", "", err
+	}
+	row := store.Sandbox{Name: name, UUID: "pending-" + orch.UUID + "-" + m.ID, Role: store.RoleChild, Parent: orch.Name,
+		Branch: s.Branch, Repo: orch.Repo, State: store.StateCreating, Phase: PhaseCreating, Imported: doc.Commit, SpawnDoc: string(raw)}
+	active, queued, err := o.slots(ctx, orch.Name)
+	if err != nil {
+		return "", "", "", err
+	}
+	if active >= effective.MaxRunningChildren || queued > 0 {
+		row.State, row.Phase, row.QueuedSeq = store.StateQueued, "", time.Now().UnixNano()
+		if err := o.Store.CreateSandbox(ctx, row); err != nil {
+			return "", "", "", err
+		}
+		return wire.StateQueued, fmt.Sprintf("queued at position %d", queued+1), name, nil
+	}
+	if err := o.Store.CreateSandbox(ctx, row); err != nil {
+		return "", "", "", err
+	}
+	return wire.StateStarted, fmt.Sprintf("creation of child `%s` started", name), name, nil
+}
+
+// spawnSource is the commit a child starts from: for a fork, the
+// orchestrator's committed HEAD (or its ref), read inside the
+// orchestrator, whose work tree must be clean; for new, base (default: the
+// repository's current branch) of the host repository.
+func (o *Orchestrator) spawnSource(ctx context.Context, orch store.Sandbox, s *manifest.Spawn) (commit, source string, err error) {
+	if s.Kind == manifest.KindNew {
+		base := s.Base
+		if base == "" {
+			if base, err = gitx.CurrentBranch(ctx, orch.Repo); err != nil {
+				return "", "", refusef("the host repository has no current branch: name a base")
+			}
+		}
+		commit, err := gitx.ResolveCommit(ctx, orch.Repo, "refs/heads/"+base)
+		if err != nil {
+			return "", "", refusef("base `%s` is not a branch of the host repository", base)
+		}
+		return commit, "host", nil
+	}
+	work, err := o.readWork(ctx, orch.Name)
+	if err != nil {
+		return "", "", refusef("cannot read your repository: %v", errors.Unwrap(err))
+	}
+	if work.dirty {
+		return "", "", refusef("uncommitted changes: a fork starts from your committed HEAD; commit or remove them (prompt files too) before spawning")
+	}
+	if s.Ref == "" {
+		return work.head, "orchestrator", nil
+	}
+	commit, err = gitx.RevParse(ctx, o.checkout(orch.Name), s.Ref)
+	if err != nil {
+		return "", "", refusef("`ref` %s names no commit in your repository", s.Ref)
+	}
+	return commit, "orchestrator", nil
+}
+
+// slots counts an orchestrator's children that take a running slot
+// (created and not stopped, or being created) and those queued.
+func (o *Orchestrator) slots(ctx context.Context, orch string) (active, queued int, err error) {
+	all, err := o.Store.Sandboxes(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, c := range all {
+		if c.Parent != orch {
+			continue
+		}
+		switch c.State {
+		case store.StateQueued:
+			queued++
+		case store.StateCreating, store.StateRunning, store.StateReady:
+			active++
+		}
+	}
+	return active, queued, nil
+}
+
+// startWorker runs a child's creation in the background.
+func (o *Orchestrator) startWorker(name string) {
+	if o.Go == nil {
+		return
+	}
+	o.Go(func(ctx context.Context) { o.createChild(ctx, name) })
+}
+
+// createChild is a spawn's worker: the sandbox, its checkout, its agent,
+// then the agent's readiness; each phase recorded before it is taken. It
+// reports done or failed to the orchestrator, then starts the next queued
+// spawn of that orchestrator.
+func (o *Orchestrator) createChild(ctx context.Context, name string) {
+	sb, err := o.Store.Sandbox(ctx, name)
+	if err != nil {
+		return
+	}
+	var doc spawnDoc
+	if err := json.Unmarshal([]byte(sb.SpawnDoc), &doc); err != nil {
+		return
+	}
+	log := o.workerLog(sb, doc)
+	defer log.Close()
+	defer o.startQueued(context.WithoutCancel(ctx), sb.Parent)
+	fmt.Fprintf(log, "%s spawn %s of child %s (%s from %s at %s)\n", stamp(), doc.Ref, name, doc.Kind, doc.Source, doc.Commit)
+
+	phase := PhaseCreating
+	fail := func(reason string, keep bool) {
+		fmt.Fprintf(log, "%s failed during %s: %s\n", stamp(), phase, reason)
+		o.failChild(context.WithoutCancel(ctx), sb, doc, phase, reason, keep)
+	}
+	if err := o.Store.SetPhase(ctx, name, phase); err != nil {
+		fail("its record could not be written", false)
+		return
+	}
+	if err := o.buildChild(ctx, &sb, doc, log, &phase); err != nil {
+		fmt.Fprintf(log, "%s error: %v\n", stamp(), err)
+		fail("see the worker log", false)
+		return
+	}
+	phase = PhaseAgent
+	if err := o.Store.SetPhase(ctx, name, phase); err != nil {
+		fail("its record could not be written", true)
+		return
+	}
+	seen, err := o.startAgent(ctx, name, doc.Agent, doc.Prompt, log)
+	if err != nil {
+		fmt.Fprintf(log, "%s agent: %v\n", stamp(), err)
+		reason := "see the worker log"
+		if errors.Is(err, errNoAgentSeen) || errors.Is(err, errAgentEnded) {
+			reason = err.Error()
+		}
+		fail(reason, true)
+		return
+	}
+	fmt.Fprintf(log, "%s agent %s ready (pid %d)\n", stamp(), doc.Agent.Name, seen.Identity.PID)
+	raw, _ := json.Marshal(seen)
+	if err := o.Store.SetAgent(ctx, name, string(raw)); err != nil {
+		fail("its record could not be written", true)
+		return
+	}
+	if err := o.Store.SetState(ctx, name, store.StateReady); err != nil {
+		fail("its record could not be written", true)
+		return
+	}
+	o.Store.SetPhase(ctx, name, "")
+	detail := fmt.Sprintf("child `%s` is ready", name)
+	if now, err := o.Store.Sandbox(ctx, name); err == nil && now.DoneHead != "" {
+		detail += "; it already reported done"
+	}
+	o.appendStatus(ctx, sb.Parent, doc.Ref, wire.StateDone, detail)
+	o.watchAgent(name)
+}
+
+// buildChild makes the child's sandbox and fills its checkout.
+func (o *Orchestrator) buildChild(ctx context.Context, sb *store.Sandbox, doc spawnDoc, log io.Writer, phase *string) error {
+	limits, err := o.limitsFor(sb.Repo)
+	if err != nil {
+		return err
+	}
+	uid, err := o.claimHostUID(ctx)
+	if err != nil {
+		return err
+	}
+	inst, err := o.Backend.Create(ctx, backend.CreateOptions{Name: sb.Name, HostUID: uid, Limits: limits})
+	if err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
+	}
+	if err := o.Store.SetCreated(ctx, sb.Name, inst.UUID, uid); err != nil {
+		return err
+	}
+	if *sb, err = o.Store.Sandbox(ctx, sb.Name); err != nil {
+		return err
+	}
+	if o.Serve != nil {
+		if err := o.Serve(*sb); err != nil {
+			return fmt.Errorf("serve the socket: %w", err)
+		}
+	}
+	if err := o.Backend.Start(ctx, sb.Name); err != nil {
+		return fmt.Errorf("start sandbox: %w", err)
+	}
+	fmt.Fprintf(log, "%s sandbox %s started\n", stamp(), sb.Name)
+	*phase = PhaseCloning
+	if err := o.Store.SetPhase(ctx, sb.Name, *phase); err != nil {
+		return err
+	}
+	src := gitx.HostRepo(sb.Repo)
+	if doc.Source == "orchestrator" {
+		src = o.checkout(sb.Parent)
+	}
+	if err := o.fillFrom(ctx, sb.Name, src, sb.Branch, doc.Commit); err != nil {
+		return err
+	}
+	fmt.Fprintf(log, "%s checkout of %s at %s done\n", stamp(), sb.Branch, doc.Commit)
+	return o.Store.SetState(ctx, sb.Name, store.StateRunning)
+}
+
+// startAgent starts the child's agent in its tmux session and waits until
+// it is ready: the same identity seen alive twice, readyGap apart, within
+// agentStartTimeout.
+func (o *Orchestrator) startAgent(ctx context.Context, name string, spec agent.Spec, prompt string, log io.Writer) (agentSeen, error) {
+	run := o.Runner(name)
+	var stderr strings.Builder
+	code, err := run.Run(ctx, gitx.Cmd{Argv: agent.StartArgv(spec, prompt, true), Dir: backend.WorkspacePath, Stderr: &limitedWriter{w: &stderr, n: 1024}})
+	if err != nil || code != 0 {
+		return agentSeen{}, fmt.Errorf("tmux exited %d: %v %q", code, err, stderr.String())
+	}
+	deadline := time.Now().Add(agentStartTimeout)
+	var first agent.Identity
+	var firstAt time.Time
+	for time.Now().Before(deadline) {
+		id, alive := o.observeAgent(ctx, name, spec.Name)
+		switch {
+		case !alive && first != (agent.Identity{}):
+			return agentSeen{}, errAgentEnded
+		case !alive:
+		case first == (agent.Identity{}) || id != first:
+			first, firstAt = id, time.Now()
+			fmt.Fprintf(log, "%s agent seen: pid %d\n", stamp(), id.PID)
+		case time.Since(firstAt) >= readyGap:
+			return agentSeen{Window: spec.Name, Identity: id}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return agentSeen{}, ctx.Err()
+		case <-time.After(observeInterval):
+		}
+	}
+	return agentSeen{}, errNoAgentSeen
+}
+
+// Why an agent did not become ready.
+var (
+	errNoAgentSeen = fmt.Errorf("no agent was seen within %d s after setup", int(agentStartTimeout/time.Second))
+	errAgentEnded  = errors.New("the agent ended before it was ready")
+)
+
+// observeAgent reads the identity of the process in the agent's tmux
+// window (the sandbox answers: it can only misreport its own agent).
+func (o *Orchestrator) observeAgent(ctx context.Context, name, window string) (agent.Identity, bool) {
+	ctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
+	defer cancel()
+	run := o.Runner(name)
+	var out strings.Builder
+	if code, err := run.Run(ctx, gitx.Cmd{Argv: agent.PaneArgv(window), Stdout: &limitedWriter{w: &out, n: 256}}); err != nil || code != 0 {
+		return agent.Identity{}, false
+	}
+	pid, err := agent.ParsePID([]byte(out.String()))
+	if err != nil {
+		return agent.Identity{}, false
+	}
+	out.Reset()
+	if code, err := run.Run(ctx, gitx.Cmd{Argv: agent.IdentityArgv(pid), Stdout: &limitedWriter{w: &out, n: 4096}}); err != nil || code != 0 {
+		return agent.Identity{}, false
+	}
+	id, alive, err := agent.ParseStat(pid, []byte(out.String()))
+	return id, err == nil && alive
+}
+
+// failChild reports a failed spawn to the orchestrator and removes the
+// child (or keeps it, stopped, for a look at what its agent did).
+func (o *Orchestrator) failChild(ctx context.Context, sb store.Sandbox, doc spawnDoc, phase, reason string, keep bool) {
+	outcome := "the child was removed"
+	if keep {
+		outcome = "the child was kept, stopped"
+		if err := o.Backend.Stop(ctx, sb.Name); err != nil && !errors.Is(err, backend.ErrNotFound) {
+			o.logger().Error("stop failed child", "sandbox", sb.Name, "err", err)
+		}
+		o.Store.SetState(ctx, sb.Name, store.StateFailed)
+	} else {
+		if o.Unserve != nil {
+			o.Unserve(sb.Name)
+		}
+		if err := o.Backend.Destroy(ctx, sb.Name); err != nil && !errors.Is(err, backend.ErrNotFound) {
+			o.logger().Error("remove failed child", "sandbox", sb.Name, "err", err)
+		}
+		o.Store.DeleteSandbox(ctx, sb.Name)
+	}
+	o.appendStatus(ctx, sb.Parent, doc.Ref, wire.StateFailed,
+		fmt.Sprintf("creation of child `%s` failed: %s during %s — %s", sb.Name, reason, phase, outcome))
+}
+
+// appendStatus records a later status of an orchestrator's manifest,
+// unread, and wakes its waiters.
+func (o *Orchestrator) appendStatus(ctx context.Context, sandbox, ref, state, detail string) {
+	if _, err := o.Store.RecordStatus(ctx, sandbox, ref, "", state, detail, false); err != nil {
+		o.logger().Error("record status", "sandbox", sandbox, "manifest", ref, "err", err)
+		return
+	}
+	o.notify(sandbox)
+}
+
+// startQueued starts queued spawns of orch while it has free slots,
+// oldest first.
+func (o *Orchestrator) startQueued(ctx context.Context, orch string) {
+	sb, err := o.Store.Sandbox(ctx, orch)
+	if err != nil || sb.Grant == "" {
+		return
+	}
+	g, err := o.parsedGrant(sb.Grant)
+	if err != nil {
+		return
+	}
+	repo, err := LoadRepoConfig(sb.Repo)
+	if err != nil {
+		return
+	}
+	max := g.Capped(repo.Orchestration.Cap).MaxRunningChildren
+	for {
+		active, _, err := o.slots(ctx, orch)
+		if err != nil || active >= max {
+			return
+		}
+		next, ok := o.oldestQueued(ctx, orch)
+		if !ok {
+			return
+		}
+		var doc spawnDoc
+		json.Unmarshal([]byte(next.SpawnDoc), &doc)
+		if err := o.Store.SetState(ctx, next.Name, store.StateCreating); err != nil {
+			return
+		}
+		o.appendStatus(ctx, orch, doc.Ref, wire.StateStarted, fmt.Sprintf("creation of child `%s` started", next.Name))
+		o.startWorker(next.Name)
+	}
+}
+
+func (o *Orchestrator) oldestQueued(ctx context.Context, orch string) (store.Sandbox, bool) {
+	all, err := o.Store.Sandboxes(ctx)
+	if err != nil {
+		return store.Sandbox{}, false
+	}
+	var best store.Sandbox
+	for _, c := range all {
+		if c.Parent == orch && c.State == store.StateQueued && (best.Name == "" || c.QueuedSeq < best.QueuedSeq) {
+			best = c
+		}
+	}
+	return best, best.Name != ""
+}
+
+// RecoverSpawns is run by a starting broker: a child whose creation a
+// previous broker did not finish is reported failed and removed; queued
+// spawns resume where slots are free.
+func (o *Orchestrator) RecoverSpawns(ctx context.Context) {
+	all, err := o.Store.Sandboxes(ctx)
+	if err != nil {
+		return
+	}
+	parents := map[string]bool{}
+	for _, sb := range all {
+		if sb.SpawnDoc == "" {
+			continue
+		}
+		parents[sb.Parent] = true
+		if sb.State == store.StateReady {
+			o.watchAgent(sb.Name) // its agent runs on in its sandbox
+			continue
+		}
+		if sb.State == store.StateQueued || sb.Phase == "" {
+			continue // not started, or its worker finished
+		}
+		var doc spawnDoc
+		json.Unmarshal([]byte(sb.SpawnDoc), &doc)
+		phase := sb.Phase
+		if phase == "" {
+			phase = PhaseCreating
+		}
+		o.failChild(ctx, sb, doc, phase, "the worker stopped", false)
+	}
+	for p := range parents {
+		o.startQueued(ctx, p)
+	}
+}
+
+// workerLog opens the spawn's worker log, <LogDir>/<child>.<ref>.log
+// (owner only), or a discard when there is no LogDir.
+func (o *Orchestrator) workerLog(sb store.Sandbox, doc spawnDoc) io.WriteCloser {
+	if o.LogDir == "" {
+		return nopCloser{io.Discard}
+	}
+	if err := secfs.EnsurePrivateDir(o.LogDir); err != nil {
+		return nopCloser{io.Discard}
+	}
+	path := filepath.Join(o.LogDir, sb.Name+"."+doc.Ref+".log")
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nopCloser{io.Discard}
+	}
+	o.logger().Info("spawn worker", "sandbox", sb.Name, "manifest", doc.Ref, "log", path)
+	return f
+}
+
+// WorkerLogs lists a child's worker logs, oldest first.
+func (o *Orchestrator) WorkerLogs(name string) []string {
+	if o.LogDir == "" {
+		return nil
+	}
+	matches, _ := filepath.Glob(filepath.Join(o.LogDir, name+".*.log"))
+	return matches
+}
+
+func stamp() string { return time.Now().UTC().Format(time.RFC3339) }
+
+type nopCloser struct{ io.Writer }
+
+func (nopCloser) Close() error { return nil }
+
+// limitedWriter keeps the first n bytes written and drops the rest (the
+// output of commands in a sandbox is sandbox-controlled).
+type limitedWriter struct {
+	w io.Writer
+	n int
+}
+
+func (l *limitedWriter) Write(p []byte) (int, error) {
+	if l.n > 0 {
+		k := min(len(p), l.n)
+		l.w.Write(p[:k])
+		l.n -= k
+	}
+	return len(p), nil
+}
