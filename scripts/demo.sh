@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # End-to-end demo on the local (bubblewrap) backend: a broker, an
-# orchestrator sandbox and its child exchange messages with the inbox
-# client, through their own broker sockets.
+# orchestrator sandbox that spawns two children, each running a scripted
+# agent (testdata/agent/agent.sh) that commits and reports done; the
+# reports arrive with the children's commits imported into the
+# orchestrator's repository, and the children are destroyed. Then an
+# orchestrator and a child made on the host exchange messages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -29,10 +32,21 @@ ln -s jailbee "$work/bin/jb"
 export PATH="$work/bin:$PATH"
 export JAILBEE_STATE_DIR="$work/state"
 
-step "a host repository"
+step "a host repository, whose default agent is the scripted one"
 git init -q -b main "$work/repo"
-git -C "$work/repo" -c user.name=demo -c user.email=demo@example.com commit -q --allow-empty -m "initial commit"
+mkdir "$work/repo/.jailbee"
+cp testdata/agent/agent.sh "$work/repo/.jailbee/agent.sh"
+cat >"$work/repo/.jailbee/config.yaml" <<'YAML'
+agents:
+  scripted:
+    command: "sh .jailbee/agent.sh"
+    prompt_args: ["{prompt}"]
+default_agent: scripted
+YAML
+git -C "$work/repo" add -A
+git -C "$work/repo" -c user.name=demo -c user.email=demo@example.com commit -q -m "initial commit"
 echo "repo: $work/repo"
+cat "$work/repo/.jailbee/config.yaml"
 
 step "start the broker"
 flags=()
@@ -51,32 +65,40 @@ if ! kill -0 "$broker_pid" 2>/dev/null; then
 	exit 1
 fi
 
-step "create an orchestrator and a child"
+step "an orchestrator, which spawns two children from inside its sandbox"
 run jb new lead --repo "$work/repo" --orchestrator
-run jb new fix-parser --branch fix/parser --parent lead
+run jb exec lead -- jailbee inbox send spawn --branch fix/parser --id spawn-parser --wait --text "Fix the parser"
+run jb exec lead -- jailbee inbox send spawn --branch docs/intro --id spawn-intro --wait --text "Write the intro"
 run jb ls
 
-step "the orchestrator messages its child (inside its sandbox, as uid 1000)"
-run jb exec lead -- jailbee inbox send message --to fix-parser --id reply-0004 --wait --text "Use the existing parser, do not add a new one."
+step "each child's agent commits and reports done; the reports arrive imported"
+for _ in $(seq 600); do
+	[ "$(jb exec lead -- jailbee inbox ls | grep -c 'done: done:')" -ge 2 ] && break
+	sleep 0.1
+done
+run jb exec lead -- jailbee inbox ls
+id=$(jb exec lead -- jailbee inbox ls | awk '/from fix-parser/{print $1}')
+run jb exec lead -- jailbee inbox read --json "$id"
+run jb exec lead -- git log --oneline --all
+run jb logs fix-parser
 
-step "the child waits for mail, reads it, and asks a question back"
-run jb exec fix-parser -- jailbee inbox wait --wake-on msg:note,question --timeout 10s
-id=$(jb exec fix-parser -- jailbee inbox ls | awk 'NR==1{print $1}')
-run jb exec fix-parser -- jailbee inbox read "$id"
-run jb exec fix-parser -- sh -c "echo 'Which parser do you mean?' | jailbee inbox send message --kind question --reply-to $id --id msg-0002 --wait"
-
-step "the orchestrator sees the question; in_reply_to is its own manifest id"
-qid=$(jb exec lead -- jailbee inbox ls | awk '/question/{print $1}')
-run jb exec lead -- jailbee inbox read --json "$qid"
-run jb exec lead -- jailbee inbox send message --to fix-parser --reply-to "$qid" --id reply-0005 --text "The one in parse.go."
-
-step "the child's copy of the answer points at the child's own question id (msg-0002)"
-aid=$(jb exec fix-parser -- jailbee inbox ls | awk 'NR==1{print $1}')
-run jb exec fix-parser -- jailbee inbox read --json "$aid"
-
-step "statuses, children and grant, from the orchestrator's side"
+step "both children are destroyed once their work is imported (on_done: destroy)"
+for _ in $(seq 100); do
+	[ "$(jb ls | grep -c child)" -eq 0 ] && break
+	sleep 0.1
+done
+run jb ls
 sleep 1.2 # status reads the snapshot of the last broker round (every second)
 run jb exec lead -- jailbee inbox status
+
+step "a child made on the host: messages both ways"
+run jb new fix-lexer --branch fix/lexer --parent lead
+run jb exec lead -- jailbee inbox send message --to fix-lexer --id reply-0004 --wait --text "Use the existing lexer, do not add a new one."
+run jb exec fix-lexer -- jailbee inbox wait --wake-on msg:note,question --timeout 10s
+id=$(jb exec fix-lexer -- jailbee inbox ls | awk 'NR==1{print $1}')
+run jb exec fix-lexer -- sh -c "echo 'Which lexer do you mean?' | jailbee inbox send message --kind question --reply-to $id --id msg-0002 --wait"
+qid=$(jb exec lead -- jailbee inbox ls | awk '/question/{print $1}')
+run jb exec lead -- jailbee inbox read --json "$qid"
 run jb exec lead -- jailbee inbox children
 run jb exec lead -- jailbee inbox grant
 
