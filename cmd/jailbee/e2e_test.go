@@ -909,3 +909,64 @@ func TestHostileGitNeverRunsOnTheHost(t *testing.T) {
 		}
 	}
 }
+
+// TestSpawnLogsAndAttach: a spawned child's worker log through `jb logs`,
+// and `jb attach` putting the user's terminal on the agent's tmux session
+// (detached again with C-b d, the agent left running).
+func TestSpawnLogsAndAttach(t *testing.T) {
+	h := newHostEnv(t)
+	script, err := os.ReadFile(filepath.Join("..", "..", "testdata", "agent", "agent.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(h.repo, ".jailbee"), 0o755)
+	os.WriteFile(filepath.Join(h.repo, ".jailbee", "agent.sh"), script, 0o755)
+	os.WriteFile(filepath.Join(h.repo, ".jailbee", "config.yaml"), []byte("agents:\n  scripted:\n    command: \"sh .jailbee/agent.sh\"\n    prompt_args: [\"{prompt}\"]\ndefault_agent: scripted\n"), 0o644)
+	h.git("-C", h.repo, "add", ".")
+	h.git("-C", h.repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "-m", "agent")
+	h.newSandbox("lead", "--repo", h.repo, "--orchestrator")
+	h.mustJB("exec", "lead", "--", "jailbee", "inbox", "send", "spawn", "--branch", "kid", "--on-done", "keep", "--text", "work")
+	wait.For(t, "the child to be ready", func() bool { return h.ls()["kid"]["state"] == "ready" })
+
+	if out := h.mustJB("logs", "kid"); !strings.Contains(out, "agent scripted ready") || !strings.HasPrefix(out, "== kid.") {
+		t.Fatalf("jb logs kid:\n%s", out)
+	}
+	if code, _, errs := h.jb("", "logs", "lead"); code != 1 || !strings.Contains(errs, "no worker log for lead") {
+		t.Fatalf("jb logs of a sandbox made on the host: exit %d %q", code, errs)
+	}
+
+	master, slave, err := term.OpenPTY()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer master.Close()
+	defer slave.Close()
+	unix.IoctlSetWinsize(int(slave.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 30, Col: 100})
+	cmd := exec.Command(h.bin, "attach", "kid")
+	cmd.Env = append(append([]string{}, h.env...), "TERM=xterm")
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	var out wait.Buffer
+	go io.Copy(&out, master)
+	// The agent's window shows its output once tmux has drawn it.
+	wait.For(t, "the agent's window on the terminal", func() bool { return strings.Contains(out.String(), "agent:") })
+	master.Write([]byte{0x02, 'd'}) // C-b d: detach
+	select {
+	case <-exited:
+	case <-time.After(commandGuard):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatalf("jb attach did not end after a detach; output:\n%q", out.String())
+	}
+	if code := cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("jb attach exited %d", code)
+	}
+	if h.ls()["kid"]["state"] != "ready" {
+		t.Fatal("detaching ended the child's agent")
+	}
+}
