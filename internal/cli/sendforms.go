@@ -404,7 +404,18 @@ func newSendUpdateCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "update --child C [--ref REF | --base BRANCH] [--merge]",
 		Short: "Transport your branch (or REF, or a host BRANCH) into a running child",
-		Args:  cobra.NoArgs,
+		Long: `Transport your branch (or REF, or a host BRANCH) into a running child.
+
+Your current branch lands in the child at refs/jailbee/from/<you>/<branch>;
+--ref or --base land at refs/jailbee/update/<you>/<id>. Without --merge
+nothing else in the child moves. With --merge the source is applied to the
+child's branch (fast-forward, merge commit, or nothing when it is already
+there) after a conflict check; a dirty, detached or conflicting child is
+refused. The child gets a message of kind update with imported_ref,
+imported_sha and, when its HEAD moved, merged_head.`,
+		Example: `  jailbee inbox send update --child fix-issue-12 --wait
+  jailbee inbox send update --child pool-release --base release/1 --merge --wait`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireChild(child); err != nil {
 				return err

@@ -22,6 +22,9 @@ const (
 	// maxOutputBytes bounds what is read of a git command's output inside a
 	// sandbox: a ref, a commit id, or the first lines of `git status`.
 	maxOutputBytes = 64 << 10
+	// maxListingBytes bounds a listing of changed paths (a merge's
+	// checks): a larger one fails the merge rather than be half read.
+	maxListingBytes = 16 << 20
 )
 
 // ErrTransferTooLarge: the source sent more than the transfer's bound.
@@ -83,24 +86,41 @@ var sandboxEnv = map[string]string{
 	"GIT_PAGER":           "cat",
 }
 
-// git runs git with args in r and returns its stdout (at most
+// git runs git with args in r and returns its stdout, trimmed (at most
 // maxOutputBytes kept, the rest discarded so git can finish).
 func (r Repo) git(ctx context.Context, args ...string) (string, error) {
 	if r.run == nil {
 		return run(ctx, r.dir, args...)
 	}
-	var stdout, stderr boundedBuffer
+	out, code, err := r.gitRaw(ctx, maxOutputBytes, args...)
+	if err == nil && code != 0 {
+		err = &SandboxGitError{Sub: args[0], Where: r.name, Code: code, Stderr: out.stderr}
+	}
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSpace(out.stdout), nil
+}
+
+// gitOutput is what a git command in a sandbox wrote.
+type gitOutput struct {
+	stdout    string // the first limit bytes
+	truncated bool   // stdout was longer
+	stderr    string // short, printable
+}
+
+// gitRaw runs git with args inside r's sandbox and returns its output and
+// exit code, keeping at most limit bytes of stdout.
+func (r Repo) gitRaw(ctx context.Context, limit int, args ...string) (gitOutput, int, error) {
+	stdout, stderr := boundedBuffer{limit: limit}, boundedBuffer{}
 	code, err := r.run.Run(ctx, Cmd{
 		Argv: append([]string{"git"}, args...), Dir: r.dir, Env: sandboxEnv,
 		Stdout: &stdout, Stderr: &stderr,
 	})
 	if err != nil {
-		return "", fmt.Errorf("git %s in %s: %w", args[0], r.name, err)
+		return gitOutput{}, 0, fmt.Errorf("git %s in %s: %w", args[0], r.name, err)
 	}
-	if code != 0 {
-		return "", &SandboxGitError{Sub: args[0], Where: r.name, Code: code, Stderr: stderr.text()}
-	}
-	return strings.TrimSpace(stdout.String()), nil
+	return gitOutput{stdout: stdout.String(), truncated: stdout.total > int64(stdout.buf.Len()), stderr: stderr.text()}, code, nil
 }
 
 // SandboxGitError is a git command that failed inside a sandbox. Stderr is
@@ -117,16 +137,21 @@ func (e *SandboxGitError) Error() string {
 	return fmt.Sprintf("git %s in %s exited %d: %q", e.Sub, e.Where, e.Code, e.Stderr)
 }
 
-// boundedBuffer keeps the first maxOutputBytes written and counts them
-// all. It has no ReadFrom: io.Copy must go through Write.
+// boundedBuffer keeps the first limit (0: maxOutputBytes) bytes written
+// and counts them all. It has no ReadFrom: io.Copy must go through Write.
 type boundedBuffer struct {
 	buf   bytes.Buffer
 	total int64
+	limit int
 }
 
 func (b *boundedBuffer) Write(p []byte) (int, error) {
 	b.total += int64(len(p))
-	if room := maxOutputBytes - b.buf.Len(); room > 0 {
+	limit := b.limit
+	if limit == 0 {
+		limit = maxOutputBytes
+	}
+	if room := limit - b.buf.Len(); room > 0 {
 		b.buf.Write(p[:min(len(p), room)])
 	}
 	return len(p), nil

@@ -30,17 +30,29 @@ const ImportRefPrefix = "refs/jailbee/from/"
 // with a detail that carries nothing the child controls.
 func (o *Orchestrator) childManifest(ctx context.Context, req Requester, m *manifest.Manifest, child string,
 	act func(sb store.Sandbox) (string, error)) (store.Sent, error) {
+	return o.childManifestDelivering(ctx, req, m, child, func(sb store.Sandbox) (string, *store.Delivery, error) {
+		detail, err := act(sb)
+		return detail, nil, err
+	})
+}
+
+// childManifestDelivering is childManifest for an act that, when it
+// succeeds, may have a message for the child: the message and the done
+// status are written in one transaction.
+func (o *Orchestrator) childManifestDelivering(ctx context.Context, req Requester, m *manifest.Manifest, child string,
+	act func(sb store.Sandbox) (string, *store.Delivery, error)) (store.Sent, error) {
 	prev, found, err := o.Store.BeginManifest(ctx, req.Sandbox, m.ID, string(m.Type))
 	if err != nil || found {
 		return prev, err
 	}
 	state, detail := wire.StateDone, ""
+	var msg *store.Delivery
 	sb, err := o.childOf(ctx, req, child)
 	if err == nil && sb.State == store.StateCreating {
 		err = refusef("`%s` is being created: wait for its spawn's final status", sb.Name)
 	}
 	if err == nil {
-		detail, err = act(sb)
+		detail, msg, err = act(sb)
 	}
 	if r, ok := AsRefusal(err); ok {
 		state, detail = wire.StateRefused, r.Detail
@@ -48,7 +60,15 @@ func (o *Orchestrator) childManifest(ctx context.Context, req Requester, m *mani
 		o.logger().Error("manifest failed", "sandbox", req.Sandbox, "manifest", m.ID, "type", m.Type, "child", child, "err", err)
 		state, detail = wire.StateFailed, fmt.Sprintf("%s of `%s` failed (see the broker log)", m.Type, child)
 	}
-	return o.Store.FinishManifest(ctx, req.Sandbox, m.ID, state, detail)
+	if state != wire.StateDone || msg == nil {
+		return o.Store.FinishManifest(ctx, req.Sandbox, m.ID, state, detail)
+	}
+	msg.Journaled, msg.StatusDetail = true, detail
+	sent, err := o.Store.DeliverMessage(ctx, *msg)
+	if err == nil {
+		o.notify(msg.To)
+	}
+	return sent, err
 }
 
 func (o *Orchestrator) logger() *slog.Logger {

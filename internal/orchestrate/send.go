@@ -45,6 +45,8 @@ func (o *Orchestrator) Send(ctx context.Context, req Requester, raw json.RawMess
 		return o.StopChild(ctx, req, m)
 	case manifest.TypeDestroy:
 		return o.DestroyChild(ctx, req, m)
+	case manifest.TypeUpdate:
+		return o.Update(ctx, req, m)
 	default:
 		return store.Sent{}, asRefusal(manifest.NotAvailable(m.Type))
 	}

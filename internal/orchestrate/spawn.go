@@ -152,11 +152,8 @@ func (o *Orchestrator) spawnSource(ctx context.Context, orch store.Sandbox, s *m
 				return "", "", refusef("the host repository has no current branch: name a base")
 			}
 		}
-		commit, err := gitx.ResolveCommit(ctx, orch.Repo, "refs/heads/"+base)
-		if err != nil {
-			return "", "", refusef("base `%s` is not a branch of the host repository", base)
-		}
-		return commit, "host", nil
+		commit, err := hostBase(ctx, orch.Repo, base)
+		return commit, "host", err
 	}
 	work, err := o.readWork(ctx, orch.Name)
 	if err != nil {
@@ -173,6 +170,16 @@ func (o *Orchestrator) spawnSource(ctx context.Context, orch store.Sandbox, s *m
 		return "", "", refusef("`ref` %s names no commit in your repository", s.Ref)
 	}
 	return commit, "orchestrator", nil
+}
+
+// hostBase resolves base, a local branch of the host repository, to its
+// commit.
+func hostBase(ctx context.Context, repo, base string) (string, error) {
+	commit, err := gitx.ResolveCommit(ctx, repo, "refs/heads/"+base)
+	if err != nil {
+		return "", refusef("base `%s` is not a branch of the host repository", base)
+	}
+	return commit, nil
 }
 
 // slots counts an orchestrator's children that take a running slot

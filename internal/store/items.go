@@ -108,12 +108,16 @@ type Delivery struct {
 	Journaled bool
 	// StatusDetail is the sender's done detail ("" = "delivered to <To>").
 	StatusDetail string
+	// Unmetered: the inbox quota does not refuse it (an update's message
+	// reports a change already made to the recipient's repository).
+	Unmetered bool
 }
 
 // ImportResult is what a done report's message carries of its import.
 type ImportResult struct {
 	Ref, SHA, Error      string
 	OnDone, OnDoneReason string
+	MergedHead           string // an update merged: the recipient's new HEAD
 }
 
 // Sent is the outcome of a send: the manifest's first status, and whether
@@ -146,14 +150,19 @@ func (s *Store) DeliverMessage(ctx context.Context, d Delivery) (Sent, error) {
 		if err != nil {
 			return err
 		}
+		quota := func(docLen int64) error { return s.checkQuota(ctx, w, d.To, docLen) }
+		if d.Unmetered {
+			quota = nil
+		}
 		if _, err := insertItem(ctx, w, cu, d.To, wire.ItemMessage, "", false, func(id string) any {
 			m := wire.MessageItem{Version: 1, ID: id, Type: wire.ItemMessage, From: d.From, Kind: d.Kind,
 				Body: d.Body, InReplyTo: inReplyTo, OriginID: d.ManifestID}
 			if im := d.Import; im != nil {
 				m.ImportedRef, m.ImportedSHA, m.ImportError, m.OnDone, m.OnDoneReason = im.Ref, im.SHA, im.Error, im.OnDone, im.OnDoneReason
+				m.MergedHead = im.MergedHead
 			}
 			return m
-		}, func(docLen int64) error { return s.checkQuota(ctx, w, d.To, docLen) }); err != nil {
+		}, quota); err != nil {
 			return err
 		}
 		detail := d.StatusDetail

@@ -225,3 +225,34 @@ func TestQuotaAfterDeleteSandbox(t *testing.T) {
 		}
 	}
 }
+
+// TestQuotaUnmeteredDelivery: an unmetered delivery (an update's message)
+// goes into a full inbox, with its ref and merged head; a metered one to
+// the same inbox is refused.
+func TestQuotaUnmeteredDelivery(t *testing.T) {
+	s, _ := openTestStore(t)
+	s.SetQuota(Quota{MaxUnreadItems: 1})
+	ctx := context.Background()
+	if _, err := deliver(s, "o", "c", "m-1"); err != nil {
+		t.Fatal(err)
+	}
+	var full *InboxFullError
+	if _, err := deliver(s, "o", "c", "m-2"); !errors.As(err, &full) {
+		t.Fatalf("metered message past the bound: %v", err)
+	}
+	imp := &ImportResult{Ref: "refs/jailbee/from/o/main", SHA: "1111111111111111111111111111111111111111", MergedHead: "2222222222222222222222222222222222222222"}
+	if _, err := s.DeliverMessage(ctx, Delivery{From: "o", To: "c", ManifestID: "up-1", Kind: "update", Body: "b", Import: imp, Unmetered: true}); err != nil {
+		t.Fatalf("unmetered message past the bound: %v", err)
+	}
+	items, err := s.ListItems(ctx, "c", false)
+	if err != nil || len(items) != 2 {
+		t.Fatalf("recipient's inbox: %d items, %v; want 2", len(items), err)
+	}
+	var m wire.MessageItem
+	if err := json.Unmarshal(items[1].Doc, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Kind != "update" || m.ImportedRef != imp.Ref || m.ImportedSHA != imp.SHA || m.MergedHead != imp.MergedHead || m.OriginID != "up-1" {
+		t.Fatalf("delivered %+v", m)
+	}
+}

@@ -1,0 +1,149 @@
+package broker_test
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestUpdateTransport: an update without merge fetches the orchestrator's
+// current branch (or an explicit ref, or a host base) into the running
+// child at the spec's refs, touches nothing else there, and leaves the
+// child a message of kind update with the exact ref and commit.
+func TestUpdateTransport(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("orch")
+	e.child("kid", "orch")
+	orch, kid := e.client("orch"), e.client("kid")
+	kidHead := e.mustExec("kid", "git", "rev-parse", "HEAD")
+
+	e.mustExec("orch", "sh", "-c", "echo o > o.txt && git add o.txt && "+commitCmd+" -m o")
+	branch := e.mustExec("orch", "git", "symbolic-ref", "--short", "HEAD")
+	orchHead := e.mustExec("orch", "git", "rev-parse", "HEAD")
+	ref := "refs/jailbee/from/orch/" + branch
+
+	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-1", "type": "update", "child": "kid"}),
+		"done", "delivered to kid: "+ref+" at "+orchHead[:12])
+	if got := e.mustExec("kid", "git", "rev-parse", ref); got != orchHead {
+		t.Fatalf("%s in the child = %s, want %s", ref, got, orchHead)
+	}
+	if got := e.mustExec("kid", "sh", "-c", "git rev-parse HEAD; git status --porcelain; test -e o.txt || echo no-o"); got != kidHead+"\nno-o" {
+		t.Fatalf("the child after an update without merge: %q", got)
+	}
+	msg := messageFrom(t, kid, "orch", "update")
+	if msg.OriginID != "up-1" || msg.ImportedRef != ref || msg.ImportedSHA != orchHead || msg.MergedHead != "" {
+		t.Fatalf("update message %+v", msg)
+	}
+	// A resend answers the same and delivers nothing new.
+	e.mustExec("orch", "sh", "-c", commitCmd+" --allow-empty -m more")
+	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-1", "type": "update", "child": "kid"}),
+		"done", "delivered to kid: "+ref+" at "+orchHead[:12])
+	if got := e.mustExec("kid", "git", "rev-parse", ref); got != orchHead {
+		t.Fatalf("a resend updated again: %s", got)
+	}
+
+	// An explicit ref (here the older commit, by id) and a host base land
+	// at refs/jailbee/update/<orchestrator>/<id>.
+	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-2", "type": "update", "child": "kid", "ref": orchHead}),
+		"done", "delivered to kid: refs/jailbee/update/orch/up-2 at "+orchHead[:12])
+	hostHead := hostGit(t, e.repo, "rev-parse", "main")
+	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-3", "type": "update", "child": "kid", "base": "main"}),
+		"done", "delivered to kid: refs/jailbee/update/orch/up-3 at "+hostHead[:12])
+	if got := e.mustExec("kid", "git", "rev-parse", "refs/jailbee/update/orch/up-3"); got != hostHead {
+		t.Fatalf("base update landed %s, want %s", got, hostHead)
+	}
+	if msg := messageFrom(t, kid, "orch", "update"); msg.OriginID != "up-2" || msg.ImportedRef != "refs/jailbee/update/orch/up-2" {
+		t.Fatalf("ref update message %+v", msg)
+	}
+
+	// A detached orchestrator needs a selector; the refusals name no host path.
+	e.mustExec("orch", "git", "checkout", "-q", "--detach")
+	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-4", "type": "update", "child": "kid"}),
+		"refused", "your HEAD is detached: check out a branch, or name a source with --ref or --base")
+	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-5", "type": "update", "child": "kid", "ref": "refs/heads/nope"}),
+		"refused", "`ref` refs/heads/nope names no commit in your repository")
+	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-6", "type": "update", "child": "kid", "base": "nope"}),
+		"refused", "base `nope` is not a branch of the host repository")
+
+	// A stopped child is refused; so is a child of another orchestrator.
+	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "stop-1", "type": "stop", "child": "kid"}), "done", "child `kid` stopped")
+	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-7", "type": "update", "child": "kid", "ref": orchHead}),
+		"refused", "`kid` is stopped: restart it before updating it")
+	e.orchestrator("other")
+	wantStatus(t, sendManifest(t, e.client("other"), map[string]any{"id": "up-1", "type": "update", "child": "kid"}),
+		"refused", "`kid` is not a child of this orchestrator")
+}
+
+// TestUpdateMerge: merge: true fast-forwards, makes a merge commit, or
+// leaves HEAD alone, and reports the child's new HEAD as merged_head; it
+// refuses a dirty, detached or conflicting child without moving its HEAD.
+func TestUpdateMerge(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("orch")
+	e.child("kid", "orch")
+	orch, kid := e.client("orch"), e.client("kid")
+	update := func(id string) map[string]any {
+		return map[string]any{"id": id, "type": "update", "child": "kid", "merge": true}
+	}
+	commit := func(name, file, content string) string {
+		e.mustExec(name, "sh", "-c", "echo "+content+" > "+file+" && git add "+file+" && "+commitCmd+" -m "+file)
+		return e.mustExec(name, "git", "rev-parse", "HEAD")
+	}
+	kidHead := func() string { return e.mustExec("kid", "git", "rev-parse", "HEAD") }
+
+	// Fast-forward: the child has nothing of its own yet.
+	o1 := commit("orch", "o1.txt", "o1")
+	wantStatus(t, sendManifest(t, orch, update("m-1")), "done",
+		"delivered to kid: refs/jailbee/from/orch/main at "+o1[:12]+"; work/kid fast-forwarded to "+o1[:12])
+	if got := kidHead(); got != o1 {
+		t.Fatalf("after a fast-forward the child is at %s, want %s", got, o1)
+	}
+	if msg := messageFrom(t, kid, "orch", "update"); msg.MergedHead != o1 || msg.ImportedSHA != o1 {
+		t.Fatalf("fast-forward message %+v", msg)
+	}
+
+	// Divergent: a merge commit on the child's branch, both sides' files there.
+	k1 := commit("kid", "k1.txt", "k1")
+	o2 := commit("orch", "o2.txt", "o2")
+	st := sendManifest(t, orch, update("m-2"))
+	merged := kidHead()
+	wantStatus(t, st, "done", "delivered to kid: refs/jailbee/from/orch/main at "+o2[:12]+"; merged into work/kid as "+merged[:12])
+	if parents := e.mustExec("kid", "git", "rev-list", "--parents", "-n1", "HEAD"); parents != merged+" "+k1+" "+o2 {
+		t.Fatalf("merge commit parents: %q", parents)
+	}
+	if got := e.mustExec("kid", "sh", "-c", "cat k1.txt o2.txt; git status --porcelain; git symbolic-ref --short HEAD"); got != "k1\no2\nwork/kid" {
+		t.Fatalf("the child after the merge: %q", got)
+	}
+	if msg := messageFrom(t, kid, "orch", "update"); msg.MergedHead != merged {
+		t.Fatalf("merge message %+v, want merged_head %s", msg, merged)
+	}
+
+	// Already contained: HEAD stays, no merged_head.
+	wantStatus(t, sendManifest(t, orch, update("m-3")), "done",
+		"delivered to kid: refs/jailbee/from/orch/main at "+o2[:12]+"; already contained in work/kid, HEAD unchanged")
+	if msg := messageFrom(t, kid, "orch", "update"); msg.MergedHead != "" || !strings.Contains(msg.Body, "nothing changed") {
+		t.Fatalf("contained message %+v", msg)
+	}
+
+	// Refusals leave the child's HEAD where it was.
+	commit("kid", "c.txt", "kid-side")
+	commit("orch", "c.txt", "orch-side")
+	before := kidHead()
+	wantStatus(t, sendManifest(t, orch, update("m-4")), "refused",
+		"the update conflicts with `kid`'s branch work/kid in \"c.txt\": nothing was merged")
+	e.mustExec("kid", "touch", "untracked")
+	wantStatus(t, sendManifest(t, orch, update("m-5")), "refused",
+		"`kid` has uncommitted changes: a merge needs a clean work tree")
+	e.mustExec("kid", "rm", "untracked")
+	e.mustExec("kid", "git", "checkout", "-q", "--detach")
+	wantStatus(t, sendManifest(t, orch, update("m-6")), "refused",
+		"the HEAD of `kid` is detached: it must be on its branch to merge an update")
+	e.mustExec("kid", "git", "checkout", "-q", "work/kid")
+	// A merge of its own in progress (with strategy ours: clean tree).
+	e.mustExec("kid", "sh", "-c", "git -c user.name=K -c user.email=k@example.com merge -q --no-commit -s ours refs/jailbee/from/orch/main && test -f .git/MERGE_HEAD && git status --porcelain")
+	wantStatus(t, sendManifest(t, orch, update("m-7")), "refused",
+		"`kid` is in the middle of a merge: it must finish or abort it first")
+	e.mustExec("kid", "git", "merge", "--abort")
+	if got := kidHead(); got != before {
+		t.Fatalf("refused merges moved the child from %s to %s", before, got)
+	}
+}
