@@ -102,6 +102,16 @@ func StartArgv(s Spec, prompt string, newSession bool) []string {
 	return append([]string{"tmux", "new-window", "-d", "-t", Session + ":", "-n", s.Name, "--"}, cmd...)
 }
 
+// HasSessionArgv succeeds when the agents' tmux session exists.
+func HasSessionArgv() []string {
+	return []string{"tmux", "has-session", "-t", Session}
+}
+
+// KillWindowArgv ends the window named window and what runs in it.
+func KillWindowArgv(window string) []string {
+	return []string{"tmux", "kill-window", "-t", Session + ":" + window}
+}
+
 // PaneArgv prints the pid of the agent's pane process, or fails when the
 // window is gone.
 func PaneArgv(window string) []string {

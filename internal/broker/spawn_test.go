@@ -307,6 +307,17 @@ func TestAgentEndsEarlyOrWithoutDone(t *testing.T) {
 	if blocked.OriginID != "" || !strings.Contains(blocked.Body, "ended without reporting done") {
 		t.Fatalf("blocked message: %+v", blocked)
 	}
+	// An agent that ended may be replaced in the running child.
+	wantStatus(t, sendManifest(t, lead, restart("r-1", "later", "after blocked", map[string]any{"agent_only": true})),
+		"started", "restart of child `later` started")
+	if done := messageFrom(t, lead, "later", "done"); done.Body != "done: after blocked" {
+		t.Fatalf("done after agent_only: %+v", done)
+	}
+	// A failed spawn's kept child survives a broker restart as it was.
+	e.restart()
+	if info := e.info("early"); info.State != "failed" || info.Running {
+		t.Fatalf("the failed spawn's child after a broker restart: %+v", info)
+	}
 }
 
 // TestSpawnWorkerStoppedByBrokerKill: a broker killed while a spawn's

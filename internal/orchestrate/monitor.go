@@ -58,6 +58,11 @@ func (o *Orchestrator) agentEnded(ctx context.Context, sb store.Sandbox, seen ag
 		if err != nil || now.State != store.StateReady || now.DoneHead != "" {
 			return
 		}
+		// Another watch of the same agent (a restarted agent's) told already.
+		var cur agentSeen
+		if json.Unmarshal([]byte(now.Agent), &cur) != nil || cur.Ended || cur.Identity != seen.Identity {
+			return
+		}
 		seen.Ended = true
 		raw, _ := json.Marshal(seen)
 		if err := o.Store.SetAgent(ctx, sb.Name, string(raw)); err != nil {

@@ -47,6 +47,8 @@ func (o *Orchestrator) Send(ctx context.Context, req Requester, raw json.RawMess
 		return o.DestroyChild(ctx, req, m)
 	case manifest.TypeUpdate:
 		return o.Update(ctx, req, m)
+	case manifest.TypeRestart:
+		return o.Restart(ctx, req, m, vctx)
 	default:
 		return store.Sent{}, asRefusal(manifest.NotAvailable(m.Type))
 	}

@@ -56,6 +56,10 @@ type spawnDoc struct {
 	OnDone string       `json:"on_done"`        // destroy or keep
 	Rights grant.Rights `json:"rights"`
 	Agent  agent.Spec   `json:"agent"`
+	// Restart: Ref is a restart of the existing child (its sandbox is
+	// started, not made); AgentOnly: only its agent is replaced.
+	Restart   bool `json:"restart,omitempty"`
+	AgentOnly bool `json:"agent_only,omitempty"`
 }
 
 // agentSeen is a child's agent as last seen (store.Sandbox.Agent).
@@ -72,23 +76,9 @@ type agentSeen struct {
 // worker), and answers queued or started; the worker appends done (the
 // agent is ready) or failed.
 func (o *Orchestrator) Spawn(ctx context.Context, req Requester, m *manifest.Manifest, vctx manifest.Context) (store.Sent, error) {
-	prev, found, err := o.Store.BeginManifest(ctx, req.Sandbox, m.ID, string(m.Type))
-	if err != nil || found {
-		return prev, err
-	}
-	state, detail, name, err := o.admitSpawn(ctx, req, m, vctx)
-	if r, ok := AsRefusal(err); ok {
-		return o.Store.FinishManifest(ctx, req.Sandbox, m.ID, wire.StateRefused, r.Detail)
-	}
-	if err != nil {
-		o.logger().Error("spawn failed", "sandbox", req.Sandbox, "manifest", m.ID, "err", err)
-		return o.Store.FinishManifest(ctx, req.Sandbox, m.ID, wire.StateFailed, "spawn failed (see the broker log)")
-	}
-	sent, err := o.Store.FinishManifest(ctx, req.Sandbox, m.ID, state, detail)
-	if err == nil && state == wire.StateStarted {
-		o.startWorker(name)
-	}
-	return sent, err
+	return o.admitted(ctx, req, m, func() (string, string, string, error) {
+		return o.admitSpawn(ctx, req, m, vctx)
+	})
 }
 
 // admitSpawn checks a spawn and records its child, queued or creating.
@@ -193,10 +183,10 @@ func (o *Orchestrator) slots(ctx context.Context, orch string) (active, queued i
 		if c.Parent != orch {
 			continue
 		}
-		switch c.State {
-		case store.StateQueued:
+		switch {
+		case waitsForSlot(c):
 			queued++
-		case store.StateCreating, store.StateRunning, store.StateReady:
+		case c.State == store.StateCreating, c.State == store.StateRunning, c.State == store.StateReady:
 			active++
 		}
 	}
@@ -227,6 +217,10 @@ func (o *Orchestrator) createChild(ctx context.Context, name string) {
 	log := o.workerLog(sb, doc)
 	defer log.Close()
 	defer o.startQueued(context.WithoutCancel(ctx), sb.Parent)
+	if doc.Restart {
+		o.rerunChild(ctx, sb, doc, log)
+		return
+	}
 	fmt.Fprintf(log, "%s spawn %s of child %s (%s from %s at %s)\n", stamp(), doc.Ref, name, doc.Kind, doc.Source, doc.Commit)
 
 	phase := PhaseCreating
@@ -248,30 +242,40 @@ func (o *Orchestrator) createChild(ctx context.Context, name string) {
 		fail("its record could not be written", true)
 		return
 	}
-	seen, err := o.startAgent(ctx, name, doc.Agent, doc.Prompt, log)
+	o.runAgent(ctx, sb, doc, log, func(reason string) { fail(reason, true) })
+}
+
+// runAgent starts a child's agent and waits for its readiness, then
+// records it ready, appends done to the orchestrator's manifest and
+// watches the agent; fail reports why not.
+func (o *Orchestrator) runAgent(ctx context.Context, sb store.Sandbox, doc spawnDoc, log io.Writer, fail func(reason string)) {
+	name := sb.Name
+	seen, err := o.startAgent(ctx, name, doc, log)
 	if err != nil {
 		fmt.Fprintf(log, "%s agent: %v\n", stamp(), err)
 		reason := "see the worker log"
 		if errors.Is(err, errNoAgentSeen) || errors.Is(err, errAgentEnded) {
 			reason = err.Error()
 		}
-		fail(reason, true)
+		fail(reason)
 		return
 	}
 	fmt.Fprintf(log, "%s agent %s ready (pid %d)\n", stamp(), doc.Agent.Name, seen.Identity.PID)
 	raw, _ := json.Marshal(seen)
 	if err := o.Store.SetAgent(ctx, name, string(raw)); err != nil {
-		fail("its record could not be written", true)
+		fail("its record could not be written")
 		return
 	}
 	if err := o.Store.SetState(ctx, name, store.StateReady); err != nil {
-		fail("its record could not be written", true)
+		fail("its record could not be written")
 		return
 	}
 	o.Store.SetPhase(ctx, name, "")
 	detail := fmt.Sprintf("child `%s` is ready", name)
 	if now, err := o.Store.Sandbox(ctx, name); err == nil && now.DoneHead != "" {
 		detail += "; it already reported done"
+	} else if doc.Restart {
+		detail += "; agent is alive"
 	}
 	o.appendStatus(ctx, sb.Parent, doc.Ref, wire.StateDone, detail)
 	o.watchAgent(name)
@@ -324,10 +328,16 @@ func (o *Orchestrator) buildChild(ctx context.Context, sb *store.Sandbox, doc sp
 // startAgent starts the child's agent in its tmux session and waits until
 // it is ready: the same identity seen alive twice, readyGap apart, within
 // agentStartTimeout.
-func (o *Orchestrator) startAgent(ctx context.Context, name string, spec agent.Spec, prompt string, log io.Writer) (agentSeen, error) {
-	run := o.Runner(name)
+func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc, log io.Writer) (agentSeen, error) {
+	run, spec := o.Runner(name), doc.Agent
+	newSession := true
+	if doc.AgentOnly {
+		// The child runs: its tmux session may hold other windows.
+		code, err := run.Run(ctx, gitx.Cmd{Argv: agent.HasSessionArgv()})
+		newSession = err != nil || code != 0
+	}
 	var stderr strings.Builder
-	code, err := run.Run(ctx, gitx.Cmd{Argv: agent.StartArgv(spec, prompt, true), Dir: backend.WorkspacePath, Stderr: &limitedWriter{w: &stderr, n: 1024}})
+	code, err := run.Run(ctx, gitx.Cmd{Argv: agent.StartArgv(spec, doc.Prompt, newSession), Dir: backend.WorkspacePath, Stderr: &limitedWriter{w: &stderr, n: 1024}})
 	if err != nil || code != 0 {
 		return agentSeen{}, fmt.Errorf("tmux exited %d: %v %q", code, err, stderr.String())
 	}
@@ -383,17 +393,30 @@ func (o *Orchestrator) observeAgent(ctx context.Context, name, window string) (a
 	return id, err == nil && alive
 }
 
-// failChild reports a failed spawn to the orchestrator and removes the
-// child (or keeps it, stopped, for a look at what its agent did).
+// failChild reports a failed spawn or restart to the orchestrator and
+// removes the child, or keeps it for a look at what its agent did:
+// stopped, or running after an agent_only restart.
 func (o *Orchestrator) failChild(ctx context.Context, sb store.Sandbox, doc spawnDoc, phase, reason string, keep bool) {
 	outcome := "the child was removed"
-	if keep {
+	switch {
+	case keep && doc.AgentOnly:
+		outcome = "the child was kept running"
+		o.Store.SetState(ctx, sb.Name, store.StateRunning)
+		o.Store.SetPhase(ctx, sb.Name, "")
+	case keep && doc.Restart:
+		outcome = "the child was kept, stopped"
+		if err := o.StopSandbox(ctx, sb.Name); err != nil {
+			o.logger().Error("stop failed child", "sandbox", sb.Name, "err", err)
+		}
+		o.Store.SetPhase(ctx, sb.Name, "")
+	case keep:
 		outcome = "the child was kept, stopped"
 		if err := o.Backend.Stop(ctx, sb.Name); err != nil && !errors.Is(err, backend.ErrNotFound) {
 			o.logger().Error("stop failed child", "sandbox", sb.Name, "err", err)
 		}
 		o.Store.SetState(ctx, sb.Name, store.StateFailed)
-	} else {
+		o.Store.SetPhase(ctx, sb.Name, "")
+	default:
 		if o.Unserve != nil {
 			o.Unserve(sb.Name)
 		}
@@ -402,8 +425,12 @@ func (o *Orchestrator) failChild(ctx context.Context, sb store.Sandbox, doc spaw
 		}
 		o.Store.DeleteSandbox(ctx, sb.Name)
 	}
+	what := "creation"
+	if doc.Restart {
+		what = "restart"
+	}
 	o.appendStatus(ctx, sb.Parent, doc.Ref, wire.StateFailed,
-		fmt.Sprintf("creation of child `%s` failed: %s during %s — %s", sb.Name, reason, phase, outcome))
+		fmt.Sprintf("%s of child `%s` failed: %s during %s — %s", what, sb.Name, reason, phase, outcome))
 }
 
 // appendStatus records a later status of an orchestrator's manifest,
@@ -443,10 +470,17 @@ func (o *Orchestrator) startQueued(ctx context.Context, orch string) {
 		}
 		var doc spawnDoc
 		json.Unmarshal([]byte(next.SpawnDoc), &doc)
-		if err := o.Store.SetState(ctx, next.Name, store.StateCreating); err != nil {
+		detail := fmt.Sprintf("creation of child `%s` started", next.Name)
+		if doc.Restart {
+			detail = fmt.Sprintf("restart of child `%s` started", next.Name)
+			err = o.Store.SetRestart(ctx, next.Name, next.SpawnDoc, store.StateCreating, PhaseStarting, 0)
+		} else {
+			err = o.Store.SetState(ctx, next.Name, store.StateCreating)
+		}
+		if err != nil {
 			return
 		}
-		o.appendStatus(ctx, orch, doc.Ref, wire.StateStarted, fmt.Sprintf("creation of child `%s` started", next.Name))
+		o.appendStatus(ctx, orch, doc.Ref, wire.StateStarted, detail)
 		o.startWorker(next.Name)
 	}
 }
@@ -458,7 +492,7 @@ func (o *Orchestrator) oldestQueued(ctx context.Context, orch string) (store.San
 	}
 	var best store.Sandbox
 	for _, c := range all {
-		if c.Parent == orch && c.State == store.StateQueued && (best.Name == "" || c.QueuedSeq < best.QueuedSeq) {
+		if c.Parent == orch && waitsForSlot(c) && (best.Name == "" || c.QueuedSeq < best.QueuedSeq) {
 			best = c
 		}
 	}
@@ -488,11 +522,8 @@ func (o *Orchestrator) RecoverSpawns(ctx context.Context) {
 		}
 		var doc spawnDoc
 		json.Unmarshal([]byte(sb.SpawnDoc), &doc)
-		phase := sb.Phase
-		if phase == "" {
-			phase = PhaseCreating
-		}
-		o.failChild(ctx, sb, doc, phase, "the worker stopped", false)
+		// A restart's child had work of its own: it is kept.
+		o.failChild(ctx, sb, doc, sb.Phase, "the worker stopped", doc.Restart)
 	}
 	for p := range parents {
 		o.startQueued(ctx, p)

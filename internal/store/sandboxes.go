@@ -166,6 +166,21 @@ func (s *Store) SetCreated(ctx context.Context, name, uuid string, hostUID int) 
 		uuid, hostUID, StateCreating, name)
 }
 
+// SetRestart records a child's accepted restart: its new spawn document
+// (what its worker runs), the state and phase it waits in, and its place
+// in the queue (0: not queued). The done report and agent of its last run
+// are forgotten, so a cleanup waiting on that report no longer applies.
+func (s *Store) SetRestart(ctx context.Context, name, spawnDoc, state, phase string, queuedSeq int64) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET spawn_doc = ?, state = ?, phase = ?, queued_seq = ?, done_head = '', agent = '' WHERE name = ?`,
+		spawnDoc, state, phase, queuedSeq, name)
+}
+
+// SetRestarted records a restarted child's sandbox running again: out of
+// the queue, the marks of its last stop cleared.
+func (s *Store) SetRestarted(ctx context.Context, name string) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET state = ?, queued_seq = 0, stop_head = '', stop_dirty = 0 WHERE name = ?`, StateRunning, name)
+}
+
 // SetImported records the commit a sandbox's work was last imported at.
 func (s *Store) SetImported(ctx context.Context, name, commit string) error {
 	return s.updateOne(ctx, `UPDATE sandboxes SET imported = ? WHERE name = ?`, commit, name)

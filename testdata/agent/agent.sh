@@ -7,6 +7,7 @@
 #                the agent ended before it was ready)
 #   exit-later   exit after four seconds (once ready), without a report
 #                (its orchestrator gets a message of kind blocked)
+#   stay-busy    keep working, never report (a busy agent)
 #   dirty        report done with an uncommitted file first (refused), then
 #                commit it and report again
 #   (otherwise)  write agent-work.txt, commit it, report done
@@ -25,6 +26,10 @@ case "$prompt" in
 	sleep 4
 	say "exiting without a report"
 	exit 0
+	;;
+*stay-busy*)
+	say "working, with no end"
+	exec sleep 86400
 	;;
 esac
 git config user.name "Scripted Agent"
