@@ -152,6 +152,11 @@ func (b *Broker) Serve() error {
 		return err
 	}
 	sbs = b.recover(sbs)
+	// Listed before any requester can send: these ran under a dead broker.
+	interrupted, err := b.store.InterruptedManifests(b.ctx)
+	if err != nil {
+		return err
+	}
 	for _, sb := range sbs {
 		if sb.State == store.StateQueued {
 			continue // no sandbox yet
@@ -163,25 +168,27 @@ func (b *Broker) Serve() error {
 	b.restartUnits(sbs)
 	// Spawns a previous broker left: creating ones failed, queued resume.
 	b.orchestrator.RecoverSpawns(b.ctx)
+	b.orchestrator.RecoverManifests(b.ctx, interrupted)
 	b.runRound()
 	b.goWorker(b.roundLoop)
 	b.log.Info("broker serving", "sandboxes", len(sbs), "backend", b.cfg.Backend.Type())
 	return nil
 }
 
-// recover removes the sandboxes whose create a previous broker did not
-// finish (it died between the steps) and returns the others.
+// recover finishes what a previous broker left half done between steps:
+// a create (the sandbox is removed) and a destroy (it is finished). It
+// returns the other sandboxes.
 func (b *Broker) recover(sbs []store.Sandbox) []store.Sandbox {
 	var kept []store.Sandbox
 	for _, sb := range sbs {
-		if sb.State != store.StateCreating || sb.SpawnDoc != "" {
-			// A spawn's child is its worker's: RecoverSpawns reports it.
+		interruptedCreate := sb.State == store.StateCreating && sb.SpawnDoc == "" // a spawn's is its worker's: RecoverSpawns
+		if !interruptedCreate && sb.State != store.StateDestroying {
 			kept = append(kept, sb)
 			continue
 		}
-		b.log.Warn("removing a sandbox whose create was interrupted", "sandbox", sb.Name)
+		b.log.Warn("removing a sandbox whose create or destroy was interrupted", "sandbox", sb.Name, "state", sb.State)
 		if err := b.cfg.Backend.Destroy(b.ctx, sb.Name); err != nil && !errors.Is(err, backend.ErrNotFound) {
-			b.log.Error("cannot remove an interrupted create", "sandbox", sb.Name, "err", err)
+			b.log.Error("cannot remove an interrupted sandbox", "sandbox", sb.Name, "err", err)
 			kept = append(kept, sb)
 			continue
 		}
@@ -189,7 +196,7 @@ func (b *Broker) recover(sbs []store.Sandbox) []store.Sandbox {
 			secfs.RemoveTree(sb.SocketDir)
 		}
 		if err := b.store.DeleteSandbox(b.ctx, sb.Name); err != nil {
-			b.log.Error("cannot remove an interrupted create", "sandbox", sb.Name, "err", err)
+			b.log.Error("cannot remove an interrupted sandbox", "sandbox", sb.Name, "err", err)
 		}
 	}
 	return kept

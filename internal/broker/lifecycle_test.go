@@ -270,7 +270,7 @@ func TestServeRemovesInterruptedCreate(t *testing.T) {
 		}
 	}
 	e.assertGone(trace{name: "half", uuid: inst.UUID, sockDir: sockDir, uid: uidOr(uid)})
-	if n := strings.Count(e.logs.String(), "removing a sandbox whose create was interrupted"); n != 2 {
+	if n := strings.Count(e.logs.String(), "removing a sandbox whose create or destroy was interrupted"); n != 2 {
 		t.Fatalf("the removals were logged %d times, want 2:\n%s", n, e.logs)
 	}
 	// The survivor is served; the name is free again.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/crashpoint"
 	"agentbox/internal/gitx"
 	"agentbox/internal/manifest"
 	"agentbox/internal/store"
@@ -105,6 +106,7 @@ func (o *Orchestrator) importChild(ctx context.Context, orch string, child store
 	if err := gitx.Transfer(ctx, src, head, o.checkout(orch), ref, gitx.TransferOptions{}); err != nil {
 		return "", fmt.Errorf("import %s: %w", child.Name, err)
 	}
+	crashpoint.Hit(crashpoint.ImportTransferred)
 	if err := o.Store.SetImported(ctx, child.Name, head); err != nil {
 		return "", err
 	}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/crashpoint"
 	"agentbox/internal/gitx"
 	"agentbox/internal/grant"
 	"agentbox/internal/manifest"
@@ -55,11 +56,9 @@ func (o *Orchestrator) childDone(ctx context.Context, req Requester, m Message) 
 	if work.branch == "" {
 		return refuse("detached HEAD: check out your branch before reporting done")
 	}
-	if err := o.Store.SetDoneHead(ctx, child.Name, work.head); err != nil {
-		return refuse("could not record the done report: the broker's record failed")
-	}
 
 	imp := o.importDone(ctx, parent, child, work)
+	crashpoint.Hit(crashpoint.DoneImported)
 	detail := fmt.Sprintf("delivered to %s: imported as %s at %s", parent.Name, imp.Ref, short(imp.SHA))
 	if imp.Error != "" {
 		detail = fmt.Sprintf("delivered to %s with an import error (%s)", parent.Name, imp.Error)
@@ -72,6 +71,7 @@ func (o *Orchestrator) childDone(ctx context.Context, req Requester, m Message) 
 	sent, err := o.Store.DeliverMessage(ctx, store.Delivery{
 		From: child.Name, To: parent.Name, ManifestID: m.ID, Kind: m.Kind, Body: m.Body, InReplyTo: m.InReplyTo,
 		Import: &imp, Journaled: true, StatusDetail: detail,
+		DoneHead: work.head, Cleanup: imp.OnDone == manifest.OnDoneDestroy,
 	})
 	if full, ok := errors.AsType[*store.InboxFullError](err); ok {
 		return refuse(inboxFullDetail(full))
@@ -80,6 +80,7 @@ func (o *Orchestrator) childDone(ctx context.Context, req Requester, m Message) 
 		return sent, err
 	}
 	o.notify(parent.Name, child.Name)
+	crashpoint.Hit(crashpoint.DoneDelivered)
 	if imp.OnDone == manifest.OnDoneDestroy {
 		o.destroyAfterDone(child.Name, work.head)
 	}
@@ -171,6 +172,7 @@ func (o *Orchestrator) cleanUpDone(ctx context.Context, name, head string) (wait
 	switch {
 	case err == nil && (work.dirty || work.head != head):
 		o.logger().Info("done child changed since its report: kept", "sandbox", name)
+		o.Store.SetCleanup(ctx, name, false)
 		return false
 	case err != nil && !errors.Is(err, backend.ErrNotRunning):
 		return false

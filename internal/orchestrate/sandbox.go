@@ -16,6 +16,7 @@ import (
 
 	"agentbox/internal/backend"
 	"agentbox/internal/config"
+	"agentbox/internal/crashpoint"
 	"agentbox/internal/gitx"
 	"agentbox/internal/store"
 )
@@ -353,19 +354,25 @@ func (o *Orchestrator) DestroySandbox(ctx context.Context, name string, force bo
 			return 0, refusef("`%s` has %d children: destroy them first, or use --force to destroy them too", sb.Name, len(victims))
 		}
 	}
-	if !force {
+	if !force && sb.State != store.StateDestroying { // decided before
 		if err := o.checkWorkSaved(ctx, sb); err != nil {
 			return 0, err
 		}
 	}
 	victims = append(victims, sb)
 	for _, v := range victims {
+		// Recorded first: a broker that dies from here on finishes the
+		// destroy at its start, so no record outlives its sandbox.
+		if err := o.Store.SetState(ctx, v.Name, store.StateDestroying); err != nil {
+			return 0, err
+		}
 		if o.Unserve != nil {
 			o.Unserve(v.Name)
 		}
 		if err := o.Backend.Destroy(ctx, v.Name); err != nil && !errors.Is(err, backend.ErrNotFound) {
 			return 0, fmt.Errorf("destroy `%s`: %w", v.Name, err)
 		}
+		crashpoint.Hit(crashpoint.DestroyUnitGone)
 		if err := o.Store.DeleteSandbox(ctx, v.Name); err != nil {
 			return 0, err
 		}

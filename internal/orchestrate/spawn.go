@@ -14,6 +14,7 @@ import (
 
 	"agentbox/internal/agent"
 	"agentbox/internal/backend"
+	"agentbox/internal/crashpoint"
 	"agentbox/internal/gitx"
 	"agentbox/internal/grant"
 	"agentbox/internal/manifest"
@@ -295,6 +296,7 @@ func (o *Orchestrator) buildChild(ctx context.Context, sb *store.Sandbox, doc sp
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
 	}
+	crashpoint.Hit(crashpoint.SpawnCreated)
 	if err := o.Store.SetCreated(ctx, sb.Name, inst.UUID, uid); err != nil {
 		return err
 	}
@@ -513,6 +515,9 @@ func (o *Orchestrator) RecoverSpawns(ctx context.Context) {
 			continue
 		}
 		parents[sb.Parent] = true
+		if sb.Cleanup && sb.DoneHead != "" {
+			o.destroyAfterDone(sb.Name, sb.DoneHead) // its report said so
+		}
 		if sb.State == store.StateReady {
 			o.watchAgent(sb.Name) // its agent runs on in its sandbox
 			continue

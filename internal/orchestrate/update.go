@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/crashpoint"
 	"agentbox/internal/gitx"
 	"agentbox/internal/manifest"
 	"agentbox/internal/store"
@@ -60,6 +61,7 @@ func (o *Orchestrator) Update(ctx context.Context, req Requester, m *manifest.Ma
 			if err != nil {
 				return "", nil, err
 			}
+			crashpoint.Hit(crashpoint.UpdateMerged)
 			detail += "; " + how
 			if merged != "" {
 				imp.MergedHead = merged

@@ -111,6 +111,11 @@ type Delivery struct {
 	// Unmetered: the inbox quota does not refuse it (an update's message
 	// reports a change already made to the recipient's repository).
 	Unmetered bool
+	// DoneHead, for a child's done report, is recorded as the sender's
+	// DoneHead (with Cleanup) in the delivery's transaction: a report is
+	// accepted exactly when it is delivered.
+	DoneHead string
+	Cleanup  bool
 }
 
 // ImportResult is what a done report's message carries of its import.
@@ -164,6 +169,12 @@ func (s *Store) DeliverMessage(ctx context.Context, d Delivery) (Sent, error) {
 			return m
 		}, quota); err != nil {
 			return err
+		}
+		if d.DoneHead != "" {
+			if _, err := w.conn.ExecContext(ctx, `UPDATE sandboxes SET done_head = ?, cleanup = ? WHERE name = ?`, d.DoneHead, d.Cleanup, d.From); err != nil {
+				return err
+			}
+			cu.sandboxesChanged = true
 		}
 		detail := d.StatusDetail
 		if detail == "" {

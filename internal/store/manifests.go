@@ -68,3 +68,48 @@ func (s *Store) DeliverHostMessage(ctx context.Context, to, from, kind, body str
 	})
 	return out, err
 }
+
+// Interrupted is a manifest id journaled without a status: a broker died
+// while it ran the manifest (at start, no request runs).
+type Interrupted struct {
+	Sandbox, ManifestID, Type string
+}
+
+// InterruptedManifests lists the ids journaled without a status.
+func (s *Store) InterruptedManifests(ctx context.Context) ([]Interrupted, error) {
+	rows, err := s.db.QueryContext(detach(ctx), `SELECT sandbox, manifest_id, type FROM journal WHERE status_seq IS NULL ORDER BY created_at`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Interrupted
+	for rows.Next() {
+		var in Interrupted
+		if err := rows.Scan(&in.Sandbox, &in.ManifestID, &in.Type); err != nil {
+			return nil, err
+		}
+		out = append(out, in)
+	}
+	return out, rows.Err()
+}
+
+// FinishInterrupted records the status of an interrupted manifest,
+// unread (no reply carried it), if it still has none; false when it has.
+func (s *Store) FinishInterrupted(ctx context.Context, in Interrupted, state, detail string) (bool, error) {
+	done := false
+	err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		if _, _, err := journalLookup(ctx, w.journalGet, in.Sandbox, in.ManifestID); !errors.Is(err, ErrDuplicate) {
+			return err // a status came meanwhile, or the journal failed
+		}
+		st, err := insertItem(ctx, w, cu, in.Sandbox, wire.ItemStatus, in.ManifestID, false, statusDoc(in.ManifestID, state, detail), nil)
+		if err != nil {
+			return err
+		}
+		if _, err := w.journalSetSt.ExecContext(ctx, st.Seq, in.Sandbox, in.ManifestID); err != nil {
+			return err
+		}
+		done = true
+		return nil
+	})
+	return done, err
+}

@@ -27,6 +27,9 @@ const (
 	StateStopped = "stopped"
 	// StateFailed: a spawned child whose create failed (kept, stopped).
 	StateFailed = "failed"
+	// StateDestroying: its destroy has begun. A broker that finds one at
+	// start finishes it (the destroy was interrupted).
+	StateDestroying = "destroying"
 )
 
 // Sandbox is one row of the sandboxes table.
@@ -60,26 +63,29 @@ type Sandbox struct {
 	Agent string
 	// QueuedSeq orders queued spawns (0: not queued).
 	QueuedSeq int64
-	// DoneHead is the HEAD of a child's accepted done report ("" before).
+	// DoneHead is the HEAD of a child's accepted done report ("" before),
+	// recorded with the report's delivery; Cleanup: the report said the
+	// child will be destroyed, and that has not happened yet.
 	DoneHead string
+	Cleanup  bool
 }
 
 const sandboxCols = `name, uuid, role, parent, branch, repo, state, socket_dir, grant_doc, host_uid, imported, stop_head, stop_dirty,
-	spawn_doc, phase, agent, queued_seq, done_head`
+	spawn_doc, phase, agent, queued_seq, done_head, cleanup`
 
 func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
 	err := row.Scan(&sb.Name, &sb.UUID, &sb.Role, &sb.Parent, &sb.Branch, &sb.Repo, &sb.State, &sb.SocketDir, &sb.Grant,
-		&sb.HostUID, &sb.Imported, &sb.StopHead, &sb.StopDirty, &sb.SpawnDoc, &sb.Phase, &sb.Agent, &sb.QueuedSeq, &sb.DoneHead)
+		&sb.HostUID, &sb.Imported, &sb.StopHead, &sb.StopDirty, &sb.SpawnDoc, &sb.Phase, &sb.Agent, &sb.QueuedSeq, &sb.DoneHead, &sb.Cleanup)
 	return sb, err
 }
 
 // CreateSandbox inserts a new sandbox; ErrExists if the name is taken.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
-		_, err := w.conn.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		_, err := w.conn.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			sb.Name, sb.UUID, sb.Role, sb.Parent, sb.Branch, sb.Repo, sb.State, sb.SocketDir, sb.Grant, sb.HostUID, sb.Imported,
-			sb.StopHead, sb.StopDirty, sb.SpawnDoc, sb.Phase, sb.Agent, sb.QueuedSeq, sb.DoneHead, now())
+			sb.StopHead, sb.StopDirty, sb.SpawnDoc, sb.Phase, sb.Agent, sb.QueuedSeq, sb.DoneHead, sb.Cleanup, now())
 		if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
 		}
@@ -145,11 +151,6 @@ func (s *Store) SetStopped(ctx context.Context, name, head string, dirty bool) e
 	return s.updateOne(ctx, `UPDATE sandboxes SET state = ?, stop_head = ?, stop_dirty = ? WHERE name = ?`, StateStopped, head, dirty, name)
 }
 
-// SetDoneHead records the HEAD of a child's accepted done report.
-func (s *Store) SetDoneHead(ctx context.Context, name, head string) error {
-	return s.updateOne(ctx, `UPDATE sandboxes SET done_head = ? WHERE name = ?`, head, name)
-}
-
 // SetPhase records the step a spawn's worker takes next.
 func (s *Store) SetPhase(ctx context.Context, name, phase string) error {
 	return s.updateOne(ctx, `UPDATE sandboxes SET phase = ? WHERE name = ?`, phase, name)
@@ -171,7 +172,7 @@ func (s *Store) SetCreated(ctx context.Context, name, uuid string, hostUID int) 
 // in the queue (0: not queued). The done report and agent of its last run
 // are forgotten, so a cleanup waiting on that report no longer applies.
 func (s *Store) SetRestart(ctx context.Context, name, spawnDoc, state, phase string, queuedSeq int64) error {
-	return s.updateOne(ctx, `UPDATE sandboxes SET spawn_doc = ?, state = ?, phase = ?, queued_seq = ?, done_head = '', agent = '' WHERE name = ?`,
+	return s.updateOne(ctx, `UPDATE sandboxes SET spawn_doc = ?, state = ?, phase = ?, queued_seq = ?, done_head = '', cleanup = 0, agent = '' WHERE name = ?`,
 		spawnDoc, state, phase, queuedSeq, name)
 }
 
@@ -179,6 +180,11 @@ func (s *Store) SetRestart(ctx context.Context, name, spawnDoc, state, phase str
 // the queue, the marks of its last stop cleared.
 func (s *Store) SetRestarted(ctx context.Context, name string) error {
 	return s.updateOne(ctx, `UPDATE sandboxes SET state = ?, queued_seq = 0, stop_head = '', stop_dirty = 0 WHERE name = ?`, StateRunning, name)
+}
+
+// SetCleanup records whether a done child still waits for its destroy.
+func (s *Store) SetCleanup(ctx context.Context, name string, pending bool) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET cleanup = ? WHERE name = ?`, pending, name)
 }
 
 // SetImported records the commit a sandbox's work was last imported at.

@@ -159,7 +159,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	phase      TEXT NOT NULL DEFAULT '',
 	agent      TEXT NOT NULL DEFAULT '',
 	queued_seq INTEGER NOT NULL DEFAULT 0,
-	done_head  TEXT NOT NULL DEFAULT ''
+	done_head  TEXT NOT NULL DEFAULT '',
+	cleanup    INTEGER NOT NULL DEFAULT 0
 );
 -- Inbox items. seq orders them (rowid: new rows always get max+1, so the
 -- order of an inbox never goes backwards). Host ids are unique per inbox:
@@ -207,6 +208,7 @@ ALTER TABLE sandboxes ADD COLUMN phase TEXT NOT NULL DEFAULT '';
 ALTER TABLE sandboxes ADD COLUMN agent TEXT NOT NULL DEFAULT '';
 ALTER TABLE sandboxes ADD COLUMN queued_seq INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE sandboxes ADD COLUMN done_head TEXT NOT NULL DEFAULT '';
+ALTER TABLE sandboxes ADD COLUMN cleanup INTEGER NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS host_uids (uid INTEGER PRIMARY KEY);
 PRAGMA user_version = 2;
 `,

@@ -8,6 +8,7 @@
 #   exit-later   exit after four seconds (once ready), without a report
 #                (its orchestrator gets a message of kind blocked)
 #   stay-busy    keep working, never report (a busy agent)
+#   report-later start the work after three seconds (once ready)
 #   dirty        report done with an uncommitted file first (refused), then
 #                commit it and report again
 #   (otherwise)  write agent-work.txt, commit it, report done
@@ -30,6 +31,9 @@ case "$prompt" in
 *stay-busy*)
 	say "working, with no end"
 	exec sleep 86400
+	;;
+*report-later*)
+	sleep 3
 	;;
 esac
 git config user.name "Scripted Agent"

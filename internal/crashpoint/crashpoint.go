@@ -1,0 +1,34 @@
+// Package crashpoint lets crash tests choose where a broker dies: a
+// process whose JAILBEE_CRASHPOINT environment variable names a point
+// kills itself with SIGKILL when it reaches it, exactly as kill -9 from
+// outside would, but at a known step instead of a lucky moment. Unset (as
+// always outside tests) a point costs one string comparison.
+package crashpoint
+
+import (
+	"os"
+	"syscall"
+)
+
+// EnvVar names the point the process dies at.
+const EnvVar = "JAILBEE_CRASHPOINT"
+
+// Points a broker passes, in the order of their operations.
+const (
+	SpawnCreated      = "spawn-created"      // the child's sandbox exists, its record does not say so yet
+	DoneImported      = "done-imported"      // a done report's import landed, the report is not delivered
+	DoneDelivered     = "done-delivered"     // a done report is delivered, the child's destroy not begun
+	UpdateMerged      = "update-merged"      // an update merged in the child, its message is not delivered
+	DestroyUnitGone   = "destroy-unit-gone"  // a sandbox's unit and files are gone, its record is not
+	ImportTransferred = "import-transferred" // an import's ref landed, its status is not recorded
+)
+
+var armed = os.Getenv(EnvVar)
+
+// Hit kills the process if point is the armed one.
+func Hit(point string) {
+	if armed != "" && armed == point {
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // SIGKILL cannot be caught; nothing runs past here
+	}
+}
