@@ -196,6 +196,12 @@ func (b *Broker) adminList(ctx context.Context) *reply {
 		if sb.Parent != "" {
 			p := sb.Parent
 			info.Parent = &p
+			info.State = orchestrate.ChildState(sb)
+			if ref := orchestrate.LastManifest(sb); ref != "" {
+				if st, ok, err := b.store.LatestStatus(ctx, sb.Parent, ref); err == nil && ok {
+					info.LastStatus = &st
+				}
+			}
 		}
 		if s := b.SocketPath(sb.Name); s != "" {
 			info.Socket = &s

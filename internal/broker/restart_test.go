@@ -58,6 +58,10 @@ func TestRestartAndAgentOnly(t *testing.T) {
 	if row := e.row("busy"); row.StopHead != "" || row.State != "ready" {
 		t.Fatalf("after the restart: state %s, stop head %q", row.State, row.StopHead)
 	}
+	// ls: done (its report was accepted), and the restart's final status.
+	if info := e.info("busy"); info.State != "done" || info.LastStatus == nil || info.LastStatus.Ref != "r-4" || info.LastStatus.State != "done" {
+		t.Fatalf("ls after the restart's done: %+v (last status %+v)", info, info.LastStatus)
+	}
 
 	// Its agent reported done and lives on: agent_only replaces it.
 	wantStatus(t, sendManifest(t, lead, restart("r-5", "busy", "third task", map[string]any{"agent_only": true})),
@@ -94,8 +98,9 @@ func TestRestartQueuedUntilASlotFrees(t *testing.T) {
 
 	wantStatus(t, sendManifest(t, lead, restart("r-1", "one", "stay-busy", nil)), "queued", "queued at position 1")
 	wantStatus(t, sendManifest(t, lead, restart("r-2", "one", "stay-busy", nil)), "refused", "`one` already has a restart queued")
-	if info := e.info("one"); info.State != "stopped" || info.Running {
-		t.Fatalf("one while its restart is queued: %+v", info)
+	if info := e.info("one"); info.State != "queued" || info.Running || info.LastStatus == nil ||
+		info.LastStatus.Ref != "r-1" || info.LastStatus.State != "queued" {
+		t.Fatalf("one while its restart is queued: %+v (last status %+v)", info, info.LastStatus)
 	}
 	wantStatus(t, sendManifest(t, lead, map[string]any{"id": "stop-2", "type": "stop", "child": "two"}), "done", "child `two` stopped")
 	wantStatus(t, statusOf(t, lead, "r-1", "started"), "started", "restart of child `one` started")

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"agentbox/internal/orchestrate"
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
 )
@@ -83,7 +84,7 @@ func (b *Broker) runRound() {
 		switch sb.Role {
 		case store.RoleChild:
 			next.Children[sb.Parent] = append(next.Children[sb.Parent], ChildInfo{
-				Name: sb.Name, Branch: sb.Branch, State: sb.State, Running: running[sb.Name]})
+				Name: sb.Name, Branch: sb.Branch, State: orchestrate.ChildState(sb), Running: running[sb.Name]})
 		case store.RoleOrchestrator:
 			if sb.Grant != "" {
 				next.Grants[sb.Name] = json.RawMessage(sb.Grant)

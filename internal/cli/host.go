@@ -138,9 +138,12 @@ func newLsCmd(deps Deps) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "ls [--json]",
 		Short: "List sandboxes",
-		Long: `List sandboxes. STATE is the broker's record (running, stopped); UNIT says
-whether the sandbox's processes are up. --json prints an array of
-{name, role, parent, state, running, branch, uuid, socket}.`,
+		Long: `List sandboxes. STATE is the broker's record: running or stopped; for a
+spawned child also queued, creating, ready (its agent is up), done (its done
+report was accepted) or failed. UNIT says whether the sandbox's processes
+are up. LAST STATUS is a spawned child's latest status for its spawn or last
+restart, as its orchestrator got it. --json prints an array of {name, role,
+parent, state, running, branch, uuid, socket, last_status}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var list []wire.SandboxInfo
@@ -152,7 +155,7 @@ whether the sandbox's processes are up. --json prints an array of
 				return writeJSON(out, list)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tROLE\tPARENT\tSTATE\tUNIT\tBRANCH")
+			fmt.Fprintln(tw, "NAME\tROLE\tPARENT\tSTATE\tUNIT\tBRANCH\tLAST STATUS")
 			for _, s := range list {
 				parent := "-"
 				if s.Parent != nil {
@@ -162,7 +165,11 @@ whether the sandbox's processes are up. --json prints an array of
 				if s.Running {
 					unit = "up"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Role, parent, s.State, unit, s.Branch)
+				last := "-"
+				if st := s.LastStatus; st != nil {
+					last = clip(st.Ref+" "+st.State+": "+st.Detail, maxStatusColumn)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Role, parent, s.State, unit, s.Branch, last)
 			}
 			return tw.Flush()
 		},
@@ -170,6 +177,19 @@ whether the sandbox's processes are up. --json prints an array of
 	addStateFlag(c, &state)
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+// maxStatusColumn bounds the LAST STATUS column of ls, in runes (--json
+// has the whole status).
+const maxStatusColumn = 72
+
+// clip shortens s to at most n runes, marking the cut.
+func clip(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return string(r[:n-1]) + "…"
 }
 
 func newDestroyCmd(deps Deps) *cobra.Command {

@@ -65,3 +65,27 @@ func queuePosition(all []store.Sandbox, m store.Interrupted) int {
 	}
 	return pos
 }
+
+// ChildState is a child's state as the host and its orchestrator see it:
+// the store's, with done for a running child whose done report was
+// accepted and queued for a stopped one waiting for a slot to restart in.
+func ChildState(sb store.Sandbox) string {
+	switch {
+	case sb.DoneHead != "" && (sb.State == store.StateReady || sb.State == store.StateRunning):
+		return "done"
+	case restartQueued(sb):
+		return store.StateQueued
+	}
+	return sb.State
+}
+
+// LastManifest is the id of the spawn or restart that last ran (or waits
+// to run) on a spawned child: its orchestrator's status for it is the
+// child's last status. "" for a child made on the host.
+func LastManifest(sb store.Sandbox) string {
+	var doc spawnDoc
+	if json.Unmarshal([]byte(sb.SpawnDoc), &doc) != nil {
+		return ""
+	}
+	return doc.Ref
+}

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"errors"
 
 	"agentbox/internal/wire"
@@ -10,8 +12,8 @@ import (
 // A manifest whose handler acts outside the store (import, stop, destroy)
 // is journaled before it acts and given its first status after, so a
 // resend of its id returns the status and never acts twice; a broker that
-// dies in between leaves the id journaled without a status (a resend is
-// `duplicate`; the sender resends with a new id).
+// dies in between leaves the id journaled without a status, which the
+// next broker gives one (InterruptedManifests, FinishInterrupted).
 
 // BeginManifest journals manifestID for sandbox. found is true, with the
 // recorded status, when the id was handled before; ErrDuplicate when it is
@@ -112,4 +114,23 @@ func (s *Store) FinishInterrupted(ctx context.Context, in Interrupted, state, de
 		return nil
 	})
 	return done, err
+}
+
+// LatestStatus returns the latest status of a manifest in sandbox's inbox
+// (found false when the id has none).
+func (s *Store) LatestStatus(ctx context.Context, sandbox, manifestID string) (wire.StatusItem, bool, error) {
+	var doc string
+	err := s.db.QueryRowContext(detach(ctx), `SELECT i.doc FROM journal j JOIN items i ON i.seq = j.status_seq
+		WHERE j.sandbox = ? AND j.manifest_id = ?`, sandbox, manifestID).Scan(&doc)
+	if errors.Is(err, sql.ErrNoRows) {
+		return wire.StatusItem{}, false, nil
+	}
+	if err != nil {
+		return wire.StatusItem{}, false, err
+	}
+	var st wire.StatusItem
+	if err := json.Unmarshal([]byte(doc), &st); err != nil {
+		return wire.StatusItem{}, false, err
+	}
+	return st, true, nil
 }

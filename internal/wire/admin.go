@@ -49,6 +49,9 @@ type SandboxInfo struct {
 	Branch  string  `json:"branch"`
 	UUID    string  `json:"uuid"`
 	Socket  *string `json:"socket"`
+	// LastStatus is a spawned child's latest status for its spawn or last
+	// restart, as its orchestrator has it.
+	LastStatus *StatusItem `json:"last_status,omitempty"`
 }
 
 // ExecArgs are the arguments of "exec". The request line is sent with the
