@@ -214,8 +214,6 @@ func TestSpawnRefusals(t *testing.T) {
 	wantStatus(t, spawn(t, lead, "s-dirty", map[string]any{"branch": "x", "prompt": "p"}),
 		"refused", "uncommitted changes: a fork starts from your committed HEAD; commit or remove them (prompt files too) before spawning")
 	e.mustExec("lead", "rm", "prompt.md")
-	wantStatus(t, spawn(t, lead, "s-pr", map[string]any{"version": 2, "kind": "pr", "pr": 7, "prompt": "p"}),
-		"refused", "spawn kind `pr` is not available in this broker yet")
 	wantStatus(t, spawn(t, lead, "s-ok", map[string]any{"branch": "x", "prompt": "p", "on_done": "keep"}),
 		"started", "creation of child `x` started")
 	wantStatus(t, spawn(t, lead, "s-taken", map[string]any{"branch": "X", "prompt": "p"}),
@@ -247,6 +245,47 @@ func TestSpawnNewAndRef(t *testing.T) {
 	done = messageFrom(t, lead, "from-ref", "done")
 	if got := e.mustExec("lead", "git", "rev-parse", done.ImportedSHA+"~1"); got != leadWork {
 		t.Fatalf("fork with ref started from %s, want %s", got, leadWork)
+	}
+}
+
+// TestSpawnPR: kind pr starts the child (branch pr/N unless named) from
+// refs/pull/N/head of the host repository's origin, a local bare
+// repository here; a pull request the remote does not have fails the
+// spawn in its cloning phase.
+func TestSpawnPR(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	origin := filepath.Join(t.TempDir(), "origin.git")
+	hostGit(t, "", "init", "-q", "--bare", origin)
+	hostGit(t, e.repo, "remote", "add", "origin", origin)
+	hostGit(t, e.repo, "checkout", "-q", "-b", "contributor")
+	hostGit(t, e.repo, "commit", "-q", "--allow-empty", "-m", "the pull request")
+	prHead := hostGit(t, e.repo, "rev-parse", "HEAD")
+	hostGit(t, e.repo, "push", "-q", "origin", "HEAD:refs/pull/7/head")
+	hostGit(t, e.repo, "checkout", "-q", "main")
+	hostGit(t, e.repo, "branch", "-q", "-D", "contributor")
+	e.orchestrator("lead")
+	lead := e.client("lead")
+
+	wantStatus(t, spawn(t, lead, "s-pr", map[string]any{"version": 2, "kind": "pr", "pr": 7, "prompt": "review it"}),
+		"started", "creation of child `pr-7` started")
+	done := messageFrom(t, lead, "pr-7", "done")
+	if done.ImportedRef != "refs/jailbee/from/pr-7/pr/7" {
+		t.Fatalf("done report of the PR child: %+v", done)
+	}
+	if got := e.mustExec("lead", "git", "rev-parse", done.ImportedSHA+"~1"); got != prHead {
+		t.Fatalf("the PR child started from %s, want the PR head %s", got, prHead)
+	}
+	if got := hostGit(t, e.repo, "rev-parse", "refs/jailbee/pr/7"); got != prHead {
+		t.Fatalf("refs/jailbee/pr/7 in the host repository = %s", got)
+	}
+
+	wantStatus(t, spawn(t, lead, "s-pr-8", map[string]any{"version": 2, "kind": "pr", "pr": 8, "branch": "review/8", "prompt": "p"}),
+		"started", "creation of child `review-8` started")
+	wantStatus(t, statusOf(t, lead, "s-pr-8", "done", "failed"), "failed",
+		"creation of child `review-8` failed: see the worker log during cloning — the child was removed")
+	if log := readFile(t, filepath.Join(e.state, broker.LogDir, "review-8.s-pr-8.log")); !strings.Contains(log, "refs/pull/8/head") {
+		t.Fatalf("the worker log does not say what failed:\n%s", log)
 	}
 }
 

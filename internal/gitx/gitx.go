@@ -212,3 +212,25 @@ func RepoRoot(ctx context.Context, path string) (string, error) {
 	}
 	return run(ctx, path, "rev-parse", "--show-toplevel")
 }
+
+// PRRefPrefix is where FetchPR keeps a fetched pull request's head in the
+// user's repository: PRRefPrefix + <number>.
+const PRRefPrefix = "refs/jailbee/pr/"
+
+// FetchPR fetches refs/pull/<pr>/head from remote into repo (the user's
+// own repository) at PRRefPrefix<pr> and returns its commit. The remote
+// is the user's; the objects it sends are data to git.
+func FetchPR(ctx context.Context, repo, remote string, pr int) (string, error) {
+	if pr <= 0 {
+		return "", fmt.Errorf("%w: pull request %d", ErrInvalidArgument, pr)
+	}
+	if err := checkArg("remote", remote); err != nil {
+		return "", err
+	}
+	ref := fmt.Sprintf("%s%d", PRRefPrefix, pr)
+	spec := fmt.Sprintf("+refs/pull/%d/head:%s", pr, ref)
+	if _, err := run(ctx, repo, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--end-of-options", remote, spec); err != nil {
+		return "", err
+	}
+	return ResolveCommit(ctx, repo, ref)
+}

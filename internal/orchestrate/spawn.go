@@ -38,6 +38,10 @@ const (
 	agentCheckTimeout = 30 * time.Second
 )
 
+// PRRemote is the host repository's remote a kind pr spawn fetches
+// refs/pull/<N>/head from.
+const PRRemote = "origin"
+
 // Phases a spawn's worker records before it takes them; a failure (or a
 // broker that died) names the phase.
 const (
@@ -51,7 +55,8 @@ type spawnDoc struct {
 	Ref    string       `json:"ref"` // the spawn manifest's id: its statuses' ref
 	Kind   string       `json:"kind"`
 	Commit string       `json:"commit"`         // the commit it starts from
-	Source string       `json:"source"`         // "orchestrator" (fork) or "host" (new)
+	Source string       `json:"source"`         // "orchestrator" (fork), "host" (new) or "pr"
+	PR     int          `json:"pr,omitempty"`   // kind pr: the pull request, fetched by the worker
 	Prompt string       `json:"prompt"`         // passed to the agent
 	Note   string       `json:"note,omitempty"` // the spawn's note
 	OnDone string       `json:"on_done"`        // destroy or keep
@@ -85,10 +90,11 @@ func (o *Orchestrator) Spawn(ctx context.Context, req Requester, m *manifest.Man
 // admitSpawn checks a spawn and records its child, queued or creating.
 func (o *Orchestrator) admitSpawn(ctx context.Context, req Requester, m *manifest.Manifest, vctx manifest.Context) (state, detail, name string, err error) {
 	s := m.Spawn
-	if s.Kind == manifest.KindPR {
-		return "", "", "", refusef("spawn kind `pr` is not available in this broker yet")
+	branch := s.Branch
+	if branch == "" && s.Kind == manifest.KindPR {
+		branch = fmt.Sprintf("pr/%d", s.PR)
 	}
-	name = shortname.FromBranch(s.Branch)
+	name = shortname.FromBranch(branch)
 	if _, err := o.Store.Sandbox(ctx, name); err == nil {
 		return "", "", "", refusef("`%s` already exists", name)
 	}
@@ -96,7 +102,7 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req Requester, m *manifes
 	if err != nil {
 		return "", "", "", err
 	}
-	if err := o.oneChildPerBranch(ctx, orch.Name, s.Branch); err != nil {
+	if err := o.oneChildPerBranch(ctx, orch.Name, branch); err != nil {
 		return "", "", "", err
 	}
 	effective := vctx.Grant.Capped(vctx.Repo.Orchestration.Cap)
@@ -104,7 +110,7 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req Requester, m *manifes
 	if err != nil {
 		return "", "", "", refusef("%v", err)
 	}
-	doc := spawnDoc{Ref: m.ID, Kind: s.Kind, Prompt: s.Prompt, Note: s.Note, OnDone: s.EffectiveOnDone(effective), Rights: s.Rights, Agent: spec}
+	doc := spawnDoc{Ref: m.ID, Kind: s.Kind, PR: s.PR, Prompt: s.Prompt, Note: s.Note, OnDone: s.EffectiveOnDone(effective), Rights: s.Rights, Agent: spec}
 	if doc.Commit, doc.Source, err = o.spawnSource(ctx, orch, s); err != nil {
 		return "", "", "", err
 	}
@@ -113,7 +119,7 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req Requester, m *manifes
 		return "", "", "", err
 	}
 	row := store.Sandbox{Name: name, UUID: "pending-" + orch.UUID + "-" + m.ID, Role: store.RoleChild, Parent: orch.Name,
-		Branch: s.Branch, Repo: orch.Repo, State: store.StateCreating, Phase: PhaseCreating, Imported: doc.Commit, SpawnDoc: string(raw)}
+		Branch: branch, Repo: orch.Repo, State: store.StateCreating, Phase: PhaseCreating, Imported: doc.Commit, SpawnDoc: string(raw)}
 	active, queued, err := o.slots(ctx, orch.Name)
 	if err != nil {
 		return "", "", "", err
@@ -136,6 +142,9 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req Requester, m *manifes
 // orchestrator, whose work tree must be clean; for new, base (default: the
 // repository's current branch) of the host repository.
 func (o *Orchestrator) spawnSource(ctx context.Context, orch store.Sandbox, s *manifest.Spawn) (commit, source string, err error) {
+	if s.Kind == manifest.KindPR {
+		return "", "pr", nil // the worker fetches it: the network is slow
+	}
 	if s.Kind == manifest.KindNew {
 		base := s.Base
 		if base == "" {
@@ -317,6 +326,17 @@ func (o *Orchestrator) buildChild(ctx context.Context, sb *store.Sandbox, doc sp
 		return err
 	}
 	src := gitx.HostRepo(sb.Repo)
+	if doc.Source == "pr" {
+		commit, err := gitx.FetchPR(ctx, sb.Repo, PRRemote, doc.PR)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(log, "%s pull request %d of %s is at %s\n", stamp(), doc.PR, PRRemote, commit)
+		if err := o.Store.SetImported(ctx, sb.Name, commit); err != nil {
+			return err
+		}
+		doc.Commit = commit
+	}
 	if doc.Source == "orchestrator" {
 		src = o.checkout(sb.Parent)
 	}
