@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"path"
 	"strings"
 	"unicode"
 )
@@ -39,4 +40,35 @@ func CheckWarmPath(glob string) error {
 		}
 	}
 	return nil
+}
+
+// MatchWarmPath reports whether path (repo-relative, "/"-separated, no
+// trailing slash) matches glob, a glob CheckWarmPath accepts: segment by
+// segment, "*" within a segment as path.Match has it, a whole "**" segment
+// for zero or more segments.
+func MatchWarmPath(glob, p string) bool {
+	return matchSegments(strings.Split(glob, "/"), strings.Split(p, "/"))
+}
+
+// matchSegments is dynamic programming over (glob segment, path segment)
+// pairs: linear in their product whatever the "**"s, as the path comes
+// from a sandbox.
+func matchSegments(globs, segs []string) bool {
+	// next[j]: globs[i+1:] matches segs[j:]; cur[j]: globs[i:] matches segs[j:].
+	next := make([]bool, len(segs)+1)
+	next[len(segs)] = true
+	cur := make([]bool, len(segs)+1)
+	for i := len(globs) - 1; i >= 0; i-- {
+		cur[len(segs)] = globs[i] == "**" && next[len(segs)]
+		for j := len(segs) - 1; j >= 0; j-- {
+			if globs[i] == "**" {
+				cur[j] = next[j] || cur[j+1] // zero segments, or one more
+				continue
+			}
+			ok, err := path.Match(globs[i], segs[j])
+			cur[j] = err == nil && ok && next[j+1]
+		}
+		next, cur = cur, next
+	}
+	return next[0]
 }

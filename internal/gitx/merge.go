@@ -207,3 +207,20 @@ func conflict(paths []string) error {
 	}
 	return &ConflictError{Paths: strings.Join(named, ", ")}
 }
+
+// IgnoredEntries lists the git-ignored, untracked entries of r's work
+// tree (a sandbox repository): files, and directories that hold only
+// ignored files as one entry with a trailing "/".
+func IgnoredEntries(ctx context.Context, r Repo) ([]string, error) {
+	if r.run == nil {
+		return nil, errors.New("gitx: IgnoredEntries runs only inside a sandbox")
+	}
+	fields, err := r.listing(ctx, 0, "ls-files", "-z", "--others", "--ignored", "--exclude-standard", "--directory")
+	if err != nil {
+		return nil, err
+	}
+	if len(fields) == 1 && fields[0] == "" {
+		return nil, nil
+	}
+	return fields, nil
+}

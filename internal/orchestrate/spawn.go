@@ -52,16 +52,18 @@ const (
 
 // spawnDoc is what a spawned child keeps of its spawn (store.Sandbox.SpawnDoc).
 type spawnDoc struct {
-	Ref    string       `json:"ref"` // the spawn manifest's id: its statuses' ref
-	Kind   string       `json:"kind"`
-	Commit string       `json:"commit"`         // the commit it starts from
-	Source string       `json:"source"`         // "orchestrator" (fork), "host" (new) or "pr"
-	PR     int          `json:"pr,omitempty"`   // kind pr: the pull request, fetched by the worker
-	Prompt string       `json:"prompt"`         // passed to the agent
-	Note   string       `json:"note,omitempty"` // the spawn's note
-	OnDone string       `json:"on_done"`        // destroy or keep
-	Rights grant.Rights `json:"rights"`
-	Agent  agent.Spec   `json:"agent"`
+	Ref    string `json:"ref"` // the spawn manifest's id: its statuses' ref
+	Kind   string `json:"kind"`
+	Commit string `json:"commit"`       // the commit it starts from
+	Source string `json:"source"`       // "orchestrator" (fork), "host" (new) or "pr"
+	PR     int    `json:"pr,omitempty"` // kind pr: the pull request, fetched by the worker
+	// WarmPaths: a fork's globs of ignored build outputs to seed.
+	WarmPaths []string     `json:"warm_paths,omitempty"`
+	Prompt    string       `json:"prompt"`         // passed to the agent
+	Note      string       `json:"note,omitempty"` // the spawn's note
+	OnDone    string       `json:"on_done"`        // destroy or keep
+	Rights    grant.Rights `json:"rights"`
+	Agent     agent.Spec   `json:"agent"`
 	// Restart: Ref is a restart of the existing child (its sandbox is
 	// started, not made); AgentOnly: only its agent is replaced.
 	Restart   bool `json:"restart,omitempty"`
@@ -113,6 +115,12 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req Requester, m *manifes
 	doc := spawnDoc{Ref: m.ID, Kind: s.Kind, PR: s.PR, Prompt: s.Prompt, Note: s.Note, OnDone: s.EffectiveOnDone(effective), Rights: s.Rights, Agent: spec}
 	if doc.Commit, doc.Source, err = o.spawnSource(ctx, orch, s); err != nil {
 		return "", "", "", err
+	}
+	if s.Kind == manifest.KindFork {
+		doc.WarmPaths = s.WarmPaths // [] disables the default
+		if s.WarmPaths == nil {
+			doc.WarmPaths = vctx.Repo.Fork.WarmPaths
+		}
 	}
 	raw, err := json.Marshal(doc)
 	if err != nil {
@@ -344,6 +352,9 @@ func (o *Orchestrator) buildChild(ctx context.Context, sb *store.Sandbox, doc sp
 		return err
 	}
 	fmt.Fprintf(log, "%s checkout of %s at %s done\n", stamp(), sb.Branch, doc.Commit)
+	if doc.Source == "orchestrator" {
+		o.seedWarmPaths(ctx, sb.Parent, sb.Name, doc.Commit, doc.WarmPaths, log)
+	}
 	return o.Store.SetState(ctx, sb.Name, store.StateRunning)
 }
 
