@@ -321,7 +321,7 @@ func TestDoneRefusedDirtyThenAccepted(t *testing.T) {
 		t.Fatalf("no refused first report in the child's history: %s", res.Items)
 	}
 	statusOf(t, lead, "s-dirty", "done", "failed")
-	if info := e.info("d"); info.State != "ready" {
+	if info := e.info("d"); info.State != "done" || !info.Running {
 		t.Fatalf("a kept done child: %+v", info)
 	}
 }

@@ -481,9 +481,9 @@ func TestLsTableAndJSON(t *testing.T) {
 	if code := runWith(t, strings.NewReader(""), &out, io.Discard, "ls"); code != 0 {
 		t.Fatalf("ls: exit %d", code)
 	}
-	want := "NAME    ROLE          PARENT  STATE    UNIT  BRANCH\n" +
-		"lead    orchestrator  -       running  up    main\n" +
-		"fix-12  child         lead    stopped  down  fix/issue-12\n"
+	want := "NAME    ROLE          PARENT  STATE    UNIT  BRANCH        LAST STATUS\n" +
+		"lead    orchestrator  -       running  up    main          -\n" +
+		"fix-12  child         lead    stopped  down  fix/issue-12  -\n"
 	if out.String() != want {
 		t.Errorf("ls:\n%s\nwant\n%s", out.String(), want)
 	}

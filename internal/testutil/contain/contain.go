@@ -117,11 +117,19 @@ func seal(scratch string) error {
 			return fmt.Errorf("remount %s read-only: %w", mp, err)
 		}
 	}
-	if err := unix.Mount(scratch, scratch, "", unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("bind scratch: %w", err)
+	writable := []string{scratch}
+	if dir := testLogDir(os.Args[1:]); dir != "" {
+		// go test (caching results) reads the files a test opened from
+		// a log it names; that log must stay writable.
+		writable = append(writable, dir)
 	}
-	if err := unix.Mount("", scratch, "", unix.MS_REMOUNT|unix.MS_BIND, ""); err != nil {
-		return fmt.Errorf("scratch read-write: %w", err)
+	for _, dir := range writable {
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s: %w", dir, err)
+		}
+		if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("%s read-write: %w", dir, err)
+		}
 	}
 	// Prove it: the host's /etc must refuse a write.
 	f, err := os.CreateTemp("/etc", ".contain-probe-")
@@ -131,6 +139,24 @@ func seal(scratch string) error {
 		return fmt.Errorf("/etc is still writable")
 	}
 	return nil
+}
+
+// testLogDir is the directory of the -test.testlogfile go test passes,
+// or "".
+func testLogDir(args []string) string {
+	for i, a := range args {
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if name != "test.testlogfile" {
+			continue
+		}
+		if !hasValue && i+1 < len(args) {
+			value = args[i+1]
+		}
+		if value != "" {
+			return filepath.Dir(value)
+		}
+	}
+	return ""
 }
 
 // kernelMount reports mounts left writable: pseudo filesystems the tests
