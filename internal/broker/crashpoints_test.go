@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"agentbox/internal/broker"
 	"agentbox/internal/crashpoint"
 	"agentbox/internal/inbox"
 	"agentbox/internal/orchestrate"
@@ -189,6 +190,39 @@ func TestCrashAfterDoneDelivered(t *testing.T) {
 		return !ok
 	})
 	c.assertGone("kid")
+}
+
+// TestCrashBetweenFinishImportAndDelivery: a done report waited for its
+// stopped orchestrator; the broker died after the import, before the
+// delivery. The next broker delivers it exactly once and the child gets
+// its done status.
+func TestCrashBetweenFinishImportAndDelivery(t *testing.T) {
+	c := newCrashEnv(t, crashpoint.FinishImported, true)
+	c.p.newSandbox(wire.NewArgs{Name: "lead", Repo: c.repo, Role: "orchestrator"})
+	spawn(t, c.p.client("lead"), "s-1", map[string]any{"branch": "kid", "prompt": "stay-busy", "on_done": "keep"})
+	wantStatus(t, statusOf(t, c.p.client("lead"), "s-1", "done", "failed"), "done", "child `kid` is ready")
+	if err := c.p.adminCall("stop", wire.NameArgs{Name: "lead"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.exec("kid", "sh", "-c", commitCmd+" --allow-empty -m work")
+	head := c.exec("kid", "git", "rev-parse", "HEAD")
+	if st := sendManifest(t, c.p.client("kid"), map[string]any{"id": "d-1", "type": "message", "kind": "done", "body": "finished"}); st.State != "queued" {
+		t.Fatalf("the report to a stopped orchestrator: %+v", st)
+	}
+	if err := c.p.adminCall("start", wire.NameArgs{Name: "lead"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c.died() // a round imported the report
+	lead := c.p.client("lead")
+	if done := messageFrom(t, lead, "kid", "done"); done.Body != "finished" || done.ImportedSHA != head || done.OriginID != "d-1" {
+		t.Fatalf("the report after the crash: %+v", done)
+	}
+	wantStatus(t, statusOf(t, c.p.client("kid"), "d-1", "done"), "done",
+		"delivered to lead: imported as refs/jailbee/from/kid/kid at "+head[:12]+"; this child is kept")
+	time.Sleep(3 * broker.RoundInterval) // rounds pass: nothing is delivered again
+	if more := items[wire.MessageItem](t, lead, wire.ItemMessage); len(more) != 0 {
+		t.Fatalf("more messages than the one report: %+v", more)
+	}
 }
 
 // TestCrashAfterUpdateMerged: the merge happened in the child, its message

@@ -122,6 +122,7 @@ func (b *Broker) runRound() {
 		next.Statuses[si.Sandbox] = list
 	}
 	b.snap.Store(next)
+	b.orchestrator.ScheduleFinishes(ctx)
 }
 
 // Snapshot returns the last published snapshot.

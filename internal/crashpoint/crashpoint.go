@@ -18,6 +18,7 @@ const (
 	SpawnCreated      = "spawn-created"      // the child's sandbox exists, its record does not say so yet
 	DoneImported      = "done-imported"      // a done report's import landed, the report is not delivered
 	DoneDelivered     = "done-delivered"     // a done report is delivered, the child's destroy not begun
+	FinishImported    = "finish-imported"    // a pending finish's import landed, the report is not delivered
 	UpdateMerged      = "update-merged"      // an update merged in the child, its message is not delivered
 	DestroyUnitGone   = "destroy-unit-gone"  // a sandbox's unit and files are gone, its record is not
 	ImportTransferred = "import-transferred" // an import's ref landed, its status is not recorded

@@ -41,7 +41,7 @@ func (o *Orchestrator) childDone(ctx context.Context, req Requester, m Message) 
 	}
 	parent, err := o.Store.Sandbox(ctx, req.Parent)
 	if errors.Is(err, store.ErrNotFound) {
-		return refuse(fmt.Sprintf("your orchestrator `%s` no longer exists: the report was not delivered, this child is kept", req.Parent))
+		return refuse(vanishedDetail(req.Parent))
 	}
 	if err != nil {
 		return store.Sent{}, err
@@ -57,24 +57,24 @@ func (o *Orchestrator) childDone(ctx context.Context, req Requester, m Message) 
 		return refuse("detached HEAD: check out your branch before reporting done")
 	}
 
+	if why, err := o.finishWaits(ctx, parent); err != nil || why != "" {
+		if err != nil {
+			return store.Sent{}, err
+		}
+		return o.queueFinish(ctx, child, parent, m, work, why)
+	}
 	imp := o.importDone(ctx, parent, child, work)
 	crashpoint.Hit(crashpoint.DoneImported)
-	detail := fmt.Sprintf("delivered to %s: imported as %s at %s", parent.Name, imp.Ref, short(imp.SHA))
-	if imp.Error != "" {
-		detail = fmt.Sprintf("delivered to %s with an import error (%s)", parent.Name, imp.Error)
-	}
-	if imp.OnDone == manifest.OnDoneDestroy {
-		detail += "; this child will be destroyed"
-	} else {
-		detail += "; this child is kept"
-	}
 	sent, err := o.Store.DeliverMessage(ctx, store.Delivery{
 		From: child.Name, To: parent.Name, ManifestID: m.ID, Kind: m.Kind, Body: m.Body, InReplyTo: m.InReplyTo,
-		Import: &imp, Journaled: true, StatusDetail: detail,
+		Import: &imp, Journaled: true, StatusDetail: doneDetail(parent.Name, imp),
 		DoneHead: work.head, Cleanup: imp.OnDone == manifest.OnDoneDestroy,
 	})
 	if full, ok := errors.AsType[*store.InboxFullError](err); ok {
-		return refuse(inboxFullDetail(full))
+		if full.MessageBytes > full.Quota.MaxUnreadBytes && full.Quota.MaxUnreadBytes > 0 {
+			return refuse(inboxFullDetail(full)) // it never fits
+		}
+		return o.queueFinish(ctx, child, parent, m, work, fmt.Sprintf("for room in the inbox of your orchestrator `%s`", parent.Name))
 	}
 	if err != nil {
 		return sent, err
@@ -85,6 +85,18 @@ func (o *Orchestrator) childDone(ctx context.Context, req Requester, m Message) 
 		o.destroyAfterDone(child.Name, work.head)
 	}
 	return sent, nil
+}
+
+// doneDetail is the done status of a delivered done report.
+func doneDetail(parent string, imp store.ImportResult) string {
+	detail := fmt.Sprintf("delivered to %s: imported as %s at %s", parent, imp.Ref, short(imp.SHA))
+	if imp.Error != "" {
+		detail = fmt.Sprintf("delivered to %s with an import error (%s)", parent, imp.Error)
+	}
+	if imp.OnDone == manifest.OnDoneDestroy {
+		return detail + "; this child will be destroyed"
+	}
+	return detail + "; this child is kept"
 }
 
 // importDone imports a done child's HEAD into its orchestrator and decides
@@ -101,11 +113,6 @@ func (o *Orchestrator) importDone(ctx context.Context, parent, child store.Sandb
 	}
 	ctx, cancel := context.WithTimeout(ctx, importTimeout)
 	defer cancel()
-	if parent.State == store.StateStopped {
-		if err := o.Backend.Start(ctx, parent.Name); err == nil {
-			defer o.Backend.Stop(context.WithoutCancel(ctx), parent.Name)
-		}
-	}
 	ref := ImportRefPrefix + child.Name + "/" + work.branch
 	if err := gitx.Transfer(ctx, o.checkout(child.Name), work.head, o.checkout(parent.Name), ref, gitx.TransferOptions{}); err != nil {
 		o.logger().Error("done import failed", "sandbox", child.Name, "orchestrator", parent.Name, "err", err)

@@ -76,8 +76,9 @@ type Orchestrator struct {
 	Serve   func(sb store.Sandbox) error
 	Unserve func(name string)
 
-	mu     sync.Mutex
-	grants map[string]grant.Grant // parsed grant documents by their text
+	mu        sync.Mutex
+	grants    map[string]grant.Grant // parsed grant documents by their text
+	finishing map[string]bool        // orchestrators whose pending finishes run (ScheduleFinishes)
 }
 
 func (o *Orchestrator) notify(names ...string) {

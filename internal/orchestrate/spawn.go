@@ -593,7 +593,7 @@ func (o *Orchestrator) WorkerLogs(name string) []string {
 	return matches
 }
 
-func stamp() string { return time.Now().UTC().Format(time.RFC3339) }
+func stamp() string { return time.Now().UTC().Format("2006-01-02T15:04:05.000Z07:00") }
 
 type nopCloser struct{ io.Writer }
 

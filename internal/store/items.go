@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -116,6 +117,10 @@ type Delivery struct {
 	// accepted exactly when it is delivered.
 	DoneHead string
 	Cleanup  bool
+	// Finish, when not 0, is the pending finish (QueueFinish) this
+	// delivery completes: its row goes in the same transaction, and the
+	// status is stored unread (the send's reply was the queued status).
+	Finish int64
 }
 
 // ImportResult is what a done report's message carries of its import.
@@ -176,11 +181,20 @@ func (s *Store) DeliverMessage(ctx context.Context, d Delivery) (Sent, error) {
 			}
 			cu.sandboxesChanged = true
 		}
+		if d.Finish != 0 {
+			res, err := w.conn.ExecContext(ctx, `DELETE FROM finishes WHERE seq = ?`, d.Finish)
+			if err != nil {
+				return err
+			}
+			if n, err := res.RowsAffected(); err != nil || n != 1 {
+				return cmp.Or(err, ErrNotFound)
+			}
+		}
 		detail := d.StatusDetail
 		if detail == "" {
 			detail = "delivered to " + d.To
 		}
-		st, err := insertItem(ctx, w, cu, d.From, wire.ItemStatus, d.ManifestID, true,
+		st, err := insertItem(ctx, w, cu, d.From, wire.ItemStatus, d.ManifestID, d.Finish == 0,
 			statusDoc(d.ManifestID, wire.StateDone, detail), nil)
 		if err != nil {
 			return err

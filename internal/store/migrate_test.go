@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -129,6 +130,9 @@ func TestOpenMigratesSchemaV1(t *testing.T) {
 		if cols := columns(t, s, "sandboxes"); !slices.Contains(cols, "host_uid") || !slices.Contains(cols, "imported") {
 			t.Fatalf("%s: sandboxes columns %v", pass, cols)
 		}
+		if cols := columns(t, s, "finishes"); !slices.Contains(cols, "manifest_id") {
+			t.Fatalf("%s: finishes columns %v", pass, cols)
+		}
 		fi, err := os.Stat(path)
 		if err != nil || fi.Mode().Perm() != 0o600 {
 			t.Fatalf("%s: broker.db mode %v, %v", pass, fi.Mode(), err)
@@ -191,16 +195,17 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Exec("PRAGMA user_version = 3"); err != nil {
+	newer := schemaVersion + 1
+	if _, err := db.Exec(fmt.Sprintf("PRAGMA user_version = %d", newer)); err != nil {
 		t.Fatal(err)
 	}
 	db.Close()
 	s, err := Open(path)
 	if err == nil {
 		s.Close()
-		t.Fatal("opened a broker.db of schema version 3")
+		t.Fatalf("opened a broker.db of schema version %d", newer)
 	}
-	if !strings.Contains(err.Error(), "broker.db has schema version 3; this jailbee knows 2") {
+	if want := fmt.Sprintf("broker.db has schema version %d; this jailbee knows %d", newer, schemaVersion); !strings.Contains(err.Error(), want) {
 		t.Fatalf("open: %v", err)
 	}
 }

@@ -137,7 +137,7 @@ func (s *Store) Close() error {
 }
 
 // schemaVersion is PRAGMA user_version of a database with this schema.
-const schemaVersion = 2
+const schemaVersion = 3
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -193,7 +193,8 @@ CREATE TABLE IF NOT EXISTS socket_dirs (
 CREATE TABLE IF NOT EXISTS host_uids (
 	uid INTEGER PRIMARY KEY
 );
-PRAGMA user_version = 2;
+` + finishesTable + `
+PRAGMA user_version = 3;
 `
 
 // migrations[v] brings a database of schema version v to v+1.
@@ -212,7 +213,28 @@ ALTER TABLE sandboxes ADD COLUMN cleanup INTEGER NOT NULL DEFAULT 0;
 CREATE TABLE IF NOT EXISTS host_uids (uid INTEGER PRIMARY KEY);
 PRAGMA user_version = 2;
 `,
+	2: finishesTable + `
+PRAGMA user_version = 3;
+`,
 }
+
+// finishesTable holds children's accepted done reports waiting for their
+// orchestrator (Finish). No foreign key on parent: a finish whose
+// orchestrator vanished must still be answered.
+const finishesTable = `
+CREATE TABLE IF NOT EXISTS finishes (
+	seq         INTEGER PRIMARY KEY,
+	child       TEXT NOT NULL REFERENCES sandboxes(name) ON DELETE CASCADE,
+	parent      TEXT NOT NULL,
+	manifest_id TEXT NOT NULL,
+	head        TEXT NOT NULL,
+	branch      TEXT NOT NULL,
+	kind        TEXT NOT NULL,
+	body        TEXT NOT NULL,
+	in_reply_to TEXT,
+	created_at  INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS finishes_by_parent ON finishes(parent, seq);`
 
 func (s *Store) migrate() error {
 	var version int
