@@ -15,7 +15,6 @@ import (
 	"agentbox/internal/fdpass"
 	"agentbox/internal/grant"
 	"agentbox/internal/orchestrate"
-	"agentbox/internal/store"
 	"agentbox/internal/wire"
 )
 
@@ -159,7 +158,7 @@ func (b *Broker) adminNew(ctx context.Context, raw json.RawMessage) (any, error)
 		return nil, werr
 	}
 	req := orchestrate.CreateRequest{Name: a.Name, Role: a.Role, Parent: a.Parent, Repo: a.Repo, Branch: a.Branch}
-	if a.Role == store.RoleOrchestrator {
+	if a.Role == wire.RoleOrchestrator {
 		req.Grant = defaultGrant()
 		if len(a.Grant) > 0 {
 			g, err := parseGrant(a.Grant)

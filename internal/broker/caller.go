@@ -1,32 +1,25 @@
 package broker
 
 import (
+	"agentbox/internal/wire"
 	"context"
 	"errors"
 )
 
-// Caller is who is speaking on a connection, fixed when the connection is
-// accepted, from the listener that accepted it. Nothing in a request can
-// change it.
-type Caller struct {
-	Sandbox string // sandbox name (short name)
-	Role    string // store.RoleOrchestrator or store.RoleChild
-	Parent  string // a child's orchestrator
-}
-
+// The connection's caller (wire.Caller) rides in its context.
 type callerKey struct{}
 
 // errNoCaller: a request reached a handler without an identity; refuse.
 var errNoCaller = errors.New("connection has no caller identity")
 
-func withCaller(ctx context.Context, c Caller) context.Context {
+func withCaller(ctx context.Context, c wire.Caller) context.Context {
 	return context.WithValue(ctx, callerKey{}, c)
 }
 
-func callerFrom(ctx context.Context) (Caller, error) {
-	c, ok := ctx.Value(callerKey{}).(Caller)
+func callerFrom(ctx context.Context) (wire.Caller, error) {
+	c, ok := ctx.Value(callerKey{}).(wire.Caller)
 	if !ok || c.Sandbox == "" {
-		return Caller{}, errNoCaller
+		return wire.Caller{}, errNoCaller
 	}
 	return c, nil
 }

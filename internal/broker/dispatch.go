@@ -26,7 +26,7 @@ type opSpec struct {
 
 // call is one request in a handler's hands.
 type call struct {
-	caller Caller
+	caller wire.Caller
 	srv    *sandboxServer
 	cc     *connCtx
 	args   json.RawMessage
@@ -52,7 +52,7 @@ func (b *Broker) dispatch(ctx context.Context, srv *sandboxServer, cc *connCtx, 
 	if !ok {
 		return replyErr(wire.Errorf(wire.CodeUnknownOp, "unknown op %q", truncate(req.Op, 32)))
 	}
-	if spec.orchestratorOnly && caller.Role != store.RoleOrchestrator {
+	if spec.orchestratorOnly && caller.Role != wire.RoleOrchestrator {
 		return replyErr(wire.Errorf(wire.CodeDenied, "%s is for orchestrators", req.Op))
 	}
 	c := &call{caller: caller, srv: srv, cc: cc, args: req.Args}

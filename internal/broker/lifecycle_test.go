@@ -234,7 +234,7 @@ func TestServeRemovesInterruptedCreate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := st.CreateSandbox(ctx, store.Sandbox{Name: "half", UUID: inst.UUID, Role: store.RoleOrchestrator,
+	if err := st.CreateSandbox(ctx, store.Sandbox{Name: "half", UUID: inst.UUID, Role: wire.RoleOrchestrator,
 		Branch: "main", Repo: e.repo, State: store.StateCreating, HostUID: uid}); err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +251,7 @@ func TestServeRemovesInterruptedCreate(t *testing.T) {
 	if err := be.Start(ctx, "half"); err != nil {
 		t.Fatal(err)
 	}
-	if err := st.CreateSandbox(ctx, store.Sandbox{Name: "nounit", UUID: "no-backend-uuid", Role: store.RoleOrchestrator,
+	if err := st.CreateSandbox(ctx, store.Sandbox{Name: "nounit", UUID: "no-backend-uuid", Role: wire.RoleOrchestrator,
 		Branch: "main", Repo: e.repo, State: store.StateCreating}); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"agentbox/internal/secfs"
 	"agentbox/internal/store"
+	"agentbox/internal/wire"
 )
 
 // socketDirRandomBytes is the random part of <uuid>.<random>: 8 bytes (16
@@ -27,7 +28,7 @@ const maxSocketPathBytes = 107
 
 // sandboxServer is one sandbox's listener and its per-sandbox bounds.
 type sandboxServer struct {
-	caller   Caller
+	caller   wire.Caller
 	dir      string
 	ln       *net.UnixListener
 	conns    atomic.Int32
@@ -40,7 +41,7 @@ type sandboxServer struct {
 	closed  bool
 }
 
-func newSandboxServer(c Caller) *sandboxServer {
+func newSandboxServer(c wire.Caller) *sandboxServer {
 	return &sandboxServer{
 		caller:   c,
 		querySem: make(chan struct{}, MaxQueriesPerSandbox),
@@ -140,7 +141,7 @@ func (b *Broker) isCurrentSocketDir(sb store.Sandbox, dir string) bool {
 // its current socket directory, or makes a fresh one (replacing a legacy
 // <state>/sock/<uuid>/, removed once the new one is attached).
 func (b *Broker) serveSandbox(sb store.Sandbox) error {
-	if sb.Role != store.RoleOrchestrator && sb.Role != store.RoleChild {
+	if sb.Role != wire.RoleOrchestrator && sb.Role != wire.RoleChild {
 		return nil // only orchestrators and children get a socket
 	}
 	dir := sb.SocketDir
@@ -170,7 +171,7 @@ func (b *Broker) serveSandbox(sb store.Sandbox) error {
 		return fmt.Errorf("attach socket: %w", err)
 	}
 	b.removeLegacySocketDir(sb)
-	srv := newSandboxServer(Caller{Sandbox: sb.Name, Role: sb.Role, Parent: sb.Parent})
+	srv := newSandboxServer(wire.Caller{Sandbox: sb.Name, Role: sb.Role, Parent: sb.Parent})
 	srv.dir, srv.ln = dir, ln
 	b.mu.Lock()
 	if old := b.serving[sb.Name]; old != nil {

@@ -82,14 +82,13 @@ func (b *Broker) opSend(ctx context.Context, c *call) *reply {
 // send runs one manifest. Idempotency lives in the store: the handler's
 // transaction and the refusal's both look the id up first, so an id with a
 // recorded status gets that status back and nothing runs again.
-func (b *Broker) send(ctx context.Context, caller Caller, args SendArgs) (store.Sent, error) {
+func (b *Broker) send(ctx context.Context, caller wire.Caller, args SendArgs) (store.Sent, error) {
 	id := manifestID(args.Manifest)
 	if id == "" {
 		// No valid id to journal under: refused, and not stored.
 		return store.TransientStatus("", wire.StateRefused, "id must match ^[a-z0-9][a-z0-9-]{0,63}$"), nil
 	}
-	req := orchestrate.Requester{Sandbox: caller.Sandbox, Role: caller.Role, Parent: caller.Parent}
-	sent, err := b.orchestrator.Send(ctx, req, args.Manifest, args.Body)
+	sent, err := b.orchestrator.Send(ctx, caller, args.Manifest, args.Body)
 	if r, ok := orchestrate.AsRefusal(err); ok {
 		sent, err = b.store.RecordStatus(ctx, caller.Sandbox, id, "", wire.StateRefused, r.Detail, true)
 	}

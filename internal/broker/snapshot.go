@@ -82,10 +82,10 @@ func (b *Broker) runRound() {
 			next.Statuses[sb.Name] = st // shared until changed below
 		}
 		switch sb.Role {
-		case store.RoleChild:
+		case wire.RoleChild:
 			next.Children[sb.Parent] = append(next.Children[sb.Parent], ChildInfo{
 				Name: sb.Name, Branch: sb.Branch, State: orchestrate.ChildState(sb), Running: running[sb.Name]})
-		case store.RoleOrchestrator:
+		case wire.RoleOrchestrator:
 			if sb.Grant != "" {
 				next.Grants[sb.Name] = json.RawMessage(sb.Grant)
 			}

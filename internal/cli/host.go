@@ -68,9 +68,9 @@ NAME: lowercase letters, digits and dashes, at most 64, not starting with a dash
 			if orchestrator == (parent != "") {
 				return exitf(ExitUsage, "give exactly one of --orchestrator and --parent")
 			}
-			a := wire.NewArgs{Name: args[0], Branch: branch, Parent: parent, Role: "child"}
+			a := wire.NewArgs{Name: args[0], Branch: branch, Parent: parent, Role: wire.RoleChild}
 			if orchestrator {
-				a.Role = "orchestrator"
+				a.Role = wire.RoleOrchestrator
 				if repo == "" {
 					return exitf(ExitUsage, "--repo is required with --orchestrator")
 				}

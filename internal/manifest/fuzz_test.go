@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"agentbox/internal/wire"
 	"errors"
 	"reflect"
 	"testing"
@@ -99,8 +100,8 @@ func FuzzDecode(f *testing.F) {
 		}
 		roundTrip(t, m)
 		// Validation must not panic either, whatever the role.
-		for _, role := range []Role{RoleOrchestrator, RoleChild} {
-			_ = Validate(m, Context{Role: role, Self: "c", Grant: grantWith(nil)})
+		for _, role := range []wire.Role{wire.RoleOrchestrator, wire.RoleChild} {
+			_ = Validate(m, Sender{Caller: wire.Caller{Sandbox: "c", Role: role}, Grant: grantWith(nil)})
 		}
 	})
 }

@@ -8,7 +8,7 @@
 //	    Strict decoding of the envelope and the type's fields, every rule
 //	    that needs nothing but the manifest. body is the socket request's
 //	    body (nil when absent): the text of prompt_file / body_file.
-//	Validate(m *Manifest, ctx Context) error
+//	Validate(m *Manifest, from Sender) error
 //	    The rules that depend on the caller: child rules, grant operation
 //	    per type, the rights rule, runner, autostart profile and services
 //	    against the repository config.

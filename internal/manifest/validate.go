@@ -5,23 +5,14 @@ import (
 
 	"agentbox/internal/config"
 	"agentbox/internal/grant"
+	"agentbox/internal/wire"
 )
 
-// Role is the sender's role, fixed by the socket that accepted the
-// connection.
-type Role int
-
-// Roles start at 1 so the zero value means "unset" and is rejected.
-const (
-	RoleOrchestrator Role = iota + 1
-	RoleChild
-)
-
-// Context is what Validate needs to know about the sender.
-type Context struct {
-	Role Role
-	// Self is the sender's short name (used for a child's rights).
-	Self string
+// Sender is what Validate needs to know about who sent a manifest.
+type Sender struct {
+	// Caller is the sender's identity, fixed by the socket it came
+	// through (its Sandbox is the child's own name for its rights).
+	Caller wire.Caller
 	// Grant is the sender's stored grant, nil when it holds none. Validate
 	// caps it with Repo's orchestration.cap itself.
 	Grant *grant.Grant
@@ -45,22 +36,22 @@ type Context struct {
 //     against the repo config.
 //
 // A refusal is a *Refusal carrying the manifest's ID.
-func Validate(m *Manifest, ctx Context) error {
+func Validate(m *Manifest, from Sender) error {
 	if m == nil {
 		return errors.New("manifest: Validate of a nil manifest")
 	}
-	repo := ctx.Repo
+	repo := from.Repo
 	if repo == nil {
 		repo = config.Default()
 	}
 	var err error
-	switch ctx.Role {
-	case RoleChild:
-		err = validateChild(m, ctx.Self)
-	case RoleOrchestrator:
-		err = validateOrchestrator(m, ctx, repo)
+	switch from.Caller.Role {
+	case wire.RoleChild:
+		err = validateChild(m, from.Caller.Sandbox)
+	case wire.RoleOrchestrator:
+		err = validateOrchestrator(m, from, repo)
 	default:
-		return errors.New("manifest: Validate needs a Role")
+		return errors.New("manifest: Validate needs the sender's role")
 	}
 	if r, ok := err.(*Refusal); ok {
 		r.ID = m.ID
@@ -85,15 +76,15 @@ func validateChild(m *Manifest, self string) error {
 	return &Refusal{Detail: DetailChildTypes}
 }
 
-func validateOrchestrator(m *Manifest, ctx Context, repo *config.Repo) error {
-	if ctx.Revoked {
+func validateOrchestrator(m *Manifest, from Sender, repo *config.Repo) error {
+	if from.Revoked {
 		return &Refusal{Detail: DetailGrantRevoked}
 	}
-	if ctx.Grant == nil {
+	if from.Grant == nil {
 		return &Refusal{Detail: DetailNoGrant}
 	}
 	caps := repo.Orchestration.Cap
-	eff := ctx.Grant.Capped(caps)
+	eff := from.Grant.Capped(caps)
 	revokeOnly := m.Type == TypeRights && m.Rights.RevokeOnly()
 	if op := OperationFor(m.Type); !revokeOnly && !eff.Has(op) {
 		return &Refusal{Detail: MissingOperation(op)}

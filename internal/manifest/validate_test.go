@@ -6,6 +6,7 @@ import (
 
 	"agentbox/internal/config"
 	"agentbox/internal/grant"
+	"agentbox/internal/wire"
 )
 
 // testRepo is a repository config with one runnable claude agent, LiteLLM
@@ -60,7 +61,7 @@ func grantWith(mut func(*grant.Grant)) *grant.Grant {
 
 func TestValidate(t *testing.T) {
 	repo := testRepo(t)
-	orch := Context{Role: RoleOrchestrator, Self: "main", Grant: grantWith(nil), Repo: repo}
+	orch := Sender{Caller: wire.Caller{Sandbox: "main", Role: wire.RoleOrchestrator}, Grant: grantWith(nil), Repo: repo}
 	loose := orch
 	loose.Grant = grantWith(func(g *grant.Grant) { g.Grantable.Loose = true })
 	noDestroy := orch
@@ -71,7 +72,7 @@ func TestValidate(t *testing.T) {
 	revoked.Revoked = true
 	noGrant := orch
 	noGrant.Grant = nil
-	child := Context{Role: RoleChild, Self: "fix-12", Repo: repo}
+	child := Sender{Caller: wire.Caller{Sandbox: "fix-12", Role: wire.RoleChild, Parent: "main"}, Repo: repo}
 	withPublish := orch
 	withPublish.Grant = grantWith(func(g *grant.Grant) { g.Operations = append(g.Operations, "publish", "refresh") })
 
@@ -84,7 +85,7 @@ func TestValidate(t *testing.T) {
 
 	tests := []struct {
 		name   string
-		ctx    Context
+		from   Sender
 		raw    string
 		detail string
 	}{
@@ -157,7 +158,7 @@ func TestValidate(t *testing.T) {
 			if err != nil {
 				t.Fatalf("decode: %v", err)
 			}
-			err = Validate(m, tt.ctx)
+			err = Validate(m, tt.from)
 			if tt.detail == "" {
 				if err != nil {
 					t.Fatalf("refused: %v", err)
@@ -216,7 +217,7 @@ litellm: {enabled: true}
 			if err != nil {
 				t.Fatal(err)
 			}
-			err = Validate(m, Context{Role: RoleOrchestrator, Grant: &g, Repo: repo})
+			err = Validate(m, Sender{Caller: wire.Caller{Sandbox: "main", Role: wire.RoleOrchestrator}, Grant: &g, Repo: repo})
 			got := ""
 			if err != nil {
 				got = err.Error()
@@ -237,7 +238,7 @@ func TestValidateServedOverride(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "LiteLLM profile `grok` is not served (configured: grok; run `jailbee litellm up`)"
-	if err := Validate(m, Context{Role: RoleOrchestrator, Grant: &g, Repo: repo}); err == nil || err.Error() != want {
+	if err := Validate(m, Sender{Caller: wire.Caller{Sandbox: "main", Role: wire.RoleOrchestrator}, Grant: &g, Repo: repo}); err == nil || err.Error() != want {
 		t.Fatalf("got %v, want %q", err, want)
 	}
 }
@@ -248,7 +249,7 @@ func TestValidateRepoCapOnOperations(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := grant.Default()
-	ctx := Context{Role: RoleOrchestrator, Grant: &g, Repo: repo}
+	ctx := Sender{Caller: wire.Caller{Sandbox: "main", Role: wire.RoleOrchestrator}, Grant: &g, Repo: repo}
 	m, _ := Decode([]byte(`{"version":1,"id":"s","type":"stop","child":"c"}`), nil)
 	if err := Validate(m, ctx); err == nil || err.Error() != "operation `stop` is not in this container's grant" {
 		t.Fatalf("repo cap must remove stop: %v", err)
@@ -261,7 +262,7 @@ func TestValidateRepoCapOnOperations(t *testing.T) {
 
 func TestValidateNeedsRole(t *testing.T) {
 	m, _ := Decode([]byte(`{"version":1,"id":"s","type":"stop","child":"c"}`), nil)
-	err := Validate(m, Context{})
+	err := Validate(m, Sender{})
 	var r *Refusal
 	if err == nil || errors.As(err, &r) {
 		t.Fatalf("a missing role is a caller bug, not a refusal: %v", err)

@@ -29,7 +29,7 @@ const ImportRefPrefix = "refs/jailbee/from/"
 // never acts twice. act returns the done detail; a *Refusal becomes the
 // refused status; any other error is a failure the broker logs, reported
 // with a detail that carries nothing the child controls.
-func (o *Orchestrator) childManifest(ctx context.Context, req Requester, m *manifest.Manifest, child string,
+func (o *Orchestrator) childManifest(ctx context.Context, req wire.Caller, m *manifest.Manifest, child string,
 	act func(sb store.Sandbox) (string, error)) (store.Sent, error) {
 	return o.childManifestDelivering(ctx, req, m, child, func(sb store.Sandbox) (string, *store.Delivery, error) {
 		detail, err := act(sb)
@@ -40,7 +40,7 @@ func (o *Orchestrator) childManifest(ctx context.Context, req Requester, m *mani
 // childManifestDelivering is childManifest for an act that, when it
 // succeeds, may have a message for the child: the message and the done
 // status are written in one transaction.
-func (o *Orchestrator) childManifestDelivering(ctx context.Context, req Requester, m *manifest.Manifest, child string,
+func (o *Orchestrator) childManifestDelivering(ctx context.Context, req wire.Caller, m *manifest.Manifest, child string,
 	act func(sb store.Sandbox) (string, *store.Delivery, error)) (store.Sent, error) {
 	prev, found, err := o.Store.BeginManifest(ctx, req.Sandbox, m.ID, string(m.Type))
 	if err != nil || found {
@@ -114,7 +114,7 @@ func (o *Orchestrator) importChild(ctx context.Context, orch string, child store
 }
 
 // Import runs an import manifest.
-func (o *Orchestrator) Import(ctx context.Context, req Requester, m *manifest.Manifest) (store.Sent, error) {
+func (o *Orchestrator) Import(ctx context.Context, req wire.Caller, m *manifest.Manifest) (store.Sent, error) {
 	return o.childManifest(ctx, req, m, m.Import.Child, func(sb store.Sandbox) (string, error) {
 		return o.importChild(ctx, req.Sandbox, sb)
 	})
@@ -122,7 +122,7 @@ func (o *Orchestrator) Import(ctx context.Context, req Requester, m *manifest.Ma
 
 // StopChild runs a stop manifest: the child's processes end and its slot
 // frees; its HEAD and dirtiness are recorded for destroy.
-func (o *Orchestrator) StopChild(ctx context.Context, req Requester, m *manifest.Manifest) (store.Sent, error) {
+func (o *Orchestrator) StopChild(ctx context.Context, req wire.Caller, m *manifest.Manifest) (store.Sent, error) {
 	return o.childManifest(ctx, req, m, m.Stop.Child, func(sb store.Sandbox) (string, error) {
 		if sb.State == store.StateQueued {
 			return "", refusef("`%s` is queued: it has not started", sb.Name)
@@ -137,7 +137,7 @@ func (o *Orchestrator) StopChild(ctx context.Context, req Requester, m *manifest
 
 // DestroyChild runs a destroy manifest: refused, unless force, when the
 // child's work could be lost (as host destroy).
-func (o *Orchestrator) DestroyChild(ctx context.Context, req Requester, m *manifest.Manifest) (store.Sent, error) {
+func (o *Orchestrator) DestroyChild(ctx context.Context, req wire.Caller, m *manifest.Manifest) (store.Sent, error) {
 	return o.childManifest(ctx, req, m, m.Destroy.Child, func(sb store.Sandbox) (string, error) {
 		defer o.startQueued(ctx, req.Sandbox) // its slot, if it had one, is free
 		if !m.Destroy.Force && sb.State != store.StateQueued {

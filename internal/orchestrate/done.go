@@ -27,7 +27,7 @@ const doneCleanupDelay = 3 * time.Second
 // and the report delivered with the import's outcome and on_done; a
 // destroy follows when on_done says so and the import succeeded. The id
 // is journaled before any of it, so a resend acts once.
-func (o *Orchestrator) childDone(ctx context.Context, req Requester, m Message) (store.Sent, error) {
+func (o *Orchestrator) childDone(ctx context.Context, req wire.Caller, m Message) (store.Sent, error) {
 	prev, found, err := o.Store.BeginManifest(ctx, req.Sandbox, m.ID, string(manifest.TypeMessage))
 	if err != nil || found {
 		return prev, err

@@ -8,6 +8,7 @@ import (
 
 	"agentbox/internal/manifest"
 	"agentbox/internal/store"
+	"agentbox/internal/wire"
 )
 
 // Message is a validated message manifest.
@@ -22,16 +23,16 @@ type Message struct {
 // SendMessage delivers a message: orchestrator to its child (`to`), or a
 // child to its orchestrator. Delivery goes to the store whether or not the
 // recipient is running; the first status is done "delivered to <name>".
-func (o *Orchestrator) SendMessage(ctx context.Context, req Requester, m Message) (store.Sent, error) {
+func (o *Orchestrator) SendMessage(ctx context.Context, req wire.Caller, m Message) (store.Sent, error) {
 	var to string
 	switch req.Role {
-	case store.RoleOrchestrator:
+	case wire.RoleOrchestrator:
 		child, err := o.childOf(ctx, req, m.To)
 		if err != nil {
 			return store.Sent{}, err
 		}
 		to = child.Name
-	case store.RoleChild:
+	case wire.RoleChild:
 		if m.Kind == manifest.MsgDone {
 			return o.childDone(ctx, req, m)
 		}

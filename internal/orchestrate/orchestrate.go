@@ -13,6 +13,7 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/grant"
 	"agentbox/internal/store"
+	"agentbox/internal/wire"
 )
 
 // Refusal is a refusal the requester may read: its Detail becomes the
@@ -41,13 +42,6 @@ func AsRefusal(err error) (*Refusal, bool) {
 	var r *Refusal
 	ok := errors.As(err, &r)
 	return r, ok
-}
-
-// Requester is who sent a manifest, as the broker identified it.
-type Requester struct {
-	Sandbox string
-	Role    string
-	Parent  string
 }
 
 // Orchestrator runs manifests.
@@ -91,9 +85,9 @@ func (o *Orchestrator) notify(names ...string) {
 }
 
 // childOf returns the requester's child named name, or the spec's refusal.
-func (o *Orchestrator) childOf(ctx context.Context, req Requester, name string) (store.Sandbox, error) {
+func (o *Orchestrator) childOf(ctx context.Context, req wire.Caller, name string) (store.Sandbox, error) {
 	sb, err := o.Store.Sandbox(ctx, name)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && (sb.Role != store.RoleChild || sb.Parent != req.Sandbox)) {
+	if errors.Is(err, store.ErrNotFound) || (err == nil && (sb.Role != wire.RoleChild || sb.Parent != req.Sandbox)) {
 		return store.Sandbox{}, refusef("`%s` is not a child of this orchestrator", name)
 	}
 	return sb, err

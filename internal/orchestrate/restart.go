@@ -23,16 +23,16 @@ const PhaseStarting = "starting"
 // and appends done (ready) or failed. With agent_only a running child
 // whose agent reported done or ended gets a fresh agent in its tmux
 // window instead, never queued.
-func (o *Orchestrator) Restart(ctx context.Context, req Requester, m *manifest.Manifest, vctx manifest.Context) (store.Sent, error) {
+func (o *Orchestrator) Restart(ctx context.Context, req wire.Caller, m *manifest.Manifest, from manifest.Sender) (store.Sent, error) {
 	return o.admitted(ctx, req, m, func() (string, string, string, error) {
-		return o.admitRestart(ctx, req, m, vctx)
+		return o.admitRestart(ctx, req, m, from)
 	})
 }
 
 // admitted runs a manifest whose work goes to a child's worker: the id is
 // journaled, admit checks and records the work, its first status is
 // stored, and a started worker runs.
-func (o *Orchestrator) admitted(ctx context.Context, req Requester, m *manifest.Manifest,
+func (o *Orchestrator) admitted(ctx context.Context, req wire.Caller, m *manifest.Manifest,
 	admit func() (state, detail, child string, err error)) (store.Sent, error) {
 	prev, found, err := o.Store.BeginManifest(ctx, req.Sandbox, m.ID, string(m.Type))
 	if err != nil || found {
@@ -54,7 +54,7 @@ func (o *Orchestrator) admitted(ctx context.Context, req Requester, m *manifest.
 }
 
 // admitRestart checks a restart and records it on the child.
-func (o *Orchestrator) admitRestart(ctx context.Context, req Requester, m *manifest.Manifest, vctx manifest.Context) (state, detail, name string, err error) {
+func (o *Orchestrator) admitRestart(ctx context.Context, req wire.Caller, m *manifest.Manifest, from manifest.Sender) (state, detail, name string, err error) {
 	r := m.Restart
 	sb, err := o.childOf(ctx, req, r.Child)
 	if err != nil {
@@ -77,12 +77,12 @@ func (o *Orchestrator) admitRestart(ctx context.Context, req Requester, m *manif
 	} else {
 		doc = spawnDoc{Kind: "host", OnDone: manifest.OnDoneKeep}
 	}
-	effective := vctx.Grant.Capped(vctx.Repo.Orchestration.Cap)
+	effective := from.Grant.Capped(from.Repo.Orchestration.Cap)
 	switch {
 	case r.Runner.Set || doc.Agent.Name == "":
 		// null (or a child that never had an agent): the current default;
 		// an object: that runner.
-		if doc.Agent, err = agent.Resolve(r.Runner.Runner, effective, vctx.Repo); err != nil {
+		if doc.Agent, err = agent.Resolve(r.Runner.Runner, effective, from.Repo); err != nil {
 			return "", "", "", refusef("%v", err)
 		}
 	}

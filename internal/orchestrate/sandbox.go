@@ -19,6 +19,7 @@ import (
 	"agentbox/internal/crashpoint"
 	"agentbox/internal/gitx"
 	"agentbox/internal/store"
+	"agentbox/internal/wire"
 )
 
 // Bounds of sandbox lifecycle work.
@@ -49,7 +50,7 @@ type Sandboxes struct {
 // CreateRequest is `jailbee new`.
 type CreateRequest struct {
 	Name   string
-	Role   string // store.RoleOrchestrator or store.RoleChild
+	Role   wire.Role
 	Parent string // a child's orchestrator
 	Repo   string // host path; a child defaults to its orchestrator's
 	Branch string // "" = the repository's current branch
@@ -147,8 +148,8 @@ func (o *Orchestrator) checkCreate(ctx context.Context, req *CreateRequest) (sou
 		return source{}, refusef("sandbox `%s` already exists", req.Name)
 	}
 	switch req.Role {
-	case store.RoleOrchestrator:
-	case store.RoleChild:
+	case wire.RoleOrchestrator:
+	case wire.RoleChild:
 		parent, err := o.Store.Sandbox(ctx, req.Parent)
 		if errors.Is(err, store.ErrNotFound) {
 			return source{}, noSuchSandbox(req.Parent)
@@ -156,7 +157,7 @@ func (o *Orchestrator) checkCreate(ctx context.Context, req *CreateRequest) (sou
 		if err != nil {
 			return source{}, err
 		}
-		if parent.Role != store.RoleOrchestrator {
+		if parent.Role != wire.RoleOrchestrator {
 			return source{}, refusef("`%s` is not an orchestrator", parent.Name)
 		}
 		if req.Repo == "" {
@@ -194,7 +195,7 @@ func (o *Orchestrator) checkCreate(ctx context.Context, req *CreateRequest) (sou
 			return source{}, refusef("the repository has no commit to start from")
 		}
 	}
-	if req.Role == store.RoleChild {
+	if req.Role == wire.RoleChild {
 		if err := o.oneChildPerBranch(ctx, req.Parent, src.branch); err != nil {
 			return source{}, err
 		}
@@ -209,7 +210,7 @@ func (o *Orchestrator) oneChildPerBranch(ctx context.Context, parent, branch str
 		return err
 	}
 	for _, c := range all {
-		if c.Role == store.RoleChild && c.Parent == parent && c.Branch == branch {
+		if c.Role == wire.RoleChild && c.Parent == parent && c.Branch == branch {
 			return refusef("`%s` already has a child on branch %s: `%s`", parent, branch, c.Name)
 		}
 	}
@@ -340,7 +341,7 @@ func (o *Orchestrator) DestroySandbox(ctx context.Context, name string, force bo
 		return 0, err
 	}
 	var victims []store.Sandbox
-	if sb.Role == store.RoleOrchestrator {
+	if sb.Role == wire.RoleOrchestrator {
 		all, err := o.Store.Sandboxes(ctx)
 		if err != nil {
 			return 0, err
@@ -432,16 +433,11 @@ type workState struct {
 func (o *Orchestrator) readWork(ctx context.Context, name string) (workState, error) {
 	ctx, cancel := context.WithTimeout(ctx, workCheckTimeout)
 	defer cancel()
-	repo := o.checkout(name)
-	clean, err := gitx.IsClean(ctx, repo)
+	wt, err := gitx.ReadWorkTree(ctx, o.checkout(name))
 	if err != nil {
 		return workState{}, err
 	}
-	branch, head, err := gitx.Head(ctx, repo)
-	if err != nil {
-		return workState{}, err
-	}
-	return workState{head: head, branch: branch, dirty: !clean}, nil
+	return workState{head: wt.Commit, branch: wt.Branch, dirty: !wt.Clean}, nil
 }
 
 // StartSandbox starts a stopped sandbox's unit and records it running.

@@ -13,6 +13,7 @@ import (
 	"agentbox/internal/manifest"
 	"agentbox/internal/secfs"
 	"agentbox/internal/store"
+	"agentbox/internal/wire"
 )
 
 // RepoConfigPath is the repository config, relative to the repository.
@@ -21,16 +22,16 @@ const RepoConfigPath = ".jailbee/config.yaml"
 // Send decodes and validates a manifest for its requester and runs the
 // type's handler. Every refusal is a *Refusal whose detail the requester
 // may read; other errors are broker faults.
-func (o *Orchestrator) Send(ctx context.Context, req Requester, raw json.RawMessage, body *string) (store.Sent, error) {
+func (o *Orchestrator) Send(ctx context.Context, req wire.Caller, raw json.RawMessage, body *string) (store.Sent, error) {
 	m, err := manifest.Decode(raw, body)
 	if err != nil {
 		return store.Sent{}, asRefusal(err)
 	}
-	vctx, err := o.validationContext(ctx, req)
+	from, err := o.sender(ctx, req)
 	if err != nil {
 		return store.Sent{}, err
 	}
-	if err := manifest.Validate(m, vctx); err != nil {
+	if err := manifest.Validate(m, from); err != nil {
 		return store.Sent{}, asRefusal(err)
 	}
 	switch m.Type {
@@ -38,7 +39,7 @@ func (o *Orchestrator) Send(ctx context.Context, req Requester, raw json.RawMess
 		msg := m.Message
 		return o.SendMessage(ctx, req, Message{ID: m.ID, To: msg.To, Kind: msg.Kind, Body: msg.Body, InReplyTo: msg.InReplyTo})
 	case manifest.TypeSpawn:
-		return o.Spawn(ctx, req, m, vctx)
+		return o.Spawn(ctx, req, m, from)
 	case manifest.TypeImport:
 		return o.Import(ctx, req, m)
 	case manifest.TypeStop:
@@ -48,7 +49,7 @@ func (o *Orchestrator) Send(ctx context.Context, req Requester, raw json.RawMess
 	case manifest.TypeUpdate:
 		return o.Update(ctx, req, m)
 	case manifest.TypeRestart:
-		return o.Restart(ctx, req, m, vctx)
+		return o.Restart(ctx, req, m, from)
 	default:
 		return store.Sent{}, asRefusal(manifest.NotAvailable(m.Type))
 	}
@@ -64,30 +65,29 @@ func asRefusal(err error) error {
 	return err
 }
 
-// validationContext gathers what manifest.Validate needs about the
-// requester: role, name, stored grant and the host repository's config.
-func (o *Orchestrator) validationContext(ctx context.Context, req Requester) (manifest.Context, error) {
+// sender gathers what manifest.Validate needs about the requester: its
+// identity, stored grant and the host repository's config.
+func (o *Orchestrator) sender(ctx context.Context, req wire.Caller) (manifest.Sender, error) {
 	sb, err := o.Store.Sandbox(ctx, req.Sandbox)
 	if err != nil {
-		return manifest.Context{}, err
+		return manifest.Sender{}, err
 	}
-	vctx := manifest.Context{Self: req.Sandbox, Role: manifest.RoleChild}
-	if req.Role == store.RoleOrchestrator {
-		vctx.Role = manifest.RoleOrchestrator
+	from := manifest.Sender{Caller: req}
+	if req.Role == wire.RoleOrchestrator {
 		if sb.Grant != "" {
 			g, err := o.parsedGrant(sb.Grant)
 			if err != nil {
-				return manifest.Context{}, fmt.Errorf("stored grant of %s: %w", sb.Name, err)
+				return manifest.Sender{}, fmt.Errorf("stored grant of %s: %w", sb.Name, err)
 			}
-			vctx.Grant = &g
+			from.Grant = &g
 		}
 	}
 	repo, err := LoadRepoConfig(sb.Repo)
 	if err != nil {
-		return manifest.Context{}, err
+		return manifest.Sender{}, err
 	}
-	vctx.Repo = repo
-	return vctx, nil
+	from.Repo = repo
+	return from, nil
 }
 
 // LoadRepoConfig reads <repo>/.jailbee/config.yaml (never through a

@@ -83,14 +83,14 @@ type agentSeen struct {
 // children fill its grant's max_running_children, else created by a
 // worker), and answers queued or started; the worker appends done (the
 // agent is ready) or failed.
-func (o *Orchestrator) Spawn(ctx context.Context, req Requester, m *manifest.Manifest, vctx manifest.Context) (store.Sent, error) {
+func (o *Orchestrator) Spawn(ctx context.Context, req wire.Caller, m *manifest.Manifest, from manifest.Sender) (store.Sent, error) {
 	return o.admitted(ctx, req, m, func() (string, string, string, error) {
-		return o.admitSpawn(ctx, req, m, vctx)
+		return o.admitSpawn(ctx, req, m, from)
 	})
 }
 
 // admitSpawn checks a spawn and records its child, queued or creating.
-func (o *Orchestrator) admitSpawn(ctx context.Context, req Requester, m *manifest.Manifest, vctx manifest.Context) (state, detail, name string, err error) {
+func (o *Orchestrator) admitSpawn(ctx context.Context, req wire.Caller, m *manifest.Manifest, from manifest.Sender) (state, detail, name string, err error) {
 	s := m.Spawn
 	branch := s.Branch
 	if branch == "" && s.Kind == manifest.KindPR {
@@ -107,8 +107,8 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req Requester, m *manifes
 	if err := o.oneChildPerBranch(ctx, orch.Name, branch); err != nil {
 		return "", "", "", err
 	}
-	effective := vctx.Grant.Capped(vctx.Repo.Orchestration.Cap)
-	spec, err := agent.Resolve(s.Runner, effective, vctx.Repo)
+	effective := from.Grant.Capped(from.Repo.Orchestration.Cap)
+	spec, err := agent.Resolve(s.Runner, effective, from.Repo)
 	if err != nil {
 		return "", "", "", refusef("%v", err)
 	}
@@ -119,14 +119,14 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req Requester, m *manifes
 	if s.Kind == manifest.KindFork {
 		doc.WarmPaths = s.WarmPaths // [] disables the default
 		if s.WarmPaths == nil {
-			doc.WarmPaths = vctx.Repo.Fork.WarmPaths
+			doc.WarmPaths = from.Repo.Fork.WarmPaths
 		}
 	}
 	raw, err := json.Marshal(doc)
 	if err != nil {
 		return "", "", "", err
 	}
-	row := store.Sandbox{Name: name, UUID: "pending-" + orch.UUID + "-" + m.ID, Role: store.RoleChild, Parent: orch.Name,
+	row := store.Sandbox{Name: name, UUID: "pending-" + orch.UUID + "-" + m.ID, Role: wire.RoleChild, Parent: orch.Name,
 		Branch: branch, Repo: orch.Repo, State: store.StateCreating, Phase: PhaseCreating, Imported: doc.Commit, SpawnDoc: string(raw)}
 	active, queued, err := o.slots(ctx, orch.Name)
 	if err != nil {

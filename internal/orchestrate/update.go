@@ -10,6 +10,7 @@ import (
 	"agentbox/internal/gitx"
 	"agentbox/internal/manifest"
 	"agentbox/internal/store"
+	"agentbox/internal/wire"
 )
 
 // UpdateRefPrefix is where an update with an explicit source (ref or
@@ -24,7 +25,7 @@ const MsgUpdate = "update"
 // and with merge applied to the child's branch after a conflict check;
 // the child gets a message of kind update with the ref and commit (and
 // merged_head when the merge moved its HEAD).
-func (o *Orchestrator) Update(ctx context.Context, req Requester, m *manifest.Manifest) (store.Sent, error) {
+func (o *Orchestrator) Update(ctx context.Context, req wire.Caller, m *manifest.Manifest) (store.Sent, error) {
 	u := m.Update
 	return o.childManifestDelivering(ctx, req, m, u.Child, func(child store.Sandbox) (string, *store.Delivery, error) {
 		ctx, cancel := context.WithTimeout(ctx, importTimeout)

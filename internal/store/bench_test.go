@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"agentbox/internal/store"
+	"agentbox/internal/wire"
 )
 
 // BenchmarkDeliverMessage is the store's part of a durable send: one
@@ -23,8 +24,8 @@ func BenchmarkDeliverMessage(b *testing.B) {
 	defer st.Close()
 	ctx := context.Background()
 	for _, sb := range []store.Sandbox{
-		{Name: "o", UUID: "u1", Role: store.RoleOrchestrator, Branch: "main", Repo: "/r", State: "running"},
-		{Name: "c", UUID: "u2", Role: store.RoleChild, Parent: "o", Branch: "c", Repo: "/r", State: "running"},
+		{Name: "o", UUID: "u1", Role: wire.RoleOrchestrator, Branch: "main", Repo: "/r", State: "running"},
+		{Name: "c", UUID: "u2", Role: wire.RoleChild, Parent: "o", Branch: "c", Repo: "/r", State: "running"},
 	} {
 		if err := st.CreateSandbox(ctx, sb); err != nil {
 			b.Fatal(err)

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"agentbox/internal/wire"
 	"context"
 	"database/sql"
 	"errors"
@@ -143,8 +144,8 @@ func TestOpenMigratesSchemaV1(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := []Sandbox{
-			{Name: "c", UUID: "uuid-c", Role: RoleChild, Parent: "o", Branch: "work/c", Repo: "/r", State: StateStopped, SocketDir: "/state/sock/uuid-c.00"},
-			{Name: "o", UUID: "uuid-o", Role: RoleOrchestrator, Branch: "main", Repo: "/r", State: StateRunning, SocketDir: "/state/sock/uuid-o.00", Grant: `{"version":1}`},
+			{Name: "c", UUID: "uuid-c", Role: wire.RoleChild, Parent: "o", Branch: "work/c", Repo: "/r", State: StateStopped, SocketDir: "/state/sock/uuid-c.00"},
+			{Name: "o", UUID: "uuid-o", Role: wire.RoleOrchestrator, Branch: "main", Repo: "/r", State: StateRunning, SocketDir: "/state/sock/uuid-o.00", Grant: `{"version":1}`},
 		}
 		if pass == "reopened" {
 			want[1].HostUID, want[1].Imported = 4242, "abc"
@@ -221,7 +222,7 @@ func TestHostUIDClaimsAreForever(t *testing.T) {
 	if err := s.ClaimHostUID(ctx, 1<<30); !errors.Is(err, ErrExists) {
 		t.Fatalf("second claim: %v", err)
 	}
-	if err := s.CreateSandbox(ctx, Sandbox{Name: "x", UUID: "ux", Role: RoleOrchestrator, Branch: "main", Repo: "/r", State: StateRunning, HostUID: 1 << 30}); err != nil {
+	if err := s.CreateSandbox(ctx, Sandbox{Name: "x", UUID: "ux", Role: wire.RoleOrchestrator, Branch: "main", Repo: "/r", State: StateRunning, HostUID: 1 << 30}); err != nil {
 		t.Fatal(err)
 	}
 	if sb, err := s.Sandbox(ctx, "x"); err != nil || sb.HostUID != 1<<30 {

@@ -209,7 +209,7 @@ func TestQuotaAfterDeleteSandbox(t *testing.T) {
 	s, _ := openTestStore(t)
 	s.SetQuota(Quota{MaxUnreadItems: 2})
 	ctx := context.Background()
-	kid := Sandbox{Name: "c", UUID: "u3", Role: RoleChild, Parent: "o", Branch: "c", Repo: "/r", State: "running"}
+	kid := Sandbox{Name: "c", UUID: "u3", Role: wire.RoleChild, Parent: "o", Branch: "c", Repo: "/r", State: "running"}
 	for round := range 2 {
 		for i := range 2 {
 			if _, err := deliver(s, "o", "c", fmt.Sprintf("m-%d-%d", round, i)); err != nil {

@@ -1,17 +1,12 @@
 package store
 
 import (
+	"agentbox/internal/wire"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
-)
-
-// Roles.
-const (
-	RoleOrchestrator = "orchestrator"
-	RoleChild        = "child"
 )
 
 // States of a sandbox row.
@@ -36,7 +31,7 @@ const (
 type Sandbox struct {
 	Name      string
 	UUID      string
-	Role      string
+	Role      wire.Role
 	Parent    string // orchestrator's name for a child; "" otherwise
 	Branch    string
 	Repo      string // host path of the source repository

@@ -21,8 +21,8 @@ func openTestStore(t *testing.T) (*Store, string) {
 	t.Cleanup(func() { s.Close() })
 	ctx := context.Background()
 	for _, sb := range []Sandbox{
-		{Name: "o", UUID: "u1", Role: RoleOrchestrator, Branch: "main", Repo: "/r", State: "running"},
-		{Name: "c", UUID: "u2", Role: RoleChild, Parent: "o", Branch: "c", Repo: "/r", State: "running"},
+		{Name: "o", UUID: "u1", Role: wire.RoleOrchestrator, Branch: "main", Repo: "/r", State: "running"},
+		{Name: "c", UUID: "u2", Role: wire.RoleChild, Parent: "o", Branch: "c", Repo: "/r", State: "running"},
 	} {
 		if err := s.CreateSandbox(ctx, sb); err != nil {
 			t.Fatal(err)

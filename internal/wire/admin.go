@@ -11,7 +11,7 @@ type NewArgs struct {
 	Name   string          `json:"name"`
 	Repo   string          `json:"repo,omitempty"`
 	Branch string          `json:"branch,omitempty"`
-	Role   string          `json:"role"` // "orchestrator" or "child"
+	Role   Role            `json:"role"`
 	Parent string          `json:"parent,omitempty"`
 	Grant  json.RawMessage `json:"grant,omitempty"`
 }
@@ -42,7 +42,7 @@ type DestroyResult struct {
 // SandboxInfo is one entry of "ls" (and of `jailbee ls --json`).
 type SandboxInfo struct {
 	Name    string  `json:"name"`
-	Role    string  `json:"role"`
+	Role    Role    `json:"role"`
 	Parent  *string `json:"parent"`
 	State   string  `json:"state"`
 	Running bool    `json:"running"`
