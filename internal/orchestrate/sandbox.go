@@ -73,25 +73,37 @@ func (o *Orchestrator) checkout(name string) gitx.Repo {
 }
 
 // CreateSandbox makes a running sandbox whose checkout is req.Branch of
-// the host repository, serves its socket, and records it. Every step is
-// undone if a later one fails. Refusals (*Refusal) name the cause for the
-// host user who asked.
-func (o *Orchestrator) CreateSandbox(ctx context.Context, req CreateRequest) (sb store.Sandbox, err error) {
+// the host repository, serves its socket, and records it (`jailbee new`).
+// Every step is undone if a later one fails. Refusals (*Refusal) name the
+// cause for the host user who asked.
+func (o *Orchestrator) CreateSandbox(ctx context.Context, req CreateRequest) (store.Sandbox, error) {
 	src, err := o.checkCreate(ctx, &req)
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	sb = store.Sandbox{Name: req.Name, Role: req.Role, Parent: req.Parent, Branch: src.branch,
+	sb := store.Sandbox{Name: req.Name, Role: req.Role, Parent: req.Parent, Branch: src.branch,
 		Repo: src.repo, State: store.StateCreating, Grant: req.Grant, Imported: src.commit}
-	limits, err := o.limitsFor(src.repo)
+	err = o.makeSandbox(ctx, &sb, true, func(ctx context.Context) error { return o.fillCheckout(ctx, req.Name, src) })
+	if errors.Is(err, backend.ErrExists) {
+		// Not in broker.db but present in the backend: left by a create
+		// the broker did not finish.
+		return store.Sandbox{}, refusef("a sandbox `%s` exists in the backend without a broker record (an interrupted create?): remove it with 'jailbee destroy %s --force'", req.Name, req.Name)
+	}
 	if err != nil {
 		return store.Sandbox{}, err
 	}
-	if sb.HostUID, err = o.claimHostUID(ctx); err != nil {
-		return store.Sandbox{}, err
-	}
+	return sb, nil
+}
 
-	// Steps taken, undone in reverse by one deferred cleanup.
+// makeSandbox takes the steps every new sandbox takes, `jailbee new` and
+// a spawn's worker alike: its limits and host uid, the backend's sandbox,
+// its record, its socket, its start, its checkout (fill), and running.
+// Each step is recorded as it is taken, and on error one deferred cleanup
+// undoes them in reverse (containerd's NewBundle is the model). A new
+// record (fresh) is inserted and removed by the cleanup; a spawn's record
+// exists from its admission and is updated instead: its worker reports
+// the failure and removes it (it must say why first).
+func (o *Orchestrator) makeSandbox(ctx context.Context, sb *store.Sandbox, fresh bool, fill func(context.Context) error) (err error) {
 	var undo []func()
 	defer func() {
 		if err != nil {
@@ -100,38 +112,53 @@ func (o *Orchestrator) CreateSandbox(ctx context.Context, req CreateRequest) (sb
 			}
 		}
 	}()
-	inst, err := o.Backend.Create(ctx, backend.CreateOptions{Name: req.Name, HostUID: sb.HostUID, Limits: limits})
-	if errors.Is(err, backend.ErrExists) {
-		// Not in broker.db but present in the backend: left by a create
-		// the broker did not finish.
-		return store.Sandbox{}, refusef("a sandbox `%s` exists in the backend without a broker record (an interrupted create?): remove it with 'jailbee destroy %s --force'", req.Name, req.Name)
-	}
+	cleanup := context.WithoutCancel(ctx)
+
+	limits, err := o.limitsFor(sb.Repo)
 	if err != nil {
-		return store.Sandbox{}, fmt.Errorf("create sandbox: %w", err)
+		return err
 	}
-	undo = append(undo, func() { o.Backend.Destroy(context.WithoutCancel(ctx), req.Name) })
+	if sb.HostUID, err = o.claimHostUID(ctx); err != nil {
+		return err
+	}
+	inst, err := o.Backend.Create(ctx, backend.CreateOptions{Name: sb.Name, HostUID: sb.HostUID, Limits: limits})
+	if err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
+	}
+	undo = append(undo, func() { o.Backend.Destroy(cleanup, sb.Name) })
+	if !fresh {
+		crashpoint.Hit(crashpoint.SpawnCreated)
+	}
 	sb.UUID = inst.UUID
-	if err = o.Store.CreateSandbox(ctx, sb); err != nil {
-		return store.Sandbox{}, fmt.Errorf("record sandbox: %w", err)
-	}
-	undo = append(undo, func() { o.Store.DeleteSandbox(context.WithoutCancel(ctx), req.Name) })
-	if o.Serve != nil {
-		if err = o.Serve(sb); err != nil {
-			return store.Sandbox{}, fmt.Errorf("serve the sandbox's socket: %w", err)
+	if fresh {
+		if err = o.Store.CreateSandbox(ctx, *sb); err != nil {
+			return fmt.Errorf("record sandbox: %w", err)
 		}
-		undo = append(undo, func() { o.Unserve(req.Name) })
+		undo = append(undo, func() { o.Store.DeleteSandbox(cleanup, sb.Name) })
+	} else if err = o.Store.SetCreated(ctx, sb.Name, inst.UUID, sb.HostUID); err != nil {
+		return fmt.Errorf("record sandbox: %w", err)
 	}
-	if err = o.Backend.Start(ctx, req.Name); err != nil {
-		return store.Sandbox{}, fmt.Errorf("start sandbox: %w", err)
+	if *sb, err = o.Store.Sandbox(ctx, sb.Name); err != nil {
+		return fmt.Errorf("read sandbox record: %w", err)
 	}
-	if err = o.fillCheckout(ctx, req.Name, src); err != nil {
-		return store.Sandbox{}, err
+	if o.Serve != nil {
+		if err = o.Serve(*sb); err != nil {
+			return fmt.Errorf("serve the sandbox's socket: %w", err)
+		}
+		name := sb.Name
+		undo = append(undo, func() { o.Unserve(name) })
 	}
-	if err = o.Store.SetState(ctx, req.Name, store.StateRunning); err != nil {
-		return store.Sandbox{}, fmt.Errorf("record sandbox: %w", err)
+	if err = o.Backend.Start(ctx, sb.Name); err != nil {
+		return fmt.Errorf("start sandbox: %w", err)
+	}
+	if err = fill(ctx); err != nil {
+		return err
+	}
+	if err = o.Store.SetState(ctx, sb.Name, store.StateRunning); err != nil {
+		return fmt.Errorf("record sandbox: %w", err)
 	}
 	sb.State = store.StateRunning
-	return sb, nil
+	return nil
 }
 
 // source is where a new sandbox's checkout comes from.

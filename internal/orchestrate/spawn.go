@@ -14,7 +14,6 @@ import (
 
 	"agentbox/internal/agent"
 	"agentbox/internal/backend"
-	"agentbox/internal/crashpoint"
 	"agentbox/internal/gitx"
 	"agentbox/internal/grant"
 	"agentbox/internal/manifest"
@@ -299,63 +298,39 @@ func (o *Orchestrator) runAgent(ctx context.Context, sb store.Sandbox, doc spawn
 	o.watchAgent(name)
 }
 
-// buildChild makes the child's sandbox and fills its checkout.
+// buildChild makes the child's sandbox (makeSandbox) and fills its
+// checkout from the spawn's source.
 func (o *Orchestrator) buildChild(ctx context.Context, sb *store.Sandbox, doc spawnDoc, log io.Writer, phase *string) error {
-	limits, err := o.limitsFor(sb.Repo)
-	if err != nil {
-		return err
-	}
-	uid, err := o.claimHostUID(ctx)
-	if err != nil {
-		return err
-	}
-	inst, err := o.Backend.Create(ctx, backend.CreateOptions{Name: sb.Name, HostUID: uid, Limits: limits})
-	if err != nil {
-		return fmt.Errorf("create sandbox: %w", err)
-	}
-	crashpoint.Hit(crashpoint.SpawnCreated)
-	if err := o.Store.SetCreated(ctx, sb.Name, inst.UUID, uid); err != nil {
-		return err
-	}
-	if *sb, err = o.Store.Sandbox(ctx, sb.Name); err != nil {
-		return err
-	}
-	if o.Serve != nil {
-		if err := o.Serve(*sb); err != nil {
-			return fmt.Errorf("serve the socket: %w", err)
-		}
-	}
-	if err := o.Backend.Start(ctx, sb.Name); err != nil {
-		return fmt.Errorf("start sandbox: %w", err)
-	}
-	fmt.Fprintf(log, "%s sandbox %s started\n", stamp(), sb.Name)
-	*phase = PhaseCloning
-	if err := o.Store.SetPhase(ctx, sb.Name, *phase); err != nil {
-		return err
-	}
-	src := gitx.HostRepo(sb.Repo)
-	if doc.Source == "pr" {
-		commit, err := gitx.FetchPR(ctx, sb.Repo, PRRemote, doc.PR)
-		if err != nil {
+	return o.makeSandbox(ctx, sb, false, func(ctx context.Context) error {
+		fmt.Fprintf(log, "%s sandbox %s started\n", stamp(), sb.Name)
+		*phase = PhaseCloning
+		if err := o.Store.SetPhase(ctx, sb.Name, *phase); err != nil {
 			return err
 		}
-		fmt.Fprintf(log, "%s pull request %d of %s is at %s\n", stamp(), doc.PR, PRRemote, commit)
-		if err := o.Store.SetImported(ctx, sb.Name, commit); err != nil {
+		src := gitx.HostRepo(sb.Repo)
+		if doc.Source == "pr" {
+			commit, err := gitx.FetchPR(ctx, sb.Repo, PRRemote, doc.PR)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(log, "%s pull request %d of %s is at %s\n", stamp(), doc.PR, PRRemote, commit)
+			if err := o.Store.SetImported(ctx, sb.Name, commit); err != nil {
+				return err
+			}
+			doc.Commit = commit
+		}
+		if doc.Source == "orchestrator" {
+			src = o.checkout(sb.Parent)
+		}
+		if err := o.fillFrom(ctx, sb.Name, src, sb.Branch, doc.Commit); err != nil {
 			return err
 		}
-		doc.Commit = commit
-	}
-	if doc.Source == "orchestrator" {
-		src = o.checkout(sb.Parent)
-	}
-	if err := o.fillFrom(ctx, sb.Name, src, sb.Branch, doc.Commit); err != nil {
-		return err
-	}
-	fmt.Fprintf(log, "%s checkout of %s at %s done\n", stamp(), sb.Branch, doc.Commit)
-	if doc.Source == "orchestrator" {
-		o.seedWarmPaths(ctx, sb.Parent, sb.Name, doc.Commit, doc.WarmPaths, log)
-	}
-	return o.Store.SetState(ctx, sb.Name, store.StateRunning)
+		fmt.Fprintf(log, "%s checkout of %s at %s done\n", stamp(), sb.Branch, doc.Commit)
+		if doc.Source == "orchestrator" {
+			o.seedWarmPaths(ctx, sb.Parent, sb.Name, doc.Commit, doc.WarmPaths, log)
+		}
+		return nil
+	})
 }
 
 // startAgent starts the child's agent in its tmux session and waits until
