@@ -174,10 +174,10 @@ func crashFamily(t *testing.T) (bin, state, repo string, p *procBroker) {
 }
 
 // listAll returns a sandbox's whole inbox (unread and read history).
-func listAll(t *testing.T, c *inbox.Client) broker.ListResult {
+func listAll(t *testing.T, c *inbox.Client) wire.ListResult {
 	t.Helper()
-	var res broker.ListResult
-	if err := c.Call(context.Background(), "list", broker.ListArgs{All: true}, &res); err != nil {
+	var res wire.ListResult
+	if err := c.Call(context.Background(), "list", wire.ListArgs{All: true}, &res); err != nil {
 		t.Fatal(err)
 	}
 	return res
@@ -212,7 +212,7 @@ func TestCrashRightAfterSendReplyKeepsEverything(t *testing.T) {
 	sendMessage(t, orch, map[string]any{"id": "m-0", "to": "kid", "body": "zero"})
 	sendMessage(t, orch, map[string]any{"id": "m-1", "to": "kid", "body": "one"})
 	read0 := idOfOrigin(t, unread(t, kid), "m-0")
-	if err := kid.Call(context.Background(), "read", broker.ReadArgs{ID: read0}, nil); err != nil {
+	if err := kid.Call(context.Background(), "read", wire.ReadArgs{ID: read0}, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -238,7 +238,7 @@ func TestCrashRightAfterSendReplyKeepsEverything(t *testing.T) {
 	// The orchestrator's status for m-2 is recorded: status answers it, and
 	// a resend returns the same status and delivers nothing new.
 	var byRef wire.StatusItem
-	if err := orch.Call(context.Background(), "status", broker.StatusArgs{Ref: "m-2"}, &byRef); err != nil {
+	if err := orch.Call(context.Background(), "status", wire.StatusArgs{Ref: "m-2"}, &byRef); err != nil {
 		t.Fatalf("status m-2 after the crash: %v", err)
 	}
 	if byRef.ID != st.ID || byRef.State != wire.StateDone {
@@ -265,7 +265,7 @@ func TestCrashRightAfterReadReplyKeepsItRead(t *testing.T) {
 	id := idOfOrigin(t, unread(t, kid), "r-1")
 
 	var got wire.MessageItem
-	if err := kid.Call(context.Background(), "read", broker.ReadArgs{ID: id}, &got); err != nil {
+	if err := kid.Call(context.Background(), "read", wire.ReadArgs{ID: id}, &got); err != nil {
 		t.Fatal(err)
 	}
 	p.kill9()
@@ -282,7 +282,7 @@ func TestCrashRightAfterReadReplyKeepsItRead(t *testing.T) {
 		t.Fatalf("read history after the crash: %v, want [%s]", all.ReadIDs, id)
 	}
 	var we *wire.Error
-	if err := kid.Call(context.Background(), "read", broker.ReadArgs{ID: id}, nil); !errors.As(err, &we) || we.Code != wire.CodeNotFound {
+	if err := kid.Call(context.Background(), "read", wire.ReadArgs{ID: id}, nil); !errors.As(err, &we) || we.Code != wire.CodeNotFound {
 		t.Fatalf("reading %s again after the crash: %v, want not_found", id, err)
 	}
 }
@@ -328,8 +328,8 @@ func TestCrashWhileNextParked(t *testing.T) {
 	p = startProcBroker(t, bin, state)
 	// No park slot is left over: a next parks again (quiet, not busy)...
 	kid := p.client("kid")
-	var res broker.NextResult
-	if err := kid.Call(context.Background(), "next", broker.NextArgs{QuietAfterMS: 50}, &res); err != nil || !res.Quiet {
+	var res wire.NextResult
+	if err := kid.Call(context.Background(), "next", wire.NextArgs{QuietAfterMS: 50}, &res); err != nil || !res.Quiet {
 		t.Fatalf("next after the crash: %+v, %v; want quiet", res, err)
 	}
 	// ...and a parked next is woken by a delivery.
@@ -338,7 +338,7 @@ func TestCrashWhileNextParked(t *testing.T) {
 	waitProcParked(t, p, "kid", again, nextLine)
 	sendMessage(t, p.client("orch"), map[string]any{"id": "wake", "to": "kid", "body": "up"})
 	r := again.reply(t)
-	var woke broker.NextResult
+	var woke wire.NextResult
 	var m wire.MessageItem
 	json.Unmarshal(r.Result, &woke)
 	json.Unmarshal(woke.Item, &m)

@@ -103,9 +103,7 @@ func sendLost(t *testing.T, cl *inbox.Client, m map[string]any) {
 // items lists a sandbox's unread items of one type.
 func items[T any](t *testing.T, cl *inbox.Client, typ string) []T {
 	t.Helper()
-	var res struct {
-		Items []json.RawMessage `json:"items"`
-	}
+	var res wire.ListResult
 	if err := cl.Call(context.Background(), "list", nil, &res); err != nil {
 		t.Fatal(err)
 	}

@@ -57,7 +57,7 @@ func (b *Broker) dispatch(ctx context.Context, srv *sandboxServer, cc *connCtx, 
 	}
 	c := &call{caller: caller, srv: srv, cc: cc, args: req.Args}
 	rep := spec.run(b, ctx, c)
-	b.log.Debug("request", "op", req.Op, "caller", caller.Sandbox, "ok", rep.resp != nil && rep.resp.OK)
+	b.log.Debug("request", "op", req.Op, "sandbox", caller.Sandbox, "ok", rep.resp != nil && rep.resp.OK)
 	return rep
 }
 

@@ -15,28 +15,13 @@ import (
 func (b *Broker) fail(op string, c *call, err error) *reply {
 	var we *wire.Error
 	if !errors.As(err, &we) {
-		b.log.Error("request failed", "op", op, "caller", c.caller.Sandbox, "err", err)
+		b.log.Error("request failed", "op", op, "sandbox", c.caller.Sandbox, "err", err)
 	}
 	return replyErr(err)
 }
 
-// ListArgs are list's arguments.
-type ListArgs struct {
-	All bool `json:"all"`
-}
-
-// ListResult is list's result: inbox items oldest first, each shaped as in
-// the spec's Inbox section. ReadIDs names the items already read (only
-// with all=true). More is true when items were left out to keep the reply
-// within the 1 MiB line limit (read some, then list again).
-type ListResult struct {
-	Items   []json.RawMessage `json:"items"`
-	ReadIDs []string          `json:"read_ids,omitempty"`
-	More    bool              `json:"more,omitempty"`
-}
-
 func (b *Broker) opList(ctx context.Context, c *call) *reply {
-	var args ListArgs
+	var args wire.ListArgs
 	if werr := decodeArgs(c.args, &args); werr != nil {
 		return replyErr(werr)
 	}
@@ -57,10 +42,11 @@ func (b *Broker) opList(ctx context.Context, c *call) *reply {
 // within wire.MaxLineBytes (the envelope around it is small).
 const maxResultBytes = wire.MaxLineBytes - 1024
 
-// listResult writes the ListResult of items by hand: the items are stored
-// JSON documents, so they are spliced in rather than re-encoded. Items that
-// would push the reply past the line limit are left out, oldest kept, and
-// "more" says so.
+// listResult writes the wire.ListResult of items by hand: the items are
+// stored JSON documents, so they are spliced in rather than re-encoded.
+// Items that would push the reply past the line limit are left out, oldest
+// kept, and "more" says so. TestListResultMatchesWireType holds it to the
+// encoding of wire.ListResult.
 func listResult(items []store.Item) json.RawMessage {
 	out := make([]byte, 0, 256)
 	out = append(out, `{"items":[`...)
@@ -95,14 +81,8 @@ func listResult(items []store.Item) json.RawMessage {
 	return append(out, '}')
 }
 
-// ReadArgs are read's arguments.
-type ReadArgs struct {
-	ID   string `json:"id"`
-	Keep bool   `json:"keep"`
-}
-
 func (b *Broker) opRead(ctx context.Context, c *call) *reply {
-	var args ReadArgs
+	var args wire.ReadArgs
 	if werr := decodeArgs(c.args, &args); werr != nil {
 		return replyErr(werr)
 	}
@@ -119,13 +99,8 @@ func (b *Broker) opRead(ctx context.Context, c *call) *reply {
 	return &reply{resp: &wire.Response{V: wire.Version, OK: true, Result: it.Doc}}
 }
 
-// AckArgs are ack's arguments.
-type AckArgs struct {
-	ID string `json:"id"`
-}
-
 func (b *Broker) opAck(ctx context.Context, c *call) *reply {
-	var args AckArgs
+	var args wire.AckArgs
 	if werr := decodeArgs(c.args, &args); werr != nil {
 		return replyErr(werr)
 	}
@@ -138,26 +113,11 @@ func (b *Broker) opAck(ctx context.Context, c *call) *reply {
 	if qerr != nil {
 		return b.fail("ack", c, storeErr(qerr, "no unread item '"+truncate(args.ID, 64)+"'"))
 	}
-	return replyOK(map[string]any{"id": args.ID, "read": true})
+	return replyOK(wire.AckResult{ID: args.ID, Read: true})
 }
 
-// NextArgs are next's arguments. Empty filters match every item.
-type NextArgs struct {
-	Ref          string   `json:"ref,omitempty"`           // only statuses of this manifest id
-	MsgKinds     []string `json:"msg_kinds,omitempty"`     // message kinds that wake
-	StatusStates []string `json:"status_states,omitempty"` // status states that wake
-	Ack          bool     `json:"ack,omitempty"`           // mark the returned item read
-	QuietAfterMS int64    `json:"quiet_after_ms,omitempty"`
-}
-
-// NextResult is next's result: an item, or quiet=true when no item of any
-// kind arrived for quiet_after_ms.
-type NextResult struct {
-	Item  json.RawMessage `json:"item,omitempty"`
-	Quiet bool            `json:"quiet,omitempty"`
-}
-
-func (a *NextArgs) match(it store.Item) bool {
+// nextMatch reports whether it passes next's filter a.
+func nextMatch(a *wire.NextArgs, it store.Item) bool {
 	if a.Ref != "" {
 		return it.Type == wire.ItemStatus && it.Ref == a.Ref
 	}
@@ -193,7 +153,7 @@ func contains(list []string, s string) bool {
 // next is parked per sandbox; a second gets busy. The client hanging up
 // ends the wait.
 func (b *Broker) opNext(ctx context.Context, c *call) *reply {
-	var args NextArgs
+	var args wire.NextArgs
 	if werr := decodeArgs(c.args, &args); werr != nil {
 		return replyErr(werr)
 	}
@@ -215,9 +175,10 @@ func (b *Broker) opNext(ctx context.Context, c *call) *reply {
 		defer quietTimer.Stop()
 		quiet = quietTimer.C
 	}
+	match := func(it store.Item) bool { return nextMatch(&args, it) }
 	for {
 		changed := c.srv.inboxChanged()
-		it, found, err := b.store.FirstUnread(ctx, c.caller.Sandbox, args.match)
+		it, found, err := b.store.FirstUnread(ctx, c.caller.Sandbox, match)
 		if err != nil {
 			if ctx.Err() != nil {
 				return &reply{hangup: true}
@@ -230,7 +191,7 @@ func (b *Broker) opNext(ctx context.Context, c *call) *reply {
 					return b.fail("next", c, err)
 				}
 			}
-			rep := replyOK(NextResult{Item: it.Doc})
+			rep := replyOK(wire.NextResult{Item: it.Doc})
 			if args.Ack {
 				rep.onLost = func() { b.store.MarkUnread(context.Background(), c.caller.Sandbox, it.ID) }
 			}
@@ -242,7 +203,7 @@ func (b *Broker) opNext(ctx context.Context, c *call) *reply {
 		case <-b.conns.drained:
 			return &reply{hangup: true} // shutting down: the client reconnects
 		case <-quiet:
-			return replyOK(NextResult{Quiet: true})
+			return replyOK(wire.NextResult{Quiet: true})
 		case <-changed:
 			if quietTimer != nil {
 				quietTimer.Reset(time.Duration(args.QuietAfterMS) * time.Millisecond)

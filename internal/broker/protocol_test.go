@@ -396,7 +396,7 @@ func TestOneParkedNextPerSandbox(t *testing.T) {
 	// A delivery wakes the parked next.
 	sendMessage(t, e.client("orch"), map[string]any{"id": "wake", "to": "kid", "body": "up"})
 	r := parked.reply(t)
-	var res broker.NextResult
+	var res wire.NextResult
 	json.Unmarshal(r.Result, &res)
 	var m wire.MessageItem
 	json.Unmarshal(res.Item, &m)
@@ -432,7 +432,7 @@ func TestHalfCloseEndsParkedNext(t *testing.T) {
 	// The park slot is free again.
 	n := e.raw("orch")
 	fmt.Fprintln(n, `{"v":1,"op":"next","args":{"quiet_after_ms":1}}`)
-	var res broker.NextResult
+	var res wire.NextResult
 	r := n.reply(t)
 	json.Unmarshal(r.Result, &res)
 	if !r.OK || !res.Quiet {
@@ -447,8 +447,8 @@ func TestNextFilters(t *testing.T) {
 	kid := e.client("kid")
 	sendMessage(t, e.client("orch"), map[string]any{"id": "n1", "to": "kid", "body": "a note"})
 	sendMessage(t, e.client("orch"), map[string]any{"id": "q1", "to": "kid", "body": "a question", "kind": "question"})
-	var res broker.NextResult
-	if err := kid.Call(context.Background(), "next", broker.NextArgs{MsgKinds: []string{"question"}}, &res); err != nil {
+	var res wire.NextResult
+	if err := kid.Call(context.Background(), "next", wire.NextArgs{MsgKinds: []string{"question"}}, &res); err != nil {
 		t.Fatal(err)
 	}
 	var m wire.MessageItem
@@ -462,7 +462,7 @@ func TestNextFilters(t *testing.T) {
 	}
 	// ack=true consumes, and a ref filter matches only that manifest's status.
 	orch := e.client("orch")
-	if err := orch.Call(context.Background(), "next", broker.NextArgs{Ref: "n1", QuietAfterMS: 100}, &res); err != nil {
+	if err := orch.Call(context.Background(), "next", wire.NextArgs{Ref: "n1", QuietAfterMS: 100}, &res); err != nil {
 		t.Fatal(err)
 	}
 	if !res.Quiet {

@@ -51,9 +51,7 @@ func sendHello(t *testing.T, c *inbox.Client, id, to string) wire.StatusItem {
 // unreadDocs lists a sandbox's unread items as stored.
 func unreadDocs(t *testing.T, c *inbox.Client) []json.RawMessage {
 	t.Helper()
-	var res struct {
-		Items []json.RawMessage `json:"items"`
-	}
+	var res wire.ListResult
 	if err := c.Call(context.Background(), "list", nil, &res); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +114,7 @@ func TestInboxQuotaItems(t *testing.T) {
 			}
 			// Acking an item makes room for one message, under a new id.
 			first := unread(t, rcv)[0]
-			if err := rcv.Call(context.Background(), "ack", broker.AckArgs{ID: first.ID}, nil); err != nil {
+			if err := rcv.Call(context.Background(), "ack", wire.AckArgs{ID: first.ID}, nil); err != nil {
 				t.Fatal(err)
 			}
 			wantDone(t, sendHello(t, snd, "m-5", d.to), d.recipient)
@@ -157,7 +155,7 @@ func TestInboxQuotaBytes(t *testing.T) {
 				}
 				// Reading an item frees its bytes.
 				first := unread(t, rcv)[0]
-				if err := rcv.Call(context.Background(), "read", broker.ReadArgs{ID: first.ID}, nil); err != nil {
+				if err := rcv.Call(context.Background(), "read", wire.ReadArgs{ID: first.ID}, nil); err != nil {
 					t.Fatal(err)
 				}
 				wantDone(t, sendHello(t, snd, "m-4", d.to), d.recipient)
@@ -246,7 +244,7 @@ func TestInboxQuotaSurvivesRestart(t *testing.T) {
 		t.Fatalf("resend of a refused id after a restart: %+v, first %+v", again, refused)
 	}
 	kid := e.client("kid")
-	if err := kid.Call(context.Background(), "ack", broker.AckArgs{ID: unread(t, kid)[0].ID}, nil); err != nil {
+	if err := kid.Call(context.Background(), "ack", wire.AckArgs{ID: unread(t, kid)[0].ID}, nil); err != nil {
 		t.Fatal(err)
 	}
 	wantDone(t, sendHello(t, orch, "m-5", "kid"), "kid")

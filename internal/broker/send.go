@@ -11,13 +11,6 @@ import (
 	"agentbox/internal/wire"
 )
 
-// SendArgs are send's arguments: the manifest, and the text for a manifest
-// that uses prompt_file or body_file.
-type SendArgs struct {
-	Manifest json.RawMessage `json:"manifest"`
-	Body     *string         `json:"body,omitempty"`
-}
-
 // manifestID returns the manifest's id when it is a valid id, so a refusal
 // can be journaled under it; "" otherwise.
 func manifestID(raw json.RawMessage) string {
@@ -38,7 +31,7 @@ func manifestID(raw json.RawMessage) string {
 // manifest's first status; that status is stored as read history because
 // the reply carries it, and put back unread if the reply cannot be written.
 func (b *Broker) opSend(ctx context.Context, c *call) *reply {
-	var args SendArgs
+	var args wire.SendArgs
 	if werr := decodeArgs(c.args, &args); werr != nil {
 		return replyErr(werr)
 	}
@@ -66,7 +59,7 @@ func (b *Broker) opSend(ctx context.Context, c *call) *reply {
 	}
 	var st wire.StatusItem
 	json.Unmarshal(sent.Status.Doc, &st)
-	b.log.Info("send", "caller", c.caller.Sandbox, "manifest", st.Ref, "state", st.State, "resent", !sent.Fresh)
+	b.log.Info("send", "sandbox", c.caller.Sandbox, "manifest", st.Ref, "state", st.State, "resent", !sent.Fresh)
 	rep := &reply{resp: &wire.Response{V: wire.Version, OK: true, Result: sent.Status.Doc}}
 	if sent.Fresh {
 		// The client left before taking its reply: leave the status unread.
@@ -82,7 +75,7 @@ func (b *Broker) opSend(ctx context.Context, c *call) *reply {
 // send runs one manifest. Idempotency lives in the store: the handler's
 // transaction and the refusal's both look the id up first, so an id with a
 // recorded status gets that status back and nothing runs again.
-func (b *Broker) send(ctx context.Context, caller wire.Caller, args SendArgs) (store.Sent, error) {
+func (b *Broker) send(ctx context.Context, caller wire.Caller, args wire.SendArgs) (store.Sent, error) {
 	id := manifestID(args.Manifest)
 	if id == "" {
 		// No valid id to journal under: refused, and not stored.

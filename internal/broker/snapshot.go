@@ -14,19 +14,11 @@ import (
 // Snapshot is the immutable view a completed round publishes. children,
 // status and grant read it without touching the store or the backend.
 type Snapshot struct {
-	Children map[string][]ChildInfo     // by orchestrator
-	Statuses map[string][]store.Item    // by sandbox: latest status per ref, first seen first
-	Grants   map[string]json.RawMessage // by orchestrator
+	Children map[string][]wire.ChildInfo // by orchestrator
+	Statuses map[string][]store.Item     // by sandbox: latest status per ref, first seen first
+	Grants   map[string]json.RawMessage  // by orchestrator
 	// statusSeq is the newest status folded into Statuses.
 	statusSeq int64
-}
-
-// ChildInfo is one entry of the children op's result.
-type ChildInfo struct {
-	Name    string `json:"name"`
-	Branch  string `json:"branch"`
-	State   string `json:"state"`
-	Running bool   `json:"running"`
 }
 
 // roundLoop runs a round every RoundInterval. Host commands that change
@@ -72,7 +64,7 @@ func (b *Broker) runRound() {
 		return
 	}
 	next := &Snapshot{
-		Children:  map[string][]ChildInfo{},
+		Children:  map[string][]wire.ChildInfo{},
 		Statuses:  map[string][]store.Item{},
 		Grants:    map[string]json.RawMessage{},
 		statusSeq: prev.statusSeq,
@@ -83,7 +75,7 @@ func (b *Broker) runRound() {
 		}
 		switch sb.Role {
 		case wire.RoleChild:
-			next.Children[sb.Parent] = append(next.Children[sb.Parent], ChildInfo{
+			next.Children[sb.Parent] = append(next.Children[sb.Parent], wire.ChildInfo{
 				Name: sb.Name, Branch: sb.Branch, State: orchestrate.ChildState(sb), Running: running[sb.Name]})
 		case wire.RoleOrchestrator:
 			if sb.Grant != "" {
@@ -134,26 +126,13 @@ func (b *Broker) opChildren(_ context.Context, c *call) *reply {
 	}
 	kids := b.snap.Load().Children[c.caller.Sandbox]
 	if kids == nil {
-		kids = []ChildInfo{}
+		kids = []wire.ChildInfo{}
 	}
-	return replyOK(map[string]any{"children": kids})
-}
-
-// StatusResult is status's result without a ref: the latest status of each
-// manifest, oldest first. More is true when older ones were left out to
-// keep the reply within the line limit.
-type StatusResult struct {
-	Statuses []json.RawMessage `json:"statuses"`
-	More     bool              `json:"more,omitempty"`
-}
-
-// StatusArgs are status's arguments.
-type StatusArgs struct {
-	Ref string `json:"ref,omitempty"`
+	return replyOK(wire.ChildrenResult{Children: kids})
 }
 
 func (b *Broker) opStatus(_ context.Context, c *call) *reply {
-	var args StatusArgs
+	var args wire.StatusArgs
 	if werr := decodeArgs(c.args, &args); werr != nil {
 		return replyErr(werr)
 	}
@@ -169,7 +148,7 @@ func (b *Broker) opStatus(_ context.Context, c *call) *reply {
 		for _, it := range all[first:] {
 			docs = append(docs, it.Doc)
 		}
-		return replyOK(StatusResult{Statuses: docs, More: first > 0})
+		return replyOK(wire.StatusResult{Statuses: docs, More: first > 0})
 	}
 	for _, it := range all {
 		if it.Ref == args.Ref {

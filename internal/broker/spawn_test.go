@@ -64,9 +64,7 @@ func nextItem(t testing.TB, c *inbox.Client, match func(raw json.RawMessage) boo
 	t.Helper()
 	deadline := time.Now().Add(wait.Guard + 150*time.Second) // a spawn's agent has 120 s
 	for time.Now().Before(deadline) {
-		var res struct {
-			Items []json.RawMessage `json:"items"`
-		}
+		var res wire.ListResult
 		if err := c.Call(context.Background(), "list", nil, &res); err != nil {
 			t.Fatal(err)
 		}
@@ -303,9 +301,7 @@ func TestDoneRefusedDirtyThenAccepted(t *testing.T) {
 		t.Fatalf("accepted report: %+v", done)
 	}
 	// The child's own history holds the refusal of its first report.
-	var res struct {
-		Items []json.RawMessage `json:"items"`
-	}
+	var res wire.ListResult
 	if err := e.client("d").Call(context.Background(), "list", map[string]any{"all": true}, &res); err != nil {
 		t.Fatal(err)
 	}

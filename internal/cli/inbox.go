@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"agentbox/internal/grant"
 	"agentbox/internal/inbox"
 	"agentbox/internal/wire"
 )
@@ -161,15 +162,11 @@ func newInboxLsCmd() *cobra.Command {
 		Short: "List unread inbox items (--all: read history too)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			raw, err := inboxCall(cmd.Context(), "list", map[string]bool{"all": all})
+			raw, err := inboxCall(cmd.Context(), "list", wire.ListArgs{All: all})
 			if err != nil {
 				return err
 			}
-			var res struct {
-				Items   []json.RawMessage `json:"items"`
-				ReadIDs []string          `json:"read_ids"`
-				More    bool              `json:"more"`
-			}
+			var res wire.ListResult
 			if err := json.Unmarshal(raw, &res); err != nil {
 				return protocolExit(inbox.ErrUnreachable)
 			}
@@ -204,7 +201,7 @@ func newInboxReadCmd() *cobra.Command {
 		Short: "Show an unread item and mark it read (--keep leaves it unread)",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			raw, err := inboxCall(cmd.Context(), "read", map[string]any{"id": args[0], "keep": keep})
+			raw, err := inboxCall(cmd.Context(), "read", wire.ReadArgs{ID: args[0], Keep: keep})
 			if err != nil {
 				return err
 			}
@@ -260,9 +257,9 @@ Read from the broker's last completed round, so a status may trail by about a
 second.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			a := map[string]string{}
+			var a wire.StatusArgs
 			if len(args) == 1 {
-				a["ref"] = args[0]
+				a.Ref = args[0]
 			}
 			raw, err := inboxCall(cmd.Context(), "status", a)
 			if err != nil {
@@ -278,9 +275,7 @@ second.`,
 				fmt.Fprintf(out, "%s  %s: %s\n", st.Ref, st.State, st.Detail)
 				return nil
 			}
-			var res struct {
-				Statuses []json.RawMessage `json:"statuses"`
-			}
+			var res wire.StatusResult
 			json.Unmarshal(raw, &res)
 			if asJSON {
 				return writeJSON(out, res.Statuses)
@@ -309,15 +304,7 @@ func newInboxGrantCmd() *cobra.Command {
 				return err
 			}
 			out := cmd.OutOrStdout()
-			var g struct {
-				MaxRunningChildren int      `json:"max_running_children"`
-				Operations         []string `json:"operations"`
-				Grantable          struct {
-					Mounts []string `json:"mounts"`
-					Loose  bool     `json:"loose"`
-					Egress []string `json:"egress"`
-				} `json:"grantable"`
-			}
+			var g grant.Grant
 			if asJSON || json.Unmarshal(raw, &g) != nil {
 				return printItem(out, raw, true)
 			}
@@ -348,14 +335,7 @@ func newInboxChildrenCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var res struct {
-				Children []struct {
-					Name    string `json:"name"`
-					Branch  string `json:"branch"`
-					State   string `json:"state"`
-					Running bool   `json:"running"`
-				} `json:"children"`
-			}
+			var res wire.ChildrenResult
 			json.Unmarshal(raw, &res)
 			out := cmd.OutOrStdout()
 			if asJSON {

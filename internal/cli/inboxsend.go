@@ -83,6 +83,8 @@ func runSend(cmd *cobra.Command, f sendFlags, m *manifest.Manifest) error {
 		return err
 	}
 	defer c.Close()
+	// The shape of wire.SendArgs, kept a map so the request's keys go out
+	// sorted ("body" before "manifest"), as the send forms' tests pin them.
 	args := map[string]any{"manifest": json.RawMessage(raw)}
 	if body != nil {
 		args["body"] = *body
@@ -119,7 +121,8 @@ func runSend(cmd *cobra.Command, f sendFlags, m *manifest.Manifest) error {
 
 // waitStatus consumes the next status for ref.
 func waitStatus(ctx context.Context, c *inbox.Client, ref string) (wire.StatusItem, error) {
-	var res nextResult
+	var res wire.NextResult
+	// wire.NextArgs's fields; a map keeps the request's keys sorted.
 	if err := c.Call(ctx, "next", map[string]any{"ref": ref, "ack": true}, &res); err != nil {
 		if ctx.Err() != nil {
 			return wire.StatusItem{}, exitf(ExitTimeout, "timed out waiting for the status of %s", ref)

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"regexp"
@@ -71,12 +70,6 @@ func truncateArg(s string) string {
 	return s
 }
 
-// nextResult mirrors the broker's next result.
-type nextResult struct {
-	Item  json.RawMessage `json:"item"`
-	Quiet bool            `json:"quiet"`
-}
-
 func newInboxWaitCmd() *cobra.Command {
 	var wakeOn, quietAfter, timeout string
 	c := &cobra.Command{
@@ -111,6 +104,8 @@ broker does not come back); a first connection that fails exits 4 at once.`,
 			}
 			ctx, cancel := withTimeout(cmd.Context(), d)
 			defer cancel()
+			// wire.NextArgs's fields; a map sends every key (empty filters
+			// as null), where the struct would omit them.
 			args := map[string]any{"msg_kinds": kinds, "status_states": states, "quiet_after_ms": quiet.Milliseconds()}
 			res, err := callNextRetrying(ctx, args)
 			if err != nil {
@@ -135,16 +130,16 @@ broker does not come back); a first connection that fails exits 4 at once.`,
 // failing exits 4 at once; a connection that drops later is re-dialled with
 // backoff until ctx ends (exit 4 if it never came back, 3 on timeout while
 // connected).
-func callNextRetrying(ctx context.Context, args any) (nextResult, error) {
+func callNextRetrying(ctx context.Context, args any) (wire.NextResult, error) {
 	path := socketPath()
 	c, err := inbox.Dial(ctx, path)
 	if err != nil {
-		return nextResult{}, unreachable(path, err)
+		return wire.NextResult{}, unreachable(path, err)
 	}
 	backoff := reconnectFirst
 	busyUntil := time.Now().Add(busyGrace)
 	for {
-		var res nextResult
+		var res wire.NextResult
 		err := c.Call(ctx, "next", args, &res)
 		var we *wire.Error
 		switch {
@@ -153,19 +148,19 @@ func callNextRetrying(ctx context.Context, args any) (nextResult, error) {
 			return res, nil
 		case ctx.Err() != nil:
 			c.Close()
-			return nextResult{}, exitf(ExitTimeout, "timed out waiting")
+			return wire.NextResult{}, exitf(ExitTimeout, "timed out waiting")
 		case errors.As(err, &we) && we.Code == wire.CodeBusy && time.Now().Before(busyUntil):
 			time.Sleep(reconnectFirst)
 			continue
 		case !errors.Is(err, inbox.ErrUnreachable):
 			c.Close()
-			return nextResult{}, protocolExit(err)
+			return wire.NextResult{}, protocolExit(err)
 		}
 		c.Close()
 		for {
 			select {
 			case <-ctx.Done():
-				return nextResult{}, exitf(ExitUnreachable, "the broker connection dropped and did not come back")
+				return wire.NextResult{}, exitf(ExitUnreachable, "the broker connection dropped and did not come back")
 			case <-time.After(backoff):
 			}
 			backoff = min(backoff*2, reconnectMax)
