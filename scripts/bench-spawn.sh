@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs the fork spawn benchmarks (internal/broker/spawn_bench_test.go)
-# COUNT rounds of ITERS ops each and prints the median ms/op of each and,
-# per repository size, ForkSpawn / ForkSpawnBare (target <= 1.3x).
+# Runs the fork spawn benchmark (internal/broker/spawn_bench_test.go)
+# COUNT rounds of ITERS ops each (each op: one bare clone-and-start, then
+# one fork spawn) and prints, per repository size, the medians over the
+# rounds of spawn-ms/op, bare-ms/op and spawn/bare (target <= 1.3x).
 #
 # Usage: scripts/bench-spawn.sh [COUNT] [ITERS]    (defaults: 3, 5)
 # Raw `go test` output goes to $OUT (default: a temp file, path printed).
@@ -13,30 +14,33 @@ out=${OUT:-$(mktemp -t jailbee-bench-spawn.XXXXXX)}
 echo "machine: $(nproc) CPUs, $(go version | cut -d' ' -f3-), load $(cut -d' ' -f1-3 /proc/loadavg)"
 : >"$out"
 for _ in $(seq "$count"); do
-	go test -run '^$' -bench '^BenchmarkForkSpawn' -benchtime "${iters}x" -count 1 -timeout 60m ./internal/broker | tee -a "$out" | grep -E '^(Benchmark|ok|FAIL)' >&2
+	go test -run '^$' -bench '^BenchmarkForkSpawn$' -benchtime "${iters}x" -count 1 -timeout 60m ./internal/broker | tee -a "$out" | grep -E '^(Benchmark|ok|FAIL)' >&2
 done
 echo "raw output: $out"
 
 awk '
-/^BenchmarkForkSpawn/ {
-	name = $1; sub(/-[0-9]+$/, "", name); sub(/^Benchmark/, "", name)
-	for (i = 2; i < NF; i++) if ($(i+1) == "ms/op") { v[name, ++n[name]] = $i + 0 }
+/^BenchmarkForkSpawn\// {
+	size = $1; sub(/^.*files=/, "", size); sub(/-[0-9]+$/, "", size)
+	k = ++runs[size]
+	for (i = 2; i < NF; i++) {
+		if ($(i+1) == "spawn-ms/op") spawn[size, k] = $i + 0
+		if ($(i+1) == "bare-ms/op") bare[size, k] = $i + 0
+		if ($(i+1) == "spawn/bare") ratio[size, k] = $i + 0
+	}
 }
-function median(name,   k, j, t, a, m) {
-	m = n[name]
-	if (m == 0) return 0
-	for (k = 1; k <= m; k++) a[k] = v[name, k]
+function median(arr, size,   k, j, t, a, m) {
+	m = runs[size]
+	for (k = 1; k <= m; k++) a[k] = arr[size, k]
 	for (k = 1; k <= m; k++) for (j = k + 1; j <= m; j++) if (a[j] < a[k]) { t = a[k]; a[k] = a[j]; a[j] = t }
 	return (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
 }
 END {
-	printf "%-36s %14s  %s\n", "benchmark", "median ms/op", "runs"
-	for (name in n) printf "%-36s %14.1f  %d\n", name, median(name), n[name] | "sort"
-	close("sort")
-	print ""
+	printf "%-8s %6s %16s %15s %12s\n", "files", "rounds", "spawn ms/op", "bare ms/op", "spawn/bare"
 	split("1 100 10000", sizes, " ")
-	for (k = 1; k <= 3; k++) {
-		a = "ForkSpawn/files=" sizes[k]; b = "ForkSpawnBare/files=" sizes[k]
-		if (median(a) && median(b)) printf "%-44s %6.2fx   (target <= 1.3x)\n", a " / bare", median(a) / median(b)
+	for (i = 1; i <= 3; i++) {
+		s = sizes[i]
+		if (!runs[s]) continue
+		printf "%-8s %6d %16.1f %15.1f %11.2fx\n", s, runs[s], median(spawn, s), median(bare, s), median(ratio, s)
 	}
+	print "(medians over the rounds; target spawn/bare <= 1.3x)"
 }' "$out"

@@ -96,10 +96,12 @@ func (s Spec) Argv(prompt string) []string {
 // after it (a new session when there is none yet, else a new window).
 func StartArgv(s Spec, prompt string, newSession bool) []string {
 	cmd := s.Argv(prompt)
+	// -P -F: tmux prints the new pane's pid (what PaneArgv prints), which
+	// spares the first observation a command.
 	if newSession {
-		return append([]string{"tmux", "new-session", "-d", "-s", Session, "-n", s.Name, "-x", "200", "-y", "50", "--"}, cmd...)
+		return append([]string{"tmux", "new-session", "-d", "-P", "-F", "#{pane_pid}", "-s", Session, "-n", s.Name, "-x", "200", "-y", "50", "--"}, cmd...)
 	}
-	return append([]string{"tmux", "new-window", "-d", "-t", Session + ":", "-n", s.Name, "--"}, cmd...)
+	return append([]string{"tmux", "new-window", "-d", "-P", "-F", "#{pane_pid}", "-t", Session + ":", "-n", s.Name, "--"}, cmd...)
 }
 
 // HasSessionArgv succeeds when the agents' tmux session exists.

@@ -76,11 +76,20 @@ func TestArgv(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Argv = %q\nwant %q", got, want)
 	}
-	if a := StartArgv(s, "p", true); a[0] != "tmux" || a[1] != "new-session" || a[6] != "claude" {
-		t.Fatalf("StartArgv(new) = %q", a)
-	}
-	if a := StartArgv(s, "p", false); a[1] != "new-window" || a[4] != Session+":" {
-		t.Fatalf("StartArgv(window) = %q", a)
+	// The tmux part: the window named after the agent, the pane's pid
+	// printed, then "--" and the agent's own argv.
+	for _, tc := range []struct {
+		newSession bool
+		want       string
+	}{
+		{true, "tmux new-session -d -P -F #{pane_pid} -s " + Session + " -n claude -x 200 -y 50 --"},
+		{false, "tmux new-window -d -P -F #{pane_pid} -t " + Session + ": -n claude --"},
+	} {
+		a := StartArgv(s, "p", tc.newSession)
+		n := len(a) - len(s.Argv("p"))
+		if got := strings.Join(a[:n], " "); got != tc.want || !reflect.DeepEqual(a[n:], s.Argv("p")) {
+			t.Fatalf("StartArgv(%v) = %q", tc.newSession, a)
+		}
 	}
 }
 

@@ -292,8 +292,8 @@ func TestAdminNewBranches(t *testing.T) {
 // assertCheckout checks a sandbox's checkout, with git inside it.
 func assertCheckout(t testing.TB, e *testEnv, name, branch, commit string) {
 	t.Helper()
-	got := e.mustExec(name, "sh", "-c", "git symbolic-ref --short HEAD && git rev-parse HEAD && git status --porcelain --untracked-files=all | wc -l && git for-each-ref --format='%(refname)'")
-	want := branch + "\n" + commit + "\n0\nrefs/heads/" + branch
+	got := e.mustExec(name, "sh", "-c", "git symbolic-ref --short HEAD && git rev-parse HEAD && git status --porcelain --untracked-files=all | wc -l && git for-each-ref --format='%(refname) %(objectname)'")
+	want := branch + "\n" + commit + "\n0\nrefs/heads/" + branch + " " + commit + "\nrefs/jailbee/start " + commit
 	if got != want {
 		t.Fatalf("checkout of %s:\n%s\nwant\n%s", name, got, want)
 	}

@@ -256,15 +256,6 @@ func Checkout(ctx context.Context, r Repo, branch, commit string) error {
 	return err
 }
 
-// DeleteRef removes ref from r.
-func DeleteRef(ctx context.Context, r Repo, ref string) error {
-	if err := checkFullRef(ctx, "ref", ref); err != nil {
-		return err
-	}
-	_, err := r.git(ctx, "update-ref", "-d", ref)
-	return err
-}
-
 // TransferOptions tune a Transfer.
 type TransferOptions struct {
 	// MaxBytes bounds the bytes from the source; 0 is MaxTransferBytes.

@@ -32,7 +32,9 @@ const (
 	workCheckTimeout = time.Minute
 	// hostUIDAttempts bounds the random picks for a free host uid.
 	hostUIDAttempts = 64
-	// startRef holds a new sandbox's start commit while it is checked out.
+	// startRef is a new sandbox's start commit, in its own repository: the
+	// fetch lands there, and it stays (git log refs/jailbee/start..HEAD is
+	// the sandbox's own work).
 	startRef = "refs/jailbee/start"
 )
 
@@ -338,9 +340,6 @@ func (o *Orchestrator) fillFrom(ctx context.Context, name string, src gitx.Repo,
 		return fmt.Errorf("checkout: %w", err)
 	}
 	if err := gitx.Checkout(ctx, dst, branch, commit); err != nil {
-		return fmt.Errorf("checkout: %w", err)
-	}
-	if err := gitx.DeleteRef(ctx, dst, startRef); err != nil {
 		return fmt.Errorf("checkout: %w", err)
 	}
 	return nil

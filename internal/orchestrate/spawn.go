@@ -245,9 +245,11 @@ func (o *Orchestrator) createChild(ctx context.Context, name string) {
 		fmt.Fprintf(log, "%s failed during %s: %s\n", stamp(), phase, reason)
 		o.failChild(context.WithoutCancel(ctx), sb, doc, phase, reason, keep)
 	}
-	if err := o.Store.SetPhase(ctx, name, phase); err != nil {
-		fail("its record could not be written", false)
-		return
+	if sb.Phase != phase { // a queued spawn's record has none yet
+		if err := o.Store.SetPhase(ctx, name, phase); err != nil {
+			fail("its record could not be written", false)
+			return
+		}
 	}
 	if err := o.buildChild(ctx, &sb, doc, log, &phase); err != nil {
 		fmt.Fprintf(log, "%s error: %v\n", stamp(), err)
@@ -344,16 +346,24 @@ func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc
 		code, err := run.Run(ctx, gitx.Cmd{Argv: agent.HasSessionArgv()})
 		newSession = err != nil || code != 0
 	}
-	var stderr strings.Builder
-	code, err := run.Run(ctx, gitx.Cmd{Argv: agent.StartArgv(spec, doc.Prompt, newSession), Dir: backend.WorkspacePath, Stderr: &limitedWriter{w: &stderr, n: 1024}})
+	var stdout, stderr strings.Builder
+	code, err := run.Run(ctx, gitx.Cmd{Argv: agent.StartArgv(spec, doc.Prompt, newSession), Dir: backend.WorkspacePath,
+		Stdout: &limitedWriter{w: &stdout, n: 256}, Stderr: &limitedWriter{w: &stderr, n: 1024}})
 	if err != nil || code != 0 {
 		return agentSeen{}, fmt.Errorf("tmux exited %d: %v %q", code, err, stderr.String())
 	}
 	deadline := time.Now().Add(agentStartTimeout)
 	var first agent.Identity
 	var firstAt time.Time
+	pid, pidErr := agent.ParsePID([]byte(stdout.String())) // tmux's word for the pane it made
 	for time.Now().Before(deadline) {
-		id, alive := o.observeAgent(ctx, name, spec.Name)
+		var id agent.Identity
+		var alive bool
+		if first == (agent.Identity{}) && pidErr == nil {
+			id, alive = o.identityOf(ctx, name, pid)
+		} else {
+			id, alive = o.observeAgent(ctx, name, spec.Name)
+		}
 		switch {
 		case !alive && first != (agent.Identity{}):
 			return agentSeen{}, errAgentEnded
@@ -393,8 +403,15 @@ func (o *Orchestrator) observeAgent(ctx context.Context, name, window string) (a
 	if err != nil {
 		return agent.Identity{}, false
 	}
-	out.Reset()
-	if code, err := run.Run(ctx, gitx.Cmd{Argv: agent.IdentityArgv(pid), Stdout: &limitedWriter{w: &out, n: 4096}}); err != nil || code != 0 {
+	return o.identityOf(ctx, name, pid)
+}
+
+// identityOf reads the identity of process pid in the sandbox name.
+func (o *Orchestrator) identityOf(ctx context.Context, name string, pid int) (agent.Identity, bool) {
+	ctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
+	defer cancel()
+	var out strings.Builder
+	if code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.IdentityArgv(pid), Stdout: &limitedWriter{w: &out, n: 4096}}); err != nil || code != 0 {
 		return agent.Identity{}, false
 	}
 	id, alive, err := agent.ParseStat(pid, []byte(out.String()))
