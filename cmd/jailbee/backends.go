@@ -1,11 +1,13 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/backend/incus"
 	"agentbox/internal/backend/local"
 	"agentbox/internal/cli"
 )
@@ -23,7 +25,24 @@ func openBackend(o cli.BackendOptions) (backend.Backend, error) {
 			Binary:   exe,
 			NoLimits: o.NoLimits,
 		})
+	case incus.Type:
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("cannot find the jailbee binary: %w", err)
+		}
+		return incus.New(context.Background(), incus.Options{
+			Project: o.IncusProject, Image: o.Image, Client: exe, NoLimits: o.NoLimits,
+		})
 	default:
-		return nil, fmt.Errorf("backend %q is not available (this build has: local)", o.Kind)
+		return nil, fmt.Errorf("backend %q is not available (this build has: local, incus)", o.Kind)
 	}
+}
+
+// buildImage is `jailbee image build`.
+func buildImage(ctx context.Context, o cli.ImageOptions) error {
+	b, err := incus.New(ctx, incus.Options{Project: o.IncusProject})
+	if err != nil {
+		return err
+	}
+	return b.BuildImage(ctx, incus.BuildOptions{Alias: o.Alias, Force: o.Force, Progress: o.Progress})
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"agentbox/internal/backend/incus"
 	"agentbox/internal/backend/local/unit"
 	"agentbox/internal/cli"
 	"agentbox/internal/gitx"
@@ -25,6 +26,8 @@ func main() {
 			os.Exit(unit.LaunchMain())
 		case arg == unit.PtyRelayCommand:
 			os.Exit(unit.PtyRelayMain(os.Args[2:]))
+		case arg == incus.FrameCommand:
+			os.Exit(incus.FrameMain(os.Args[2:]))
 		case gitx.IsHelperCommand(arg):
 			os.Exit(gitx.HelperMain(os.Args[1:]))
 		}
@@ -35,6 +38,7 @@ func main() {
 	}
 	os.Exit(cli.Run(context.Background(), name, os.Args[1:], cli.Deps{
 		OpenBackend: openBackend,
+		BuildImage:  buildImage,
 		Stdin:       os.Stdin,
 		Stdout:      os.Stdout,
 		Stderr:      os.Stderr,

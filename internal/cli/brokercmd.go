@@ -21,10 +21,10 @@ import (
 const BrokerConfigFile = "broker.yaml"
 
 func newBrokerCmd(deps Deps) *cobra.Command {
-	var state, kind, logLevel, configFile string
+	var state, kind, logLevel, configFile, incusProject, image string
 	var noLimits bool
 	c := &cobra.Command{
-		Use:   "broker [--state DIR] [--config FILE] [--backend local] [--no-limits]",
+		Use:   "broker [--state DIR] [--config FILE] [--backend local|incus [--incus-project P] [--image ALIAS]] [--no-limits]",
 		Short: "Run the orchestration broker in the foreground",
 		Long: `Run the orchestration broker in the foreground until interrupted.
 
@@ -33,10 +33,12 @@ socket <state>/admin.sock (owner only) for the host commands, and one socket
 per orchestrator or child at <state>/sock/<uuid>.<random>/broker.sock. It
 refuses to start while another broker holds the state dir.
 
-Sandboxes run under bubblewrap as one unit each, which outlives the broker:
-stopping or killing the broker ends no sandbox, and the next broker finds
-them running. A broker run as root gives each sandbox its own unprivileged
-host uid; otherwise sandboxes run as the broker's uid.
+With --backend local (the default), sandboxes run under bubblewrap as one
+unit each, which outlives the broker: stopping or killing the broker ends no
+sandbox, and the next broker finds them running. A broker run as root gives
+each sandbox its own unprivileged host uid; otherwise sandboxes run as the
+broker's uid. With --backend incus, sandboxes are unprivileged Incus system
+containers made from the image 'jailbee image build' makes (docs/incus.md).
 
 Per-sandbox limits (tasks, memory, CPU weight) and the inbox quota come from
 <state>/broker.yaml (or --config FILE; see docs/broker-config.md), with a
@@ -64,7 +66,7 @@ refuses to start unless --no-limits.`,
 			if err != nil {
 				return err
 			}
-			be, err := deps.OpenBackend(BackendOptions{Kind: kind, StateDir: dir, NoLimits: noLimits})
+			be, err := deps.OpenBackend(BackendOptions{Kind: kind, StateDir: dir, NoLimits: noLimits, IncusProject: incusProject, Image: image})
 			if err != nil {
 				return exitf(ExitFailed, "%v", err)
 			}
@@ -95,7 +97,9 @@ refuses to start unless --no-limits.`,
 	}
 	addStateFlag(c, &state)
 	c.Flags().StringVar(&configFile, "config", "", "broker config (default <state>/broker.yaml; missing: the defaults)")
-	c.Flags().StringVar(&kind, "backend", "local", "sandbox backend: local (bubblewrap)")
+	c.Flags().StringVar(&kind, "backend", "local", "sandbox backend: local (bubblewrap) or incus (system containers)")
+	c.Flags().StringVar(&incusProject, "incus-project", "", "Incus project of the sandboxes (default: Incus's default project)")
+	c.Flags().StringVar(&image, "image", "", "Incus image alias of new sandboxes (default: jailbee)")
 	c.Flags().BoolVar(&noLimits, "no-limits", false, "run sandboxes without per-sandbox resource limits (no cgroups)")
 	c.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return c

@@ -45,11 +45,23 @@ type BackendOptions struct {
 	StateDir string
 	// NoLimits runs sandboxes without per-sandbox resource limits.
 	NoLimits bool
+	// IncusProject and Image: the Incus project and image alias ("" =
+	// the defaults).
+	IncusProject, Image string
+}
+
+// ImageOptions are `jailbee image build`'s.
+type ImageOptions struct {
+	Alias, IncusProject string
+	Force               bool
+	Progress            io.Writer
 }
 
 // Deps are what cmd/jailbee provides.
 type Deps struct {
 	OpenBackend func(BackendOptions) (backend.Backend, error)
+	// BuildImage builds the Incus sandbox image.
+	BuildImage func(ctx context.Context, o ImageOptions) error
 	Stdin       io.Reader
 	Stdout      io.Writer
 	Stderr      io.Writer
@@ -94,7 +106,8 @@ message their orchestrator or children. 'jb' is the same program.`,
 		return exitf(ExitUsage, "%v (see '%s --help')", err, c.CommandPath())
 	})
 	root.AddCommand(newBrokerCmd(deps), newNewCmd(deps), newLsCmd(deps), newExecCmd(deps),
-		newStartCmd(deps), newStopCmd(deps), newDestroyCmd(deps), newAttachCmd(deps), newLogsCmd(deps), newInboxCmd(deps))
+		newStartCmd(deps), newStopCmd(deps), newDestroyCmd(deps), newAttachCmd(deps), newLogsCmd(deps), newInboxCmd(deps),
+		newImageCmd(deps))
 	return root
 }
 

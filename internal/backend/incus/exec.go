@@ -1,0 +1,306 @@
+package incus
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"agentbox/internal/backend"
+
+	"golang.org/x/sys/unix"
+)
+
+// Exec implements backend.Backend through `incus exec`, which passes the
+// command's exit status through. The command runs as the agent user (or
+// root, or a numeric uid), in the checkout unless Dir says otherwise, with
+// a fixed base environment plus opts.Env: nothing of the broker's own.
+func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOptions) (int, error) {
+	if len(opts.Argv) == 0 {
+		return 0, errors.New("exec: empty command")
+	}
+	in, err := b.instance(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	if !in.Running {
+		return 0, fmt.Errorf("%w: %s", backend.ErrNotRunning, name)
+	}
+	uid, err := execUID(opts.User)
+	if err != nil {
+		return 0, err
+	}
+	env, err := commandEnv(uid, opts.Env)
+	if err != nil {
+		return 0, err
+	}
+	// The marker names this command's processes for a cancel: the incus
+	// client going away does not end them.
+	marker := execMarker + "=" + rand.Text()
+	env = append(env, marker)
+	args := []string{}
+	if b.opts.Project != "" {
+		args = append(args, "--project", b.opts.Project)
+	}
+	args = append(args, "exec", name, "--user", strconv.Itoa(uid), "--group", strconv.Itoa(uid), "--cwd", workDir(opts.Dir))
+	for _, kv := range env {
+		args = append(args, "--env", kv)
+	}
+	if opts.TTY {
+		// A terminal: incus ends with the command.
+		args = append(append(args, "--force-interactive", "--"), opts.Argv...)
+		return b.runExec(ctx, name, uid, marker, args, opts, false)
+	}
+	args = append(append(args, "--force-noninteractive", "--", ClientPath, FrameCommand, "--"), opts.Argv...)
+	return b.runExec(ctx, name, uid, marker, args, opts, true)
+}
+
+// runExec runs the incus client for one Exec. A framed command's stdin
+// goes through a pipe this side owns and its stdout through deframe (see
+// frame.go).
+func (b *Backend) runExec(ctx context.Context, name string, uid int, marker string, args []string, opts backend.ExecOptions, framed bool) (int, error) {
+	cmd := exec.Command(b.opts.Incus, args...)
+	cmd.Env = incusEnv()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, opts.Stdout, opts.Stderr
+	var f *framing
+	if framed {
+		var err error
+		if f, err = newFraming(opts); err != nil {
+			return 0, err
+		}
+		defer f.close()
+		cmd.Stdin, cmd.Stdout = f.clientIn, f.clientOut
+	}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("exec in %s: %w", name, err)
+	}
+	if f != nil {
+		f.start()
+	}
+	if opts.Started != nil {
+		opts.Started()
+	}
+	done := make(chan struct{})
+	go func() {
+		select {
+		case <-ctx.Done():
+			// The incus client going away does not end the command in the
+			// container: end it there, then the client.
+			b.killExec(context.WithoutCancel(ctx), name, uid, marker)
+			cmd.Process.Kill()
+		case <-done:
+		}
+	}()
+	err := cmd.Wait()
+	close(done)
+	status, framedOK := 0, false
+	if f != nil {
+		status, framedOK = f.wait()
+	}
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+	if framedOK {
+		return status, nil
+	}
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode(), nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("exec in %s: %w", name, err)
+	}
+	return 0, nil
+}
+
+// framing is one framed Exec's plumbing: the client's stdin and stdout
+// are pipes this side owns; the caller's streams are read and written
+// through copies of our own, as the caller may close its *os.File
+// streams once Started has run.
+type framing struct {
+	clientIn, stdinW   *os.File // the client's stdin pipe
+	stdoutR, clientOut *os.File // the client's stdout pipe
+	stdinSrc           io.Reader
+	stdout             io.Writer
+	closeOnce          sync.Once
+	status             int
+	ok                 bool
+	deframed           chan struct{}
+}
+
+func newFraming(opts backend.ExecOptions) (*framing, error) {
+	f := &framing{deframed: make(chan struct{})}
+	var err error
+	if f.clientIn, f.stdinW, err = os.Pipe(); err != nil {
+		return nil, err
+	}
+	if f.stdoutR, f.clientOut, err = os.Pipe(); err != nil {
+		f.close()
+		return nil, err
+	}
+	if f.stdinSrc, err = ownReader(opts.Stdin); err != nil {
+		f.close()
+		return nil, err
+	}
+	if f.stdout, err = ownWriter(opts.Stdout); err != nil {
+		f.close()
+		return nil, err
+	}
+	return f, nil
+}
+
+// start runs the copies once the client holds its ends.
+func (f *framing) start() {
+	f.clientIn.Close()
+	f.clientOut.Close()
+	go func() {
+		if f.stdinSrc != nil {
+			io.Copy(f.stdinW, f.stdinSrc)
+			closeIfFile(f.stdinSrc)
+		}
+		f.closeStdin()
+	}()
+	go func() {
+		defer close(f.deframed)
+		f.status, f.ok = deframe(f.stdoutR, f.stdout, func() { closeIfFile(f.stdout) })
+		f.closeStdin() // the command has ended: so may the client
+	}()
+}
+
+func (f *framing) closeStdin() { f.closeOnce.Do(func() { f.stdinW.Close() }) }
+
+// wait returns the command's status once the client has ended.
+func (f *framing) wait() (int, bool) {
+	<-f.deframed
+	return f.status, f.ok
+}
+
+func (f *framing) close() {
+	for _, file := range []*os.File{f.clientIn, f.clientOut, f.stdoutR} {
+		if file != nil {
+			file.Close()
+		}
+	}
+	if f.stdinW != nil {
+		f.closeStdin()
+	}
+}
+
+// ownReader returns a reader the caller's closing cannot end: a duplicate
+// of an *os.File, the reader itself otherwise (nil: none).
+func ownReader(r io.Reader) (io.Reader, error) {
+	if file, ok := r.(*os.File); ok {
+		return dupFile(file)
+	}
+	return r, nil
+}
+
+// ownWriter is ownReader for a writer (nil: discard).
+func ownWriter(w io.Writer) (io.Writer, error) {
+	if file, ok := w.(*os.File); ok {
+		return dupFile(file)
+	}
+	if w == nil {
+		return io.Discard, nil
+	}
+	return w, nil
+}
+
+func closeIfFile(v any) {
+	if file, ok := v.(*os.File); ok {
+		file.Close()
+	}
+}
+
+func dupFile(f *os.File) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("exec: duplicate a stream: %w", err)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
+
+// execMarker is the environment variable that marks one Exec's processes.
+const execMarker = "JAILBEE_EXEC"
+
+// killScript kills, inside the container, every process whose environment
+// holds the line $1. It runs as the command's uid, so it can end nothing
+// but what that uid could end itself.
+const killScript = `for p in /proc/[0-9]*; do
+	if tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qxF -- "$1"; then kill -KILL "${p#/proc/}" 2>/dev/null; fi
+done`
+
+// killExec ends a cancelled command's processes in the container.
+func (b *Backend) killExec(ctx context.Context, name string, uid int, marker string) {
+	ctx, cancel := context.WithTimeout(ctx, killTimeout)
+	defer cancel()
+	args := []string{"exec", name, "--user", strconv.Itoa(uid), "--group", strconv.Itoa(uid), "--force-noninteractive",
+		"--", "sh", "-c", killScript, "sh", marker}
+	b.run(ctx, nil, args...)
+}
+
+// killTimeout bounds the kill of a cancelled command.
+const killTimeout = 30 * time.Second
+
+// execUID is the uid a command runs as: the agent's for "", 0 for root,
+// or a numeric uid.
+func execUID(user string) (int, error) {
+	switch user {
+	case "":
+		return AgentUID, nil
+	case "root":
+		return 0, nil
+	}
+	uid, err := strconv.Atoi(user)
+	if err != nil || uid < 0 || uid > 65535 {
+		return 0, fmt.Errorf("%w: user %q", backend.ErrUnsupported, user)
+	}
+	return uid, nil
+}
+
+// workDir is a command's working directory: the checkout, or a path
+// under it when relative.
+func workDir(dir string) string {
+	switch {
+	case dir == "":
+		return WorkspacePath
+	case path.IsAbs(dir):
+		return path.Clean(dir)
+	}
+	return path.Join(WorkspacePath, dir)
+}
+
+// commandEnv is a command's environment beyond what incus sets.
+func commandEnv(uid int, extra map[string]string) ([]string, error) {
+	home, user := HomePath, AgentUser
+	if uid == 0 {
+		home, user = "/root", "root"
+	}
+	env := map[string]string{
+		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"HOME": home,
+		"USER": user,
+		"LANG": "C.UTF-8",
+	}
+	for k, v := range extra {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return nil, fmt.Errorf("exec: invalid environment variable %q", k)
+		}
+		env[k] = v
+	}
+	out := make([]string, 0, len(env))
+	for k, v := range env {
+		out = append(out, k+"="+v)
+	}
+	slices.Sort(out)
+	return out, nil
+}
