@@ -62,9 +62,9 @@ type Deps struct {
 	OpenBackend func(BackendOptions) (backend.Backend, error)
 	// BuildImage builds the Incus sandbox image.
 	BuildImage func(ctx context.Context, o ImageOptions) error
-	Stdin       io.Reader
-	Stdout      io.Writer
-	Stderr      io.Writer
+	Stdin      io.Reader
+	Stdout     io.Writer
+	Stderr     io.Writer
 }
 
 // Run runs the command line args (without the program name) and returns
