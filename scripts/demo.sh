@@ -55,6 +55,10 @@ if [ "$(id -u)" -ne 0 ]; then
 	echo "not root: sandboxes run as your uid, without per-sandbox limits"
 	flags=(--no-limits)
 fi
+if [ "${DEMO_BACKEND:-local}" != local ]; then
+	# DEMO_BACKEND=incus: the same demo on Incus containers (docs/incus.md).
+	flags+=(--backend "$DEMO_BACKEND")
+fi
 jailbee broker "${flags[@]}" >"$work/broker.log" 2>&1 &
 broker_pid=$!
 for _ in $(seq 50); do [ -S "$work/state/admin.sock" ] && break; sleep 0.1; done
