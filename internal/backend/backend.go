@@ -68,6 +68,10 @@ type CreateOptions struct {
 	// Backends with their own id mapping (Incus) ignore it.
 	HostUID int
 	Limits  Limits
+	// Labels describe the sandbox to someone looking at the backend's own
+	// tools (Incus: user.jailbee.KEY config keys): role, parent, branch,
+	// repo. Keys are lowercase letters and dashes. Never shown inside.
+	Labels map[string]string
 }
 
 // ExecOptions describes one command inside a sandbox.

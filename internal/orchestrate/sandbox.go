@@ -123,7 +123,11 @@ func (o *Orchestrator) makeSandbox(ctx context.Context, sb *store.Sandbox, fresh
 	if sb.HostUID, err = o.claimHostUID(ctx); err != nil {
 		return err
 	}
-	inst, err := o.Backend.Create(ctx, backend.CreateOptions{Name: sb.Name, HostUID: sb.HostUID, Limits: limits})
+	labels := map[string]string{"role": string(sb.Role), "branch": sb.Branch, "repo": sb.Repo}
+	if sb.Parent != "" {
+		labels["parent"] = sb.Parent
+	}
+	inst, err := o.Backend.Create(ctx, backend.CreateOptions{Name: sb.Name, HostUID: sb.HostUID, Limits: limits, Labels: labels})
 	if err != nil {
 		return fmt.Errorf("create sandbox: %w", err)
 	}

@@ -12,10 +12,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -43,9 +46,13 @@ const (
 
 // Config keys jailbee sets on its containers.
 const (
-	managedKey = "user.jailbee.managed" // "true" on every container this backend made
-	uuidKey    = "volatile.uuid"
+	managedKey  = "user.jailbee.managed" // "true" on every container this backend made
+	labelPrefix = "user.jailbee."        // + a CreateOptions label key
+	uuidKey     = "volatile.uuid"
 )
+
+// labelKey is the shape of a label key.
+var labelKey = regexp.MustCompile(`^[a-z][a-z-]{0,31}$`)
 
 // Retries of a config change that lost an ETag race to another writer.
 const (
@@ -109,7 +116,16 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	if _, err := b.imageFingerprint(ctx, b.opts.Image); err != nil {
 		return backend.Instance{}, fmt.Errorf("no image %q in Incus: run 'jailbee image build' once", b.opts.Image)
 	}
-	args := []string{"init", b.opts.Image, opts.Name, "-c", managedKey + "=true"}
+	// security.guestapi=false: the guest API (/dev/incus) would show the container its
+	// user.* keys, host paths among them.
+	args := []string{"init", b.opts.Image, opts.Name, "-c", managedKey + "=true", "-c", "security.guestapi=false"}
+	labels, err := labelConfig(opts.Labels)
+	if err != nil {
+		return backend.Instance{}, fmt.Errorf("create sandbox %s: %w", opts.Name, err)
+	}
+	for _, kv := range labels {
+		args = append(args, "-c", kv)
+	}
 	if !b.opts.NoLimits {
 		for _, kv := range limitConfig(opts.Limits) {
 			args = append(args, "-c", kv)
@@ -131,6 +147,25 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	}
 	return in, nil
 }
+
+// labelConfig maps labels to user.jailbee.KEY=VALUE config, in key order.
+func labelConfig(labels map[string]string) ([]string, error) {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		v := labels[k]
+		if !labelKey.MatchString(k) || labelPrefix+k == managedKey {
+			return nil, fmt.Errorf("invalid label key %q", k)
+		}
+		if strings.ContainsAny(v, "\x00\n\r") || len(v) > maxLabelLen {
+			return nil, fmt.Errorf("invalid value of label %s", k)
+		}
+		out = append(out, labelPrefix+k+"="+v)
+	}
+	return out, nil
+}
+
+// maxLabelLen bounds a label's value (a repository path is the longest).
+const maxLabelLen = 4096
 
 // limitConfig maps limits to Incus config: limits.processes,
 // limits.memory and limits.cpu.allowance (a share under contention: the
