@@ -12,7 +12,11 @@ package backend
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 )
 
 // SocketMountPath is where a sandbox sees its broker-socket directory.
@@ -124,4 +128,26 @@ type Backend interface {
 	// List returns every sandbox this backend manages, with uuids, so the
 	// broker can detect copies and uuid conflicts.
 	List(ctx context.Context) ([]Instance, error)
+}
+
+// CommandEnv is a command's whole environment: base, then the caller's
+// extra variables over it, as sorted KEY=VALUE lines. Nothing of the
+// broker's own environment leaks in. An extra name that is empty or holds
+// '=' or NUL, or a value holding NUL, is refused.
+func CommandEnv(base, extra map[string]string) ([]string, error) {
+	env := maps.Clone(base)
+	if env == nil {
+		env = map[string]string{}
+	}
+	for k, v := range extra {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
+			return nil, fmt.Errorf("exec: invalid environment variable %q", k)
+		}
+		env[k] = v
+	}
+	out := make([]string, 0, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, k+"="+env[k])
+	}
+	return out, nil
 }

@@ -9,9 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -279,28 +277,17 @@ func workDir(dir string) string {
 	return path.Join(WorkspacePath, dir)
 }
 
-// commandEnv is a command's environment beyond what incus sets.
+// commandEnv is a command's whole environment (incus adds nothing of
+// the broker's).
 func commandEnv(uid int, extra map[string]string) ([]string, error) {
 	home, user := HomePath, AgentUser
 	if uid == 0 {
 		home, user = "/root", "root"
 	}
-	env := map[string]string{
+	return backend.CommandEnv(map[string]string{
 		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME": home,
 		"USER": user,
 		"LANG": "C.UTF-8",
-	}
-	for k, v := range extra {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return nil, fmt.Errorf("exec: invalid environment variable %q", k)
-		}
-		env[k] = v
-	}
-	out := make([]string, 0, len(env))
-	for k, v := range env {
-		out = append(out, k+"="+v)
-	}
-	slices.Sort(out)
-	return out, nil
+	}, extra)
 }

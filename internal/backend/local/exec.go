@@ -8,7 +8,6 @@ import (
 	"os"
 	"path"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -94,26 +93,14 @@ func workDir(dir string) string {
 	}
 }
 
-// commandEnv is the whole environment of a command: nothing of the
-// broker's own environment leaks in.
+// commandEnv is the whole environment of a command.
 func commandEnv(extra map[string]string) ([]string, error) {
-	env := map[string]string{
+	return backend.CommandEnv(map[string]string{
 		"PATH": ClientBinDir + ":" + systemPath,
 		"HOME": HomePath,
 		"USER": AgentUser,
 		"LANG": "C.UTF-8",
-	}
-	for k, v := range extra {
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.ContainsRune(v, 0) {
-			return nil, fmt.Errorf("exec: invalid environment variable %q", k)
-		}
-		env[k] = v
-	}
-	out := make([]string, 0, len(env))
-	for k, v := range env {
-		out = append(out, k+"="+v)
-	}
-	return out, nil
+	}, extra)
 }
 
 // streams are the three descriptors a command gets and the copies that
