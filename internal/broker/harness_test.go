@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/backend/incus"
 	"agentbox/internal/backend/local"
 	"agentbox/internal/broker"
 	"agentbox/internal/cgroup"
@@ -52,6 +53,9 @@ type testEnv struct {
 	b         *broker.Broker
 	be        *recBackend
 	logs      *wait.Buffer // everything every broker of the env logged
+	// incusProject, when set, runs the env's sandboxes on Incus in that
+	// project instead of on the local backend (newIncusTestEnv).
+	incusProject string
 }
 
 func newTestEnv(t testing.TB) *testEnv {
@@ -264,7 +268,15 @@ func hostGit(t testing.TB, dir string, args ...string) string {
 
 func (e *testEnv) start() {
 	e.t.Helper()
-	e.be = &recBackend{Backend: localBackend(e.t, e.state)}
+	if e.incusProject != "" {
+		be, err := incus.New(context.Background(), incus.Options{Project: e.incusProject, Client: testbin.Jailbee(e.t)})
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		e.be = &recBackend{Backend: be}
+	} else {
+		e.be = &recBackend{Backend: localBackend(e.t, e.state)}
+	}
 	// Info, as a broker runs by default: a debug line per request would
 	// weigh on the benchmarks and fill e.logs.
 	h := slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelInfo})
