@@ -50,6 +50,10 @@ type Instance struct {
 	Name    string // backend instance name (unique per backend)
 	UUID    string // stable instance uuid (Incus volatile.uuid)
 	Running bool
+	// SocketDir is the host directory attached as the sandbox's socket
+	// ("" for none): the broker's rounds compare it with their records, as
+	// a raw copy of a sandbox carries its original's attachment.
+	SocketDir string
 }
 
 // Limits bound one sandbox's resources. A zero field is not limited (only

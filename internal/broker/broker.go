@@ -68,7 +68,9 @@ type Broker struct {
 	queries  queryPool
 	executor executor
 	roundMu  sync.Mutex // one round at a time (the loop, admin ops)
-	snap     atomic.Pointer[Snapshot]
+	// defending: a round's socket fixes are being carried out.
+	defending atomic.Bool
+	snap      atomic.Pointer[Snapshot]
 
 	orchestrator *orchestrate.Orchestrator
 

@@ -6,10 +6,13 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"agentbox/internal/backend/incus"
+	"agentbox/internal/broker"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
@@ -108,4 +111,56 @@ func waitGone(t *testing.T, e *testEnv, name string) {
 		}
 		return true
 	})
+}
+
+// TestIncusCopyLosesTheSocket: a raw `incus copy` of an orchestrator
+// carries its socket device; the next round removes the copy's device,
+// moves the original's socket to a fresh directory and removes the old
+// one (every connection to it drops), and the original's client, on the
+// new socket, still has its inbox.
+func TestIncusCopyLosesTheSocket(t *testing.T) {
+	e := newIncusTestEnv(t)
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	sendManifest(t, e.client("kid"), map[string]any{"id": "m-1", "type": "message", "body": "before the copy"})
+	old := e.sock("lead")
+	conn := e.raw("lead") // a connection to the old socket
+	if out, err := exec.Command("incus", "copy", "--project", e.incusProject, "lead", "lead-copy").CombinedOutput(); err != nil {
+		t.Fatalf("incus copy: %v: %s", err, out)
+	}
+	wait.For(t, "the original's socket to move", func() bool { return e.sock("lead") != old })
+	// The round saw the copy carry the device (a round may run before the
+	// test could look at the copy itself).
+	if logs := e.logs.String(); !strings.Contains(logs, "instance=lead-copy") || !strings.Contains(logs, "carries another sandbox's socket") {
+		t.Fatalf("no round found the copy's socket device:\n%s", logs)
+	}
+	wait.For(t, "the copy's device to go", func() bool {
+		return !strings.Contains(incusDevices(t, e.incusProject, "lead-copy"), "jailbee-orchestration")
+	})
+	if _, err := os.Stat(filepath.Dir(old)); !os.IsNotExist(err) {
+		t.Fatalf("the old socket directory: %v", err)
+	}
+	if !conn.closed() {
+		t.Fatal("a connection to the old socket survived the move")
+	}
+	msgs := items[wire.MessageItem](t, e.client("lead"), wire.ItemMessage)
+	if len(msgs) != 1 || msgs[0].Body != "before the copy" {
+		t.Fatalf("lead's inbox on its new socket: %+v", msgs)
+	}
+	// Rounds pass: the original keeps its new socket.
+	moved := e.sock("lead")
+	time.Sleep(3 * broker.RoundInterval)
+	if e.sock("lead") != moved {
+		t.Fatal("the socket moved again")
+	}
+}
+
+// incusDevices lists an instance's device names.
+func incusDevices(t *testing.T, project, name string) string {
+	t.Helper()
+	out, err := exec.Command("incus", "config", "device", "list", "--project", project, name).CombinedOutput()
+	if err != nil {
+		t.Fatalf("incus config device list %s: %v: %s", name, err, out)
+	}
+	return string(out)
 }

@@ -21,6 +21,9 @@ type Snapshot struct {
 	statusSeq int64
 }
 
+// roundTimeout bounds one round's work (and a round's socket fixes).
+const roundTimeout = 30 * time.Second
+
 // roundLoop runs a round every RoundInterval. Host commands that change
 // sandboxes run one at once, before they answer.
 func (b *Broker) roundLoop() {
@@ -42,7 +45,7 @@ func (b *Broker) roundLoop() {
 func (b *Broker) runRound() {
 	b.roundMu.Lock()
 	defer b.roundMu.Unlock()
-	ctx, cancel := context.WithTimeout(b.ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(b.ctx, roundTimeout)
 	defer cancel()
 	sbs, err := b.store.Sandboxes(ctx)
 	if err != nil {
@@ -54,6 +57,7 @@ func (b *Broker) runRound() {
 		for _, in := range insts {
 			running[in.Name] = in.Running
 		}
+		b.defendSockets(planSockets(sbs, insts))
 	} else {
 		b.log.Warn("round: list backend", "err", err)
 	}

@@ -287,7 +287,8 @@ type rawInstance struct {
 }
 
 func (r rawInstance) instance() backend.Instance {
-	return backend.Instance{Name: r.Name, UUID: r.Config[uuidKey], Running: r.Status == "Running"}
+	return backend.Instance{Name: r.Name, UUID: r.Config[uuidKey], Running: r.Status == "Running",
+		SocketDir: r.Devices[backend.SocketDeviceName]["source"]}
 }
 
 // raw reads one of this backend's containers; ErrNotFound for an unknown

@@ -285,7 +285,7 @@ func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, backend.Instance{Name: e.Name(), UUID: m.UUID, Running: m.running()})
+		out = append(out, backend.Instance{Name: e.Name(), UUID: m.UUID, Running: m.running(), SocketDir: m.SocketDir})
 	}
 	return out, nil
 }
