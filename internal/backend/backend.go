@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"path"
 	"slices"
 	"strings"
 )
@@ -154,4 +155,17 @@ func CommandEnv(base, extra map[string]string) ([]string, error) {
 		out = append(out, k+"="+env[k])
 	}
 	return out, nil
+}
+
+// WorkDir resolves ExecOptions.Dir inside a sandbox: the checkout for "",
+// a path under it when relative, the path itself when absolute.
+func WorkDir(dir string) string {
+	switch {
+	case dir == "":
+		return WorkspacePath
+	case path.IsAbs(dir):
+		return path.Clean(dir)
+	default:
+		return path.Join(WorkspacePath, dir)
+	}
 }

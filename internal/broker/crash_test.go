@@ -124,20 +124,27 @@ func (p *procBroker) newSandbox(a wire.NewArgs) {
 	}
 }
 
-// socket returns a sandbox's socket path, as `ls` reports it.
+// socket returns a sandbox's socket path, as `ls` reports it. A starting
+// broker answers on its admin socket before it serves the sandboxes'
+// sockets: wait for it.
 func (p *procBroker) socket(name string) string {
 	p.t.Helper()
 	var list []wire.SandboxInfo
-	if err := p.adminCall("ls", nil, &list); err != nil {
-		p.t.Fatal(err)
-	}
-	for _, sb := range list {
-		if sb.Name == name && sb.Socket != nil {
-			return *sb.Socket
+	deadline := time.Now().Add(wait.Guard)
+	for {
+		if err := p.adminCall("ls", nil, &list); err != nil {
+			p.t.Fatal(err)
 		}
+		for _, sb := range list {
+			if sb.Name == name && sb.Socket != nil {
+				return *sb.Socket
+			}
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("sandbox %s has no socket in ls: %+v\n%s", name, list, p.stderr)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	p.t.Fatalf("sandbox %s has no socket in ls: %+v\n%s", name, list, p.stderr)
-	return ""
 }
 
 // client dials a sandbox's socket.

@@ -1,8 +1,6 @@
 package broker_test
 
 import (
-	"context"
-	"crypto/rand"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -11,47 +9,18 @@ import (
 	"testing"
 	"time"
 
-	"agentbox/internal/backend/incus"
+	"agentbox/internal/backend/incus/incustest"
 	"agentbox/internal/broker"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
-// incusRequired names the variable .ci/run sets once Incus is set up: a
-// missing Incus then fails these tests instead of skipping them.
-const incusRequired = "JAILBEE_TEST_INCUS"
-
 // newIncusTestEnv is newTestEnv with its sandboxes on Incus, in a project
-// of its own (sharing the default project's images and profiles) that is
-// removed with everything in it when the test ends.
+// of its own (incustest.Project).
 func newIncusTestEnv(t *testing.T) *testEnv {
 	t.Helper()
-	ctx := context.Background()
-	b, err := incus.New(ctx, incus.Options{})
-	if err == nil && !b.HasImage(ctx) {
-		err = incus.ErrNoImage
-	}
-	if err != nil {
-		if os.Getenv(incusRequired) == "1" {
-			t.Fatalf("Incus was asked for (%s=1): %v", incusRequired, err)
-		}
-		t.Skipf("no Incus here (%v)", err)
-	}
-	project := "jbbroker-" + strings.ToLower(rand.Text()[:10])
-	if out, err := exec.Command("incus", "project", "create", project, "-c", "features.images=false", "-c", "features.profiles=false").CombinedOutput(); err != nil {
-		t.Fatalf("incus project create: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		out, _ := exec.Command("incus", "list", "--project", project, "-f", "csv", "-c", "n").Output()
-		for _, name := range strings.Fields(string(out)) {
-			exec.Command("incus", "delete", "--project", project, "--force", name).Run()
-		}
-		if out, err := exec.Command("incus", "project", "delete", project).CombinedOutput(); err != nil {
-			t.Errorf("incus project delete: %v: %s", err, out)
-		}
-	})
 	e := newTestEnvStopped(t)
-	e.incusProject = project
+	e.incusProject = incustest.Project(t)
 	e.start()
 	return e
 }

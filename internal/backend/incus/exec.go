@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path"
 	"strconv"
 	"sync"
 	"time"
@@ -49,7 +48,7 @@ func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOption
 	if b.opts.Project != "" {
 		args = append(args, "--project", b.opts.Project)
 	}
-	args = append(args, "exec", name, "--user", strconv.Itoa(uid), "--group", strconv.Itoa(uid), "--cwd", workDir(opts.Dir))
+	args = append(args, "exec", name, "--user", strconv.Itoa(uid), "--group", strconv.Itoa(uid), "--cwd", backend.WorkDir(opts.Dir))
 	for _, kv := range env {
 		args = append(args, "--env", kv)
 	}
@@ -263,18 +262,6 @@ func execUID(user string) (int, error) {
 		return 0, fmt.Errorf("%w: user %q", backend.ErrUnsupported, user)
 	}
 	return uid, nil
-}
-
-// workDir is a command's working directory: the checkout, or a path
-// under it when relative.
-func workDir(dir string) string {
-	switch {
-	case dir == "":
-		return WorkspacePath
-	case path.IsAbs(dir):
-		return path.Clean(dir)
-	}
-	return path.Join(WorkspacePath, dir)
 }
 
 // commandEnv is a command's whole environment (incus adds nothing of

@@ -2,7 +2,6 @@ package incus_test
 
 import (
 	"context"
-	"crypto/rand"
 	"os"
 	"os/exec"
 	"strings"
@@ -11,12 +10,9 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/backendtest"
 	"agentbox/internal/backend/incus"
+	"agentbox/internal/backend/incus/incustest"
 	"agentbox/internal/testutil/testbin"
 )
-
-// RequireEnv set to 1 (as .ci/run sets it) makes a missing Incus or image
-// a failure instead of a skip.
-const RequireEnv = "JAILBEE_TEST_INCUS"
 
 func TestMain(m *testing.M) {
 	code := m.Run()
@@ -38,52 +34,12 @@ func newBackend(t *testing.T) *incus.Backend {
 // newBackendIn is newBackend, with the name of its project.
 func newBackendIn(t *testing.T) (*incus.Backend, string) {
 	t.Helper()
-	ctx := context.Background()
-	if _, err := incus.New(ctx, incus.Options{}); err != nil {
-		need(t, err)
-	}
-	project := "jbtest-" + strings.ToLower(rand.Text()[:10])
-	if out, err := exec.Command("incus", "project", "create", project, "-c", "features.images=false", "-c", "features.profiles=false").CombinedOutput(); err != nil {
-		t.Fatalf("incus project create: %v: %s", err, out)
-	}
-	t.Cleanup(func() { removeProject(t, project) })
-	b, err := incus.New(ctx, incus.Options{Project: project, Client: testbin.Jailbee(t)})
+	project := incustest.Project(t)
+	b, err := incus.New(context.Background(), incus.Options{Project: project, Client: testbin.Jailbee(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !b.HasImage(ctx) {
-		need(t, errNoImage)
-	}
 	return b, project
-}
-
-var errNoImage = errorString("the jailbee image is missing: run 'jailbee image build'")
-
-type errorString string
-
-func (e errorString) Error() string { return string(e) }
-
-// need skips the test, or fails it when .ci/run asked for Incus.
-func need(t *testing.T, err error) {
-	t.Helper()
-	if os.Getenv(RequireEnv) == "1" {
-		t.Fatalf("Incus was asked for (%s=1): %v", RequireEnv, err)
-	}
-	t.Skipf("no Incus here (%v); set %s=1 to make this a failure", err, RequireEnv)
-}
-
-// removeProject deletes every instance of project, then the project.
-func removeProject(t *testing.T, project string) {
-	out, err := exec.Command("incus", "list", "--project", project, "-f", "csv", "-c", "n").Output()
-	if err != nil {
-		t.Errorf("list project %s: %v", project, err)
-	}
-	for _, name := range strings.Fields(string(out)) {
-		exec.Command("incus", "delete", "--project", project, "--force", name).Run()
-	}
-	if out, err := exec.Command("incus", "project", "delete", project).CombinedOutput(); err != nil {
-		t.Errorf("delete project %s: %v: %s", project, err, out)
-	}
 }
 
 func TestConformance(t *testing.T) {

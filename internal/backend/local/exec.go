@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path"
 	"strconv"
 	"sync"
 	"time"
@@ -55,7 +54,7 @@ func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOption
 		return -1, err
 	}
 	defer st.close()
-	req := unit.Request{Argv: opts.Argv, Env: env, Dir: workDir(opts.Dir), TTY: opts.TTY}
+	req := unit.Request{Argv: opts.Argv, Env: env, Dir: backend.WorkDir(opts.Dir), TTY: opts.TTY}
 	var code int
 	err = withControl(b.dir(name), func(sock string) error {
 		var err error
@@ -78,19 +77,6 @@ func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOption
 		return -1, fmt.Errorf("exec in %s: %w", name, err)
 	}
 	return code, nil
-}
-
-// workDir resolves ExecOptions.Dir inside the sandbox: relative to the
-// checkout, or absolute.
-func workDir(dir string) string {
-	switch {
-	case dir == "":
-		return WorkspacePath
-	case path.IsAbs(dir):
-		return path.Clean(dir)
-	default:
-		return path.Join(WorkspacePath, dir)
-	}
 }
 
 // commandEnv is the whole environment of a command.
