@@ -169,7 +169,10 @@ func (f *framing) start() {
 	go func() {
 		defer close(f.deframed)
 		f.status, f.ok = deframe(f.stdoutR, f.stdout, func() { closeIfFile(f.stdout) })
-		f.closeStdin() // the command has ended: so may the client
+		f.closeStdin() // the command has ended (or its stream broke): so may the client
+		// Whatever follows is not the command's: drain it, so a client
+		// that writes on is never stuck.
+		io.Copy(io.Discard, f.stdoutR)
 	}()
 }
 
