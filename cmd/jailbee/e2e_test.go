@@ -221,6 +221,22 @@ func (h *hostEnv) jb(stdin string, args ...string) (int, string, string) {
 	return code, out.String(), errb.String()
 }
 
+// jbOnTerminal starts jb with args in a new session whose controlling
+// terminal is tty, as a user's shell would; exited gets its end.
+func (h *hostEnv) jbOnTerminal(tty *os.File, termName string, args ...string) (*exec.Cmd, chan error) {
+	h.t.Helper()
+	cmd := exec.Command(h.bin, args...)
+	cmd.Env = append(append([]string{}, h.env...), "TERM="+termName)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = tty, tty, tty
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
+	if err := cmd.Start(); err != nil {
+		h.t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	return cmd, exited
+}
+
 func (h *hostEnv) mustJB(args ...string) string {
 	h.t.Helper()
 	code, out, errs := h.jb("", args...)
@@ -497,15 +513,7 @@ func TestExecTTYThroughARealTerminal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(h.bin, "exec", "-t", "tty", "--", "sh")
-	cmd.Env = append(append([]string{}, h.env...), "TERM=xterm-jbtest")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	cmd, exited := h.jbOnTerminal(slave, "xterm-jbtest", "exec", "-t", "tty", "--", "sh")
 	var out wait.Buffer
 	readDone := make(chan struct{})
 	go func() {
@@ -945,15 +953,7 @@ func TestSpawnLogsAndAttach(t *testing.T) {
 	defer master.Close()
 	defer slave.Close()
 	unix.IoctlSetWinsize(int(slave.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 30, Col: 100})
-	cmd := exec.Command(h.bin, "attach", "kid")
-	cmd.Env = append(append([]string{}, h.env...), "TERM=xterm")
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	cmd, exited := h.jbOnTerminal(slave, "xterm", "attach", "kid")
 	var out wait.Buffer
 	go io.Copy(&out, master)
 	// The agent's window shows its output once tmux has drawn it.

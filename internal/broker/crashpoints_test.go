@@ -41,6 +41,13 @@ func newCrashEnv(t *testing.T, point string, withAgent bool) *crashEnv {
 	return c
 }
 
+// orchAndKid makes an orchestrator "orch" and its child "kid" on branch
+// work/kid through the admin socket.
+func (c *crashEnv) orchAndKid() {
+	c.p.newSandbox(wire.NewArgs{Name: "orch", Repo: c.repo, Role: "orchestrator"})
+	c.p.newSandbox(wire.NewArgs{Name: "kid", Repo: c.repo, Branch: "work/kid", Role: "child", Parent: "orch"})
+}
+
 // died waits for the broker to kill itself and starts its successor.
 func (c *crashEnv) died() {
 	c.t.Helper()
@@ -228,8 +235,7 @@ func TestCrashBetweenFinishImportAndDelivery(t *testing.T) {
 // is delivered, and a new update finds the work already contained.
 func TestCrashAfterUpdateMerged(t *testing.T) {
 	c := newCrashEnv(t, crashpoint.UpdateMerged, false)
-	c.p.newSandbox(wire.NewArgs{Name: "orch", Repo: c.repo, Role: "orchestrator"})
-	c.p.newSandbox(wire.NewArgs{Name: "kid", Repo: c.repo, Branch: "work/kid", Role: "child", Parent: "orch"})
+	c.orchAndKid()
 	c.exec("orch", "sh", "-c", commitCmd+" --allow-empty -m o")
 	orchHead := c.exec("orch", "git", "rev-parse", "HEAD")
 	sendLost(t, c.p.client("orch"), map[string]any{"id": "up-1", "type": "update", "child": "kid", "merge": true})
@@ -250,8 +256,7 @@ func TestCrashAfterUpdateMerged(t *testing.T) {
 // import answers failed and a new one succeeds.
 func TestCrashAfterImportTransferred(t *testing.T) {
 	c := newCrashEnv(t, crashpoint.ImportTransferred, false)
-	c.p.newSandbox(wire.NewArgs{Name: "orch", Repo: c.repo, Role: "orchestrator"})
-	c.p.newSandbox(wire.NewArgs{Name: "kid", Repo: c.repo, Branch: "work/kid", Role: "child", Parent: "orch"})
+	c.orchAndKid()
 	c.exec("kid", "sh", "-c", commitCmd+" --allow-empty -m k")
 	kidHead := c.exec("kid", "git", "rev-parse", "HEAD")
 	sendLost(t, c.p.client("orch"), map[string]any{"id": "imp-1", "type": "import", "child": "kid"})
@@ -266,8 +271,7 @@ func TestCrashAfterImportTransferred(t *testing.T) {
 // not; the next broker finishes the destroy before it serves anything.
 func TestCrashAfterDestroyRemovedTheUnit(t *testing.T) {
 	c := newCrashEnv(t, crashpoint.DestroyUnitGone, false)
-	c.p.newSandbox(wire.NewArgs{Name: "orch", Repo: c.repo, Role: "orchestrator"})
-	c.p.newSandbox(wire.NewArgs{Name: "kid", Repo: c.repo, Branch: "work/kid", Role: "child", Parent: "orch"})
+	c.orchAndKid()
 	sendLost(t, c.p.client("orch"), map[string]any{"id": "del-1", "type": "destroy", "child": "kid", "force": true})
 	c.died()
 	c.assertGone("kid")

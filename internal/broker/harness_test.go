@@ -355,6 +355,18 @@ func (e *testEnv) orchestrator(name string) {
 	}
 }
 
+// oneSlotGrant is the default grant with max_running_children 1.
+const oneSlotGrant = `{"version":1,"max_running_children":1,"operations":["destroy","import","message","restart","rights","spawn","stop"],"grantable":{"mounts":[],"loose":false,"egress":[]},"default_runner":null,"default_runner_source":null}`
+
+// orchestratorOneSlot creates an orchestrator whose grant lets one child
+// run at a time.
+func (e *testEnv) orchestratorOneSlot(name string) {
+	e.t.Helper()
+	if err := e.admin("new", wire.NewArgs{Name: name, Repo: e.repo, Role: "orchestrator", Grant: json.RawMessage(oneSlotGrant)}, nil); err != nil {
+		e.t.Fatalf("new orchestrator %s: %v", name, err)
+	}
+}
+
 // child creates a child of parent on branch "work/<name>".
 func (e *testEnv) child(name, parent string) {
 	e.t.Helper()

@@ -1,7 +1,6 @@
 package broker_test
 
 import (
-	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -85,10 +84,7 @@ func TestRestartAndAgentOnly(t *testing.T) {
 func TestRestartQueuedUntilASlotFrees(t *testing.T) {
 	e := newTestEnv(t)
 	e.withAgent()
-	grant := `{"version":1,"max_running_children":1,"operations":["destroy","import","message","restart","rights","spawn","stop"],"grantable":{"mounts":[],"loose":false,"egress":[]},"default_runner":null,"default_runner_source":null}`
-	if err := e.admin("new", wire.NewArgs{Name: "lead", Repo: e.repo, Role: "orchestrator", Grant: json.RawMessage(grant)}, nil); err != nil {
-		t.Fatal(err)
-	}
+	e.orchestratorOneSlot("lead")
 	lead := e.client("lead")
 	spawn(t, lead, "s-1", map[string]any{"branch": "one", "prompt": "stay-busy", "on_done": "keep"})
 	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "child `one` is ready")

@@ -175,10 +175,7 @@ func TestSpawnForkToDoneAndImport(t *testing.T) {
 func TestSpawnQueuedUntilASlotFrees(t *testing.T) {
 	e := newTestEnv(t)
 	e.withAgent()
-	grant := `{"version":1,"max_running_children":1,"operations":["destroy","import","message","restart","rights","spawn","stop"],"grantable":{"mounts":[],"loose":false,"egress":[]},"default_runner":null,"default_runner_source":null}`
-	if err := e.admin("new", wire.NewArgs{Name: "lead", Repo: e.repo, Role: "orchestrator", Grant: json.RawMessage(grant)}, nil); err != nil {
-		t.Fatal(err)
-	}
+	e.orchestratorOneSlot("lead")
 	lead := e.client("lead")
 	wantStatus(t, spawn(t, lead, "spawn-1", map[string]any{"branch": "one", "prompt": "one", "on_done": "keep"}),
 		"started", "creation of child `one` started")

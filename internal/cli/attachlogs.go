@@ -27,14 +27,7 @@ keep running. Needs a terminal.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			a := wire.ExecArgs{Name: args[0], TTY: true, Dir: backend.WorkspacePath,
 				Argv: []string{"tmux", "attach-session", "-t", agent.Session}}
-			code, err := runExec(cmd.Context(), state, a, deps)
-			if err != nil {
-				return err
-			}
-			if code != 0 {
-				return &ExitError{Code: code}
-			}
-			return nil
+			return runExec(cmd.Context(), state, a, deps)
 		},
 	}
 	addStateFlag(c, &state)

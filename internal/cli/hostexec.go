@@ -56,14 +56,7 @@ inbox client is on PATH as 'jailbee'.`,
 				}
 				a.Env[k] = v
 			}
-			code, err := runExec(cmd.Context(), state, a, deps)
-			if err != nil {
-				return err
-			}
-			if code != 0 {
-				return &ExitError{Code: code}
-			}
-			return nil
+			return runExec(cmd.Context(), state, a, deps)
 		},
 	}
 	addStateFlag(c, &state)
@@ -76,13 +69,14 @@ inbox client is on PATH as 'jailbee'.`,
 // runExec asks the broker to run a.Argv in the sandbox with new pipes (or
 // a new terminal) as its streams, and copies them to and from this
 // process's own. The user's own terminal is never passed into a sandbox.
-func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) (int, error) {
+// The command's exit status other than 0 is an *ExitError with it.
+func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) error {
 	if in, ok := deps.Stdin.(*os.File); a.TTY && (!ok || !term.IsTerminal(in)) {
-		return 0, exitf(ExitUsage, "-t needs a terminal on stdin")
+		return exitf(ExitUsage, "-t needs a terminal on stdin")
 	}
 	c, err := dialAdmin(ctx, state)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer c.Close()
 	var st *execStreams
@@ -92,16 +86,19 @@ func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) (int
 		st, err = pipeStreams(deps)
 	}
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer st.restore()
 	var res wire.ExecResult
 	err = c.CallFiles(ctx, "exec", a, st.child[:], &res)
 	st.wait(err == nil)
 	if err != nil {
-		return 0, protocolExit(err)
+		return protocolExit(err)
 	}
-	return res.Exit, nil
+	if res.Exit != 0 {
+		return &ExitError{Code: res.Exit}
+	}
+	return nil
 }
 
 // execStreams are the command's descriptors (sent to the broker, closed

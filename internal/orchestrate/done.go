@@ -71,8 +71,8 @@ func (o *Orchestrator) childDone(ctx context.Context, req wire.Caller, m Message
 		DoneHead: work.head, Cleanup: imp.OnDone == manifest.OnDoneDestroy,
 	})
 	if full, ok := errors.AsType[*store.InboxFullError](err); ok {
-		if full.MessageBytes > full.Quota.MaxUnreadBytes && full.Quota.MaxUnreadBytes > 0 {
-			return refuse(inboxFullDetail(full)) // it never fits
+		if full.NeverFits() {
+			return refuse(inboxFullDetail(full))
 		}
 		return o.queueFinish(ctx, child, parent, m, work, fmt.Sprintf("for room in the inbox of your orchestrator `%s`", parent.Name))
 	}

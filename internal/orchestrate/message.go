@@ -72,7 +72,7 @@ func (o *Orchestrator) SendMessage(ctx context.Context, req wire.Caller, m Messa
 // never be delivered, and says so instead.
 func inboxFullDetail(e *store.InboxFullError) string {
 	q := e.Quota
-	if q.MaxUnreadBytes > 0 && e.MessageBytes > q.MaxUnreadBytes {
+	if e.NeverFits() {
 		return fmt.Sprintf("the message (%s) is larger than the inbox of `%s` may hold unread (at most %s)",
 			formatSize(e.MessageBytes), e.Sandbox, formatSize(q.MaxUnreadBytes))
 	}

@@ -38,6 +38,12 @@ func (e *InboxFullError) Error() string {
 		e.Sandbox, e.Items, e.Bytes, e.MessageBytes, e.Quota.MaxUnreadItems, e.Quota.MaxUnreadBytes)
 }
 
+// NeverFits reports whether the message is larger than the inbox may
+// hold unread at all: no amount of reading makes room for it.
+func (e *InboxFullError) NeverFits() bool {
+	return e.Quota.MaxUnreadBytes > 0 && e.MessageBytes > e.Quota.MaxUnreadBytes
+}
+
 // ItemsFull reports whether the item bound refused the delivery.
 func (e *InboxFullError) ItemsFull() bool {
 	return e.Quota.MaxUnreadItems > 0 && e.Items+1 > e.Quota.MaxUnreadItems

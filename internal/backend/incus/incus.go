@@ -108,13 +108,11 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	if err := backend.ValidateName(opts.Name); err != nil {
 		return backend.Instance{}, err
 	}
+	// incus init's own refusal of a taken name does not say so plainly.
 	if _, err := b.instance(ctx, opts.Name); err == nil {
 		return backend.Instance{}, fmt.Errorf("%w: %s", backend.ErrExists, opts.Name)
 	} else if !errors.Is(err, backend.ErrNotFound) {
 		return backend.Instance{}, err
-	}
-	if _, err := b.imageFingerprint(ctx, b.opts.Image); err != nil {
-		return backend.Instance{}, fmt.Errorf("no image %q in Incus: run 'jailbee image build' once", b.opts.Image)
 	}
 	// security.guestapi=false: the guest API (/dev/incus) would show the container its
 	// user.* keys, host paths among them.
@@ -132,6 +130,9 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 		}
 	}
 	if _, err := b.run(ctx, nil, args...); err != nil {
+		if !b.HasImage(ctx) {
+			return backend.Instance{}, fmt.Errorf("no image %q in Incus: run 'jailbee image build' once", b.opts.Image)
+		}
 		return backend.Instance{}, fmt.Errorf("create sandbox %s: %w", opts.Name, err)
 	}
 	if b.opts.Client != "" {
