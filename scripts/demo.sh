@@ -58,6 +58,10 @@ fi
 if [ "${DEMO_BACKEND:-local}" != local ]; then
 	# DEMO_BACKEND=incus: the same demo on Incus containers (docs/incus.md).
 	flags+=(--backend "$DEMO_BACKEND")
+	# The btrfs pool scripts/incus-setup.sh makes, where there is one.
+	if [ "$DEMO_BACKEND" = incus ] && incus storage show jailbee >/dev/null 2>&1; then
+		flags+=(--incus-pool jailbee)
+	fi
 fi
 jailbee broker "${flags[@]}" >"$work/broker.log" 2>&1 &
 broker_pid=$!

@@ -5,6 +5,10 @@
 #     machine's own (the URIs of /etc/apt/sources.list.d/debian.sources);
 #   - incusd started without systemd when it is not running;
 #   - a "dir" storage pool named default and the default profile's root disk;
+#   - where the kernel has btrfs, a btrfs pool named jailbee on a loop file
+#     (new sandboxes are snapshots of the unpacked image there: about 0.4 s
+#     to create instead of 3-5 s on dir); `jailbee broker --incus-pool
+#     jailbee` and the tests use it when it exists;
 #   - `jailbee image build` (kept by Incus between runs: idempotent).
 # Usage: scripts/incus-setup.sh [JAILBEE_BINARY]   (needs root)
 set -euo pipefail
@@ -37,6 +41,9 @@ EOT
 	apt-get install -y -qq -t bookworm-backports incus >/dev/null
 	apt-get install -y -qq debootstrap >/dev/null
 fi
+if ! command -v mkfs.btrfs >/dev/null && grep -qw btrfs /proc/filesystems; then
+	apt-get install -y -qq btrfs-progs >/dev/null || true
+fi
 
 if ! incus admin waitready --timeout 2 >/dev/null 2>&1; then
 	nohup /usr/libexec/incus/incusd --group root >/var/log/incusd.log 2>&1 &
@@ -45,8 +52,18 @@ fi
 incus storage show default >/dev/null 2>&1 || incus storage create default dir >/dev/null
 incus profile device show default 2>/dev/null | grep -q '^root:' ||
 	incus profile device add default root disk path=/ pool=default >/dev/null
+if ! incus storage show jailbee >/dev/null 2>&1 && command -v mkfs.btrfs >/dev/null &&
+	grep -qw btrfs /proc/filesystems; then
+	incus storage create jailbee btrfs size=30GiB >/dev/null ||
+		echo "incus-setup: no btrfs pool (sandboxes go to the dir pool, slower to create)" >&2
+fi
 
 if [ -n "$jailbee" ]; then
 	"$jailbee" image build
+	# The btrfs pool unpacks an image once, at its first sandbox: do it now.
+	if incus storage show jailbee >/dev/null 2>&1; then
+		incus init jailbee jailbee-warm-pool --storage jailbee -q >/dev/null 2>&1 &&
+			incus delete jailbee-warm-pool >/dev/null
+	fi
 fi
 echo "incus-setup: Incus $(incus version | awk '/^Server version/ {print $3}') ready"

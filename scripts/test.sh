@@ -1,9 +1,21 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: installs what the tests need, then
-# go vet and go test with the race detector.
+# Runs the whole test suite: installs what the tests need, then go vet and
+# go test with the race detector. With JAILBEE_TEST_INCUS=1 (.ci/run sets
+# it once scripts/incus-setup.sh has set Incus up) the Incus backend's own
+# tests must run, and the broker's and the host commands' suites run a
+# second time with their sandboxes on Incus containers, from the same test
+# code (JAILBEE_TEST_BACKEND=incus). That pass goes without the race
+# detector: the first pass already ran the same code under it, and on
+# Incus the time goes to incusd, not to Go.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
 bash scripts/install-deps.sh
 go vet ./...
 go test -race -count=1 ./...
+if [ "${JAILBEE_TEST_INCUS:-}" = 1 ]; then
+	echo "test.sh: the broker and host-command suites again, on Incus" >&2
+	JAILBEE_TEST_BACKEND=incus go test -count=1 -timeout 45m ./internal/broker ./cmd/jailbee
+else
+	echo "test.sh: no Incus pass (set Incus up with scripts/incus-setup.sh, then JAILBEE_TEST_INCUS=1)" >&2
+fi

@@ -31,7 +31,7 @@ func openBackend(o cli.BackendOptions) (backend.Backend, error) {
 			return nil, fmt.Errorf("cannot find the jailbee binary: %w", err)
 		}
 		return incus.New(context.Background(), incus.Options{
-			Project: o.IncusProject, Image: o.Image, Client: exe, NoLimits: o.NoLimits,
+			Project: o.IncusProject, Pool: o.IncusPool, Image: o.Image, Client: exe, NoLimits: o.NoLimits,
 		})
 	default:
 		return nil, fmt.Errorf("backend %q is not available (this build has: local, incus)", o.Kind)

@@ -20,6 +20,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"agentbox/internal/backend/incus"
+	"agentbox/internal/backend/incus/incustest"
 	"agentbox/internal/backend/local"
 	"agentbox/internal/term"
 	"agentbox/internal/testutil/contain"
@@ -68,6 +70,9 @@ type hostEnv struct {
 
 	broker     *exec.Cmd
 	brokerDone chan struct{}
+	// incusProject, under JAILBEE_TEST_BACKEND=incus: the broker's
+	// sandboxes are Incus containers in this project.
+	incusProject string
 }
 
 // newHostEnv starts a broker. Every sandbox the test makes is destroyed
@@ -87,6 +92,13 @@ func newHostEnv(t *testing.T) *hostEnv {
 		}
 	}
 	h.env = append(h.env, "JAILBEE_STATE_DIR="+h.state)
+	switch be := os.Getenv(testBackendEnv); be {
+	case "", local.Type:
+	case incus.Type:
+		h.incusProject = incustest.Project(t)
+	default:
+		t.Fatalf("%s=%q: want %q or %q", testBackendEnv, be, local.Type, incus.Type)
+	}
 	h.git("init", "-q", "-b", "main", h.repo)
 	os.WriteFile(filepath.Join(h.repo, "README"), []byte("hello\n"), 0o644)
 	h.git("-C", h.repo, "add", ".")
@@ -110,6 +122,12 @@ func newHostEnv(t *testing.T) *hostEnv {
 func (h *hostEnv) startBroker() {
 	h.t.Helper()
 	args := []string{"broker"}
+	if h.incusProject != "" {
+		args = append(args, "--backend", incus.Type, "--incus-project", h.incusProject)
+		if pool := incustest.Pool(); pool != "" {
+			args = append(args, "--incus-pool", pool)
+		}
+	}
 	if os.Geteuid() != 0 {
 		args = append(args, "--no-limits") // no cgroups for an unprivileged broker on v1
 	}
@@ -169,7 +187,8 @@ func (h *hostEnv) killBroker() {
 	h.broker = nil
 }
 
-// destroyLeftovers destroys every sandbox left under the state dir.
+// destroyLeftovers destroys every sandbox left under the state dir (on
+// Incus, the test's project goes with everything in it).
 func (h *hostEnv) destroyLeftovers() {
 	root := filepath.Join(h.state, "sandboxes")
 	if _, err := os.Stat(root); err != nil {
@@ -273,13 +292,37 @@ func (h *hostEnv) ls() map[string]map[string]any {
 	return byName
 }
 
-// sandboxDir is a sandbox's directory on the host.
-func (h *hostEnv) sandboxDir(name string) string { return filepath.Join(h.state, "sandboxes", name) }
+// testBackendEnv names the backend the suite's broker runs: "local" (the
+// default) or "incus".
+const testBackendEnv = "JAILBEE_TEST_BACKEND"
 
-// hostUID is the host uid a sandbox runs as: its checkout's owner.
+// sandboxDir is a sandbox's directory on the host: gone with the sandbox.
+func (h *hostEnv) sandboxDir(name string) string {
+	if h.incusProject != "" {
+		return filepath.Dir(incustest.RootFS(h.incusProject, name))
+	}
+	return filepath.Join(h.state, "sandboxes", name)
+}
+
+// hostPath is the host path of a sandbox's checkout (sub "checkout") or
+// its agent's home ("home").
+func (h *hostEnv) hostPath(name, sub string) string {
+	if h.incusProject == "" {
+		return filepath.Join(h.sandboxDir(name), sub)
+	}
+	inside := map[string]string{"checkout": incus.WorkspacePath, "home": incus.HomePath}[sub]
+	return filepath.Join(incustest.RootFS(h.incusProject, name), inside)
+}
+
+// hostUID is the host uid a sandbox's agent runs as: its checkout's owner
+// on the local backend, the agent uid through the idmap on Incus (whose
+// idmapped mounts leave files with the container's own ids on disk).
 func (h *hostEnv) hostUID(name string) int {
 	h.t.Helper()
-	fi, err := os.Stat(filepath.Join(h.sandboxDir(name), "checkout"))
+	if h.incusProject != "" {
+		return incustest.HostUID(h.t, h.incusProject, name, 1000)
+	}
+	fi, err := os.Stat(h.hostPath(name, "checkout"))
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -304,7 +347,7 @@ func (h *hostEnv) startHeartbeat(name string) {
 	h.mustJB("exec", name, "--", "sh", "-c",
 		`nohup sh -c 'i=0; while :; do i=$((i+1)); echo $i > /home/agent/beat.tmp; mv /home/agent/beat.tmp /home/agent/beat; sleep 0.1; done' >/dev/null 2>&1 &`)
 	wait.For(h.t, "the heartbeat to start", func() bool {
-		_, err := os.Stat(filepath.Join(h.sandboxDir(name), "home", "beat"))
+		_, err := os.Stat(filepath.Join(h.hostPath(name, "home"), "beat"))
 		return err == nil
 	})
 }
@@ -387,7 +430,11 @@ func TestHostCommandsAndInboxInsideSandboxes(t *testing.T) {
 
 	// Inside: non-root, the checkout, the socket, the client on PATH.
 	out := h.mustJB("exec", "fix-12", "--", "sh", "-c", "id -u; pwd; cat README; git branch --show-current; git remote | wc -l; test -S /run/jailbee/orchestration/broker.sock && echo sock; command -v jailbee")
-	if out != "1000\n/workspace\nhello\nfix/issue-12\n0\nsock\n/run/jailbee/bin/jailbee\n" {
+	client := "/run/jailbee/bin/jailbee"
+	if h.incusProject != "" {
+		client = incus.ClientPath
+	}
+	if out != "1000\n/workspace\nhello\nfix/issue-12\n0\nsock\n"+client+"\n" {
 		t.Fatalf("inside the child: %q", out)
 	}
 
@@ -603,7 +650,7 @@ func TestBrokerKill9LeavesSandboxesRunning(t *testing.T) {
 
 	h.killBroker()
 	// With no broker, the loop goes on (read from the host this time).
-	beatFile := filepath.Join(h.sandboxDir("kid"), "home", "beat")
+	beatFile := filepath.Join(h.hostPath("kid", "home"), "beat")
 	readBeat := func() int {
 		data, _ := os.ReadFile(beatFile)
 		n, _ := strconv.Atoi(strings.TrimSpace(string(data)))
@@ -848,7 +895,7 @@ func TestHostileGitNeverRunsOnTheHost(t *testing.T) {
 	forbidden := []string{h.dir, h.state, h.repo}
 	for _, name := range []string{"evil", "evil-kid"} {
 		for _, sub := range []string{"checkout", "home"} {
-			root := filepath.Join(h.sandboxDir(name), sub)
+			root := h.hostPath(name, sub)
 			var ran []string
 			filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
 				if err != nil || !d.Type().IsRegular() {
@@ -890,7 +937,7 @@ func TestHostileGitNeverRunsOnTheHost(t *testing.T) {
 	// Kept for the control below, copied once stop has ended the swapper.
 	h.mustJB("stop", "evil")
 	control := filepath.Join(h.dir, "control")
-	if out, err := exec.Command("cp", "-r", filepath.Join(h.sandboxDir("evil"), "checkout"), control).CombinedOutput(); err != nil {
+	if out, err := exec.Command("cp", "-r", h.hostPath("evil", "checkout"), control).CombinedOutput(); err != nil {
 		t.Fatalf("copy the checkout: %v %s", err, out)
 	}
 	h.mustJB("destroy", "evil", "--force")

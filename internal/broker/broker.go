@@ -68,9 +68,12 @@ type Broker struct {
 	queries  queryPool
 	executor executor
 	roundMu  sync.Mutex // one round at a time (the loop, admin ops)
-	// defending: a round's socket fixes are being carried out.
-	defending atomic.Bool
-	snap      atomic.Pointer[Snapshot]
+	// repairing: a round's repairs are being carried out (reconcile.go).
+	repairing atomic.Bool
+	// conflicted: sandboxes unserved while several instances share their
+	// uuid (under mu).
+	conflicted map[string]bool
+	snap       atomic.Pointer[Snapshot]
 
 	orchestrator *orchestrate.Orchestrator
 
@@ -110,9 +113,10 @@ func Open(cfg Config) (*Broker, error) {
 	b := &Broker{
 		cfg: cfg, log: cfg.Logger, store: st, lock: lock,
 		ctx: ctx, cancel: cancel,
-		serving: map[string]*sandboxServer{},
-		conns:   newConnTracker(),
-		queries: queryPool{workers: make(chan struct{}, QueryWorkers)},
+		serving:    map[string]*sandboxServer{},
+		conflicted: map[string]bool{},
+		conns:      newConnTracker(),
+		queries:    queryPool{workers: make(chan struct{}, QueryWorkers)},
 	}
 	b.orchestrator = &orchestrate.Orchestrator{
 		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes, Log: cfg.Logger,

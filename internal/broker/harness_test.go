@@ -22,6 +22,7 @@ import (
 
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/incus"
+	"agentbox/internal/backend/incus/incustest"
 	"agentbox/internal/backend/local"
 	"agentbox/internal/broker"
 	"agentbox/internal/cgroup"
@@ -73,10 +74,36 @@ func newTestEnvQuota(t testing.TB, q store.Quota) *testEnv {
 	return e
 }
 
-// newTestEnvStopped prepares an env without starting its broker.
+// newTestEnvStopped prepares an env without starting its broker. Under
+// TestBackendEnv=incus its sandboxes are Incus containers: the suite runs
+// on both backends from the same test code.
 func newTestEnvStopped(t testing.TB) *testEnv {
 	t.Helper()
-	return &testEnv{t: t, state: shortTempDir(t), repo: makeRepo(t), sandboxes: testSandboxes(), logs: &wait.Buffer{}}
+	e := &testEnv{t: t, state: shortTempDir(t), repo: makeRepo(t), sandboxes: testSandboxes(), logs: &wait.Buffer{}}
+	switch be := os.Getenv(TestBackendEnv); be {
+	case "", local.Type:
+	case incus.Type:
+		e.incusProject = incustest.Project(t)
+	default:
+		t.Fatalf("%s=%q: want %q or %q", TestBackendEnv, be, local.Type, incus.Type)
+	}
+	return e
+}
+
+// TestBackendEnv names the backend the suite's sandboxes run on: "local"
+// (the default) or "incus".
+const TestBackendEnv = "JAILBEE_TEST_BACKEND"
+
+// onIncus reports whether the suite runs on Incus (TestBackendEnv).
+func onIncus() bool { return os.Getenv(TestBackendEnv) == incus.Type }
+
+// localOnly skips a test of what only the local backend has (host uids,
+// its launcher, its cgroups) when the suite runs on Incus.
+func localOnly(t testing.TB, why string) {
+	t.Helper()
+	if onIncus() {
+		t.Skipf("local backend only: %s", why)
+	}
 }
 
 // noLimits reports whether per-sandbox cgroups cannot be used here (a
@@ -268,15 +295,7 @@ func hostGit(t testing.TB, dir string, args ...string) string {
 
 func (e *testEnv) start() {
 	e.t.Helper()
-	if e.incusProject != "" {
-		be, err := incus.New(context.Background(), incus.Options{Project: e.incusProject, Client: testbin.Jailbee(e.t)})
-		if err != nil {
-			e.t.Fatal(err)
-		}
-		e.be = &recBackend{Backend: be}
-	} else {
-		e.be = &recBackend{Backend: localBackend(e.t, e.state)}
-	}
+	e.be = &recBackend{Backend: e.openBackend()}
 	// Info, as a broker runs by default: a debug line per request would
 	// weigh on the benchmarks and fill e.logs.
 	h := slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelInfo})
@@ -299,6 +318,20 @@ func (e *testEnv) start() {
 			e.b = nil
 		}
 	})
+}
+
+// openBackend opens the env's backend as its broker does: a handle of its
+// own, also for what a test does behind the broker's back.
+func (e *testEnv) openBackend() backend.Backend {
+	e.t.Helper()
+	if e.incusProject == "" {
+		return localBackend(e.t, e.state)
+	}
+	be, err := incus.New(context.Background(), incus.Options{Project: e.incusProject, Pool: incustest.Pool(), Client: testbin.Jailbee(e.t)})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return be
 }
 
 // withT is the env as seen from a subtest: its helpers fail t. The
@@ -407,10 +440,14 @@ func (e *testEnv) row(name string) store.Sandbox {
 	return sb
 }
 
-// hostUID is the host uid a sandbox's processes run as: its own as root,
-// the test's otherwise.
+// hostUID is the host uid a sandbox's agent processes run as: on the
+// local backend its own as root, the test's otherwise; on Incus the agent
+// uid through the container's idmap (which every container shares).
 func (e *testEnv) hostUID(name string) int {
 	e.t.Helper()
+	if e.incusProject != "" {
+		return incustest.HostUID(e.t, e.incusProject, name, backend.AgentUID)
+	}
 	if uid := e.row(name).HostUID; uid != 0 {
 		return uid
 	}
@@ -419,6 +456,9 @@ func (e *testEnv) hostUID(name string) int {
 
 // homeFile is the host path of a file in a sandbox's home.
 func (e *testEnv) homeFile(name, file string) string {
+	if e.incusProject != "" {
+		return filepath.Join(incustest.RootFS(e.incusProject, name), incus.HomePath, file)
+	}
 	return filepath.Join(e.state, "sandboxes", name, "home", file)
 }
 

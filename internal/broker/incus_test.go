@@ -9,20 +9,21 @@ import (
 	"testing"
 	"time"
 
-	"agentbox/internal/backend/incus/incustest"
+	"agentbox/internal/backend"
 	"agentbox/internal/broker"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
-// newIncusTestEnv is newTestEnv with its sandboxes on Incus, in a project
-// of its own (incustest.Project).
+// newIncusTestEnv is newTestEnv for a test of what only Incus has: it
+// runs in the suite's Incus pass (TestBackendEnv=incus) and is skipped in
+// the local one.
 func newIncusTestEnv(t *testing.T) *testEnv {
 	t.Helper()
-	e := newTestEnvStopped(t)
-	e.incusProject = incustest.Project(t)
-	e.start()
-	return e
+	if !onIncus() {
+		t.Skipf("an Incus test: it runs with %s=incus", TestBackendEnv)
+	}
+	return newTestEnv(t)
 }
 
 // TestIncusSpawnDoneAndDestroy: the job on Incus containers, through the
@@ -69,19 +70,6 @@ func TestIncusSpawnDoneAndDestroy(t *testing.T) {
 	}
 }
 
-// waitGone waits until the broker no longer lists name.
-func waitGone(t *testing.T, e *testEnv, name string) {
-	t.Helper()
-	wait.For(t, name+" destroyed", func() bool {
-		for _, sb := range e.list() {
-			if sb.Name == name {
-				return false
-			}
-		}
-		return true
-	})
-}
-
 // TestIncusCopyLosesTheSocket: a raw `incus copy` of an orchestrator
 // carries its socket device; the next round removes the copy's device,
 // moves the original's socket to a fresh directory and removes the old
@@ -97,10 +85,13 @@ func TestIncusCopyLosesTheSocket(t *testing.T) {
 	if out, err := exec.Command("incus", "copy", "--project", e.incusProject, "lead", "lead-copy").CombinedOutput(); err != nil {
 		t.Fatalf("incus copy: %v: %s", err, out)
 	}
-	wait.For(t, "the original's socket to move", func() bool { return e.sock("lead") != old })
+	wait.For(t, "the original's socket to move", func() bool {
+		now := e.b.SocketPath("lead") // "" while it moves
+		return now != "" && now != old
+	})
 	// The round saw the copy carry the device (a round may run before the
 	// test could look at the copy itself).
-	if logs := e.logs.String(); !strings.Contains(logs, "instance=lead-copy") || !strings.Contains(logs, "carries another sandbox's socket") {
+	if logs := e.logs.String(); !strings.Contains(logs, "instance=lead-copy") || !strings.Contains(logs, "carries a socket that is not its own") {
 		t.Fatalf("no round found the copy's socket device:\n%s", logs)
 	}
 	wait.For(t, "the copy's device to go", func() bool {
@@ -132,4 +123,66 @@ func incusDevices(t *testing.T, project, name string) string {
 		t.Fatalf("incus config device list %s: %v: %s", name, err, out)
 	}
 	return string(out)
+}
+
+// TestIncusImportTwinLosesTheSocket: an `incus import` of an
+// orchestrator's backup under another name shares its uuid: the broker
+// cannot tell the two apart, so neither has a socket while both exist
+// (the original's directory and connections go, both devices are
+// removed). Once the twin is deleted, the original is served at a fresh
+// directory and keeps its inbox.
+func TestIncusImportTwinLosesTheSocket(t *testing.T) {
+	e := newIncusTestEnv(t)
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	sendManifest(t, e.client("kid"), map[string]any{"id": "m-1", "type": "message", "body": "before the import"})
+	old := e.sock("lead")
+	conn := e.raw("lead")
+	backup := filepath.Join(t.TempDir(), "lead.tar")
+	incusCmd(t, e, "export", "lead", backup, "--instance-only", "--compression", "none")
+	incusCmd(t, e, "import", backup, "lead-twin")
+
+	wait.For(t, "lead to lose its socket", func() bool { return e.b.SocketPath("lead") == "" })
+	if logs := e.logs.String(); !strings.Contains(logs, "several instances share the uuid of a sandbox") || !strings.Contains(logs, "sandbox=lead") {
+		t.Fatalf("the conflict is not logged:\n%s", logs)
+	}
+	if _, err := os.Stat(filepath.Dir(old)); !os.IsNotExist(err) {
+		t.Fatalf("the old socket directory: %v", err)
+	}
+	if !conn.closed() {
+		t.Fatal("a connection to the old socket survived the conflict")
+	}
+	for _, name := range []string{"lead", "lead-twin"} {
+		wait.For(t, name+"'s device to go", func() bool {
+			return !strings.Contains(incusDevices(t, e.incusProject, name), backend.SocketDeviceName)
+		})
+	}
+	// Rounds pass: still no socket, and the child's is untouched.
+	time.Sleep(3 * broker.RoundInterval)
+	if e.b.SocketPath("lead") != "" {
+		t.Fatal("lead got a socket while its twin exists")
+	}
+	e.client("kid")
+
+	incusCmd(t, e, "delete", "--force", "lead-twin")
+	wait.For(t, "lead's fresh socket", func() bool { return e.b.SocketPath("lead") != "" })
+	if fresh := e.sock("lead"); filepath.Dir(fresh) == filepath.Dir(old) {
+		t.Fatalf("served again at the old directory %s", fresh)
+	}
+	if !strings.Contains(incusDevices(t, e.incusProject, "lead"), backend.SocketDeviceName) {
+		t.Fatal("lead's device was not attached again")
+	}
+	// From inside, as the agent: the client reaches the broker again, and
+	// the inbox is kept.
+	if got := e.insideInbox("lead"); got != "m-1" {
+		t.Fatalf("lead's inbox from inside, on its fresh socket: %q", got)
+	}
+}
+
+// incusCmd runs incus in the env's project.
+func incusCmd(t *testing.T, e *testEnv, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("incus", append([]string{"--project", e.incusProject}, args...)...).CombinedOutput(); err != nil {
+		t.Fatalf("incus %v: %v: %s", args, err, out)
+	}
 }

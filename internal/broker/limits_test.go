@@ -1,12 +1,16 @@
 package broker_test
 
 import (
+	"encoding/json"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"agentbox/internal/backend"
 	"agentbox/internal/cgroup"
 	"agentbox/internal/config"
 )
@@ -30,27 +34,11 @@ func TestRepoLimitsOverrideBrokerDefaults(t *testing.T) {
 	}
 	e.orchestrator("capped")
 
-	h, err := cgroup.Detect()
-	if err != nil {
-		t.Fatal(err)
-	}
-	limits := func(name string) cgroup.Limits {
-		t.Helper()
-		g, err := h.Open(e.row(name).UUID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := g.Limits()
-		if err != nil {
-			t.Fatalf("limits of %s: %v", name, err)
-		}
-		return l
-	}
 	def := config.DefaultBroker().Limits
-	if got, want := limits("plain"), (cgroup.Limits{Pids: def.Pids, MemoryBytes: def.MemoryBytes, CPUWeight: def.CPUWeight}); got != want {
+	if got, want := e.limits("plain"), (backend.Limits{Pids: def.Pids, MemoryBytes: def.MemoryBytes, CPUWeight: def.CPUWeight}); got != want {
 		t.Errorf("plain: %+v, want the broker's defaults %+v", got, want)
 	}
-	if got, want := limits("capped"), (cgroup.Limits{Pids: 100, MemoryBytes: 96 << 20, CPUWeight: def.CPUWeight}); got != want {
+	if got, want := e.limits("capped"), (backend.Limits{Pids: 100, MemoryBytes: 96 << 20, CPUWeight: def.CPUWeight}); got != want {
 		t.Errorf("capped: %+v, want the repository's pids and memory with the default weight %+v", got, want)
 	}
 	// The limit holds inside: the shell's fork fails at 100 tasks.
@@ -58,11 +46,75 @@ func TestRepoLimitsOverrideBrokerDefaults(t *testing.T) {
 	if err != nil || res.exit == 0 {
 		t.Fatalf("150 background tasks in a sandbox limited to 100: %v, exit %d, %s", err, res.exit, res.stderr)
 	}
-	cur, err := os.ReadFile(filepath.Join(h.Mountpoint("pids"), cgroup.Parent, e.row("capped").UUID, "pids.current"))
+	if n := e.tasks("capped"); n > 100 || n < 90 {
+		t.Fatalf("tasks in a sandbox limited to 100: %d", n)
+	}
+}
+
+// limits reads a sandbox's limits where its backend keeps them: the local
+// backend's cgroups, or the Incus container's limits.* config (whose CPU
+// allowance, a percentage capped at 100, reads back as a weight).
+func (e *testEnv) limits(name string) backend.Limits {
+	e.t.Helper()
+	if e.incusProject != "" {
+		get := func(key string) string {
+			out, err := exec.Command("incus", "config", "get", "--project", e.incusProject, name, key).Output()
+			if err != nil {
+				e.t.Fatalf("incus config get %s %s: %v", name, key, err)
+			}
+			return strings.TrimSpace(string(out))
+		}
+		pids, err1 := strconv.ParseInt(get("limits.processes"), 10, 64)
+		mem, err2 := strconv.ParseInt(strings.TrimSuffix(get("limits.memory"), "B"), 10, 64)
+		cpu, err3 := strconv.Atoi(strings.TrimSuffix(get("limits.cpu.allowance"), "%"))
+		if err := errors.Join(err1, err2, err3); err != nil {
+			e.t.Fatalf("limits of %s: %v", name, err)
+		}
+		return backend.Limits{Pids: pids, MemoryBytes: mem, CPUWeight: cpu}
+	}
+	h, err := cgroup.Detect()
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	if n, err := strconv.Atoi(strings.TrimSpace(string(cur))); err != nil || n > 100 || n < 90 {
-		t.Fatalf("pids.current of a sandbox limited to 100 tasks: %q", cur)
+	g, err := h.Open(e.row(name).UUID)
+	if err != nil {
+		e.t.Fatal(err)
 	}
+	l, err := g.Limits()
+	if err != nil {
+		e.t.Fatalf("limits of %s: %v", name, err)
+	}
+	return backend.Limits{Pids: l.Pids, MemoryBytes: l.MemoryBytes, CPUWeight: l.CPUWeight}
+}
+
+// tasks counts a sandbox's tasks: its pids cgroup's, or on Incus its
+// container's processes.
+func (e *testEnv) tasks(name string) int {
+	e.t.Helper()
+	if e.incusProject != "" {
+		out, err := exec.Command("incus", "query", "/1.0/instances/"+name+"/state?project="+e.incusProject).Output()
+		if err != nil {
+			e.t.Fatalf("incus state of %s: %v", name, err)
+		}
+		var st struct {
+			Processes int `json:"processes"`
+		}
+		if err := json.Unmarshal(out, &st); err != nil {
+			e.t.Fatal(err)
+		}
+		return st.Processes
+	}
+	h, err := cgroup.Detect()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	cur, err := os.ReadFile(filepath.Join(h.Mountpoint("pids"), cgroup.Parent, e.row(name).UUID, "pids.current"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(cur)))
+	if err != nil {
+		e.t.Fatalf("pids.current of %s: %q", name, cur)
+	}
+	return n
 }

@@ -21,7 +21,7 @@ type Snapshot struct {
 	statusSeq int64
 }
 
-// roundTimeout bounds one round's work (and a round's socket fixes).
+// roundTimeout bounds one round's work (and its repairs).
 const roundTimeout = 30 * time.Second
 
 // roundLoop runs a round every RoundInterval. Host commands that change
@@ -57,7 +57,7 @@ func (b *Broker) runRound() {
 		for _, in := range insts {
 			running[in.Name] = in.Running
 		}
-		b.defendSockets(planSockets(sbs, insts))
+		b.repair(planRepairs(sbs, insts, b.conflictedNow()))
 	} else {
 		b.log.Warn("round: list backend", "err", err)
 	}

@@ -8,7 +8,10 @@ package broker_test
 //	spawn  send of a fork spawn -> the broker first sees the child's agent
 //	bare   a fresh sandbox created and started, the fork's clone inside it
 //	       (upload-pack in the orchestrator -> fetch in the sandbox,
-//	       checkout), one process started in it
+//	       checkout), one process started in it; on Incus
+//	       (JAILBEE_TEST_BACKEND=incus) the incus command line alone:
+//	       `incus init` of the image, `incus start`, a bundle of the commit
+//	       pushed in with `incus file push` and cloned there, one process
 //
 // Each child or sandbox is destroyed, and the disk synced, before the next
 // step. Read the custom metrics, not ns/op.
@@ -19,6 +22,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -26,6 +30,8 @@ import (
 	"time"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/backend/incus"
+	"agentbox/internal/backend/incus/incustest"
 	"agentbox/internal/broker"
 	"agentbox/internal/config"
 	"agentbox/internal/gitx"
@@ -102,6 +108,11 @@ func forkSpawnOp(b *testing.B, e *testEnv, lead *inbox.Client, name string) time
 	return took
 }
 
+// bareOp is the bare work of one fork spawn, timed.
+type bareOp interface {
+	op(b *testing.B, name string) time.Duration
+}
+
 // bareSpawner does the bare work of a fork spawn straight on the backend:
 // a fresh sandbox created and started, the fork's clone inside it
 // (upload-pack in the orchestrator -> fetch in the sandbox, checkout), one
@@ -113,7 +124,10 @@ type bareSpawner struct {
 	limits backend.Limits
 }
 
-func newBareSpawner(b *testing.B, e *testEnv) *bareSpawner {
+func newBareSpawner(b *testing.B, e *testEnv) bareOp {
+	if e.incusProject != "" {
+		return newIncusBare(b, e)
+	}
 	be := backendOf(b, e)
 	src := gitx.SandboxRepo("lead", benchRunner(be, "lead"), backend.WorkspacePath)
 	_, commit, err := gitx.Head(context.Background(), src)
@@ -201,4 +215,41 @@ func logStamp(b *testing.B, path, marker string) time.Time {
 	}
 	b.Fatalf("%s never said %q", path, marker)
 	return time.Time{}
+}
+
+// incusBare is the bare work of a fork spawn with the incus command line
+// alone, on the broker's project, pool and image: a container made from
+// the image and started, the commit cloned inside from a bundle pushed in,
+// one process run.
+type incusBare struct {
+	project, bundle string
+}
+
+func newIncusBare(b *testing.B, e *testEnv) *incusBare {
+	bundle := filepath.Join(b.TempDir(), "src.bundle")
+	hostGit(b, e.repo, "bundle", "create", "-q", bundle, "main")
+	return &incusBare{project: e.incusProject, bundle: bundle}
+}
+
+func (s *incusBare) op(b *testing.B, name string) time.Duration {
+	run := func(args ...string) {
+		if out, err := exec.Command("incus", append([]string{"--project", s.project}, args...)...).CombinedOutput(); err != nil {
+			b.Fatalf("incus %v: %v: %s", args, err, out)
+		}
+	}
+	initArgs := []string{"init", incus.DefaultImage, name, "-q"}
+	if pool := incustest.Pool(); pool != "" {
+		initArgs = append(initArgs, "--storage", pool)
+	}
+	start := time.Now()
+	run(initArgs...)
+	run("start", name)
+	run("file", "push", "--uid", "1000", "--gid", "1000", s.bundle, name+"/tmp/src.bundle")
+	run("exec", name, "--user", "1000", "--group", "1000", "--env", "HOME=/home/agent", "--",
+		"git", "clone", "-q", "--branch", "main", "/tmp/src.bundle", backend.WorkspacePath)
+	run("exec", name, "--", "sh", "-c", "exit 0")
+	took := time.Since(start)
+	run("delete", "--force", name)
+	syscall.Sync()
+	return took
 }

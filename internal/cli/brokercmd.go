@@ -21,10 +21,10 @@ import (
 const BrokerConfigFile = "broker.yaml"
 
 func newBrokerCmd(deps Deps) *cobra.Command {
-	var state, kind, logLevel, configFile, incusProject, image string
+	var state, kind, logLevel, configFile, incusProject, incusPool, image string
 	var noLimits bool
 	c := &cobra.Command{
-		Use:   "broker [--state DIR] [--config FILE] [--backend local|incus [--incus-project P] [--image ALIAS]] [--no-limits]",
+		Use:   "broker [--state DIR] [--config FILE] [--backend local|incus [--incus-project P] [--incus-pool POOL] [--image ALIAS]] [--no-limits]",
 		Short: "Run the orchestration broker in the foreground",
 		Long: `Run the orchestration broker in the foreground until interrupted.
 
@@ -66,7 +66,7 @@ refuses to start unless --no-limits.`,
 			if err != nil {
 				return err
 			}
-			be, err := deps.OpenBackend(BackendOptions{Kind: kind, StateDir: dir, NoLimits: noLimits, IncusProject: incusProject, Image: image})
+			be, err := deps.OpenBackend(BackendOptions{Kind: kind, StateDir: dir, NoLimits: noLimits, IncusProject: incusProject, IncusPool: incusPool, Image: image})
 			if err != nil {
 				return exitf(ExitFailed, "%v", err)
 			}
@@ -99,6 +99,7 @@ refuses to start unless --no-limits.`,
 	c.Flags().StringVar(&configFile, "config", "", "broker config (default <state>/broker.yaml; missing: the defaults)")
 	c.Flags().StringVar(&kind, "backend", "local", "sandbox backend: local (bubblewrap) or incus (system containers)")
 	c.Flags().StringVar(&incusProject, "incus-project", "", "Incus project of the sandboxes (default: Incus's default project)")
+	c.Flags().StringVar(&incusPool, "incus-pool", "", "Incus storage pool of new sandboxes (default: the profile's; a btrfs pool makes creation fast, see docs/incus.md)")
 	c.Flags().StringVar(&image, "image", "", "Incus image alias of new sandboxes (default: jailbee)")
 	c.Flags().BoolVar(&noLimits, "no-limits", false, "run sandboxes without per-sandbox resource limits (no cgroups)")
 	c.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")

@@ -45,9 +45,9 @@ type BackendOptions struct {
 	StateDir string
 	// NoLimits runs sandboxes without per-sandbox resource limits.
 	NoLimits bool
-	// IncusProject and Image: the Incus project and image alias ("" =
-	// the defaults).
-	IncusProject, Image string
+	// IncusProject, IncusPool and Image: the Incus project, storage pool
+	// and image alias ("" = the defaults).
+	IncusProject, IncusPool, Image string
 }
 
 // ImageOptions are `jailbee image build`'s.

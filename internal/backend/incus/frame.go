@@ -49,7 +49,11 @@ func FrameMain(args []string) int {
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, w, os.Stderr
 	status := 0
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(os.Stderr, "jailbee: %v\n", err)
+		if errors.Is(err, exec.ErrNotFound) {
+			fmt.Fprintf(os.Stderr, "jailbee: %s: command not found\n", args[1])
+		} else {
+			fmt.Fprintf(os.Stderr, "jailbee: %v\n", err)
+		}
 		status = 127
 		w.Close()
 	} else {
@@ -92,8 +96,12 @@ func FrameMain(args []string) int {
 	var end [8]byte
 	binary.BigEndian.PutUint32(end[:4], frameExit)
 	binary.BigEndian.PutUint32(end[4:], uint32(status))
-	out.Write(end[:])
-	return status
+	if _, err := out.Write(end[:]); err != nil {
+		return status
+	}
+	// The status went in the stream: the client's own exit is not it (and
+	// incus would print "Error: Command not found" for a 127).
+	return 0
 }
 
 // deframe reads the framed stream from r: pieces go to out; at the end

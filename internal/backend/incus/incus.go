@@ -28,6 +28,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// ErrDaemonDown: incusd does not answer.
+var ErrDaemonDown = errors.New("incusd does not answer: is it running? (docs/incus.md says how to start it)")
+
 // Type names this backend.
 const Type = "incus"
 
@@ -64,6 +67,11 @@ const (
 type Options struct {
 	Project string // Incus project ("" = default)
 	Image   string // image alias (default DefaultImage)
+	// Pool is the storage pool of new sandboxes ("" = the root disk of
+	// the project's default profile). On btrfs (or zfs, lvm-thin) a
+	// sandbox is a snapshot of the unpacked image; on dir every create
+	// unpacks the whole image again.
+	Pool string
 	// Client is the host path of the jailbee binary mounted read-only in
 	// every sandbox at ClientPath (the broker passes its own).
 	Client string
@@ -94,7 +102,16 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		APIStatus string `json:"api_status"`
 	}
 	if err := b.query(ctx, "/1.0", &server); err != nil {
-		return nil, fmt.Errorf("incus does not answer (is incusd running?): %w", err)
+		if errors.Is(err, ErrDaemonDown) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("incus does not answer: %w", err)
+	}
+	if opts.Pool != "" {
+		var pool struct{}
+		if err := b.query(ctx, "/1.0/storage-pools/"+url.PathEscape(opts.Pool), &pool); err != nil {
+			return nil, fmt.Errorf("no Incus storage pool %q here (see incus storage list)", opts.Pool)
+		}
 	}
 	return b, nil
 }
@@ -117,6 +134,9 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	// security.guestapi=false: the guest API (/dev/incus) would show the container its
 	// user.* keys, host paths among them.
 	args := []string{"init", b.opts.Image, opts.Name, "-c", managedKey + "=true", "-c", "security.guestapi=false"}
+	if b.opts.Pool != "" {
+		args = append(args, "--storage", b.opts.Pool)
+	}
 	labels, err := labelConfig(opts.Labels)
 	if err != nil {
 		return backend.Instance{}, fmt.Errorf("create sandbox %s: %w", opts.Name, err)
@@ -391,6 +411,9 @@ func incusError(err error, stderr string) error {
 	}
 	lower := strings.ToLower(msg)
 	switch {
+	case strings.Contains(lower, "unix.socket") && (strings.Contains(lower, "connection refused") ||
+		strings.Contains(lower, "no such file") || strings.Contains(lower, "doesn't appear to be started")):
+		return ErrDaemonDown
 	case strings.Contains(lower, "not found"):
 		return fmt.Errorf("%w: %s", backend.ErrNotFound, msg)
 	case strings.Contains(lower, "already exists"):

@@ -35,7 +35,7 @@ func newBackend(t *testing.T) *incus.Backend {
 func newBackendIn(t *testing.T) (*incus.Backend, string) {
 	t.Helper()
 	project := incustest.Project(t)
-	b, err := incus.New(context.Background(), incus.Options{Project: project, Client: testbin.Jailbee(t)})
+	b, err := incus.New(context.Background(), incus.Options{Project: project, Pool: incustest.Pool(), Client: testbin.Jailbee(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 package incus
 
 import (
+	"agentbox/internal/backend"
+	"errors"
 	"slices"
 	"strings"
 	"testing"
@@ -38,5 +40,33 @@ func TestLabelConfig(t *testing.T) {
 				t.Fatalf("labelConfig = %q, %v; want %q", got, err, tc.want)
 			}
 		})
+	}
+}
+
+func TestIncusError(t *testing.T) {
+	exit := errors.New("exit status 1")
+	for _, tc := range []struct {
+		stderr string
+		is     error
+		msg    string
+	}{
+		{stderr: "Error: Instance not found\n", is: backend.ErrNotFound, msg: "sandbox not found: Instance not found"},
+		{stderr: `Error: Failed creating instance record: Add instance info to the database: This "instances" entry already exists`, is: backend.ErrExists},
+		{stderr: "Error: The incus daemon doesn't appear to be started (socket path: /var/lib/incus/unix.socket)", is: ErrDaemonDown},
+		{stderr: `Error: Get "http://unix.socket/1.0": dial unix /var/lib/incus/unix.socket: connect: connection refused`, is: ErrDaemonDown},
+		{stderr: `Error: Get "http://unix.socket/1.0": dial unix /var/lib/incus/unix.socket: connect: no such file or directory`, is: ErrDaemonDown},
+		{stderr: "Error: Failed to start device \"x\": boom", msg: `incus: Failed to start device "x": boom`},
+		{stderr: "", msg: "incus: exit status 1"},
+	} {
+		err := incusError(exit, tc.stderr)
+		if tc.is != nil && !errors.Is(err, tc.is) {
+			t.Errorf("%q: %v, want %v", tc.stderr, err, tc.is)
+		}
+		if tc.msg != "" && err.Error() != tc.msg {
+			t.Errorf("%q: %q, want %q", tc.stderr, err.Error(), tc.msg)
+		}
+		if errors.Is(err, ErrDaemonDown) && strings.Contains(err.Error(), "/var/lib") {
+			t.Errorf("%q: a host path in %q", tc.stderr, err)
+		}
 	}
 }

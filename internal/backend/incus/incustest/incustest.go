@@ -5,9 +5,12 @@ package incustest
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"agentbox/internal/backend/incus"
@@ -50,4 +53,57 @@ func Project(t testing.TB) string {
 		}
 	})
 	return project
+}
+
+// FastPool is the btrfs storage pool scripts/incus-setup.sh makes where
+// the kernel has btrfs.
+const FastPool = "jailbee"
+
+// Pool is FastPool when Incus has it, else "" (the profile's pool): tests
+// create many sandboxes, each a snapshot on btrfs but a full unpack on dir.
+var Pool = sync.OnceValue(func() string {
+	if exec.Command("incus", "storage", "show", FastPool).Run() == nil {
+		return FastPool
+	}
+	return ""
+})
+
+// HostUID is the host uid of uid inside the instance, through its idmap.
+func HostUID(t testing.TB, project, name string, uid int) int {
+	t.Helper()
+	out, err := exec.Command("incus", "query", "/1.0/instances/"+name+"?project="+project).Output()
+	if err != nil {
+		t.Fatalf("incus query %s: %v", name, err)
+	}
+	var inst struct {
+		Config map[string]string `json:"config"`
+	}
+	var idmap []struct {
+		Isuid    bool
+		Hostid   int
+		Nsid     int
+		Maprange int
+	}
+	if err := json.Unmarshal(out, &inst); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(inst.Config["volatile.idmap.current"]), &idmap); err != nil {
+		t.Fatalf("%s: idmap: %v", name, err)
+	}
+	for _, m := range idmap {
+		if m.Isuid && uid >= m.Nsid && uid < m.Nsid+m.Maprange {
+			return m.Hostid + uid - m.Nsid
+		}
+	}
+	t.Fatalf("%s: uid %d is not mapped", name, uid)
+	return -1
+}
+
+// RootFS is the host path of an instance's root filesystem (readable by
+// root on the host while the instance exists).
+func RootFS(project, name string) string {
+	if project != "" && project != "default" {
+		name = project + "_" + name
+	}
+	return filepath.Join("/var/lib/incus/containers", name, "rootfs")
 }

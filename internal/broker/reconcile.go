@@ -1,0 +1,219 @@
+package broker
+
+import (
+	"context"
+	"slices"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/orchestrate"
+	"agentbox/internal/store"
+)
+
+// Each round compares what the backend reports with the records, and
+// repairs what someone changed behind the broker's back with the
+// backend's own tools:
+//
+//   - A raw copy of a sandbox (`incus copy`) carries its original's socket
+//     attachment: the copy could speak as the original. The copy's
+//     attachment is removed (whether or not that works) and the original
+//     is served at a fresh directory: the old directory and every
+//     connection to it go, and the original's client reconnects.
+//   - Two instances sharing a sandbox's uuid (an `incus import` of its
+//     backup beside it) cannot be told apart: neither gets a socket while
+//     both exist. Once only the sandbox's own instance is left, it is
+//     served at a fresh directory.
+//   - A sandbox whose instance is gone (deleted outside jailbee, or
+//     replaced by another instance of its name) loses its record; a
+//     child's orchestrator is told.
+//
+// A round only plans; the repair re-plans from a fresh look at the
+// records and the backend in order with the broker's other mutations, so
+// it never acts on a create or destroy that was half done when the round
+// looked.
+
+// repairPlan is what a round must repair.
+type repairPlan struct {
+	detach   []string // instances whose socket attachment is not theirs
+	reserve  []string // sandboxes to serve at a fresh directory (copied)
+	conflict []string // sandboxes whose uuid several instances share: unserve
+	resolved []string // sandboxes whose uuid conflict is over: serve afresh
+	vanished []string // sandboxes whose instance is gone: forget
+}
+
+func (p repairPlan) empty() bool {
+	return len(p.detach)+len(p.reserve)+len(p.conflict)+len(p.resolved)+len(p.vanished) == 0
+}
+
+// planRepairs compares the records with the backend's instances;
+// conflicted holds the sandboxes already unserved for a uuid conflict.
+func planRepairs(records []store.Sandbox, insts []backend.Instance, conflicted map[string]bool) repairPlan {
+	var p repairPlan
+	byUUID := map[string][]backend.Instance{}
+	byName := map[string]backend.Instance{}
+	for _, in := range insts {
+		byUUID[in.UUID] = append(byUUID[in.UUID], in)
+		byName[in.Name] = in
+	}
+	detach := func(name string) {
+		if !slices.Contains(p.detach, name) {
+			p.detach = append(p.detach, name)
+		}
+	}
+	unserved := map[string]bool{} // in conflict or vanished: no fresh socket
+	owner := map[string]store.Sandbox{}
+	for _, sb := range records {
+		if sb.SocketDir != "" {
+			owner[sb.SocketDir] = sb
+		}
+		if !orchestrate.HasInstance(sb) {
+			continue
+		}
+		twins := byUUID[sb.UUID]
+		if len(twins) > 1 {
+			for _, in := range twins {
+				if in.SocketDir != "" {
+					detach(in.Name)
+				}
+			}
+			if !conflicted[sb.Name] {
+				p.conflict = append(p.conflict, sb.Name)
+			}
+			unserved[sb.Name] = true
+			continue
+		}
+		if in, ok := byName[sb.Name]; !ok || in.UUID != sb.UUID {
+			// A worker at it (Phase) fails on its own and says why.
+			if sb.Phase == "" {
+				p.vanished = append(p.vanished, sb.Name)
+				unserved[sb.Name] = true
+			}
+			continue
+		}
+		if conflicted[sb.Name] {
+			p.resolved = append(p.resolved, sb.Name)
+			unserved[sb.Name] = true
+		}
+	}
+	for _, in := range insts {
+		if in.SocketDir == "" {
+			continue
+		}
+		// Only a directory a record claims counts: a round may read the
+		// records just before a new sandbox's claim and the backend just
+		// after its attachment.
+		sb, ok := owner[in.SocketDir]
+		if !ok || sb.Name == in.Name {
+			continue
+		}
+		detach(in.Name)
+		if !unserved[sb.Name] && !slices.Contains(p.reserve, sb.Name) {
+			p.reserve = append(p.reserve, sb.Name)
+		}
+	}
+	return p
+}
+
+// repair carries out what a round found, in a worker, in order with the
+// broker's other mutations; one repair at a time.
+func (b *Broker) repair(found repairPlan) {
+	if found.empty() || !b.repairing.CompareAndSwap(false, true) {
+		return
+	}
+	b.goWorker(func() {
+		defer b.repairing.Store(false)
+		b.runExec(b.ctx, nil, func() {
+			ctx, cancel := context.WithTimeout(b.ctx, roundTimeout)
+			defer cancel()
+			records, err := b.store.Sandboxes(ctx)
+			if err != nil {
+				b.log.Warn("repair: list sandboxes", "err", err)
+				return
+			}
+			insts, err := b.cfg.Backend.List(ctx)
+			if err != nil {
+				b.log.Warn("repair: list backend", "err", err)
+				return
+			}
+			conflicted := b.conflictedNow()
+			for name := range conflicted {
+				if !slices.ContainsFunc(records, func(sb store.Sandbox) bool { return sb.Name == name }) {
+					b.setConflicted(name, false) // destroyed meanwhile
+				}
+			}
+			b.carryOut(ctx, planRepairs(records, insts, conflicted), records)
+		})
+	})
+}
+
+// carryOut applies a plan made from records.
+func (b *Broker) carryOut(ctx context.Context, p repairPlan, records []store.Sandbox) {
+	record := func(name string) (store.Sandbox, bool) {
+		i := slices.IndexFunc(records, func(sb store.Sandbox) bool { return sb.Name == name })
+		if i < 0 {
+			return store.Sandbox{}, false
+		}
+		return records[i], true
+	}
+	for _, name := range p.detach {
+		b.log.Warn("an instance carries a socket that is not its own (a raw copy or import?): detaching it", "instance", name)
+		if err := b.cfg.Backend.DetachSocket(ctx, name); err != nil {
+			b.log.Warn("detach a copied socket", "instance", name, "err", err)
+		}
+	}
+	for _, name := range p.conflict {
+		b.setConflicted(name, true)
+		b.stopServing(name) // its connections and its directory go
+		b.log.Warn("several instances share the uuid of a sandbox (an import beside it?): none gets a socket until only one is left", "sandbox", name)
+	}
+	for _, name := range p.resolved {
+		b.setConflicted(name, false)
+		if sb, ok := record(name); ok {
+			b.serveAfresh(sb, "its uuid conflict is over")
+		}
+	}
+	for _, name := range p.reserve {
+		if sb, ok := record(name); ok && b.server(name) != nil {
+			b.stopServing(name)
+			b.serveAfresh(sb, "its old socket directory was attached elsewhere")
+		}
+	}
+	for _, name := range p.vanished {
+		b.setConflicted(name, false)
+		if sb, ok := record(name); ok {
+			if err := b.orchestrator.ForgetVanished(ctx, sb); err != nil {
+				b.log.Error("forget a sandbox deleted outside jailbee", "sandbox", name, "err", err)
+			}
+		}
+	}
+}
+
+// serveAfresh serves sb at a fresh socket directory (stopServing removed
+// its old one, so serveSandbox makes a new one).
+func (b *Broker) serveAfresh(sb store.Sandbox, why string) {
+	sb.SocketDir = ""
+	if err := b.serveSandbox(sb); err != nil {
+		b.log.Error("serve at a fresh socket directory", "sandbox", sb.Name, "err", err)
+		return
+	}
+	b.log.Warn("socket served at a fresh directory: "+why, "sandbox", sb.Name)
+}
+
+func (b *Broker) conflictedNow() map[string]bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := make(map[string]bool, len(b.conflicted))
+	for name := range b.conflicted {
+		m[name] = true
+	}
+	return m
+}
+
+func (b *Broker) setConflicted(name string, on bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if on {
+		b.conflicted[name] = true
+	} else {
+		delete(b.conflicted, name)
+	}
+}

@@ -1,0 +1,70 @@
+package broker
+
+import (
+	"reflect"
+	"testing"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/store"
+)
+
+func TestPlanRepairs(t *testing.T) {
+	records := []store.Sandbox{
+		{Name: "lead", UUID: "u1", State: store.StateRunning, SocketDir: "/s/sock/u1.aa"},
+		{Name: "kid", UUID: "u2", State: store.StateReady, SocketDir: "/s/sock/u2.bb"},
+		{Name: "new", UUID: "pending-x", State: store.StateCreating}, // not yet claimed a directory
+		{Name: "old", UUID: "u3", State: store.StateStopped},
+	}
+	lead := backend.Instance{Name: "lead", UUID: "u1", SocketDir: "/s/sock/u1.aa"}
+	kid := backend.Instance{Name: "kid", UUID: "u2", SocketDir: "/s/sock/u2.bb"}
+	old := backend.Instance{Name: "old", UUID: "u3"}
+	for _, tc := range []struct {
+		name       string
+		records    []store.Sandbox // default: records
+		insts      []backend.Instance
+		conflicted map[string]bool
+		want       repairPlan
+	}{
+		{name: "each its own", insts: []backend.Instance{lead, kid, old, {Name: "other"}}},
+		{name: "a copy of lead", insts: []backend.Instance{lead, kid, old, {Name: "lead-copy", UUID: "u9", SocketDir: "/s/sock/u1.aa"}},
+			want: repairPlan{detach: []string{"lead-copy"}, reserve: []string{"lead"}}},
+		{name: "two copies of lead, one of kid", insts: []backend.Instance{lead, kid, old,
+			{Name: "c1", UUID: "u7", SocketDir: "/s/sock/u1.aa"}, {Name: "c2", UUID: "u8", SocketDir: "/s/sock/u1.aa"},
+			{Name: "c3", UUID: "u9", SocketDir: "/s/sock/u2.bb"}},
+			want: repairPlan{detach: []string{"c1", "c2", "c3"}, reserve: []string{"lead", "kid"}}},
+		{name: "a copy whose original was deleted: the original is forgotten, not served", insts: []backend.Instance{kid, old,
+			{Name: "lead-copy", UUID: "u9", SocketDir: "/s/sock/u1.aa"}},
+			want: repairPlan{detach: []string{"lead-copy"}, vanished: []string{"lead"}}},
+		{name: "a directory no record claims (yet): left alone", insts: []backend.Instance{lead, kid, old,
+			{Name: "new", UUID: "u5", SocketDir: "/s/sock/u5.cc"}}},
+		{name: "an import beside lead: both detached, lead unserved", insts: []backend.Instance{lead, kid, old,
+			{Name: "lead-twin", UUID: "u1", SocketDir: "/s/sock/u1.aa"}},
+			want: repairPlan{detach: []string{"lead", "lead-twin"}, conflict: []string{"lead"}}},
+		{name: "the conflict goes on: nothing new", conflicted: map[string]bool{"lead": true},
+			insts: []backend.Instance{{Name: "lead", UUID: "u1"}, kid, old, {Name: "lead-twin", UUID: "u1"}}},
+		{name: "the import deleted: lead served afresh", conflicted: map[string]bool{"lead": true},
+			insts: []backend.Instance{{Name: "lead", UUID: "u1"}, kid, old},
+			want:  repairPlan{resolved: []string{"lead"}}},
+		{name: "the original deleted, its import left: forgotten", conflicted: map[string]bool{"lead": true},
+			insts: []backend.Instance{{Name: "lead-twin", UUID: "u1"}, kid, old},
+			want:  repairPlan{vanished: []string{"lead"}}},
+		{name: "a stopped sandbox deleted", insts: []backend.Instance{lead, kid},
+			want: repairPlan{vanished: []string{"old"}}},
+		{name: "replaced by another instance of its name", insts: []backend.Instance{lead, kid, {Name: "old", UUID: "u8"}},
+			want: repairPlan{vanished: []string{"old"}}},
+		{name: "a worker at it: its own failure says why", insts: []backend.Instance{lead, old},
+			records: []store.Sandbox{records[0], {Name: "kid", UUID: "u2", State: store.StateRunning, Phase: "agent"}, records[3]}},
+		{name: "queued, creating and destroying have no instance to miss", insts: nil,
+			records: []store.Sandbox{{Name: "q", State: store.StateQueued}, {Name: "c", UUID: "pending-y", State: store.StateCreating}, {Name: "d", UUID: "u4", State: store.StateDestroying}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recs := tc.records
+			if recs == nil {
+				recs = records
+			}
+			if got := planRepairs(recs, tc.insts, tc.conflicted); !reflect.DeepEqual(got, tc.want) {
+				t.Fatalf("planRepairs = %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
