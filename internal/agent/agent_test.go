@@ -1,7 +1,11 @@
 package agent
 
 import (
+	"errors"
+	"os"
+	"os/exec"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -124,6 +128,43 @@ func TestParseStat(t *testing.T) {
 	}
 }
 
+// TestWithStatInAShell: the wrapper run by a real sh, for a command that
+// prints a live pid, one that prints junk, and one that fails.
+func TestWithStatInAShell(t *testing.T) {
+	self := strconv.Itoa(os.Getpid())
+	run := func(argv ...string) (string, int) {
+		out, err := exec.Command(WithStat(argv)[0], WithStat(argv)[1:]...).Output()
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			return string(out), ee.ExitCode()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(out), 0
+	}
+	out, code := run("echo", self)
+	pid, id, alive, seen, err := ParsePane([]byte(out))
+	if code != 0 || err != nil || pid != os.Getpid() || !seen || !alive || id.PID != pid || id.Start == 0 {
+		t.Fatalf("a live pid: %q exit %d -> %d %+v %v %v %v", out, code, pid, id, alive, seen, err)
+	}
+	out, code = run("printf", "%s\n%s\n", self, "99")
+	if pid, _, _, seen, err := ParsePane([]byte(out)); code != 0 || err != nil || pid != os.Getpid() || !seen {
+		t.Fatalf("two pids (two panes): %q exit %d -> %d %v %v", out, code, pid, seen, err)
+	}
+	out, code = run("echo", "4194304")
+	if pid, _, _, seen, err := ParsePane([]byte(out)); code != 0 || err != nil || pid != 4194304 || seen {
+		t.Fatalf("a pid with no process: %q exit %d -> %d %v %v", out, code, pid, seen, err)
+	}
+	out, code = run("echo", "junk")
+	if _, _, _, _, err := ParsePane([]byte(out)); code != 0 || err == nil {
+		t.Fatalf("junk: %q exit %d -> %v", out, code, err)
+	}
+	if out, code = run("sh", "-c", "echo 42; exit 3"); code != 3 {
+		t.Fatalf("a failing command: %q exit %d, want 3", out, code)
+	}
+}
+
 // FuzzParse: what a sandbox prints for its agent's pid and stat never
 // panics the parsers or yields an impossible pid.
 func FuzzParse(f *testing.F) {
@@ -134,5 +175,8 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("pid %d", pid)
 		}
 		ParseStat(2, data)
+		if pid, id, _, seen, err := ParsePane(data); err == nil && (pid <= 1 || pid > maxPID || seen && id.PID != pid) {
+			t.Fatalf("pane %d %+v", pid, id)
+		}
 	})
 }

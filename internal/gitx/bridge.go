@@ -260,6 +260,12 @@ func Checkout(ctx context.Context, r Repo, branch, commit string) error {
 type TransferOptions struct {
 	// MaxBytes bounds the bytes from the source; 0 is MaxTransferBytes.
 	MaxBytes int64
+	// Init makes the destination an empty repository first (a new
+	// sandbox's checkout), and Checkout, when set, puts its HEAD on that
+	// branch at the commit afterwards: one command in the destination
+	// instead of three (on Incus each costs 70-80 ms).
+	Init     bool
+	Checkout string
 }
 
 // Transfer makes commit (with its history) available in dst at dstRef. The
@@ -278,6 +284,17 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	if err := checkFullRef(ctx, "destination ref", dstRef); err != nil {
 		return err
 	}
+	fetchArgv := []string{ClientName, fetchCommand}
+	if opts.Init {
+		fetchArgv = append(fetchArgv, "--init")
+	}
+	if opts.Checkout != "" {
+		if err := CheckBranchName(ctx, opts.Checkout); err != nil {
+			return err
+		}
+		fetchArgv = append(fetchArgv, "--checkout", opts.Checkout)
+	}
+	fetchArgv = append(fetchArgv, commit, dstRef)
 	limit := opts.MaxBytes
 	if limit <= 0 {
 		limit = MaxTransferBytes
@@ -330,7 +347,7 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 		defer wg.Done()
 		var code int
 		code, dstErr = dst.run.Run(ctx, Cmd{
-			Argv: []string{ClientName, fetchCommand, commit, dstRef},
+			Argv: fetchArgv,
 			Dir:  dst.dir, Env: sandboxEnv,
 			Stdin: dstIn, Stdout: dstOut, Stderr: &dstStderr,
 			Started: func() { closeFiles(dstIn, dstOut) },

@@ -11,7 +11,9 @@ import (
 )
 
 // The destination side of a Transfer runs inside the destination's
-// sandbox as `jailbee _git-fetch COMMIT REF`: its stdin and stdout are the
+// sandbox as `jailbee _git-fetch [--init] [--checkout BRANCH] COMMIT REF`
+// (--init: `git init` first; --checkout: the branch checked out at the
+// commit after): its stdin and stdout are the
 // pipe to the source's upload-pack. It runs `git fetch` with an ext::
 // remote whose command (`jailbee _git-ext`) relays git's protocol over a
 // socket it inherits through git. No network and no path of the source is
@@ -44,13 +46,21 @@ func HelperMain(args []string) int {
 	return 2
 }
 
-// fetchMain is `jailbee _git-fetch COMMIT REF`.
+// fetchMain is `jailbee _git-fetch [--init] [--checkout BRANCH] COMMIT REF`.
 func fetchMain(args []string) int {
-	if len(args) != 2 || !shaPattern.MatchString(args[0]) || !strings.HasPrefix(args[1], "refs/") {
-		fmt.Fprintln(os.Stderr, "usage: jailbee _git-fetch COMMIT REF")
+	init, branch, args := parseFetchFlags(args)
+	if len(args) != 2 || !shaPattern.MatchString(args[0]) || !strings.HasPrefix(args[1], "refs/") ||
+		strings.HasPrefix(branch, "-") {
+		fmt.Fprintln(os.Stderr, "usage: jailbee _git-fetch [--init] [--checkout BRANCH] COMMIT REF")
 		return 2
 	}
 	commit, ref := args[0], args[1]
+	if init {
+		if out, err := exec.Command("git", "init", "--quiet").CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "jailbee _git-fetch: git init: %v: %s\n", err, out)
+			return 1
+		}
+	}
 	self, err := os.Executable()
 	if err != nil || strings.ContainsAny(self, " %") {
 		fmt.Fprintln(os.Stderr, "jailbee _git-fetch: cannot name the relay")
@@ -93,7 +103,28 @@ func fetchMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "jailbee _git-fetch: the fetched ref does not name the commit")
 		return 1
 	}
+	if branch != "" {
+		if out, err := exec.Command("git", "checkout", "--quiet", "-B", branch, commit, "--").CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "jailbee _git-fetch: git checkout: %v: %s\n", err, out)
+			return 1
+		}
+	}
 	return 0
+}
+
+// parseFetchFlags takes _git-fetch's leading flags off args.
+func parseFetchFlags(args []string) (init bool, branch string, rest []string) {
+	for len(args) > 0 {
+		switch {
+		case args[0] == "--init":
+			init, args = true, args[1:]
+		case args[0] == "--checkout" && len(args) > 1 && branch == "":
+			branch, args = args[1], args[2:]
+		default:
+			return init, branch, args
+		}
+	}
+	return init, branch, args
 }
 
 // extMain is `jailbee _git-ext`, git's ext:: remote command: it relays

@@ -336,14 +336,7 @@ func (o *Orchestrator) fillCheckout(ctx context.Context, name string, src source
 func (o *Orchestrator) fillFrom(ctx context.Context, name string, src gitx.Repo, branch, commit string) error {
 	ctx, cancel := context.WithTimeout(ctx, checkoutTimeout)
 	defer cancel()
-	dst := o.checkout(name)
-	if err := gitx.Init(ctx, dst); err != nil {
-		return fmt.Errorf("checkout: %w", err)
-	}
-	if err := gitx.Transfer(ctx, src, commit, dst, startRef, gitx.TransferOptions{}); err != nil {
-		return fmt.Errorf("checkout: %w", err)
-	}
-	if err := gitx.Checkout(ctx, dst, branch, commit); err != nil {
+	if err := gitx.Transfer(ctx, src, commit, o.checkout(name), startRef, gitx.TransferOptions{Init: true, Checkout: branch}); err != nil {
 		return fmt.Errorf("checkout: %w", err)
 	}
 	return nil

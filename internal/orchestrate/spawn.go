@@ -347,21 +347,25 @@ func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc
 		newSession = err != nil || code != 0
 	}
 	var stdout, stderr strings.Builder
-	code, err := run.Run(ctx, gitx.Cmd{Argv: agent.StartArgv(spec, doc.Prompt, newSession), Dir: backend.WorkspacePath,
-		Stdout: &limitedWriter{w: &stdout, n: 256}, Stderr: &limitedWriter{w: &stderr, n: 1024}})
+	code, err := run.Run(ctx, gitx.Cmd{Argv: agent.WithStat(agent.StartArgv(spec, doc.Prompt, newSession)), Dir: backend.WorkspacePath,
+		Stdout: &limitedWriter{w: &stdout, n: agent.MaxPaneOutput}, Stderr: &limitedWriter{w: &stderr, n: 1024}})
 	if err != nil || code != 0 {
 		return agentSeen{}, fmt.Errorf("tmux exited %d: %v %q", code, err, stderr.String())
 	}
 	deadline := time.Now().Add(agentStartTimeout)
 	var first agent.Identity
 	var firstAt time.Time
-	pid, pidErr := agent.ParsePID([]byte(stdout.String())) // tmux's word for the pane it made
+	// tmux's word for the pane it made, and the stat of its process.
+	pid, startID, startAlive, seen, pidErr := agent.ParsePane([]byte(stdout.String()))
 	for time.Now().Before(deadline) {
 		var id agent.Identity
 		var alive bool
-		if first == (agent.Identity{}) && pidErr == nil {
+		switch {
+		case seen:
+			id, alive, seen = startID, startAlive, false
+		case first == (agent.Identity{}) && pidErr == nil:
 			id, alive = o.identityOf(ctx, name, pid)
-		} else {
+		default:
 			id, alive = o.observeAgent(ctx, name, spec.Name)
 		}
 		switch {
@@ -396,12 +400,15 @@ func (o *Orchestrator) observeAgent(ctx context.Context, name, window string) (a
 	defer cancel()
 	run := o.Runner(name)
 	var out strings.Builder
-	if code, err := run.Run(ctx, gitx.Cmd{Argv: agent.PaneArgv(window), Stdout: &limitedWriter{w: &out, n: 256}}); err != nil || code != 0 {
+	if code, err := run.Run(ctx, gitx.Cmd{Argv: agent.WithStat(agent.PaneArgv(window)), Stdout: &limitedWriter{w: &out, n: agent.MaxPaneOutput}}); err != nil || code != 0 {
 		return agent.Identity{}, false
 	}
-	pid, err := agent.ParsePID([]byte(out.String()))
+	pid, id, alive, seen, err := agent.ParsePane([]byte(out.String()))
 	if err != nil {
 		return agent.Identity{}, false
+	}
+	if seen {
+		return id, alive
 	}
 	return o.identityOf(ctx, name, pid)
 }

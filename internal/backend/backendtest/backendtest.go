@@ -10,6 +10,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -199,8 +200,17 @@ func Checkout(b backend.Backend, name string) gitx.Repo {
 
 // FillCheckout fills a running sandbox's empty checkout with branch at
 // commit of the host repository repo, as the broker does: every git
-// command inside the sandbox.
+// command inside the sandbox, the init and the checkout with the fetch.
 func FillCheckout(t testing.TB, b backend.Backend, name, repo, branch, commit string) {
+	t.Helper()
+	opts := gitx.TransferOptions{Init: true, Checkout: branch}
+	if err := gitx.Transfer(t.Context(), gitx.HostRepo(repo), commit, Checkout(b, name), "refs/jailbee/start", opts); err != nil {
+		t.Fatalf("transfer into %s: %v", name, err)
+	}
+}
+
+// fillInSteps is FillCheckout as three commands: Init, Transfer, Checkout.
+func fillInSteps(t testing.TB, b backend.Backend, name, repo, branch, commit string) {
 	t.Helper()
 	ctx := t.Context()
 	dst := Checkout(b, name)
@@ -607,12 +617,20 @@ func testAttachDetach(s *suite) {
 	}
 }
 
+// testFillCheckout fills a checkout both ways: one command in the
+// sandbox (what the broker does), and three (init, fetch, checkout).
 func testFillCheckout(s *suite) {
+	for i, fill := range []func(testing.TB, backend.Backend, string, string, string, string){FillCheckout, fillInSteps} {
+		checkFilled(s, fmt.Sprintf("fill%d", i), fill)
+	}
+}
+
+func checkFilled(s *suite, name string, fill func(testing.TB, backend.Backend, string, string, string, string)) {
 	t, b := s.t, s.b
 	repo := NewRepo(t)
 	git(t, repo.Path, "branch", "secret-branch-name")
-	name := s.started("fill")
-	FillCheckout(t, b, name, repo.Path, "task-1", repo.First)
+	name = s.started(name)
+	fill(t, b, name, repo.Path, "task-1", repo.First)
 	if got := Sh(t, b, name, "cat README"); got != "one" {
 		t.Fatalf("checkout README = %q, want the first commit's %q", got, "one")
 	}
@@ -653,7 +671,13 @@ func testTransfer(s *suite) {
 	if got := Sh(t, b, dst, "git rev-parse HEAD; test -e work.txt || echo no-work"); got != repo.Second+"\nno-work" {
 		t.Fatalf("destination work tree changed: %q", got)
 	}
-	// A destination ref outside refs/ and a short id are refused.
+	// A destination ref outside refs/, a short id and a branch to check
+	// out that git would read as an option are refused.
+	for _, bad := range []string{"-b", "bad..branch"} {
+		if err := gitx.Transfer(t.Context(), Checkout(b, src), commit, Checkout(b, dst), "refs/x", gitx.TransferOptions{Checkout: bad}); !errors.Is(err, gitx.ErrInvalidArgument) {
+			t.Fatalf("checkout %q after the transfer: %v", bad, err)
+		}
+	}
 	if err := gitx.Transfer(t.Context(), Checkout(b, src), commit, Checkout(b, dst), "HEAD", gitx.TransferOptions{}); !errors.Is(err, gitx.ErrInvalidArgument) {
 		t.Fatalf("Transfer to HEAD: %v, want ErrInvalidArgument", err)
 	}

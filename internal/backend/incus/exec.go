@@ -25,12 +25,12 @@ func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOption
 	if len(opts.Argv) == 0 {
 		return 0, errors.New("exec: empty command")
 	}
-	in, err := b.instance(ctx, name)
-	if err != nil {
-		return 0, err
-	}
-	if !in.Running {
-		return 0, fmt.Errorf("%w: %s", backend.ErrNotRunning, name)
+	// A terminal's command cannot tell incus's own refusal from its own
+	// output: look first. Otherwise only at a container not seen running.
+	if managed, running := b.lastSeen(name); opts.TTY || !managed || !running {
+		if err := b.checkRunning(ctx, name); err != nil {
+			return 0, err
+		}
 	}
 	uid, err := execUID(opts.User)
 	if err != nil {
@@ -59,6 +59,19 @@ func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOption
 	}
 	args = append(append(args, "--force-noninteractive", "--", ClientPath, FrameCommand, "--"), opts.Argv...)
 	return b.runExec(ctx, name, uid, marker, args, opts, true)
+}
+
+// checkRunning returns ErrNotFound or ErrNotRunning for a container that
+// is not this backend's or does not run.
+func (b *Backend) checkRunning(ctx context.Context, name string) error {
+	in, err := b.instance(ctx, name)
+	if err != nil {
+		return err
+	}
+	if !in.Running {
+		return fmt.Errorf("%w: %s", backend.ErrNotRunning, name)
+	}
+	return nil
 }
 
 // runExec runs the incus client for one Exec. A framed command's stdin
@@ -108,6 +121,13 @@ func (b *Backend) runExec(ctx context.Context, name string, uid int, marker stri
 	}
 	if framedOK {
 		return status, nil
+	}
+	if framed {
+		// The command never ran to its end under the framer: the container
+		// may have gone or stopped since it was last seen.
+		if err := b.checkRunning(ctx, name); err != nil {
+			return 0, err
+		}
 	}
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {

@@ -2,6 +2,7 @@ package incus_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"strings"
@@ -72,5 +73,69 @@ func TestLabelsAndNoGuestAPI(t *testing.T) {
 	}
 	if _, err := b.Create(ctx, backend.CreateOptions{Name: "bad-label", Labels: map[string]string{"managed": "false"}}); err == nil {
 		t.Fatal("a label replaced the managed key")
+	}
+}
+
+// TestChangedBehindTheBackend: Exec skips its own look at a container
+// it last saw running, so a container stopped, deleted or replaced with
+// Incus's own tools since must still give the right error, not a command
+// status; and a name taken outside jailbee is refused at Create.
+func TestChangedBehindTheBackend(t *testing.T) {
+	b, project := newBackendIn(t)
+	ctx := context.Background()
+	incusDo := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("incus", append([]string{"--project", project}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("incus %v: %v: %s", args, err, out)
+		}
+	}
+	exit0 := backend.ExecOptions{Argv: []string{"true"}}
+	for _, name := range []string{"a", "b", "c"} {
+		if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Start(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		if code, err := b.Exec(ctx, name, exit0); err != nil || code != 0 {
+			t.Fatalf("exec in %s: %d %v", name, code, err)
+		}
+	}
+	incusDo("stop", "--force", "a")
+	if _, err := b.Exec(ctx, "a", exit0); !errors.Is(err, backend.ErrNotRunning) {
+		t.Errorf("exec in a container stopped outside: %v, want ErrNotRunning", err)
+	}
+	incusDo("delete", "--force", "b")
+	if _, err := b.Exec(ctx, "b", exit0); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("exec in a container deleted outside: %v, want ErrNotFound", err)
+	}
+	// c replaced by a container jailbee did not make, under its name.
+	incusDo("delete", "--force", "c")
+	incusDo("init", incus.DefaultImage, "c", "-q")
+	incusDo("start", "c")
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: "c"}); !errors.Is(err, backend.ErrExists) {
+		t.Errorf("create over a name taken outside: %v, want ErrExists", err)
+	}
+	if _, err := b.List(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Once listed (each broker round lists; until then a command could run
+	// in the stranger, which only someone with Incus's own rights could
+	// have put there), the stranger is known for what it is.
+	if _, err := b.Exec(ctx, "c", exit0); !errors.Is(err, backend.ErrNotFound) {
+		t.Errorf("exec in a stranger after a List: %v, want ErrNotFound", err)
+	}
+}
+
+// TestCreateWithoutTheImage: a missing image says the one step to take.
+func TestCreateWithoutTheImage(t *testing.T) {
+	project := incustest.Project(t)
+	b, err := incus.New(context.Background(), incus.Options{Project: project, Image: "jailbee-missing-image"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Create(context.Background(), backend.CreateOptions{Name: "x"})
+	if err == nil || err.Error() != `no image "jailbee-missing-image" in Incus: run 'jailbee image build' once` {
+		t.Fatalf("create without the image: %v", err)
 	}
 }

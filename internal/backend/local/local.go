@@ -170,7 +170,7 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	if b.cg != nil {
 		m.Limits = opts.Limits
 	}
-	if m.UUID, err = newUUID(); err == nil {
+	if m.UUID, err = backend.NewUUID(); err == nil {
 		err = populate(dir, name, m)
 	}
 	if err != nil {
