@@ -70,7 +70,7 @@ type hostEnv struct {
 
 	broker     *exec.Cmd
 	brokerDone chan struct{}
-	// incusProject, under JAILBEE_TEST_BACKEND=incus: the broker's
+	// incusProject, under incustest.BackendEnv=incus: the broker's
 	// sandboxes are Incus containers in this project.
 	incusProject string
 }
@@ -92,13 +92,7 @@ func newHostEnv(t *testing.T) *hostEnv {
 		}
 	}
 	h.env = append(h.env, "JAILBEE_STATE_DIR="+h.state)
-	switch be := os.Getenv(testBackendEnv); be {
-	case "", local.Type:
-	case incus.Type:
-		h.incusProject = incustest.Project(t)
-	default:
-		t.Fatalf("%s=%q: want %q or %q", testBackendEnv, be, local.Type, incus.Type)
-	}
+	h.incusProject = incustest.ProjectFromEnv(t)
 	h.git("init", "-q", "-b", "main", h.repo)
 	os.WriteFile(filepath.Join(h.repo, "README"), []byte("hello\n"), 0o644)
 	h.git("-C", h.repo, "add", ".")
@@ -291,10 +285,6 @@ func (h *hostEnv) ls() map[string]map[string]any {
 	}
 	return byName
 }
-
-// testBackendEnv names the backend the suite's broker runs: "local" (the
-// default) or "incus".
-const testBackendEnv = "JAILBEE_TEST_BACKEND"
 
 // sandboxDir is a sandbox's directory on the host: gone with the sandbox.
 func (h *hostEnv) sandboxDir(name string) string {

@@ -75,27 +75,17 @@ func newTestEnvQuota(t testing.TB, q store.Quota) *testEnv {
 }
 
 // newTestEnvStopped prepares an env without starting its broker. Under
-// TestBackendEnv=incus its sandboxes are Incus containers: the suite runs
+// incustest.BackendEnv=incus its sandboxes are Incus containers: the suite runs
 // on both backends from the same test code.
 func newTestEnvStopped(t testing.TB) *testEnv {
 	t.Helper()
 	e := &testEnv{t: t, state: shortTempDir(t), repo: makeRepo(t), sandboxes: testSandboxes(), logs: &wait.Buffer{}}
-	switch be := os.Getenv(TestBackendEnv); be {
-	case "", local.Type:
-	case incus.Type:
-		e.incusProject = incustest.Project(t)
-	default:
-		t.Fatalf("%s=%q: want %q or %q", TestBackendEnv, be, local.Type, incus.Type)
-	}
+	e.incusProject = incustest.ProjectFromEnv(t)
 	return e
 }
 
-// TestBackendEnv names the backend the suite's sandboxes run on: "local"
-// (the default) or "incus".
-const TestBackendEnv = "JAILBEE_TEST_BACKEND"
-
-// onIncus reports whether the suite runs on Incus (TestBackendEnv).
-func onIncus() bool { return os.Getenv(TestBackendEnv) == incus.Type }
+// onIncus reports whether the suite runs on Incus (incustest.BackendEnv).
+func onIncus() bool { return os.Getenv(incustest.BackendEnv) == incus.Type }
 
 // localOnly skips a test of what only the local backend has (host uids,
 // its launcher, its cgroups) when the suite runs on Incus.

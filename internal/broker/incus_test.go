@@ -10,18 +10,19 @@ import (
 	"time"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/backend/incus/incustest"
 	"agentbox/internal/broker"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
 // newIncusTestEnv is newTestEnv for a test of what only Incus has: it
-// runs in the suite's Incus pass (TestBackendEnv=incus) and is skipped in
+// runs in the suite's Incus pass (incustest.BackendEnv=incus) and is skipped in
 // the local one.
 func newIncusTestEnv(t *testing.T) *testEnv {
 	t.Helper()
 	if !onIncus() {
-		t.Skipf("an Incus test: it runs with %s=incus", TestBackendEnv)
+		t.Skipf("an Incus test: it runs with %s=incus", incustest.BackendEnv)
 	}
 	return newTestEnv(t)
 }

@@ -107,3 +107,22 @@ func RootFS(project, name string) string {
 	}
 	return filepath.Join("/var/lib/incus/containers", name, "rootfs")
 }
+
+// BackendEnv names the backend a suite that runs on both puts its
+// sandboxes on: "local" (the default) or "incus".
+const BackendEnv = "JAILBEE_TEST_BACKEND"
+
+// ProjectFromEnv is "" when BackendEnv asks for the local backend, or a
+// Project of t's own when it asks for Incus; any other value fails t.
+func ProjectFromEnv(t testing.TB) string {
+	t.Helper()
+	switch be := os.Getenv(BackendEnv); be {
+	case "", "local":
+		return ""
+	case incus.Type:
+		return Project(t)
+	default:
+		t.Fatalf("%s=%q: want local or %s", BackendEnv, be, incus.Type)
+		return ""
+	}
+}
