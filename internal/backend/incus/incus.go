@@ -96,11 +96,12 @@ type Backend struct {
 	// managed maps the containers this backend made to whether they
 	// were running, as last seen (List each broker round, and every read
 	// or change of one here). Exec skips its own look at a container seen
-	// running, Start and DetachSocket at one seen at all: an incus call costs 40-60 ms, a spawn runs a
-	// dozen commands, and a command in a container that has gone or
-	// stopped since fails anyway (Exec then looks and says why). The one
-	// thing the look would have caught in that window, a container of the
-	// same name made outside jailbee, takes Incus's own rights to make.
+	// running; Start, AttachSocket and DetachSocket at one seen at all. An
+	// incus call costs 25-80 ms and a spawn runs a dozen commands, while a
+	// command in a container that has gone or stopped since fails anyway
+	// (Exec then looks and says why). The one thing the look would have
+	// caught in that window, a container of the same name made outside
+	// jailbee, takes Incus's own rights to make.
 	mu      sync.Mutex
 	managed map[string]bool
 }
@@ -171,12 +172,12 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	if err := backend.ValidateName(opts.Name); err != nil {
 		return backend.Instance{}, err
 	}
-	// security.guestapi=false: the guest API (/dev/incus) would show the
-	// container its user.* keys, host paths among them.
 	uuid, err := backend.NewUUID()
 	if err != nil {
 		return backend.Instance{}, err
 	}
+	// security.guestapi=false: the guest API (/dev/incus) would show the
+	// container its user.* keys, host paths among them.
 	config := map[string]string{managedKey: "true", "security.guestapi": "false", uuidKey: uuid}
 	labels, err := labelConfig(opts.Labels)
 	if err != nil {
