@@ -161,9 +161,9 @@ func (b *Broker) carryOut(ctx context.Context, p repairPlan, records []store.San
 		}
 	}
 	for _, name := range p.conflict {
+		b.log.Warn("several instances share the uuid of a sandbox (an import beside it?): none gets a socket until only one is left", "sandbox", name)
 		b.setConflicted(name, true)
 		b.stopServing(name) // its connections and its directory go
-		b.log.Warn("several instances share the uuid of a sandbox (an import beside it?): none gets a socket until only one is left", "sandbox", name)
 	}
 	for _, name := range p.resolved {
 		b.setConflicted(name, false)

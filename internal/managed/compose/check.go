@@ -1,0 +1,351 @@
+package compose
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/compose-spec/compose-go/v2/loader"
+	"github.com/compose-spec/compose-go/v2/types"
+	"go.yaml.in/yaml/v3"
+)
+
+// Refusal is a Compose input the managed launch will not run: Rule names
+// what it breaks, Where the file and service or key.
+type Refusal struct {
+	Rule  string
+	Where string
+}
+
+func (r *Refusal) Error() string {
+	return fmt.Sprintf("compose: %s: %s", r.Where, r.Rule)
+}
+
+// Project is what the launch needs to know of checked Compose inputs.
+type Project struct {
+	Files []File
+	// Services are every service declared, sorted; Connectors those the
+	// launch disables as outer tunnel connectors; Runnable the others,
+	// which service_images must bind exactly.
+	Services, Connectors, Runnable []string
+	Model                          *types.Project
+}
+
+// dangerousCaps may never be added to a service.
+var dangerousCaps = []string{"ALL", "SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE"}
+
+// engineSockets are the names of container-engine sockets: a reference
+// to one anywhere in a Compose file is refused.
+var engineSockets = []string{"docker.sock", "containerd.sock", "podman.sock", "buildkitd.sock", "dockershim.sock", "crio.sock"}
+
+// engineVariables are environment variables that point a client at a
+// container engine.
+var engineVariables = []string{"DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY", "CONTAINERD_ADDRESS",
+	"CONTAINER_HOST", "BUILDKIT_HOST", "PODMAN_HOST"}
+
+// connectorNames are service names (lowercased) of outer tunnel
+// connectors; a name ending in "-tunnel" is one too.
+var connectorNames = []string{"cloudflared", "tailscale", "ngrok", "tunnel"}
+
+// connectorImages are image names (the last path element, lowercased)
+// of outer tunnel connectors.
+var connectorImages = []string{"cloudflared", "tailscale", "ngrok"}
+
+// Check parses files (in order, later ones merged over earlier ones) and
+// applies every rule; the first broken rule is returned as a *Refusal.
+func Check(ctx context.Context, worktree string, files []File) (*Project, error) {
+	for _, f := range files {
+		if err := checkRaw(f); err != nil {
+			return nil, err
+		}
+	}
+	details := types.ConfigDetails{WorkingDir: worktree, Environment: types.Mapping{}}
+	for _, f := range files {
+		details.ConfigFiles = append(details.ConfigFiles, types.ConfigFile{Filename: f.Path, Content: f.Data})
+	}
+	model, err := loader.LoadWithContext(ctx, details, func(o *loader.Options) {
+		o.SkipInterpolation = true
+		o.SkipInclude = true
+		o.SkipExtends = true
+		o.SkipResolveEnvironment = true
+		o.SkipResolveLabels = true
+		o.ResolvePaths = false
+		o.ResourceLoaders = nil
+		o.SetProjectName("branchbox-check", true)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("compose: %w", err)
+	}
+	p := &Project{Files: files, Model: model}
+	for _, name := range slices.Sorted(mapKeys(model.Services)) {
+		svc := model.Services[name]
+		if err := checkService(name, svc); err != nil {
+			return nil, err
+		}
+		p.Services = append(p.Services, name)
+		if isConnector(name, svc) {
+			p.Connectors = append(p.Connectors, name)
+		} else {
+			p.Runnable = append(p.Runnable, name)
+		}
+	}
+	for _, name := range slices.Sorted(mapKeys(model.Volumes)) {
+		if bool(model.Volumes[name].External) {
+			return nil, &Refusal{Rule: "an external volume", Where: "volume " + name}
+		}
+	}
+	return p, nil
+}
+
+func mapKeys[V any](m map[string]V) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// checkService applies the rules of one service of the loaded model.
+func checkService(name string, s types.ServiceConfig) error {
+	refuse := func(rule string) error { return &Refusal{Rule: rule, Where: "service " + name} }
+	switch {
+	case s.Privileged:
+		return refuse("privileged")
+	case s.Pid == "host":
+		return refuse("the host's pid namespace")
+	case s.Ipc == "host":
+		return refuse("the host's ipc namespace")
+	case s.NetworkMode == "host":
+		return refuse("the host's network")
+	case s.Cgroup == "host":
+		return refuse("the host's cgroup namespace")
+	case s.Uts == "host":
+		return refuse("the host's uts namespace")
+	case s.UserNSMode == "host":
+		return refuse("the host's user namespace")
+	case len(s.Secrets) > 0:
+		return refuse("service secrets")
+	case len(s.Configs) > 0:
+		return refuse("service configs")
+	case len(s.VolumesFrom) > 0:
+		return refuse("volumes_from")
+	case s.Provider != nil:
+		return refuse("a provider")
+	}
+	for _, c := range s.CapAdd {
+		if slices.Contains(dangerousCaps, strings.TrimPrefix(strings.ToUpper(c), "CAP_")) {
+			return refuse("cap_add " + c)
+		}
+	}
+	return nil
+}
+
+// isConnector reports whether a service is an outer tunnel connector.
+func isConnector(name string, s types.ServiceConfig) bool {
+	lower := strings.ToLower(name)
+	if slices.Contains(connectorNames, lower) || strings.HasSuffix(lower, "-tunnel") {
+		return true
+	}
+	image := strings.ToLower(s.Image)
+	if i := strings.LastIndexAny(image, "@"); i >= 0 {
+		image = image[:i]
+	}
+	if i := strings.LastIndex(image, "/"); i >= 0 {
+		image = image[i+1:]
+	}
+	if i := strings.Index(image, ":"); i >= 0 {
+		image = image[:i]
+	}
+	if slices.Contains(connectorImages, image) {
+		return true
+	}
+	for _, d := range s.Devices {
+		if d.Source == "/dev/net/tun" {
+			return true
+		}
+	}
+	return false
+}
+
+// checkRaw applies the rules that must see a file as written: keys the
+// loader is told to skip (include, extends, provider), interpolation,
+// engine sockets and variables, and environment entries without a value.
+func checkRaw(f File) error {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(f.Data, &doc); err != nil {
+		return fmt.Errorf("compose: %s: %w", f.Path, err)
+	}
+	if len(doc.Content) == 0 {
+		return nil
+	}
+	top := doc.Content[0]
+	if top.Kind != yaml.MappingNode {
+		return &Refusal{Rule: "not a mapping", Where: f.Path}
+	}
+	refuse := func(rule, where string) error { return &Refusal{Rule: rule, Where: f.Path + ": " + where} }
+	if mapValue(top, "include") != nil {
+		return refuse("include", "include")
+	}
+	if services := mapValue(top, "services"); services != nil && services.Kind == yaml.MappingNode {
+		for i := 0; i+1 < len(services.Content); i += 2 {
+			name, svc := services.Content[i].Value, services.Content[i+1]
+			if svc.Kind != yaml.MappingNode {
+				continue
+			}
+			for _, key := range []string{"extends", "provider", "volumes_from"} {
+				if mapValue(svc, key) != nil {
+					return refuse(key, "service "+name)
+				}
+			}
+			if err := checkEnvironment(mapValue(svc, "environment"), func(rule string) error {
+				return refuse(rule, "service "+name+" environment")
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	return walkScalars(top, "", func(where, s string) error {
+		if pos := unescapedInterpolation(s); pos >= 0 {
+			return refuse("interpolation (write $$ for a literal $)", where)
+		}
+		lower := strings.ToLower(s)
+		for _, sock := range engineSockets {
+			if strings.Contains(lower, sock) {
+				return refuse("a container-engine socket ("+sock+")", where)
+			}
+		}
+		upper := strings.ToUpper(s)
+		for _, v := range engineVariables {
+			if containsWord(upper, v) {
+				return refuse("a container-engine variable ("+v+")", where)
+			}
+		}
+		return nil
+	})
+}
+
+// checkEnvironment refuses environment entries without a value: a list
+// item without '=', or a mapping key with a null value (the engine would
+// take the value from wherever Compose runs).
+func checkEnvironment(env *yaml.Node, refuse func(string) error) error {
+	if env == nil {
+		return nil
+	}
+	switch env.Kind {
+	case yaml.SequenceNode:
+		for _, item := range env.Content {
+			if item.Kind == yaml.ScalarNode && !strings.Contains(item.Value, "=") {
+				return refuse("a valueless entry " + quoteShort(item.Value))
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(env.Content); i += 2 {
+			if v := env.Content[i+1]; v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+				return refuse("a valueless entry " + quoteShort(env.Content[i].Value))
+			}
+		}
+	}
+	return nil
+}
+
+// mapValue is the value node of key in a mapping node, or nil.
+func mapValue(m *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		if m.Content[i].Value == key {
+			return m.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// maxDepth bounds the YAML nesting walked (a hostile file cannot exhaust
+// the stack; Compose files are a few levels deep).
+const maxDepth = 64
+
+// walkScalars calls fn with every scalar (keys too) under n and where it
+// is, as a dotted path of keys.
+func walkScalars(n *yaml.Node, where string, fn func(where, s string) error) error {
+	return walk(n, where, 0, fn)
+}
+
+func walk(n *yaml.Node, where string, depth int, fn func(where, s string) error) error {
+	if depth > maxDepth {
+		return &Refusal{Rule: "nested too deep", Where: where}
+	}
+	switch n.Kind {
+	case yaml.ScalarNode:
+		return fn(where, n.Value)
+	case yaml.AliasNode:
+		return nil // its anchor is walked where it is defined
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := n.Content[i].Value
+			at := key
+			if where != "" {
+				at = where + "." + key
+			}
+			if err := fn(at, key); err != nil {
+				return err
+			}
+			if err := walk(n.Content[i+1], at, depth+1, fn); err != nil {
+				return err
+			}
+		}
+	default:
+		for i, c := range n.Content {
+			if err := walk(c, fmt.Sprintf("%s[%d]", where, i), depth+1, fn); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// unescapedInterpolation is the index of the first '$' that Compose would
+// interpolate ($NAME or ${...}), or -1; "$$" is a literal '$'.
+func unescapedInterpolation(s string) int {
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' {
+			continue
+		}
+		if i+1 < len(s) && s[i+1] == '$' {
+			i++
+			continue
+		}
+		if i+1 < len(s) && (s[i+1] == '{' || s[i+1] == '_' || isLetter(s[i+1])) {
+			return i
+		}
+	}
+	return -1
+}
+
+func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
+
+// containsWord reports whether s holds w not preceded or followed by a
+// letter, digit or '_'.
+func containsWord(s, w string) bool {
+	for i := 0; ; {
+		j := strings.Index(s[i:], w)
+		if j < 0 {
+			return false
+		}
+		start, end := i+j, i+j+len(w)
+		if (start == 0 || !isWordByte(s[start-1])) && (end == len(s) || !isWordByte(s[end])) {
+			return true
+		}
+		i = start + 1
+	}
+}
+
+func isWordByte(c byte) bool { return isLetter(c) || c >= '0' && c <= '9' || c == '_' }
+
+// quoteShort quotes s, at most 64 bytes of it.
+func quoteShort(s string) string {
+	if len(s) > 64 {
+		s = s[:64] + "..."
+	}
+	return fmt.Sprintf("%q", s)
+}

@@ -1,0 +1,121 @@
+// Package compose reads a repository's Compose files for a managed
+// launch and refuses, before any container exists, everything a
+// sandboxed task must not reach through them: the host's namespaces,
+// devices and engine socket, other files by include or extends, secrets
+// and configs, and any value the engine would fill in from the
+// environment. Files are parsed with compose-go with interpolation,
+// includes, extends and environment resolution off: nothing is read but
+// the files named here.
+package compose
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"unicode/utf8"
+)
+
+// MaxFileBytes bounds one Compose file.
+const MaxFileBytes = 8 << 20
+
+// DefaultFileNames are looked for, in this order, at the worktree's root
+// when the devcontainer config names no Compose file.
+var DefaultFileNames = []string{"compose.yaml", "compose.yml", "docker-compose.yaml", "docker-compose.yml"}
+
+// File is one Compose input: its path relative to the worktree and its
+// bytes.
+type File struct {
+	Path string
+	Data []byte
+}
+
+// DevcontainerFiles is what the devcontainer config says of Compose:
+// Set when it has a dockerComposeFile key, Files its entries (relative to
+// Dir, the config's directory relative to the worktree).
+type DevcontainerFiles struct {
+	Set   bool
+	Dir   string
+	Files []string
+}
+
+// Inputs reads the Compose files of worktree: those the devcontainer
+// config names, else the first of DefaultFileNames that exists. Each must
+// resolve inside the worktree (a symlink may point only within it), be a
+// regular file of at most MaxFileBytes, and hold UTF-8.
+func Inputs(worktree string, dc DevcontainerFiles) ([]File, error) {
+	root, err := os.OpenRoot(worktree)
+	if err != nil {
+		return nil, fmt.Errorf("compose: open the worktree: %w", err)
+	}
+	defer root.Close()
+	var names []string
+	switch {
+	case dc.Set && len(dc.Files) == 0:
+		return nil, errors.New("compose: dockerComposeFile is an empty list")
+	case dc.Set:
+		for _, f := range dc.Files {
+			if f == "" || filepath.IsAbs(f) {
+				return nil, fmt.Errorf("compose: dockerComposeFile %q must be a path relative to the devcontainer config", f)
+			}
+			names = append(names, path.Clean(path.Join(filepath.ToSlash(dc.Dir), filepath.ToSlash(f))))
+		}
+	default:
+		for _, n := range DefaultFileNames {
+			if _, err := root.Lstat(n); err == nil {
+				names = []string{n}
+				break
+			}
+		}
+		if names == nil {
+			return nil, fmt.Errorf("compose: no Compose file in the worktree (looked for %s)", strings.Join(DefaultFileNames, ", "))
+		}
+	}
+	files := make([]File, 0, len(names))
+	for _, n := range names {
+		data, err := readInside(root, n)
+		if err != nil {
+			return nil, err
+		}
+		files = append(files, File{Path: n, Data: data})
+	}
+	return files, nil
+}
+
+// readInside reads name under root: a regular UTF-8 file of at most
+// MaxFileBytes that resolves inside root.
+func readInside(root *os.Root, name string) ([]byte, error) {
+	if !fs.ValidPath(name) {
+		return nil, fmt.Errorf("compose: %s is outside the worktree", name)
+	}
+	f, err := root.Open(name)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("compose: %s does not exist", name)
+		}
+		return nil, fmt.Errorf("compose: %s does not resolve inside the worktree", name)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("compose: %s: %w", name, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("compose: %s is not a regular file", name)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("compose: %s: %w", name, err)
+	}
+	if len(data) > MaxFileBytes {
+		return nil, fmt.Errorf("compose: %s is over %d bytes", name, MaxFileBytes)
+	}
+	if !utf8.Valid(data) {
+		return nil, fmt.Errorf("compose: %s is not UTF-8", name)
+	}
+	return data, nil
+}
