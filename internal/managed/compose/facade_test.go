@@ -1,0 +1,163 @@
+package compose_test
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+
+	"agentbox/internal/managed/compose"
+
+	"github.com/compose-spec/compose-go/v2/loader"
+	"github.com/compose-spec/compose-go/v2/types"
+)
+
+const (
+	appImage = "registry.example/app@sha256:1111111111111111111111111111111111111111111111111111111111111111"
+	dbImage  = "sha256:2222222222222222222222222222222222222222222222222222222222222222"
+)
+
+// source is a repository's Compose file with everything the facade must
+// take away: builds, host binds, ports, env files, devices, a weaker
+// seccomp profile, and a connector.
+const source = `services:
+  app:
+    build: .
+    image: app:latest
+    ports: ["8080:80"]
+    expose: ["9000"]
+    env_file: [.env]
+    volumes:
+      - ./src:/src
+      - /etc:/host-etc:ro
+    devices: ["/dev/fuse:/dev/fuse"]
+    security_opt: ["seccomp=unconfined", "label=disable"]
+    environment:
+      PRICE: "5$$"
+  db:
+    image: postgres:16
+    volumes: ["dbdata:/var/lib/postgresql/data", "/srv:/srv"]
+    ports: ["5432:5432"]
+  cloudflared:
+    image: cloudflare/cloudflared
+    volumes: ["/root/.cloudflared:/etc/cloudflared"]
+volumes:
+  dbdata: {}
+`
+
+func TestFacadeOverTheSource(t *testing.T) {
+	ctx := context.Background()
+	files := []compose.File{{Path: "compose.yaml", Data: []byte(source)}}
+	p, err := compose.Check(ctx, t.TempDir(), files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spool := compose.SpoolVolumeName("run-1", "requests")
+	plan := compose.FacadePlan{
+		Images:    map[string]string{"app": appImage, "db": dbImage},
+		Primary:   "app",
+		Workspace: compose.Bind{Source: "/srv/worktrees/task-$1", Target: "/workspaces/task"},
+		Leases:    []compose.Bind{{Source: "/run/branchbox/managed/run-1/evidence", Target: "/run/branchbox/leases/evidence"}},
+		Spools:    []compose.Volume{{Name: spool, Target: "/run/branchbox/tool-requests/requests"}},
+		Seccomp:   "/run/branchbox/managed/run-1/seccomp.json",
+	}
+	facade, err := compose.Facade(p, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What Compose makes of the source with the facade last, interpolation
+	// on (as it runs), no profile enabled.
+	model, err := loader.LoadWithContext(ctx, types.ConfigDetails{
+		WorkingDir:  t.TempDir(),
+		Environment: types.Mapping{},
+		ConfigFiles: []types.ConfigFile{{Filename: "compose.yaml", Content: []byte(source)}, {Filename: "facade.yaml", Content: facade}},
+	}, func(o *loader.Options) {
+		o.SetProjectName(compose.ProjectName("run-1", "/run/m.json", "/srv/wt"), true)
+		o.SkipResolveEnvironment = true
+	})
+	if err != nil {
+		t.Fatalf("load the source and the facade: %v\n%s", err, facade)
+	}
+	app, db := model.Services["app"], model.Services["db"]
+	for name, svc := range map[string]types.ServiceConfig{"app": app, "db": db} {
+		if svc.Image != plan.Images[name] || svc.Build != nil || svc.PullPolicy != "never" {
+			t.Errorf("%s: image %q build %v pull %q", name, svc.Image, svc.Build, svc.PullPolicy)
+		}
+		if len(svc.Ports)+len(svc.Expose)+len(svc.EnvFiles)+len(svc.Devices)+len(svc.Secrets)+len(svc.Configs)+len(svc.VolumesFrom) > 0 {
+			t.Errorf("%s: host-facing keys left: %+v %v %v %v", name, svc.Ports, svc.Expose, svc.EnvFiles, svc.Devices)
+		}
+	}
+	if len(db.Volumes) != 0 || len(db.SecurityOpt) != 0 {
+		t.Errorf("db: volumes %+v security_opt %v", db.Volumes, db.SecurityOpt)
+	}
+	want := []types.ServiceVolumeConfig{
+		{Type: "bind", Source: "/srv/worktrees/task-$1", Target: "/workspaces/task"},
+		{Type: "bind", Source: "/run/branchbox/managed/run-1/evidence", Target: "/run/branchbox/leases/evidence", ReadOnly: true},
+		{Type: "volume", Source: spool, Target: "/run/branchbox/tool-requests/requests"},
+	}
+	if len(app.Volumes) != len(want) {
+		t.Fatalf("app volumes: %+v", app.Volumes)
+	}
+	for i, w := range want {
+		got := app.Volumes[i]
+		if got.Type != w.Type || got.Source != w.Source || got.Target != w.Target || got.ReadOnly != w.ReadOnly {
+			t.Errorf("app volume %d: %+v, want %+v", i, got, w)
+		}
+	}
+	if !reflect.DeepEqual(app.SecurityOpt, []string{"seccomp=" + plan.Seccomp}) || app.Cgroup != "private" || app.Privileged {
+		t.Errorf("app: security_opt %v cgroup %q privileged %v", app.SecurityOpt, app.Cgroup, app.Privileged)
+	}
+	if app.Environment["PRICE"] == nil || *app.Environment["PRICE"] != "5$" {
+		t.Errorf("app environment kept as written: %v", app.Environment)
+	}
+	if _, ok := model.Services["cloudflared"]; ok {
+		t.Error("the connector is enabled")
+	}
+	if c, ok := model.DisabledServices["cloudflared"]; !ok || !reflect.DeepEqual(c.Profiles, []string{compose.DisabledProfile}) || len(c.Volumes) != 0 {
+		t.Errorf("the connector: %+v", c)
+	}
+	if v := model.Volumes[spool]; v.Name != spool {
+		t.Errorf("spool volume: %+v", v)
+	}
+	// A project name and volume names are deterministic and distinct.
+	if compose.ProjectName("run-1", "/run/m.json", "/srv/wt") != compose.ProjectName("run-1", "/run/m.json", "/srv/wt") ||
+		compose.ProjectName("run-1", "/run/m.json", "/srv/wt") == compose.ProjectName("run-2", "/run/m.json", "/srv/wt") ||
+		compose.SpoolVolumeName("run-1", "a") == compose.SpoolVolumeName("run-1", "b") {
+		t.Error("names are not deterministic or not distinct")
+	}
+}
+
+func TestNames(t *testing.T) {
+	// Known answers, computed apart: sha256("r\x00/m\x00/w") and
+	// sha256("r\x00l"), cut to 24 and 32 hex digits.
+	if got := compose.ProjectName("r", "/m", "/w"); got != "branchbox-55f403840da07b36e7660fba" {
+		t.Errorf("ProjectName = %q", got)
+	}
+	if got := compose.SpoolVolumeName("r", "l"); got != "branchbox-tool-requests-d5a7b1bd5990bc72e08166eb653028e0" {
+		t.Errorf("SpoolVolumeName = %q", got)
+	}
+}
+
+func TestFacadeRefuses(t *testing.T) {
+	p, err := compose.Check(context.Background(), t.TempDir(), []compose.File{{Path: "compose.yaml", Data: []byte(source)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := compose.FacadePlan{Images: map[string]string{"app": appImage, "db": dbImage}, Primary: "app",
+		Workspace: compose.Bind{Source: "/w", Target: "/workspaces/w"}, Seccomp: "/s.json"}
+	for _, tc := range []struct {
+		name   string
+		change func(*compose.FacadePlan)
+		want   string
+	}{
+		{"a connector as primary", func(p *compose.FacadePlan) { p.Primary = "cloudflared" }, "not a runnable service"},
+		{"a service without its image", func(p *compose.FacadePlan) { p.Images = map[string]string{"app": appImage} }, `"db" has no image`},
+		{"no seccomp profile", func(p *compose.FacadePlan) { p.Seccomp = "" }, "seccomp"},
+	} {
+		plan := ok
+		tc.change(&plan)
+		if _, err := compose.Facade(p, plan); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
+		}
+	}
+}
