@@ -1,0 +1,185 @@
+// Package devcontainer reads a repository's devcontainer config (JSON
+// with comments) for a managed launch and writes the config the Dev
+// Containers CLI is given instead: Compose-based, on the checked Compose
+// copies and the facade, with nothing that runs on the host, mounts a
+// host path, publishes a port or rewrites the container user's uid.
+package devcontainer
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// MaxConfigBytes bounds a devcontainer config.
+const MaxConfigBytes = 1 << 20
+
+// Paths are where a devcontainer config may be, relative to the worktree,
+// in the order they are looked for.
+var Paths = []string{".devcontainer/devcontainer.json", ".devcontainer.json"}
+
+// Config is a parsed devcontainer config: its keys as decoded JSON.
+type Config struct {
+	raw map[string]any
+}
+
+// Service is the Compose service the devcontainer runs in.
+func (c *Config) Service() string { s, _ := c.raw["service"].(string); return s }
+
+// ComposeFiles is the config's dockerComposeFile: set when the key is
+// there, files its entries (a string is one entry).
+func (c *Config) ComposeFiles() (files []string, set bool, err error) {
+	v, ok := c.raw["dockerComposeFile"]
+	if !ok {
+		return nil, false, nil
+	}
+	switch v := v.(type) {
+	case string:
+		return []string{v}, true, nil
+	case []any:
+		for _, e := range v {
+			s, ok := e.(string)
+			if !ok {
+				return nil, true, errors.New("devcontainer: dockerComposeFile holds a value that is not a string")
+			}
+			files = append(files, s)
+		}
+		return files, true, nil
+	}
+	return nil, true, errors.New("devcontainer: dockerComposeFile is neither a string nor a list")
+}
+
+// User is the user the devcontainer's processes run as: remoteUser, else
+// containerUser ("" when neither is set: the image's own).
+func (c *Config) User() string {
+	for _, k := range []string{"remoteUser", "containerUser"} {
+		if s, ok := c.raw[k].(string); ok && s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
+// imageKeys make a config image- or Dockerfile-based; a managed launch
+// runs Compose services only.
+var imageKeys = []string{"image", "dockerFile", "build"}
+
+// Parse reads a devcontainer config: JSON with comments and trailing
+// commas. It refuses, naming the key:
+//   - a config that is not Compose-based (image, dockerFile, build) or
+//     names no service;
+//   - initializeCommand (it runs on the host);
+//   - any `${localEnv:` reference (a host environment variable).
+func Parse(data []byte) (*Config, error) {
+	if len(data) > MaxConfigBytes {
+		return nil, fmt.Errorf("devcontainer: the config is over %d bytes", MaxConfigBytes)
+	}
+	plain, err := StripJSONC(data)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(plain))
+	dec.UseNumber()
+	var raw map[string]any
+	if err := dec.Decode(&raw); err != nil {
+		return nil, fmt.Errorf("devcontainer: %w", err)
+	}
+	if dec.More() {
+		return nil, errors.New("devcontainer: data after the config")
+	}
+	for _, k := range imageKeys {
+		if _, ok := raw[k]; ok {
+			return nil, fmt.Errorf("devcontainer: %q: a managed launch runs Compose services only (dockerComposeFile and service)", k)
+		}
+	}
+	if _, ok := raw["initializeCommand"]; ok {
+		return nil, errors.New(`devcontainer: "initializeCommand" runs on the host`)
+	}
+	if where := findString(raw, "", func(s string) bool { return strings.Contains(s, "${localEnv:") }); where != "" {
+		return nil, fmt.Errorf("devcontainer: %s: ${localEnv:...} reads the host's environment", where)
+	}
+	c := &Config{raw: raw}
+	if c.Service() == "" {
+		return nil, errors.New(`devcontainer: "service" names no Compose service`)
+	}
+	return c, nil
+}
+
+// dropped are the keys the generated config leaves out: what runs on the
+// host, mounts a host path, publishes a port, adds capabilities, sets
+// the environment from outside, or builds and adds features.
+var dropped = []string{"initializeCommand", "remoteEnv", "workspaceMount", "mounts", "appPort", "forwardPorts",
+	"capAdd", "features", "build", "runArgs", "securityOpt", "init", "overrideFeatureInstallOrder", "portsAttributes",
+	"otherPortsAttributes", "hostRequirements"}
+
+// Generate is the config the Dev Containers CLI gets: the source's keys
+// less the dropped ones, with composeFiles (the checked copies, then the
+// facade, as absolute paths) as dockerComposeFile, only the primary
+// service run, privileged off and the container user's uid left as the
+// image has it.
+func (c *Config) Generate(composeFiles []string) ([]byte, error) {
+	if len(composeFiles) == 0 {
+		return nil, errors.New("devcontainer: no Compose files to run")
+	}
+	out := make(map[string]any, len(c.raw))
+	for k, v := range c.raw {
+		if !slices.Contains(dropped, k) {
+			out[k] = v
+		}
+	}
+	out["dockerComposeFile"] = composeFiles
+	out["runServices"] = []string{c.Service()}
+	out["privileged"] = false
+	out["updateRemoteUserUID"] = false
+	data, err := json.MarshalIndent(out, "", "\t")
+	if err != nil {
+		return nil, fmt.Errorf("devcontainer: %w", err)
+	}
+	return append(data, '\n'), nil
+}
+
+// findString is the path of the first string under v (keys included)
+// that match accepts, or "".
+func findString(v any, where string, match func(string) bool) string {
+	switch v := v.(type) {
+	case string:
+		if match(v) {
+			return orTop(where)
+		}
+	case map[string]any:
+		keys := make([]string, 0, len(v))
+		for k := range v {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		for _, k := range keys {
+			at := k
+			if where != "" {
+				at = where + "." + k
+			}
+			if match(k) {
+				return at
+			}
+			if w := findString(v[k], at, match); w != "" {
+				return w
+			}
+		}
+	case []any:
+		for i, e := range v {
+			if w := findString(e, fmt.Sprintf("%s[%d]", where, i), match); w != "" {
+				return w
+			}
+		}
+	}
+	return ""
+}
+
+func orTop(where string) string {
+	if where == "" {
+		return "the config"
+	}
+	return where
+}

@@ -1,0 +1,145 @@
+package devcontainer_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+
+	"agentbox/internal/managed/devcontainer"
+)
+
+const source = `// The repository's devcontainer
+{
+	"name": "app // not a comment",
+	"dockerComposeFile": ["../compose.yaml", "compose.dev.yaml",],
+	"service": "app",
+	"workspaceFolder": "/workspaces/app",
+	"remoteUser": "dev",
+	/* host-facing keys, all dropped */
+	"mounts": ["source=/,target=/host,type=bind"],
+	"workspaceMount": "source=/,target=/w,type=bind",
+	"forwardPorts": [3000],
+	"appPort": [8080],
+	"capAdd": ["SYS_ADMIN"],
+	"runArgs": ["--privileged"],
+	"securityOpt": ["seccomp=unconfined"],
+	"privileged": true,
+	"remoteEnv": {"TOKEN": "x"},
+	"features": {"ghcr.io/devcontainers/features/docker-in-docker:2": {}},
+	"updateRemoteUserUID": true,
+	"postCreateCommand": "make deps",
+	"customizations": {"vscode": {"extensions": ["golang.go"]}},
+}
+`
+
+func TestParseAndGenerate(t *testing.T) {
+	c, err := devcontainer.Parse([]byte(source))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, set, err := c.ComposeFiles()
+	if err != nil || !set || !reflect.DeepEqual(files, []string{"../compose.yaml", "compose.dev.yaml"}) {
+		t.Fatalf("ComposeFiles = %q %v %v", files, set, err)
+	}
+	if c.Service() != "app" || c.User() != "dev" {
+		t.Fatalf("service %q user %q", c.Service(), c.User())
+	}
+	gen, err := c.Generate([]string{"/run/b/compose/0.yaml", "/run/b/compose/1.yaml", "/run/b/compose/facade.yaml"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(gen, &got); err != nil {
+		t.Fatalf("the generated config is not JSON: %v\n%s", err, gen)
+	}
+	want := map[string]any{
+		"name":                "app // not a comment",
+		"dockerComposeFile":   []any{"/run/b/compose/0.yaml", "/run/b/compose/1.yaml", "/run/b/compose/facade.yaml"},
+		"service":             "app",
+		"runServices":         []any{"app"},
+		"workspaceFolder":     "/workspaces/app",
+		"remoteUser":          "dev",
+		"privileged":          false,
+		"updateRemoteUserUID": false,
+		"postCreateCommand":   "make deps",
+		"customizations":      map[string]any{"vscode": map[string]any{"extensions": []any{"golang.go"}}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("generated:\n%s", gen)
+	}
+	if _, err := c.Generate(nil); err == nil {
+		t.Fatal("a config with no Compose file")
+	}
+}
+
+func TestParseRefuses(t *testing.T) {
+	for _, tc := range []struct{ name, config, want string }{
+		{"image based", `{"image": "debian", "service": "app"}`, `"image": a managed launch runs Compose services only`},
+		{"dockerfile based", `{"dockerFile": "Dockerfile", "service": "app"}`, `"dockerFile"`},
+		{"build", `{"build": {"dockerfile": "D"}, "service": "app"}`, `"build"`},
+		{"initializeCommand", `{"service": "app", "initializeCommand": "curl x | sh"}`, `"initializeCommand" runs on the host`},
+		{"localEnv in a value", `{"service": "app", "containerEnv": {"A": "${localEnv:HOME}"}}`, `containerEnv.A: ${localEnv:...}`},
+		{"localEnv in a list", `{"service": "app", "postStartCommand": ["echo", "${localEnv:TOKEN}"]}`, `postStartCommand[1]`},
+		{"localEnv in a key", `{"service": "app", "x": {"${localEnv:K}": 1}}`, `x.${localEnv:K}`},
+		{"no service", `{"dockerComposeFile": "compose.yaml"}`, `"service" names no Compose service`},
+		{"not an object", `["service"]`, `cannot unmarshal array`},
+		{"data after", `{"service": "app"} {}`, `data after the config`},
+		{"an unclosed comment", `{"service": "app"} /* x`, `a comment is not closed`},
+		{"an unclosed string", `{"service": "app}`, `a string is not closed`},
+		{"one byte over the limit", `{"service": "app"}` + strings.Repeat(" ", devcontainer.MaxConfigBytes-17), "over 1048576 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := devcontainer.Parse([]byte(tc.config)); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Parse = %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+	// At the limit it is read.
+	atLimit := `{"service": "app"}` + strings.Repeat(" ", devcontainer.MaxConfigBytes-18)
+	if _, err := devcontainer.Parse([]byte(atLimit)); err != nil {
+		t.Fatalf("a config of exactly %d bytes: %v", devcontainer.MaxConfigBytes, err)
+	}
+}
+
+func TestComposeFilesShapes(t *testing.T) {
+	for _, tc := range []struct {
+		config string
+		files  []string
+		set    bool
+		bad    bool
+	}{
+		{`{"service": "a"}`, nil, false, false},
+		{`{"service": "a", "dockerComposeFile": "c.yaml"}`, []string{"c.yaml"}, true, false},
+		{`{"service": "a", "dockerComposeFile": []}`, nil, true, false},
+		{`{"service": "a", "dockerComposeFile": [1]}`, nil, true, true},
+		{`{"service": "a", "dockerComposeFile": {"x": 1}}`, nil, true, true},
+	} {
+		c, err := devcontainer.Parse([]byte(tc.config))
+		if err != nil {
+			t.Fatal(err)
+		}
+		files, set, err := c.ComposeFiles()
+		if (err != nil) != tc.bad || set != tc.set || !reflect.DeepEqual(files, tc.files) {
+			t.Errorf("%s: %q %v %v", tc.config, files, set, err)
+		}
+	}
+}
+
+// FuzzParse: a config never panics the reader, and JSON without comments
+// or trailing commas passes StripJSONC unchanged.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte(source))
+	f.Add([]byte(`{"service": "a", "x": "/* no */", "y": [1,],}`))
+	f.Add([]byte(`{"a":"\"//"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		devcontainer.Parse(data)
+		if json.Valid(data) && !bytes.Contains(data, []byte("/")) {
+			out, err := devcontainer.StripJSONC(data)
+			if err != nil || !bytes.Equal(out, data) {
+				t.Fatalf("valid JSON changed: %q -> %q %v", data, out, err)
+			}
+		}
+	})
+}
