@@ -1,0 +1,195 @@
+// Package gitmeta checks, before a managed launch makes a worktree, that
+// the repository's shared Git metadata is the runtime's alone: a
+// consumer of an earlier run (its workspace was delegated to it) or any
+// other uid could otherwise have planted configuration, hooks or filters
+// that the runtime's own git would run.
+package gitmeta
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+)
+
+// MaxAttributesBytes bounds an attributes file read.
+const MaxAttributesBytes = 1 << 20
+
+// Check refuses the repository at repo unless:
+//   - its Git metadata (the .git directory, or for a linked worktree the
+//     directory its .git file names and that directory's common dir) holds
+//     only directories and regular files, every one owned by runtimeUID
+//     and writable by no group or other;
+//   - every ancestor of that metadata is owned by runtimeUID or root and
+//     is not group- or other-writable, unless sticky (another uid cannot
+//     rename what it does not own there, as in /tmp);
+//   - no attributes file (.gitattributes at the top, info/attributes)
+//     defines a filter, which git would run on checkout.
+func Check(repo string, runtimeUID int) error {
+	dirs, err := metadataDirs(repo)
+	if err != nil {
+		return err
+	}
+	for _, d := range dirs {
+		if err := checkAncestors(d, runtimeUID); err != nil {
+			return err
+		}
+		if err := checkTree(d, runtimeUID); err != nil {
+			return err
+		}
+	}
+	attrs := []string{filepath.Join(repo, ".gitattributes")}
+	for _, d := range dirs {
+		attrs = append(attrs, filepath.Join(d, "info", "attributes"))
+	}
+	for _, p := range attrs {
+		if err := checkAttributes(p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// metadataDirs are the Git directories of repo: .git, or the directory a
+// .git file names and its common dir.
+func metadataDirs(repo string) ([]string, error) {
+	dotGit := filepath.Join(repo, ".git")
+	fi, err := os.Lstat(dotGit)
+	if err != nil {
+		return nil, fmt.Errorf("gitmeta: %s is not a Git repository: %w", repo, err)
+	}
+	switch {
+	case fi.IsDir():
+		return []string{dotGit}, nil
+	case !fi.Mode().IsRegular():
+		return nil, fmt.Errorf("gitmeta: %s is neither a directory nor a gitdir file", dotGit)
+	}
+	data, err := readSmall(dotGit)
+	if err != nil {
+		return nil, err
+	}
+	gitDir, ok := strings.CutPrefix(strings.TrimSpace(string(data)), "gitdir: ")
+	if !ok || gitDir == "" {
+		return nil, fmt.Errorf("gitmeta: %s does not name a gitdir", dotGit)
+	}
+	if !filepath.IsAbs(gitDir) {
+		gitDir = filepath.Join(repo, gitDir)
+	}
+	dirs := []string{filepath.Clean(gitDir)}
+	if data, err := readSmall(filepath.Join(gitDir, "commondir")); err == nil {
+		common := strings.TrimSpace(string(data))
+		if !filepath.IsAbs(common) {
+			common = filepath.Join(gitDir, common)
+		}
+		dirs = append(dirs, filepath.Clean(common))
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, err
+	}
+	return dirs, nil
+}
+
+// checkTree walks dir without following links.
+func checkTree(dir string, runtimeUID int) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return fmt.Errorf("gitmeta: %w", err)
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return fmt.Errorf("gitmeta: %w", err)
+		}
+		if !fi.IsDir() && !fi.Mode().IsRegular() {
+			return fmt.Errorf("gitmeta: %s is neither a directory nor a regular file (%s)", p, fi.Mode().Type())
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if int(st.Uid) != runtimeUID {
+			return fmt.Errorf("gitmeta: %s belongs to uid %d, not the runtime's %d", p, st.Uid, runtimeUID)
+		}
+		if fi.Mode().Perm()&0o022 != 0 {
+			return fmt.Errorf("gitmeta: %s is writable by its group or others (%s)", p, fi.Mode().Perm())
+		}
+		return nil
+	})
+}
+
+// checkAncestors checks every directory above dir, up to /.
+func checkAncestors(dir string, runtimeUID int) error {
+	for p := filepath.Dir(filepath.Clean(dir)); ; p = filepath.Dir(p) {
+		fi, err := os.Lstat(p)
+		if err != nil {
+			return fmt.Errorf("gitmeta: %w", err)
+		}
+		if !fi.IsDir() {
+			return fmt.Errorf("gitmeta: the ancestor %s is not a directory (a link?)", p)
+		}
+		st := fi.Sys().(*syscall.Stat_t)
+		if st.Uid != 0 && int(st.Uid) != runtimeUID {
+			return fmt.Errorf("gitmeta: the ancestor %s belongs to uid %d: it could replace what is below", p, st.Uid)
+		}
+		if fi.Mode().Perm()&0o022 != 0 && fi.Mode()&fs.ModeSticky == 0 {
+			return fmt.Errorf("gitmeta: the ancestor %s is writable by its group or others and not sticky", p)
+		}
+		if p == "/" {
+			return nil
+		}
+	}
+}
+
+// checkAttributes refuses an attributes file that sets the filter
+// attribute (`filter` or `filter=NAME`, also in a macro); unsetting it
+// (`-filter`, `!filter`) is fine. A missing file is fine.
+func checkAttributes(path string) error {
+	data, err := readSmall(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 0, 64<<10), MaxAttributesBytes)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		for _, f := range fields[1:] {
+			if f == "filter" || strings.HasPrefix(f, "filter=") {
+				return fmt.Errorf("gitmeta: %s:%d defines a filter, which git would run on checkout", path, n)
+			}
+		}
+	}
+	return sc.Err()
+}
+
+// readSmall reads a file the check needs (never through a link), at most
+// MaxAttributesBytes.
+func readSmall(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("gitmeta: %s is not a regular file", path)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, MaxAttributesBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxAttributesBytes {
+		return nil, fmt.Errorf("gitmeta: %s is over %d bytes", path, MaxAttributesBytes)
+	}
+	return data, nil
+}

@@ -1,0 +1,159 @@
+package gitmeta_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"agentbox/internal/managed/gitmeta"
+)
+
+// newRepo makes a real repository with one commit under a private
+// parent, so the parent's mode is the test's to set.
+func newRepo(t *testing.T) (parent, repo string) {
+	t.Helper()
+	parent = filepath.Join(t.TempDir(), "p")
+	if err := os.Mkdir(parent, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	repo = filepath.Join(parent, "repo")
+	for _, args := range [][]string{{"init", "-q", "-b", "main", repo},
+		{"-C", repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "--allow-empty", "-m", "init"}} {
+		if out, err := exec.Command("git", args...).CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	// git's own files may be group-writable under a loose umask.
+	filepath.Walk(filepath.Join(repo, ".git"), func(p string, fi os.FileInfo, err error) error {
+		if err == nil {
+			os.Chmod(p, fi.Mode().Perm()&^0o022)
+		}
+		return nil
+	})
+	return parent, repo
+}
+
+func TestCheck(t *testing.T) {
+	uid := os.Getuid()
+	parent, repo := newRepo(t)
+	if err := gitmeta.Check(repo, uid); err != nil {
+		t.Fatalf("a clean repository: %v", err)
+	}
+	for _, tc := range []struct {
+		name  string
+		root  bool // needs root (chown to another uid)
+		plant func(t *testing.T, parent, repo string) func()
+		want  string
+	}{
+		{"a group-writable config", false, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".git", "config")
+			os.Chmod(p, 0o664)
+			return func() { os.Chmod(p, 0o644) }
+		}, "config is writable by its group or others"},
+		{"an other-writable hooks dir", false, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".git", "hooks")
+			os.Chmod(p, 0o757)
+			return func() { os.Chmod(p, 0o755) }
+		}, "hooks is writable by its group or others"},
+		{"a symlink in .git", false, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".git", "hooks", "pre-commit")
+			os.Symlink("/bin/true", p)
+			return func() { os.Remove(p) }
+		}, "neither a directory nor a regular file"},
+		{"a fifo in .git", false, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".git", "fifo")
+			if err := exec.Command("mkfifo", p).Run(); err != nil {
+				t.Skip("no mkfifo")
+			}
+			return func() { os.Remove(p) }
+		}, "neither a directory nor a regular file"},
+		{"a file of another uid", true, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".git", "description")
+			os.Lchown(p, 4242, 4242)
+			return func() { os.Lchown(p, uid, uid) }
+		}, "description belongs to uid 4242"},
+		{"an ancestor of another uid", true, func(t *testing.T, parent, _ string) func() {
+			os.Lchown(parent, 4242, 4242)
+			return func() { os.Lchown(parent, uid, uid) }
+		}, "the ancestor " + "PARENT" + " belongs to uid 4242"},
+		{"a group-writable ancestor", false, func(t *testing.T, parent, _ string) func() {
+			os.Chmod(parent, 0o775)
+			return func() { os.Chmod(parent, 0o755) }
+		}, "writable by its group or others and not sticky"},
+		{"a filter in .gitattributes", false, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".gitattributes")
+			os.WriteFile(p, []byte("# ok\n*.txt text\n*.bin filter=lfs diff=lfs\n"), 0o644)
+			return func() { os.Remove(p) }
+		}, ".gitattributes:3 defines a filter"},
+		{"a filter set in info/attributes", false, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".git", "info", "attributes")
+			os.WriteFile(p, []byte("* filter\n"), 0o644)
+			return func() { os.Remove(p) }
+		}, "attributes:1 defines a filter"},
+		{"a filter in a macro", false, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".gitattributes")
+			os.WriteFile(p, []byte("[attr]evil filter=x\n*.c evil\n"), 0o644)
+			return func() { os.Remove(p) }
+		}, ".gitattributes:1 defines a filter"},
+		{"a linked .gitattributes", false, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".gitattributes")
+			os.Symlink("/etc/hostname", p)
+			return func() { os.Remove(p) }
+		}, ".gitattributes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.root && os.Geteuid() != 0 {
+				t.Skip("chown to another uid needs root")
+			}
+			undo := tc.plant(t, parent, repo)
+			err := gitmeta.Check(repo, uid)
+			undo()
+			want := strings.ReplaceAll(tc.want, "PARENT", parent)
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("Check = %v, want an error with %q", err, want)
+			}
+			if err := gitmeta.Check(repo, uid); err != nil {
+				t.Fatalf("after undoing: %v", err)
+			}
+		})
+	}
+	// What is fine: unsetting a filter, a sticky world-writable ancestor.
+	os.WriteFile(filepath.Join(repo, ".gitattributes"), []byte("* -filter\n*.x !filter\n*.y filtering\n"), 0o644)
+	os.Chmod(parent, 0o777|os.ModeSticky)
+	if err := gitmeta.Check(repo, uid); err != nil {
+		t.Fatalf("unset filters under a sticky ancestor: %v", err)
+	}
+	// Another runtime uid owns none of it.
+	if err := gitmeta.Check(repo, uid+1); err == nil || !strings.Contains(err.Error(), "not the runtime's") {
+		t.Fatalf("checked for another runtime uid: %v", err)
+	}
+}
+
+// TestLinkedWorktree: a repository that is itself a linked worktree is
+// checked through its gitdir and the common dir.
+func TestLinkedWorktree(t *testing.T) {
+	uid := os.Getuid()
+	parent, repo := newRepo(t)
+	wt := filepath.Join(parent, "wt")
+	if out, err := exec.Command("git", "-C", repo, "worktree", "add", "-q", "-b", "task", wt).CombinedOutput(); err != nil {
+		t.Fatalf("git worktree add: %v %s", err, out)
+	}
+	filepath.Walk(filepath.Join(repo, ".git"), func(p string, fi os.FileInfo, err error) error {
+		if err == nil {
+			os.Chmod(p, fi.Mode().Perm()&^0o022)
+		}
+		return nil
+	})
+	if err := gitmeta.Check(wt, uid); err != nil {
+		t.Fatalf("a linked worktree: %v", err)
+	}
+	// The common dir is checked too.
+	cfg := filepath.Join(repo, ".git", "config")
+	os.Chmod(cfg, 0o666)
+	defer os.Chmod(cfg, 0o644)
+	if err := gitmeta.Check(wt, uid); err == nil || !strings.Contains(err.Error(), "config is writable") {
+		t.Fatalf("the common dir's config writable: %v", err)
+	}
+}
