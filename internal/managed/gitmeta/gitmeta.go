@@ -10,12 +10,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
+
+	"agentbox/internal/secfs"
 )
 
 // MaxAttributesBytes bounds an attributes file read.
@@ -169,27 +170,12 @@ func checkAttributes(path string) error {
 	return sc.Err()
 }
 
-// readSmall reads a file the check needs (never through a link), at most
-// MaxAttributesBytes.
+// readSmall reads a file the check needs (never through a link, only a
+// regular file), at most MaxAttributesBytes.
 func readSmall(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	data, err := secfs.ReadFileNoFollow(path, MaxAttributesBytes)
 	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("gitmeta: %s is not a regular file", path)
-	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxAttributesBytes+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > MaxAttributesBytes {
-		return nil, fmt.Errorf("gitmeta: %s is over %d bytes", path, MaxAttributesBytes)
+		return nil, fmt.Errorf("gitmeta: %s: %w", path, err)
 	}
 	return data, nil
 }
