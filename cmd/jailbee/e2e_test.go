@@ -304,6 +304,21 @@ func (h *hostEnv) hostPath(name, sub string) string {
 	return filepath.Join(incustest.RootFS(h.incusProject, name), inside)
 }
 
+// sandboxProcesses lists the host processes of sandbox name: those of its
+// host uid on the local backend; on Incus, where every container shares
+// one idmap, those in its container's cgroup.
+func (h *hostEnv) sandboxProcesses(name string, uid int) []string {
+	if h.incusProject == "" {
+		return processesOf(uid)
+	}
+	var out []string
+	for _, pid := range incustest.ContainerPIDs(h.incusProject, name) {
+		cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		out = append(out, strconv.Itoa(pid)+" "+strings.ReplaceAll(string(cmdline), "\x00", " "))
+	}
+	return out
+}
+
 // hostUID is the host uid a sandbox's agent runs as: its checkout's owner
 // on the local backend, the agent uid through the idmap on Incus (whose
 // idmapped mounts leave files with the container's own ids on disk).
@@ -610,14 +625,14 @@ func TestBackgroundProcessOutlivesExecUntilDestroy(t *testing.T) {
 		if uid == 0 {
 			t.Fatal("a root broker's sandbox runs as root")
 		}
-		if len(processesOf(uid)) == 0 {
-			t.Fatalf("no host process runs as the sandbox's uid %d", uid)
+		if len(h.sandboxProcesses("bg", uid)) == 0 {
+			t.Fatalf("no host process of the sandbox (uid %d)", uid)
 		}
 	}
 	h.mustJB("destroy", "bg", "--force")
 	if os.Geteuid() == 0 {
-		if ps := processesOf(uid); len(ps) > 0 {
-			t.Errorf("processes of the sandbox's uid %d after destroy: %q", uid, ps)
+		if ps := h.sandboxProcesses("bg", uid); len(ps) > 0 {
+			t.Errorf("processes of the sandbox (uid %d) after destroy: %q", uid, ps)
 		}
 	}
 	if _, err := os.Stat(h.sandboxDir("bg")); !os.IsNotExist(err) {

@@ -91,13 +91,16 @@ func TestStopImportDestroyManifests(t *testing.T) {
 	e.mustExec("kid", "sh", "-c", "nohup sh -c 'while :; do sleep 0.1; done' >/dev/null 2>&1 &")
 	e.mustExec("kid", "sh", "-c", "echo a > a && git add a && "+commitCmd+" -m a")
 	kidHead := e.mustExec("kid", "git", "rev-parse", "HEAD")
+	if procs, ok := e.sandboxProcesses("kid", uid); ok && len(procs) == 0 {
+		t.Fatal("no process of the running child is seen: the check after stop would prove nothing")
+	}
 
 	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "stop-1", "type": "stop", "child": "kid"}),
 		"done", "child `kid` stopped")
 	if info := e.info("kid"); info.State != "stopped" || info.Running {
 		t.Fatalf("after stop: %+v", info)
 	}
-	if procs := processesOf(uid, ""); len(procs) != 0 {
+	if procs, _ := e.sandboxProcesses("kid", uid); len(procs) != 0 {
 		t.Fatalf("processes of the stopped child: %v", procs)
 	}
 	if row := e.row("kid"); row.StopHead != kidHead || row.StopDirty {

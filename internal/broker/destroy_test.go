@@ -25,8 +25,8 @@ func (e *testEnv) trace(name string) trace {
 	info := e.info(name)
 	tr := trace{name: name, uuid: info.UUID}
 	if e.incusProject == "" {
-		// On Incus every container shares one idmap: a uid cannot tell
-		// them apart, and the instance's absence is the check.
+		// On Incus every container shares one idmap: its processes are
+		// told apart by their cgroup instead (sandboxProcesses).
 		tr.uid = e.hostUID(name)
 	}
 	if info.Socket != nil {
@@ -68,9 +68,9 @@ func (e *testEnv) assertGone(tr trace) {
 			e.t.Errorf("%s: %s is left (%v)", tr.name, p, err)
 		}
 	}
-	if tr.uid != 0 && tr.uid != os.Getuid() {
-		if ps := processesOf(tr.uid, ""); len(ps) > 0 {
-			e.t.Errorf("%s: processes of its host uid %d are left: %v", tr.name, tr.uid, ps)
+	if tr.uid != 0 || e.incusProject != "" {
+		if ps, ok := e.sandboxProcesses(tr.name, tr.uid); ok && len(ps) > 0 {
+			e.t.Errorf("%s: its processes are left: %v", tr.name, ps)
 		}
 	}
 	if e.b.SocketPath(tr.name) != "" {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -244,6 +245,28 @@ func processesOf(uid int, marker string) []proc {
 		out = append(out, proc{pid: pid, uid: puid, cmdline: cmd})
 	}
 	return out
+}
+
+// sandboxProcesses lists the host processes of sandbox name, and whether
+// they can be told apart at all: on the local backend those of its host
+// uid (not when that is the test's own); on Incus, where every container
+// shares one idmap, those in its container's cgroup.
+func (e *testEnv) sandboxProcesses(name string, uid int) ([]proc, bool) {
+	e.t.Helper()
+	if e.incusProject == "" {
+		if uid == os.Getuid() {
+			return nil, false
+		}
+		return processesOf(uid, ""), true
+	}
+	pids := incustest.ContainerPIDs(e.incusProject, name)
+	var out []proc
+	for _, p := range processesOf(-1, "") {
+		if slices.Contains(pids, p.pid) {
+			out = append(out, p)
+		}
+	}
+	return out, true
 }
 
 // procUID is the real uid of process pid, from its status (the owner of

@@ -77,10 +77,8 @@ func TestAdminStopStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Stop returns once every process of the unit is gone.
-	if uid != os.Getuid() {
-		if ps := processesOf(uid, ""); len(ps) > 0 {
-			t.Fatalf("processes of kid's host uid %d after stop: %v", uid, ps)
-		}
+	if ps, _ := e.sandboxProcesses("kid", uid); len(ps) > 0 {
+		t.Fatalf("processes of kid after stop: %v", ps)
 	}
 	if ps := processesOf(-1, marker); len(ps) > 0 {
 		t.Fatalf("the loop runs after stop: %v", ps)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -125,4 +126,34 @@ func ProjectFromEnv(t testing.TB) string {
 		t.Fatalf("%s=%q: want local or %s", BackendEnv, be, incus.Type)
 		return ""
 	}
+}
+
+// ContainerPIDs lists the host pids in an instance's cgroup: the way to
+// tell one container's processes from another's on the host, since all
+// share one idmap (and so their uids).
+func ContainerPIDs(project, name string) []int {
+	if project != "" && project != "default" {
+		name = project + "_" + name
+	}
+	group := "/lxc.payload." + name
+	entries, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		data, err := os.ReadFile("/proc/" + e.Name() + "/cgroup")
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(data)) {
+			line = strings.TrimSpace(line)
+			if strings.HasSuffix(line, ":"+group) || strings.Contains(line, ":"+group+"/") {
+				out = append(out, pid)
+				break
+			}
+		}
+	}
+	return out
 }
