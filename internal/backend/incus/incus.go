@@ -322,14 +322,23 @@ func (b *Backend) AttachSocket(ctx context.Context, name, dir string) error {
 	add := []string{"config", "device", "add", name, backend.SocketDeviceName, "disk",
 		"source=" + dir, "path=" + backend.SocketMountPath, "readonly=true", "shift=true"}
 	err := b.retryConfig(ctx, add...)
-	if errors.Is(err, backend.ErrExists) {
-		// An earlier attachment: replaced (a new sandbox has none, and is
-		// spared the look).
-		if err = b.DetachSocket(ctx, name); err == nil {
-			err = b.retryConfig(ctx, add...)
-		}
+	if !errors.Is(err, backend.ErrExists) {
+		return err // a new sandbox has no attachment, and is spared the look
 	}
-	return err
+	in, err := b.raw(ctx, name)
+	if err != nil {
+		return err
+	}
+	if in.Devices[backend.SocketDeviceName]["source"] == dir {
+		// Already there (a restarted broker serving the same directory):
+		// removing and adding it again would leave the container without
+		// its socket for a moment.
+		return nil
+	}
+	if err := b.DetachSocket(ctx, name); err != nil {
+		return err
+	}
+	return b.retryConfig(ctx, add...)
 }
 
 // DetachSocket implements backend.Backend.

@@ -139,3 +139,34 @@ func TestCreateWithoutTheImage(t *testing.T) {
 		t.Fatalf("create without the image: %v", err)
 	}
 }
+
+// TestReattachSameDirKeepsTheSocket: a restarted broker attaches the
+// directory a sandbox already has; the socket never leaves the container
+// (a client connecting then must find it).
+func TestReattachSameDirKeepsTheSocket(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	dir := backendtest.SocketDir(t, "hello\n")
+	if err := b.AttachSocket(ctx, "s", dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	// A watcher inside notes any moment the socket is missing.
+	backendtest.Exec(t, b, "s", backend.ExecOptions{Argv: []string{"sh", "-c",
+		`nohup sh -c 'while :; do test -S /run/jailbee/orchestration/broker.sock || echo gone >> /tmp/watch; done' >/dev/null 2>&1 &`}})
+	for range 3 {
+		if err := b.AttachSocket(ctx, "s", dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := backendtest.Exec(t, b, "s", backend.ExecOptions{Argv: []string{"sh", "-c",
+		"cat /tmp/watch 2>/dev/null | wc -l; test -S /run/jailbee/orchestration/broker.sock && echo there"}})
+	if r.Stdout != "0\nthere\n" {
+		t.Fatalf("the socket went missing while the same directory was attached again (times seen missing, then whether it is back): %q", r.Stdout)
+	}
+}
