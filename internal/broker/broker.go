@@ -148,11 +148,10 @@ func lockStateDir(path string) (*os.File, error) {
 func (b *Broker) Store() *store.Store { return b.store }
 
 // Serve starts the workers, the admin socket and one listener per sandbox.
-// It returns once everything listens; Close stops it.
+// It returns once everything listens; Close stops it. The admin socket
+// comes after the sandboxes' sockets: once a host command is answered,
+// every sandbox's socket is there (a client inside finds it).
 func (b *Broker) Serve() error {
-	if err := b.listenAdmin(); err != nil {
-		return err
-	}
 	sbs, err := b.store.Sandboxes(b.ctx)
 	if err != nil {
 		return err
@@ -170,6 +169,9 @@ func (b *Broker) Serve() error {
 		if err := b.serveSandbox(sb); err != nil {
 			b.log.Error("cannot serve sandbox", "sandbox", sb.Name, "err", err)
 		}
+	}
+	if err := b.listenAdmin(); err != nil {
+		return err
 	}
 	b.restartUnits(sbs)
 	// Spawns a previous broker left: creating ones failed, queued resume.
