@@ -62,8 +62,10 @@ if [ -n "$jailbee" ]; then
 	"$jailbee" image build
 	# The btrfs pool unpacks an image once, at its first sandbox: do it now.
 	if incus storage show jailbee >/dev/null 2>&1; then
-		incus init jailbee jailbee-warm-pool --storage jailbee -q >/dev/null 2>&1 &&
+		incus delete --force jailbee-warm-pool >/dev/null 2>&1 || true # a killed run's
+		if incus init jailbee jailbee-warm-pool --storage jailbee -q >/dev/null 2>&1; then
 			incus delete jailbee-warm-pool >/dev/null
+		fi
 	fi
 fi
 echo "incus-setup: Incus $(incus version | awk '/^Server version/ {print $3}') ready"
