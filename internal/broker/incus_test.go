@@ -77,15 +77,8 @@ func TestIncusSpawnDoneAndDestroy(t *testing.T) {
 // one (every connection to it drops), and the original's client, on the
 // new socket, still has its inbox.
 func TestIncusCopyLosesTheSocket(t *testing.T) {
-	e := newIncusTestEnv(t)
-	e.orchestrator("lead")
-	e.child("kid", "lead")
-	sendManifest(t, e.client("kid"), map[string]any{"id": "m-1", "type": "message", "body": "before the copy"})
-	old := e.sock("lead")
-	conn := e.raw("lead") // a connection to the old socket
-	if out, err := exec.Command("incus", "copy", "--project", e.incusProject, "lead", "lead-copy").CombinedOutput(); err != nil {
-		t.Fatalf("incus copy: %v: %s", err, out)
-	}
+	e, old, conn := leadWithMessage(t, "before the copy")
+	incusCmd(t, e, "copy", "lead", "lead-copy")
 	wait.For(t, "the original's socket to move", func() bool {
 		now := e.b.SocketPath("lead") // "" while it moves
 		return now != "" && now != old
@@ -133,12 +126,7 @@ func incusDevices(t *testing.T, project, name string) string {
 // removed). Once the twin is deleted, the original is served at a fresh
 // directory and keeps its inbox.
 func TestIncusImportTwinLosesTheSocket(t *testing.T) {
-	e := newIncusTestEnv(t)
-	e.orchestrator("lead")
-	e.child("kid", "lead")
-	sendManifest(t, e.client("kid"), map[string]any{"id": "m-1", "type": "message", "body": "before the import"})
-	old := e.sock("lead")
-	conn := e.raw("lead")
+	e, old, conn := leadWithMessage(t, "before the import")
 	backup := filepath.Join(t.TempDir(), "lead.tar")
 	incusCmd(t, e, "export", "lead", backup, "--instance-only", "--compression", "none")
 	incusCmd(t, e, "import", backup, "lead-twin")
@@ -179,6 +167,18 @@ func TestIncusImportTwinLosesTheSocket(t *testing.T) {
 	if got := e.insideInbox("lead"); got != "m-1" {
 		t.Fatalf("lead's inbox from inside, on its fresh socket: %q", got)
 	}
+}
+
+// leadWithMessage is an Incus env with an orchestrator "lead" holding a
+// message m-1 (body) from its child "kid"; it returns lead's socket path
+// and a connection to it.
+func leadWithMessage(t *testing.T, body string) (*testEnv, string, *rawConn) {
+	t.Helper()
+	e := newIncusTestEnv(t)
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	sendManifest(t, e.client("kid"), map[string]any{"id": "m-1", "type": "message", "body": body})
+	return e, e.sock("lead"), e.raw("lead")
 }
 
 // incusCmd runs incus in the env's project.

@@ -2,6 +2,7 @@ package broker
 
 import (
 	"context"
+	"maps"
 	"slices"
 
 	"agentbox/internal/backend"
@@ -201,11 +202,7 @@ func (b *Broker) serveAfresh(sb store.Sandbox, why string) {
 func (b *Broker) conflictedNow() map[string]bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	m := make(map[string]bool, len(b.conflicted))
-	for name := range b.conflicted {
-		m[name] = true
-	}
-	return m
+	return maps.Clone(b.conflicted)
 }
 
 func (b *Broker) setConflicted(name string, on bool) {

@@ -154,13 +154,8 @@ func (s *bareSpawner) op(b *testing.B, name string) time.Duration {
 	}
 	run := benchRunner(s.be, name)
 	dst := gitx.SandboxRepo(name, run, backend.WorkspacePath)
-	if err := gitx.Init(ctx, dst); err != nil {
-		b.Fatal(err)
-	}
-	if err := gitx.Transfer(ctx, s.src, s.commit, dst, "refs/jailbee/start", gitx.TransferOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	if err := gitx.Checkout(ctx, dst, "bench", s.commit); err != nil {
+	fill := gitx.TransferOptions{Init: true, Checkout: "bench"} // as a spawn fills its checkout
+	if err := gitx.Transfer(ctx, s.src, s.commit, dst, "refs/jailbee/start", fill); err != nil {
 		b.Fatal(err)
 	}
 	if code, err := run.Run(ctx, gitx.Cmd{Argv: []string{"sh", "-c", "exit 0"}}); err != nil || code != 0 {

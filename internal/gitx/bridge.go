@@ -173,12 +173,6 @@ func (b *boundedBuffer) text() string {
 	}, strings.TrimSpace(s))
 }
 
-// Init makes an empty repository at r (inside a sandbox).
-func Init(ctx context.Context, r Repo) error {
-	_, err := r.git(ctx, "init", "--quiet")
-	return err
-}
-
 // Head returns the branch HEAD is on ("" when detached) and the commit it
 // names. A sandbox may answer anything: both are checked for shape.
 func Head(ctx context.Context, r Repo) (branch, commit string, err error) {
@@ -241,19 +235,6 @@ func IsClean(ctx context.Context, r Repo) (bool, error) {
 		return false, &SandboxGitError{Sub: "status", Where: r.name, Code: code, Stderr: stderr.text()}
 	}
 	return stdout.total == 0, nil
-}
-
-// Checkout puts r's HEAD on branch at commit, creating or resetting the
-// branch, and checks it out (inside a sandbox, on a fresh repository).
-func Checkout(ctx context.Context, r Repo, branch, commit string) error {
-	if err := CheckBranchName(ctx, branch); err != nil {
-		return err
-	}
-	if !shaPattern.MatchString(commit) {
-		return fmt.Errorf("%w: commit %q is not a full object id", ErrInvalidArgument, commit)
-	}
-	_, err := r.git(ctx, "checkout", "--quiet", "-B", branch, commit, "--")
-	return err
 }
 
 // TransferOptions tune a Transfer.

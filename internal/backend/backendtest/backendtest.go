@@ -10,7 +10,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"os"
@@ -206,22 +205,6 @@ func FillCheckout(t testing.TB, b backend.Backend, name, repo, branch, commit st
 	opts := gitx.TransferOptions{Init: true, Checkout: branch}
 	if err := gitx.Transfer(t.Context(), gitx.HostRepo(repo), commit, Checkout(b, name), "refs/jailbee/start", opts); err != nil {
 		t.Fatalf("transfer into %s: %v", name, err)
-	}
-}
-
-// fillInSteps is FillCheckout as three commands: Init, Transfer, Checkout.
-func fillInSteps(t testing.TB, b backend.Backend, name, repo, branch, commit string) {
-	t.Helper()
-	ctx := t.Context()
-	dst := Checkout(b, name)
-	if err := gitx.Init(ctx, dst); err != nil {
-		t.Fatalf("git init in %s: %v", name, err)
-	}
-	if err := gitx.Transfer(ctx, gitx.HostRepo(repo), commit, dst, "refs/jailbee/start", gitx.TransferOptions{}); err != nil {
-		t.Fatalf("transfer into %s: %v", name, err)
-	}
-	if err := gitx.Checkout(ctx, dst, branch, commit); err != nil {
-		t.Fatalf("checkout in %s: %v", name, err)
 	}
 }
 
@@ -617,20 +600,12 @@ func testAttachDetach(s *suite) {
 	}
 }
 
-// testFillCheckout fills a checkout both ways: one command in the
-// sandbox (what the broker does), and three (init, fetch, checkout).
 func testFillCheckout(s *suite) {
-	for i, fill := range []func(testing.TB, backend.Backend, string, string, string, string){FillCheckout, fillInSteps} {
-		checkFilled(s, fmt.Sprintf("fill%d", i), fill)
-	}
-}
-
-func checkFilled(s *suite, name string, fill func(testing.TB, backend.Backend, string, string, string, string)) {
 	t, b := s.t, s.b
 	repo := NewRepo(t)
 	git(t, repo.Path, "branch", "secret-branch-name")
-	name = s.started(name)
-	fill(t, b, name, repo.Path, "task-1", repo.First)
+	name := s.started("fill")
+	FillCheckout(t, b, name, repo.Path, "task-1", repo.First)
 	if got := Sh(t, b, name, "cat README"); got != "one" {
 		t.Fatalf("checkout README = %q, want the first commit's %q", got, "one")
 	}

@@ -44,11 +44,7 @@ func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOption
 	// client going away does not end them.
 	marker := execMarker + "=" + rand.Text()
 	env = append(env, marker)
-	args := []string{}
-	if b.opts.Project != "" {
-		args = append(args, "--project", b.opts.Project)
-	}
-	args = append(args, "exec", name, "--user", strconv.Itoa(uid), "--group", strconv.Itoa(uid), "--cwd", backend.WorkDir(opts.Dir))
+	args := b.inProject("exec", name, "--user", strconv.Itoa(uid), "--group", strconv.Itoa(uid), "--cwd", backend.WorkDir(opts.Dir))
 	for _, kv := range env {
 		args = append(args, "--env", kv)
 	}

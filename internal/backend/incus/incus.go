@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/url"
 	"os"
@@ -421,9 +420,20 @@ func (b *Backend) instance(ctx context.Context, name string) (backend.Instance, 
 // given, and returns its stdout. Errors carry incus's message; "not found"
 // maps to backend.ErrNotFound.
 func (b *Backend) run(ctx context.Context, stdin []byte, args ...string) ([]byte, error) {
-	if b.opts.Project != "" {
-		args = append([]string{"--project", b.opts.Project}, args...)
+	return b.incus(ctx, stdin, b.inProject(args...)...)
+}
+
+// inProject puts an incus command in the backend's project.
+func (b *Backend) inProject(args ...string) []string {
+	if b.opts.Project == "" {
+		return args
 	}
+	return append([]string{"--project", b.opts.Project}, args...)
+}
+
+// incus runs the incus client with args as they are (`incus query`
+// refuses --project: its paths name the project) and returns its stdout.
+func (b *Backend) incus(ctx context.Context, stdin []byte, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, b.opts.Incus, args...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
@@ -451,14 +461,11 @@ func (b *Backend) projectPath(path string) string {
 
 // query GETs path from the Incus REST API into out.
 func (b *Backend) query(ctx context.Context, path string, out any) error {
-	cmd := exec.CommandContext(ctx, b.opts.Incus, "query", b.projectPath(path))
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	cmd.Env = incusEnv()
-	if err := cmd.Run(); err != nil {
-		return incusError(err, stderr.String())
+	data, err := b.incus(ctx, nil, "query", b.projectPath(path))
+	if err != nil {
+		return err
 	}
-	if err := json.Unmarshal(stdout.Bytes(), out); err != nil {
+	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("incus query %s: %w", path, err)
 	}
 	return nil
@@ -471,14 +478,8 @@ func (b *Backend) post(ctx context.Context, path string, body any) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, b.opts.Incus, "query", "-X", "POST", "--wait", "-d", string(data), b.projectPath(path))
-	var stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = io.Discard, &stderr
-	cmd.Env = incusEnv()
-	if err := cmd.Run(); err != nil {
-		return incusError(err, stderr.String())
-	}
-	return nil
+	_, err = b.incus(ctx, nil, "query", "-X", "POST", "--wait", "-d", string(data), b.projectPath(path))
+	return err
 }
 
 // retryConfig runs a config change, again on an ETag race.

@@ -3,6 +3,7 @@ package compose
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -78,7 +79,7 @@ func Check(ctx context.Context, worktree string, files []File) (*Project, error)
 		return nil, fmt.Errorf("compose: %w", err)
 	}
 	p := &Project{Files: files, Model: model}
-	for _, name := range slices.Sorted(mapKeys(model.Services)) {
+	for _, name := range slices.Sorted(maps.Keys(model.Services)) {
 		svc := model.Services[name]
 		if err := checkService(name, svc); err != nil {
 			return nil, err
@@ -90,22 +91,12 @@ func Check(ctx context.Context, worktree string, files []File) (*Project, error)
 			p.Runnable = append(p.Runnable, name)
 		}
 	}
-	for _, name := range slices.Sorted(mapKeys(model.Volumes)) {
+	for _, name := range slices.Sorted(maps.Keys(model.Volumes)) {
 		if bool(model.Volumes[name].External) {
 			return nil, &Refusal{Rule: "an external volume", Where: "volume " + name}
 		}
 	}
 	return p, nil
-}
-
-func mapKeys[V any](m map[string]V) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // checkService applies the rules of one service of the loaded model.

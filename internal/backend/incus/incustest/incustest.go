@@ -103,10 +103,16 @@ func HostUID(t testing.TB, project, name string, uid int) int {
 // RootFS is the host path of an instance's root filesystem (readable by
 // root on the host while the instance exists).
 func RootFS(project, name string) string {
+	return filepath.Join("/var/lib/incus/containers", hostName(project, name), "rootfs")
+}
+
+// hostName is what Incus names an instance on the host (its directory,
+// its cgroup): PROJECT_NAME outside the default project.
+func hostName(project, name string) string {
 	if project != "" && project != "default" {
-		name = project + "_" + name
+		return project + "_" + name
 	}
-	return filepath.Join("/var/lib/incus/containers", name, "rootfs")
+	return name
 }
 
 // BackendEnv names the backend a suite that runs on both puts its
@@ -132,10 +138,7 @@ func ProjectFromEnv(t testing.TB) string {
 // tell one container's processes from another's on the host, since all
 // share one idmap (and so their uids).
 func ContainerPIDs(project, name string) []int {
-	if project != "" && project != "default" {
-		name = project + "_" + name
-	}
-	group := "/lxc.payload." + name
+	group := "/lxc.payload." + hostName(project, name)
 	entries, _ := os.ReadDir("/proc")
 	var out []int
 	for _, e := range entries {
