@@ -39,6 +39,9 @@ type Env struct {
 	Now     func() time.Time
 	// Runtime is the runtime's effective uid and gid.
 	Runtime assignment.Identity
+	// BeforeUp, for tests, runs between a launch's generated inputs and
+	// the Dev Containers CLI (see launch.Config).
+	BeforeUp func(inputs string) error
 }
 
 // ProcessEnv returns the Env of the current process.
@@ -125,7 +128,7 @@ Exit status: 0 success, 1 refusal, 2 usage error.`,
 		},
 	}
 	managed.AddCommand(newValidate(env), newExecProvider(env), newExample(env))
-	root.AddCommand(managed, newCapabilities(env))
+	root.AddCommand(managed, newFeature(env), newCapabilities(env))
 	return root
 }
 

@@ -274,7 +274,7 @@ func TestRuntimeCapabilities(t *testing.T) {
 	if err := json.Unmarshal([]byte(r.stdout), &caps); err != nil || r.code != 0 {
 		t.Fatalf("exit %d: %v", r.code, err)
 	}
-	if caps["schema_version"] != 1.0 || caps["managed_workspace_contract_v1"] != false || caps["preloaded_compose_sanitization_v1"] != false {
+	if caps["schema_version"] != 1.0 || caps["managed_workspace_contract_v1"] != true || caps["preloaded_compose_sanitization_v1"] != true {
 		t.Fatalf("capabilities %v", caps)
 	}
 }

@@ -53,8 +53,11 @@ type FacadePlan struct {
 	// Workspace is the worktree's bind (writable); Leases are the signed
 	// read-only binds; Spools the tool-request volumes.
 	Workspace Bind
-	Leases    []Bind
-	Spools    []Volume
+	// GitMetadata, when set, is the shared Git metadata's writable bind,
+	// so Git works in the worktree inside the container.
+	GitMetadata Bind
+	Leases      []Bind
+	Spools      []Volume
 	// Seccomp is the host path of the seccomp profile (Docker's current
 	// default, written by the launch) the primary runs under.
 	Seccomp string
@@ -118,6 +121,9 @@ func Facade(p *Project, plan FacadePlan) ([]byte, error) {
 // primary sets what the primary service runs with.
 func primary(svc *yaml.Node, plan FacadePlan) {
 	mounts := seq(bindNode(plan.Workspace))
+	if plan.GitMetadata.Source != "" {
+		mounts.Content = append(mounts.Content, bindNode(plan.GitMetadata))
+	}
 	for _, b := range plan.Leases {
 		b.ReadOnly = true
 		mounts.Content = append(mounts.Content, bindNode(b))

@@ -77,7 +77,7 @@ func Inputs(worktree string, dc DevcontainerFiles) ([]File, error) {
 	}
 	files := make([]File, 0, len(names))
 	for _, n := range names {
-		data, err := readInside(root, n)
+		data, err := ReadInside(root, n, MaxFileBytes)
 		if err != nil {
 			return nil, err
 		}
@@ -86,9 +86,9 @@ func Inputs(worktree string, dc DevcontainerFiles) ([]File, error) {
 	return files, nil
 }
 
-// readInside reads name under root: a regular UTF-8 file of at most
-// MaxFileBytes that resolves inside root.
-func readInside(root *os.Root, name string) ([]byte, error) {
+// ReadInside reads name under root: a regular UTF-8 file of at most max
+// bytes that resolves inside root (a symlink may point only within it).
+func ReadInside(root *os.Root, name string, max int) ([]byte, error) {
 	if !fs.ValidPath(name) {
 		return nil, fmt.Errorf("compose: %s is outside the worktree", name)
 	}
@@ -107,12 +107,12 @@ func readInside(root *os.Root, name string) ([]byte, error) {
 	if !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("compose: %s is not a regular file", name)
 	}
-	data, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	data, err := io.ReadAll(io.LimitReader(f, int64(max)+1))
 	if err != nil {
 		return nil, fmt.Errorf("compose: %s: %w", name, err)
 	}
-	if len(data) > MaxFileBytes {
-		return nil, fmt.Errorf("compose: %s is over %d bytes", name, MaxFileBytes)
+	if len(data) > max {
+		return nil, fmt.Errorf("compose: %s is over %d bytes", name, max)
 	}
 	if !utf8.Valid(data) {
 		return nil, fmt.Errorf("compose: %s is not UTF-8", name)

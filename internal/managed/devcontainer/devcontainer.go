@@ -118,9 +118,9 @@ var dropped = []string{"initializeCommand", "remoteEnv", "workspaceMount", "moun
 // Generate is the config the Dev Containers CLI gets: the source's keys
 // less the dropped ones, with composeFiles (the checked copies, then the
 // facade, as absolute paths) as dockerComposeFile, only the primary
-// service run, privileged off and the container user's uid left as the
-// image has it.
-func (c *Config) Generate(composeFiles []string) ([]byte, error) {
+// service run, the workspace folder the launch binds the worktree at,
+// privileged off and the container user's uid left as the image has it.
+func (c *Config) Generate(composeFiles []string, workspaceFolder string) ([]byte, error) {
 	if len(composeFiles) == 0 {
 		return nil, errors.New("devcontainer: no Compose files to run")
 	}
@@ -132,6 +132,7 @@ func (c *Config) Generate(composeFiles []string) ([]byte, error) {
 	}
 	out["dockerComposeFile"] = composeFiles
 	out["runServices"] = []string{c.Service()}
+	out["workspaceFolder"] = workspaceFolder
 	out["privileged"] = false
 	out["updateRemoteUserUID"] = false
 	data, err := json.MarshalIndent(out, "", "\t")

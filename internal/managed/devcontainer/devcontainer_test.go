@@ -46,7 +46,7 @@ func TestParseAndGenerate(t *testing.T) {
 	if c.Service() != "app" || c.User() != "dev" {
 		t.Fatalf("service %q user %q", c.Service(), c.User())
 	}
-	gen, err := c.Generate([]string{"/run/b/compose/0.yaml", "/run/b/compose/1.yaml", "/run/b/compose/facade.yaml"})
+	gen, err := c.Generate([]string{"/run/b/compose/0.yaml", "/run/b/compose/1.yaml", "/run/b/compose/facade.yaml"}, "/workspaces/task")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestParseAndGenerate(t *testing.T) {
 		"dockerComposeFile":   []any{"/run/b/compose/0.yaml", "/run/b/compose/1.yaml", "/run/b/compose/facade.yaml"},
 		"service":             "app",
 		"runServices":         []any{"app"},
-		"workspaceFolder":     "/workspaces/app",
+		"workspaceFolder":     "/workspaces/task", // the launch's, never the source's
 		"remoteUser":          "dev",
 		"privileged":          false,
 		"updateRemoteUserUID": false,
@@ -69,7 +69,7 @@ func TestParseAndGenerate(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("generated:\n%s", gen)
 	}
-	if _, err := c.Generate(nil); err == nil {
+	if _, err := c.Generate(nil, "/workspaces/task"); err == nil {
 		t.Fatal("a config with no Compose file")
 	}
 }

@@ -216,7 +216,13 @@ func New(t testing.TB, doc map[string]any) *Fixture {
 			}
 		}
 	}
-	_, err := runlayout.Lay(f.RunDir, doc, runlayout.Options{
+	f.lay()
+	return f
+}
+
+func (f *Fixture) lay() {
+	t := f.T
+	_, err := runlayout.Lay(f.RunDir, f.Doc, runlayout.Options{
 		Content: Content,
 		Socket: func(p string) error {
 			MakeSocket(t, p, runlayout.SocketMode)
@@ -224,7 +230,15 @@ func New(t testing.TB, doc map[string]any) *Fixture {
 		},
 	})
 	must(t, err)
-	return f
+}
+
+// Relay removes the run directory and lays the same document out again,
+// as an orchestrator re-issuing the assignment does (a teardown removes
+// the run's materializations).
+func (f *Fixture) Relay() {
+	f.T.Helper()
+	must(f.T, os.RemoveAll(f.RunDir))
+	f.lay()
 }
 
 // Content is the file a fixture writes for a file materialization of the

@@ -79,6 +79,20 @@ func Authorize(c *leasecheck.Checked, req Request, now time.Time) (*Plan, error)
 	return &Plan{checked: c, grant: g, path: p, args: append([]string(nil), req.Args...)}, nil
 }
 
+// AuthorizeElsewhere checks the request as Authorize does, for a provider
+// that runs somewhere else (in the launched container): the executable is
+// not looked up on this host, and the plan's Path is the signed name.
+func AuthorizeElsewhere(c *leasecheck.Checked, req Request, now time.Time) (*Plan, error) {
+	g, err := c.Assignment.AuthorizeProvider(req.Executable, req.Inherit, now)
+	if err != nil {
+		return nil, err
+	}
+	return &Plan{checked: c, grant: g, path: g.Executable, args: append([]string(nil), req.Args...)}, nil
+}
+
+// Args are the provider's arguments (after argv[0]).
+func (p *Plan) Args() []string { return p.args }
+
 // Grant returns what the plan was authorized for.
 func (p *Plan) Grant() *assignment.ProviderGrant { return p.grant }
 

@@ -1,0 +1,48 @@
+package gitx
+
+import (
+	"context"
+	"fmt"
+)
+
+// BranchExists reports whether repo has a local branch named branch.
+// The repository must be one the caller trusts (its configuration is
+// read, though no command it names runs: see safeConfig).
+func BranchExists(ctx context.Context, repo, branch string) (bool, error) {
+	if err := CheckBranchName(ctx, branch); err != nil {
+		return false, err
+	}
+	_, err := run(ctx, repo, "rev-parse", "--verify", "--quiet", "refs/heads/"+branch)
+	if err == nil {
+		return true, nil
+	}
+	if exitCode(err) == 1 {
+		return false, nil
+	}
+	return false, err
+}
+
+// AddWorktree creates a linked worktree of repo at path on a new branch
+// starting at commit (a full object name). It never reuses a branch.
+func AddWorktree(ctx context.Context, repo, path, branch, commit string) error {
+	if err := CheckBranchName(ctx, branch); err != nil {
+		return err
+	}
+	if !shaPattern.MatchString(commit) {
+		return fmt.Errorf("%w: commit %q", ErrInvalidArgument, commit)
+	}
+	if err := checkArg("path", path); err != nil {
+		return err
+	}
+	_, err := run(ctx, repo, "worktree", "add", "--no-track", "-b", branch, "--", path, commit)
+	return err
+}
+
+// DeleteBranch deletes branch of repo if it still points at commit.
+func DeleteBranch(ctx context.Context, repo, branch, commit string) error {
+	if err := CheckBranchName(ctx, branch); err != nil {
+		return err
+	}
+	_, err := run(ctx, repo, "update-ref", "-d", "refs/heads/"+branch, commit)
+	return err
+}

@@ -1,0 +1,142 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"agentbox/internal/managed/cli"
+	"agentbox/internal/managed/dockertest"
+	mt "agentbox/internal/managed/managedtest"
+)
+
+// TestFeatureUsageAndRefusals: what is refused before the engine is
+// asked, with the documented exit statuses.
+func TestFeatureUsageAndRefusals(t *testing.T) {
+	state := "BRANCHBOX_STATE_DIR=" + filepath.Join(t.TempDir(), "state")
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string // in stdout+stderr
+	}{
+		{[]string{"feature"}, cli.ExitUsage, "subcommand is required"},
+		{[]string{"feature", "teardown", "x"}, cli.ExitRefused, "requires --force"},
+		{[]string{"feature", "teardown", "x", "--force"}, cli.ExitRefused, `no feature "x"`},
+		{[]string{"feature", "teardown", "x", "--force", "--json"}, cli.ExitRefused, `"code": "not_found"`},
+		{[]string{"feature", "status", "x", "--json"}, cli.ExitRefused, `"code": "not_found"`},
+		{[]string{"feature", "exec", "x", "--", "true"}, cli.ExitRefused, `no feature "x"`},
+		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "local", "--runtime-manifest", "/m"}, cli.ExitUsage, "--runtime must be in-guest"},
+		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "in-guest"}, cli.ExitUsage, "runtime-manifest"},
+		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "rel/a.json"}, cli.ExitUsage, "absolute"},
+		{[]string{"feature", "start", "bad/name", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "/m"}, cli.ExitUsage, "feature name"},
+		{[]string{"feature", "start", "main", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "/m"}, cli.ExitUsage, "reserved"},
+		{[]string{"feature", "exec-provider", "x"}, cli.ExitUsage, "provider"},
+	} {
+		r := runCLI(t, []string{state}, tc.args...)
+		if r.code != tc.code || !strings.Contains(r.stdout+r.stderr, tc.want) {
+			t.Errorf("%q: exit %d, want %d with %q:\n%s%s", tc.args, r.code, tc.code, tc.want, r.stdout, r.stderr)
+		}
+	}
+}
+
+// TestFeatureStartRefusesVersion2: a version 2 assignment is refused
+// with the assignment's rule, as JSON.
+func TestFeatureStartRefusesVersion2(t *testing.T) {
+	f := mt.New(t, mt.Example("spec-model-identity"))
+	r := runCLI(t, []string{f.Env(), "BRANCHBOX_STATE_DIR=" + t.TempDir()},
+		"feature", "start", "v2", "--repo", t.TempDir(), "--runtime", "in-guest", "--runtime-manifest", f.Path, "--json")
+	var out struct {
+		Error struct{ Code, Message string }
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || r.code != cli.ExitRefused {
+		t.Fatalf("exit %d: %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	}
+	if out.Error.Code != "assignment" || !strings.Contains(out.Error.Message, `version "3"`) {
+		t.Fatalf("error %+v", out.Error)
+	}
+	noSecrets(t, f, r)
+}
+
+// TestFeatureCLIEndToEnd drives the whole lifecycle through the command
+// line on the real engine: the JSON shapes a user and an orchestrator
+// read.
+func TestFeatureCLIEndToEnd(t *testing.T) {
+	mt.RequireRoot(t)
+	dockertest.Require(t)
+	repo := filepath.Join(t.TempDir(), "repo")
+	rev := mt.MakeRepo(t, repo, mt.LaunchFiles())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := uint16(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	f := mt.New(t, mt.LaunchDoc(repo, rev, mt.Images{
+		Service: dockertest.ImageID(t, dockertest.ServiceImageTag), Proxy: dockertest.ImageID(t, dockertest.ProxyImageTag), ProxyPort: port}))
+	env := []string{f.Env(), "BRANCHBOX_STATE_DIR=" + filepath.Join(t.TempDir(), "state"), "MODEL_ACCESS_TOKEN=token-" + mt.Secret}
+
+	r := runCLI(t, env, "feature", "start", "cli", "--repo", repo, "--runtime", "in-guest", "--runtime-manifest", f.Path, "--json")
+	if r.code != 0 {
+		t.Fatalf("start: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	t.Cleanup(func() { runCLI(t, env, "feature", "teardown", "cli", "--force") })
+	var sum map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &sum); err != nil {
+		t.Fatal(err)
+	}
+	rt := sum["runtime"].(map[string]any)
+	ig := rt["in_guest"].(map[string]any)
+	if rt["provider"] != "in-guest" || rt["runtime_id"] != "outer-1" || rt["container_user"] != "dev" ||
+		ig["run_id"] != "run-1" || ig["tunnel_placement"] != "outer" || ig["project_docker"] != "disabled" ||
+		ig["repository_revision"] != rev || len(ig["leases"].([]any)) != 10 {
+		t.Fatalf("summary: %s", r.stdout)
+	}
+	noSecrets(t, f, r)
+
+	r = runCLI(t, env, "feature", "exec", "cli", "--json", "--", "sh", "-c", "echo out; echo err >&2; exit 3")
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &raw); err != nil || r.code != 0 {
+		t.Fatalf("exec --json: exit %d %v\n%s", r.code, err, r.stdout)
+	}
+	if raw["exit_code"] != 3.0 || raw["stdout"] != "out\n" || raw["stderr"] != "err\n" {
+		t.Fatalf("exec --json: %s", r.stdout)
+	}
+	if r = runCLI(t, env, "feature", "exec", "cli", "--", "sh", "-c", "exit 5"); r.code != 5 {
+		t.Fatalf("exec passes the status through: %d", r.code)
+	}
+
+	r = runCLI(t, env, "feature", "exec-provider", "cli", "--provider", mt.Probe, "--inherit-env", "MODEL_ACCESS_TOKEN", "--", "env")
+	if r.code != 0 || !strings.Contains(r.stdout, "MODEL_ACCESS_TOKEN=token-") || strings.Contains(r.stdout, "HOME=") {
+		t.Fatalf("exec-provider: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r = runCLI(t, env, "feature", "exec-provider", "cli", "--provider", mt.Probe, "--", "env"); r.code != cli.ExitRefused {
+		t.Fatalf("exec-provider without the signed inherited name: exit %d", r.code)
+	}
+
+	r = runCLI(t, env, "feature", "status", "cli", "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, `"phase": "running"`) || !strings.Contains(r.stdout, `"container_state": "running"`) {
+		t.Fatalf("status: exit %d\n%s", r.code, r.stdout)
+	}
+
+	r = runCLI(t, env, "feature", "teardown", "cli", "--force", "--json")
+	var td struct {
+		Name     string `json:"name"`
+		Teardown struct {
+			Provider    string `json:"provider"`
+			Verified    bool   `json:"verified"`
+			ResidueFree bool   `json:"residue_free"`
+			Residue     []any  `json:"residue"`
+		} `json:"runtime_teardown"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &td); err != nil || r.code != 0 {
+		t.Fatalf("teardown: exit %d %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	}
+	if td.Name != "cli" || td.Teardown.Provider != "in-guest" || !td.Teardown.Verified || !td.Teardown.ResidueFree || td.Teardown.Residue == nil || len(td.Teardown.Residue) != 0 {
+		t.Fatalf("receipt: %s", r.stdout)
+	}
+	if r = runCLI(t, env, "feature", "status", "cli"); r.code != cli.ExitRefused {
+		t.Fatalf("status after teardown: exit %d", r.code)
+	}
+}

@@ -1,0 +1,234 @@
+package launch
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/docker/docker/api/types/container"
+
+	"agentbox/internal/managed/devcontainer"
+	"agentbox/internal/managed/engine"
+	"agentbox/internal/managed/provider"
+)
+
+// maxCLIOutput bounds what is kept of a CLI's output for a message.
+const maxCLIOutput = 64 << 10
+
+// devcontainerUp runs `devcontainer up` on the generated config, from an
+// environment of its own: the fixed PATH, a HOME in the feature's
+// directory (TMPDIR too), and the launch's Compose project name (the CLI takes
+// COMPOSE_PROJECT_NAME before anything else). It returns the container id
+// the CLI reports, also when it reports a failure after creating one.
+func (l *launcher) devcontainerUp(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, devcontainerUpTimeout)
+	defer cancel()
+	cli := l.cfg.DevcontainerCLI
+	if cli == "" {
+		cli = "devcontainer"
+	}
+	path, err := lookPath(cli)
+	if err != nil {
+		return "", fail(CodeEngine, "the Dev Containers CLI %q is not installed (npm install -g @devcontainers/cli)", cli)
+	}
+	cmd := exec.CommandContext(ctx, path, "up",
+		"--workspace-folder", l.rec.Worktree,
+		"--config", configPath(l.dir),
+		"--docker-path", dockerCLI(l.cfg))
+	cmd.Dir = filepath.Join(l.dir, inputsDir)
+	cmd.Env = []string{
+		"PATH=" + provider.SafePATH,
+		"HOME=" + filepath.Join(l.dir, homeDir),
+		"TMPDIR=" + filepath.Join(l.dir, homeDir), // the CLI's own Compose files go with the feature
+		"COMPOSE_PROJECT_NAME=" + l.rec.ComposeProject,
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout = &limited{w: &stdout, n: maxCLIOutput}
+	cmd.Stderr = &limited{w: &stderr, n: maxCLIOutput}
+	runErr := cmd.Run()
+	var result struct {
+		Outcome     string `json:"outcome"`
+		ContainerID string `json:"containerId"`
+		Message     string `json:"message"`
+		Description string `json:"description"`
+	}
+	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
+	jsonErr := json.Unmarshal([]byte(lines[len(lines)-1]), &result)
+	switch {
+	case jsonErr == nil && result.Outcome == "success" && result.ContainerID != "":
+		return result.ContainerID, nil
+	case jsonErr == nil && result.Outcome != "":
+		return result.ContainerID, fail(CodeEngine, "devcontainer up: %s%s", result.Message, lastLines(stderr.String(), 12))
+	case ctx.Err() != nil:
+		return "", fail(CodeEngine, "devcontainer up did not finish within %s", devcontainerUpTimeout)
+	default:
+		return "", fail(CodeEngine, "devcontainer up: %v%s", runErr, lastLines(stderr.String(), 12))
+	}
+}
+
+// checkUser resolves the user the provider runs as (remoteUser, else
+// containerUser, else the image's Config.User), runs `id -u` and `id -g`
+// as that user in the container, and refuses root or anything but the
+// signed consumer.
+func (l *launcher) checkUser(ctx context.Context, dc *devcontainer.Config, imageUser string) (string, error) {
+	user := dc.User()
+	if user == "" {
+		user = imageUser
+	}
+	if user == "" || user == "root" || user == "0" || strings.HasPrefix(user, "0:") {
+		return "", fail(CodeUser, "the container user is root: set remoteUser, containerUser or the service's user to the workspace consumer")
+	}
+	want := [2]uint32{l.rec.Consumer.UID, l.rec.Consumer.GID}
+	for i, flag := range []string{"-u", "-g"} {
+		out, code, err := dockerExec(ctx, l.cfg, l.rec.ContainerID, user, "", nil, "id", flag)
+		if err != nil || code != 0 {
+			return "", fail(CodeUser, "resolve the container user %q: id %s failed", user, flag)
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(string(out)), 10, 32)
+		if err != nil {
+			return "", fail(CodeUser, "resolve the container user %q: id %s printed no number", user, flag)
+		}
+		if n == 0 || uint32(n) != want[i] {
+			return "", fail(CodeUser, "the container user %q has %s %d, not the workspace consumer's %d",
+				user, map[int]string{0: "uid", 1: "gid"}[i], n, want[i])
+		}
+	}
+	return user, nil
+}
+
+// startProxies starts one loopback port proxy per published port, on the
+// primary container's network, recording each before the next.
+func (l *launcher) startProxies(ctx context.Context, c container.InspectResponse) error {
+	rec := l.rec
+	if len(rec.PublishedPorts) == 0 {
+		return nil
+	}
+	if c.NetworkSettings == nil || len(c.NetworkSettings.Networks) == 0 {
+		return fail(CodeEngine, "the primary container has no network for its port proxies")
+	}
+	nets := make([]string, 0, len(c.NetworkSettings.Networks))
+	for n := range c.NetworkSettings.Networks {
+		nets = append(nets, n)
+	}
+	sort.Strings(nets)
+	target := c.NetworkSettings.Networks[nets[0]].IPAddress
+	if target == "" {
+		return fail(CodeEngine, "the primary container has no address on %s", nets[0])
+	}
+	for _, p := range rec.PublishedPorts {
+		id, err := l.eng.StartProxy(ctx, engine.Proxy{
+			Project: rec.ComposeProject, Image: l.checked.Assignment.PortProxyImage,
+			Network: nets[0], Target: target, Host: p.Host, Runtime: p.Runtime,
+			Name: fmt.Sprintf("%s-proxy-%d", rec.ComposeProject, p.Host),
+		})
+		if id != "" {
+			rec.Proxies = append(rec.Proxies, id)
+			if saveErr := l.save(); saveErr != nil && err == nil {
+				err = saveErr
+			}
+		}
+		if err != nil {
+			return &Error{Code: CodeEngine, Message: err.Error()}
+		}
+		l.logf("port proxy 127.0.0.1:%d -> %s:%d", p.Host, rec.ComposeProject, p.Runtime)
+	}
+	return nil
+}
+
+// dockerExec runs cmd in container id as user, with workdir (when set)
+// and the names of env passed through from the docker process's own
+// environment (env holds "NAME=value" entries; only names reach the
+// command line). It returns stdout and the exit status.
+func dockerExec(ctx context.Context, cfg Config, id, user, workdir string, env []string, cmd ...string) ([]byte, int, error) {
+	ctx, cancel := context.WithTimeout(ctx, execTimeout)
+	defer cancel()
+	c := exec.CommandContext(ctx, dockerCLI(cfg), execArgs(id, user, workdir, env, false, cmd)...)
+	c.Env = append([]string{"PATH=" + provider.SafePATH}, env...)
+	var stdout bytes.Buffer
+	c.Stdout = &limited{w: &stdout, n: maxCLIOutput}
+	err := c.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return stdout.Bytes(), ee.ExitCode(), nil
+	}
+	return stdout.Bytes(), 0, err
+}
+
+// execArgs is the docker CLI's exec command line.
+func execArgs(id, user, workdir string, env []string, interactive bool, cmd []string) []string {
+	args := []string{"exec"}
+	if interactive {
+		args = append(args, "--interactive")
+	}
+	args = append(args, "--user", user)
+	if workdir != "" {
+		args = append(args, "--workdir", workdir)
+	}
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		args = append(args, "--env", name)
+	}
+	return append(append(args, id), cmd...)
+}
+
+func dockerCLI(cfg Config) string {
+	if cfg.DockerCLI != "" {
+		return cfg.DockerCLI
+	}
+	if p, err := lookPath("docker"); err == nil {
+		return p
+	}
+	return "docker"
+}
+
+// lookPath finds a bare name in the fixed PATH only, never the caller's.
+func lookPath(name string) (string, error) {
+	if strings.Contains(name, "/") {
+		return name, nil
+	}
+	for _, dir := range filepath.SplitList(provider.SafePATH) {
+		p := filepath.Join(dir, name)
+		if _, err := exec.LookPath(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", exec.ErrNotFound
+}
+
+// limited keeps the first n bytes written and drops the rest.
+type limited struct {
+	w io.Writer
+	n int
+}
+
+func (l *limited) Write(p []byte) (int, error) {
+	if l.n > 0 {
+		k := min(len(p), l.n)
+		l.w.Write(p[:k])
+		l.n -= k
+	}
+	return len(p), nil
+}
+
+// lastLines is the last n lines of s that are not a JavaScript stack
+// frame, as a message suffix.
+func lastLines(s string, n int) string {
+	var lines []string
+	for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
+		if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "at ") {
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "\n  " + strings.Join(lines, "\n  ")
+}

@@ -1,0 +1,124 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+
+	"agentbox/internal/managed/engine"
+	"agentbox/internal/managed/leasecheck"
+	"agentbox/internal/managed/provider"
+)
+
+// running loads feature name and checks its container still runs.
+func running(ctx context.Context, cfg Config, name string) (*Record, error) {
+	rec, err := Load(cfg.StateRoot, name)
+	if err != nil {
+		return nil, err
+	}
+	if rec.Phase != PhaseRunning || rec.ContainerID == "" {
+		return nil, fail(CodeNotRunning, "feature %q is not running (phase %s)", name, rec.Phase)
+	}
+	eng, err := engine.Open()
+	if err != nil {
+		return nil, &Error{Code: CodeEngine, Message: err.Error()}
+	}
+	defer eng.Close()
+	c, err := eng.Inspect(ctx, rec.ContainerID)
+	if err != nil || c.State == nil || !c.State.Running {
+		return nil, fail(CodeNotRunning, "feature %q: its container is not running", name)
+	}
+	return rec, nil
+}
+
+// providerScript runs as the container's /bin/sh: it sets the umask and
+// starts the provider from an empty environment plus exactly the names
+// given (each a validated [A-Z_][A-Z0-9_]* name, so safe in the script's
+// text; values stay in the environment, never on a command line).
+func providerScript(names []string) string {
+	var b strings.Builder
+	b.WriteString(`umask 0022; exec /usr/bin/env -i`)
+	for _, n := range names {
+		fmt.Fprintf(&b, ` %s="$%s"`, n, n)
+	}
+	b.WriteString(` "$@"`)
+	return b.String()
+}
+
+// ExecProvider starts the coding provider in feature name's container as
+// the workspace consumer: the executable and the ordered inherited names
+// must match one live model-identity lease of the assignment (validated
+// again now, files included), and the provider's whole environment is the
+// fixed PATH, those names with the caller's values and its consumer's
+// provider-environment values, read and digest-checked immediately before.
+// It returns the provider's exit status.
+func ExecProvider(ctx context.Context, cfg Config, name string, req provider.Request, caller []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	rec, err := running(ctx, cfg, name)
+	if err != nil {
+		return 0, err
+	}
+	checked, err := leasecheck.Load(rec.ManifestPath, cfg.Checks)
+	if err != nil {
+		return 0, &Error{Code: CodeAssignment, Message: err.Error()}
+	}
+	plan, err := provider.AuthorizeElsewhere(checked, req, cfg.Checks.Now)
+	if err != nil {
+		return 0, &Error{Code: CodeAssignment, Message: err.Error()}
+	}
+	env, err := plan.Environment(caller)
+	if err != nil {
+		return 0, &Error{Code: CodeAssignment, Message: err.Error()}
+	}
+	names := make([]string, len(env))
+	for i, kv := range env {
+		names[i], _, _ = strings.Cut(kv, "=")
+	}
+	argv := append([]string{"/bin/sh", "-c", providerScript(names), plan.Grant().Executable, plan.Path()}, plan.Args()...)
+	cmd := exec.CommandContext(ctx, dockerCLI(cfg), execArgs(rec.ContainerID, rec.ContainerUser, rec.WorkspaceFolder, env, true, argv)...)
+	cmd.Env = env // PATH is the fixed one: the docker CLI is found the same way
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	err = cmd.Run()
+	clear(env)
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), nil
+	}
+	if err != nil {
+		return 0, fail(CodeEngine, "docker exec: %v", err)
+	}
+	return 0, nil
+}
+
+// ExecResult is `feature exec --json`'s output.
+type ExecResult struct {
+	ExitCode int    `json:"exit_code"`
+	Stdout   string `json:"stdout"`
+	Stderr   string `json:"stderr"`
+}
+
+// Exec runs argv in feature name's container as the workspace consumer,
+// in the workspace folder, with the container's own environment.
+func Exec(ctx context.Context, cfg Config, name string, argv []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	rec, err := running(ctx, cfg, name)
+	if err != nil {
+		return 0, err
+	}
+	if len(argv) == 0 {
+		return 0, fail(CodeUsage, "a command is required")
+	}
+	cmd := exec.CommandContext(ctx, dockerCLI(cfg), execArgs(rec.ContainerID, rec.ContainerUser, rec.WorkspaceFolder, nil, stdin != nil, argv)...)
+	cmd.Env = []string{"PATH=" + provider.SafePATH}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	err = cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), nil
+	}
+	if err != nil {
+		return 0, fail(CodeEngine, "docker exec: %v", err)
+	}
+	return 0, nil
+}

@@ -1,0 +1,75 @@
+package launch_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"agentbox/internal/managed/launch"
+)
+
+// execIn runs argv in feature name's container and returns its combined
+// output and exit status.
+func execIn(t *testing.T, s *setup, name string, argv ...string) (string, int) {
+	t.Helper()
+	var out bytes.Buffer
+	code, err := launch.Exec(context.Background(), s.cfg, name, argv, nil, &out, &out)
+	if err != nil {
+		t.Fatalf("exec %q: %v", argv, err)
+	}
+	return strings.TrimSpace(out.String()), code
+}
+
+// freePort is a loopback TCP port nothing listens on now.
+func freePort(t *testing.T) uint16 {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return uint16(l.Addr().(*net.TCPAddr).Port)
+}
+
+// dialRead connects to 127.0.0.1:port and reads until EOF, retrying while
+// the server inside the container starts.
+func dialRead(t *testing.T, port uint16) string {
+	t.Helper()
+	var last error
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))), 2*time.Second)
+		if err != nil {
+			last = err
+			continue
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		data, err := io.ReadAll(c)
+		c.Close()
+		if err == nil && len(data) > 0 {
+			return string(data)
+		}
+		last = err
+	}
+	t.Fatalf("nothing came through 127.0.0.1:%d: %v", port, last)
+	return ""
+}
+
+// isCode reports whether err is a launch error with code.
+func isCode(err error, code string) bool {
+	var le *launch.Error
+	return errors.As(err, &le) && le.Code == code
+}
+
+// testLog sends the launch's progress to the test log.
+type testLog struct{ t *testing.T }
+
+func (l testLog) Write(p []byte) (int, error) {
+	l.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

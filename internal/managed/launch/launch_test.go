@@ -1,0 +1,372 @@
+package launch_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"agentbox/internal/managed/assignment"
+	"agentbox/internal/managed/compose"
+	"agentbox/internal/managed/dockertest"
+	"agentbox/internal/managed/engine"
+	"agentbox/internal/managed/launch"
+	"agentbox/internal/managed/leasecheck"
+	"agentbox/internal/managed/managedtest"
+	"agentbox/internal/managed/provider"
+)
+
+const probe = managedtest.Probe
+
+// setup is one launch's world: a repository, an assignment laid out on
+// disk, and a state root.
+type setup struct {
+	t        *testing.T
+	repo     string
+	revision string
+	fixture  *managedtest.Fixture
+	doc      map[string]any
+	cfg      launch.Config
+	eng      *engine.Engine
+	proxyH   uint16
+}
+
+func newSetup(t *testing.T, files map[string]string) *setup {
+	t.Helper()
+	return newSetupWith(t, files, nil)
+}
+
+// newSetupWith is newSetup with edit applied to the document before it
+// is laid out.
+func newSetupWith(t *testing.T, files map[string]string, edit func(map[string]any)) *setup {
+	t.Helper()
+	managedtest.RequireRoot(t)
+	dockertest.Require(t)
+	svc := dockertest.ImageID(t, dockertest.ServiceImageTag)
+	proxy := dockertest.ImageID(t, dockertest.ProxyImageTag)
+	s := &setup{t: t}
+	s.repo = filepath.Join(t.TempDir(), "repo")
+	s.revision = managedtest.MakeRepo(t, s.repo, files)
+	s.proxyH = freePort(t)
+	doc := managedtest.LaunchDoc(s.repo, s.revision, managedtest.Images{Service: svc, Proxy: proxy, ProxyPort: s.proxyH})
+	if edit != nil {
+		edit(doc)
+	}
+	s.doc = doc
+	s.fixture = managedtest.New(t, doc)
+	now := time.Now()
+	s.cfg = launch.Config{
+		StateRoot: filepath.Join(t.TempDir(), "state"),
+		Runtime:   assignment.Identity{UID: 0, GID: 0},
+		Checks:    leasecheck.Options{ManagedRoot: s.fixture.Root, Now: now, Runtime: assignment.Identity{}},
+		Log:       testLog{t},
+	}
+	eng, err := engine.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { eng.Close() })
+	s.eng = eng
+	return s
+}
+
+func defaultFiles() map[string]string { return managedtest.LaunchFiles() }
+
+func (s *setup) start(name string) (*launch.Summary, error) {
+	s.t.Helper()
+	return launch.Start(context.Background(), s.cfg, launch.Request{Name: name, Repo: s.repo, Manifest: s.fixture.Path})
+}
+
+// project is the Compose project a launch of name gets.
+func (s *setup) project(name string) string {
+	wt := filepath.Join(s.cfg.StateRoot, "features", name, name)
+	return compose.ProjectName(s.fixture.Doc["run_id"].(string), s.fixture.Path, wt)
+}
+
+// owned lists what the engine holds of the launch's project.
+func (s *setup) owned(project string) engine.Owned {
+	s.t.Helper()
+	o, err := s.eng.Owned(context.Background(), project, nil)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return o
+}
+
+func TestLaunchLifecycle(t *testing.T) {
+	s := newSetup(t, defaultFiles())
+	sum, err := s.start("alpha")
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	cid := sum.Runtime.ContainerID
+	if sum.Runtime.ContainerUser != "dev" || sum.Runtime.WorkspaceFolder != "/workspaces/alpha" ||
+		sum.Runtime.InGuest.ProjectDocker != "disabled" || sum.Runtime.InGuest.TaskBranch != "task/demo" {
+		t.Fatalf("summary: %+v", sum.Runtime)
+	}
+	if !strings.HasPrefix(sum.ComposeProjectName, "branchbox-") {
+		t.Fatalf("project %q", sum.ComposeProjectName)
+	}
+
+	// Inside: the consumer, a seccomp filter, AF_VSOCK denied, the
+	// worktree writable and group-shared, the connector not started.
+	for _, tc := range []struct {
+		argv []string
+		want string
+	}{
+		{[]string{"id", "-u"}, "1000"},
+		{[]string{probe, "seccomp"}, "2"},
+		{[]string{probe, "vsock"}, "vsock: denied"},
+		{[]string{"sh", "-c", "echo hi > new-file && stat -c %a:%u new-file"}, "660:1000"},
+		{[]string{"cat", "README"}, "a test repository"},
+		{[]string{"sh", "-c", "test -e /data || echo no-host-volume"}, "no-host-volume"},
+	} {
+		out, code := execIn(t, s, "alpha", tc.argv...)
+		if code != 0 || !strings.Contains(out, tc.want) {
+			t.Errorf("%q: exit %d, output %q, want %q", tc.argv, code, out, tc.want)
+		}
+	}
+	if out, code := execIn(t, s, "alpha", "sh", "-c", "exit 7"); code != 7 {
+		t.Errorf("exit status: %d %q", code, out)
+	}
+	if names := dockertest.Docker(t, "ps", "-a", "--filter", "label=com.docker.compose.project="+sum.ComposeProjectName, "--format", "{{.Names}}"); names != sum.ComposeProjectName+"-app-1" {
+		t.Errorf("only the primary runs, got %q", names)
+	}
+
+	// The provider's whole environment is the signed set.
+	t.Setenv("MODEL_ACCESS_TOKEN", "model-"+managedtest.Secret)
+	var stdout, stderr bytes.Buffer
+	code, err := launch.ExecProvider(context.Background(), s.cfg, "alpha",
+		provider.Request{Executable: probe, Inherit: []string{"MODEL_ACCESS_TOKEN"}, Args: []string{"env"}},
+		os.Environ(), strings.NewReader(""), &stdout, &stderr)
+	if err != nil || code != 0 {
+		t.Fatalf("exec-provider: %v %d %s", err, code, stderr.String())
+	}
+	var names []string
+	for _, line := range strings.Split(strings.TrimSpace(stdout.String()), "\n") {
+		name, _, _ := strings.Cut(line, "=")
+		names = append(names, name)
+	}
+	if want := []string{"MODEL_ACCESS_TOKEN", "PATH", "SOURCE_DELIVERY_TOKEN"}; !slices.Equal(names, want) {
+		t.Fatalf("provider environment names %q, want %q", names, want)
+	}
+	if !strings.Contains(stdout.String(), "PATH="+provider.SafePATH+"\n") || !strings.Contains(stdout.String(), "MODEL_ACCESS_TOKEN=model-"+managedtest.Secret) {
+		t.Fatalf("provider environment values: %q", stdout.String())
+	}
+	// A provider the lease does not name is refused.
+	if _, err := launch.ExecProvider(context.Background(), s.cfg, "alpha",
+		provider.Request{Executable: "/bin/sh", Inherit: []string{"MODEL_ACCESS_TOKEN"}}, os.Environ(), nil, &stdout, &stderr); err == nil {
+		t.Fatal("exec-provider of an unsigned executable")
+	}
+
+	// The port proxy: loopback only, and it reaches the primary.
+	dockertest.Docker(t, "exec", "-d", "-u", "1000", cid, probe, "serve", "8080")
+	if got := dialRead(t, s.proxyH); got != "agentbox-probe\n" {
+		t.Errorf("through the proxy: %q", got)
+	}
+	if bind := dockertest.Docker(t, "port", fmt.Sprintf("%s-proxy-%d", sum.ComposeProjectName, s.proxyH)); !strings.HasPrefix(bind, "8080/tcp -> 127.0.0.1:") {
+		t.Errorf("the proxy's port binding: %q", bind)
+	}
+
+	st, err := launch.GetStatus(context.Background(), s.cfg, "alpha")
+	if err != nil || st.Phase != launch.PhaseRunning || st.ContainerState != "running" || st.Proxies != 1 {
+		t.Fatalf("status: %+v %v", st, err)
+	}
+
+	r, err := launch.Teardown(context.Background(), s.cfg, "alpha")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.ResidueFree || !r.Verified || len(r.Residue) != 0 {
+		t.Fatalf("receipt: %+v", r)
+	}
+	if o := s.owned(sum.ComposeProjectName); !o.Empty() {
+		t.Fatalf("left on the engine: %+v", o)
+	}
+	for _, src := range []string{s.fixture.Source(1, 0), s.fixture.Source(3, 0), s.fixture.Source(5, 0)} {
+		if _, err := os.Lstat(src); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("a materialization survived teardown: %v", err)
+		}
+	}
+	if _, err := os.Lstat(filepath.Join(s.cfg.StateRoot, "features", "alpha")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the feature's directory survived teardown: %v", err)
+	}
+	if out, err := managedtest.Git(s.repo, "rev-parse", "refs/heads/task/demo"); err != nil || out != s.revision {
+		t.Errorf("the task branch is kept: %q %v", out, err)
+	}
+
+	// The same assignment again, from a fresh repository snapshot (the
+	// delegated one is refused, as the next test shows) and the run laid
+	// out again by the orchestrator: same project, nothing in the way.
+	s.fixture.Relay()
+	if _, err := s.start("alpha"); !isCode(err, launch.CodeRepository) {
+		t.Fatalf("a start on the delegated repository: %v", err)
+	}
+	if err := os.RemoveAll(s.repo); err != nil {
+		t.Fatal(err)
+	}
+	if rev := managedtest.MakeRepo(t, s.repo, defaultFiles()); rev != s.revision {
+		t.Fatalf("the snapshot's revision changed: %s", rev)
+	}
+	again, err := s.start("alpha")
+	if err != nil {
+		t.Fatalf("second start: %v", err)
+	}
+	if again.ComposeProjectName != sum.ComposeProjectName {
+		t.Fatalf("project %s, then %s", sum.ComposeProjectName, again.ComposeProjectName)
+	}
+	if r, err := launch.Teardown(context.Background(), s.cfg, "alpha"); err != nil || !r.ResidueFree {
+		t.Fatalf("second teardown: %+v %v", r, err)
+	}
+}
+
+// TestHostileComposeRefusedBeforeAnyContainer: each fixture is refused
+// by the checks, before the engine creates anything, and the failed
+// launch leaves nothing.
+func TestHostileComposeRefusedBeforeAnyContainer(t *testing.T) {
+	app := "services:\n  app:\n    image: x\n"
+	for _, tc := range []struct {
+		name, compose, want string
+		ghost               bool // service_images also binds "ghost"
+	}{
+		{name: "include", compose: "include:\n  - other.yaml\n" + app, want: "include"},
+		{name: "extends", compose: app + "  db:\n    extends:\n      service: app\n", want: "extends"},
+		{name: "privileged", compose: app + "    privileged: true\n", want: "privileged"},
+		{name: "host-network", compose: app + "    network_mode: host\n", want: "host's network"},
+		{name: "docker-socket", compose: app + "    volumes:\n      - /var/run/docker.sock:/var/run/docker.sock\n", want: "docker.sock"},
+		{name: "interpolation", compose: app + "    command: [\"echo\", \"${SECRET}\"]\n", want: "interpolation"},
+		{name: "valueless-env", compose: app + "    environment:\n      - HOME\n", want: "environment"},
+		{name: "unbound-service", compose: app + "  worker:\n    image: y\n", want: `"worker"`},
+		{name: "extra-image", compose: app, want: `"ghost"`, ghost: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			files := defaultFiles()
+			files["compose.yaml"] = tc.compose
+			s := newSetupWith(t, files, func(doc map[string]any) {
+				imgs := map[string]any{"app": doc["service_images"].(map[string]any)["app"]}
+				if tc.ghost {
+					imgs["ghost"] = imgs["app"]
+				}
+				doc["service_images"] = imgs
+			})
+			_, err := s.start("hostile")
+			if !isCode(err, launch.CodeCompose) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("start: %v, want a compose refusal naming %s", err, tc.want)
+			}
+			var se *launch.StartError
+			if !errors.As(err, &se) || !se.Teardown.ResidueFree {
+				t.Fatalf("the failed launch's teardown: %+v", se)
+			}
+			if o := s.owned(s.project("hostile")); !o.Empty() {
+				t.Fatalf("the engine holds %+v", o)
+			}
+			if out, _ := managedtest.Git(s.repo, "branch", "--list", "task/demo"); out != "" {
+				t.Fatalf("the branch of a launch refused before delegation is removed: %q", out)
+			}
+			r, err := launch.Teardown(context.Background(), s.cfg, "hostile")
+			if err != nil || !r.ResidueFree {
+				t.Fatalf("teardown after the failure: %+v %v", r, err)
+			}
+		})
+	}
+}
+
+// TestBindSlippedInFailsInspection: a writable bind under the managed
+// namespace added to the facade after it was generated (the attacker's
+// change between generation and the engine) is caught by the final
+// inspection, before anything runs in the container, and the launch is
+// torn down without residue.
+func TestBindSlippedInFailsInspection(t *testing.T) {
+	s := newSetup(t, defaultFiles())
+	evil := t.TempDir()
+	s.cfg.BeforeUp = func(inputs string) error {
+		p := filepath.Join(inputs, "facade.yaml")
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		extra := fmt.Sprintf("            - type: bind\n              source: %q\n              target: \"/run/branchbox/leases/shared/evil\"\n", evil)
+		data = bytes.Replace(data, []byte("        volumes: !override\n"), []byte("        volumes: !override\n"+extra), 1)
+		if !bytes.Contains(data, []byte("evil")) {
+			return fmt.Errorf("the test could not find the primary's volumes in the facade:\n%s", data)
+		}
+		return os.WriteFile(p, data, 0o600)
+	}
+	_, err := s.start("slipped")
+	if !isCode(err, launch.CodeInspection) || !strings.Contains(err.Error(), "managed-mount") {
+		t.Fatalf("start: %v, want the final inspection's managed-mount refusal", err)
+	}
+	if strings.Contains(err.Error(), evil) {
+		t.Fatalf("the refusal echoes a host path: %v", err)
+	}
+	var se *launch.StartError
+	if !errors.As(err, &se) || !se.Teardown.ResidueFree {
+		t.Fatalf("teardown: %+v", se)
+	}
+	if o := s.owned(s.project("slipped")); !o.Empty() {
+		t.Fatalf("the engine holds %+v", o)
+	}
+}
+
+func TestLaunchRefusals(t *testing.T) {
+	t.Run("branch-exists", func(t *testing.T) {
+		s := newSetup(t, defaultFiles())
+		if _, err := managedtest.Git(s.repo, "branch", "task/demo"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.start("b"); !isCode(err, launch.CodeBranchExists) || !strings.Contains(err.Error(), "branch_exists") {
+			t.Fatalf("start: %v", err)
+		}
+		if _, err := os.Lstat(filepath.Join(s.cfg.StateRoot, "features", "b")); !errors.Is(err, os.ErrNotExist) {
+			t.Fatal("a refused start left a feature directory")
+		}
+	})
+	t.Run("image-missing", func(t *testing.T) {
+		s := newSetupWith(t, defaultFiles(), func(doc map[string]any) {
+			doc["service_images"].(map[string]any)["db"] = "sha256:" + strings.Repeat("ab", 32)
+		})
+		_, err := s.start("m")
+		if !isCode(err, launch.CodeImage) || !strings.Contains(err.Error(), `service_images["db"]`) {
+			t.Fatalf("start: %v", err)
+		}
+		if o := s.owned(s.project("m")); !o.Empty() {
+			t.Fatalf("the engine holds %+v", o)
+		}
+	})
+	t.Run("root-user", func(t *testing.T) {
+		files := defaultFiles()
+		files[".devcontainer/devcontainer.json"] = strings.Replace(managedtest.DevcontainerJSON, `"dev"`, `"root"`, 1)
+		s := newSetup(t, files)
+		_, err := s.start("r")
+		if !isCode(err, launch.CodeUser) {
+			t.Fatalf("start: %v", err)
+		}
+		if o := s.owned(s.project("r")); !o.Empty() {
+			t.Fatalf("the engine holds %+v", o)
+		}
+	})
+	t.Run("version-2", func(t *testing.T) {
+		s := newSetupWith(t, defaultFiles(), func(doc map[string]any) {
+			doc["version"] = "2"
+			delete(doc, "workspace_consumer")
+		})
+		if _, err := s.start("v"); !isCode(err, launch.CodeAssignment) {
+			t.Fatalf("start: %v", err)
+		}
+	})
+	t.Run("group-writable-git", func(t *testing.T) {
+		s := newSetup(t, defaultFiles())
+		if err := os.Chmod(filepath.Join(s.repo, ".git", "refs"), 0o775); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.start("g"); !isCode(err, launch.CodeRepository) {
+			t.Fatalf("start: %v", err)
+		}
+	})
+}

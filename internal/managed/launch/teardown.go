@@ -1,0 +1,197 @@
+package launch
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+
+	"agentbox/internal/gitx"
+	"agentbox/internal/managed/engine"
+	"agentbox/internal/secfs"
+)
+
+// Residue kinds a teardown receipt names.
+const (
+	KindContainer       = "container"
+	KindNetwork         = "network"
+	KindVolume          = "volume"
+	KindPortProxy       = "port-proxy"
+	KindSpoolVolume     = "tool-request-volume"
+	KindMaterialization = "lease-materialization"
+	KindLedger          = "tool-request-ledger"
+	KindComposeInputs   = "compose-inputs"
+	KindWorktree        = "worktree"
+	KindEngine          = "engine" // the engine could not be asked: nothing is verified
+)
+
+// Receipt is what a teardown removed and what is left.
+type Receipt struct {
+	Provider    string    `json:"provider"`
+	RuntimeID   string    `json:"runtime_id"`
+	Verified    bool      `json:"verified"`
+	ResidueFree bool      `json:"residue_free"`
+	Residue     []Residue `json:"residue"`
+}
+
+// Residue is what is left of one kind.
+type Residue struct {
+	Kind        string   `json:"kind"`
+	Identifiers []string `json:"identifiers"`
+}
+
+// ProviderInGuest names the runtime provider in summaries and receipts.
+const ProviderInGuest = "in-guest"
+
+// Teardown removes everything feature name's launch created, then looks
+// again and reports what is left. The record goes only when nothing is.
+func Teardown(ctx context.Context, cfg Config, name string) (*Receipt, error) {
+	rec, err := Load(cfg.StateRoot, name)
+	if err != nil {
+		return nil, err
+	}
+	eng, err := engine.Open()
+	if err != nil {
+		return nil, &Error{Code: CodeEngine, Message: err.Error()}
+	}
+	defer eng.Close()
+	r := teardown(ctx, cfg, eng, rec, true)
+	if r.ResidueFree {
+		if err := secfs.RemoveTree(featureDir(cfg.StateRoot, name)); err != nil {
+			r.ResidueFree = false
+			r.Residue = append(r.Residue, Residue{Kind: KindComposeInputs, Identifiers: []string{"launch record"}})
+		}
+	}
+	return r, nil
+}
+
+// teardown removes, in order: the containers and proxies (so their
+// networks and volumes can go), the networks and volumes, the spools, the
+// lease materializations, the ledger, the generated inputs and the
+// worktree; then it lists the engine again and checks every path. With
+// final, the worktree and the record's directory go too (a failed start
+// keeps its record, for status).
+func teardown(ctx context.Context, cfg Config, eng *engine.Engine, rec *Record, final bool) *Receipt {
+	r := &Receipt{Provider: ProviderInGuest, RuntimeID: rec.OuterRuntimeID, Residue: []Residue{}}
+	dir := featureDir(cfg.StateRoot, rec.Name)
+
+	owned, listErr := eng.Owned(ctx, rec.ComposeProject, rec.SpoolVolumes)
+	if listErr == nil {
+		owned.Proxies = union(owned.Proxies, rec.Proxies)
+		if rec.ContainerID != "" {
+			owned.Containers = union(owned.Containers, []string{rec.ContainerID})
+		}
+		_ = eng.Remove(ctx, owned) // what failed shows below, when listed again
+	}
+	for _, m := range rec.Materializations {
+		_ = secfs.RemoveTree(m.Path)
+	}
+	_ = secfs.RemoveTree(filepath.Join(dir, ledgerDir))
+	_ = secfs.RemoveTree(filepath.Join(dir, inputsDir))
+	_ = secfs.RemoveTree(filepath.Join(dir, homeDir))
+	removeWorktree(ctx, rec)
+
+	// Look again: only what is observed gone counts.
+	left, err := eng.Owned(ctx, rec.ComposeProject, rec.SpoolVolumes)
+	if err != nil {
+		r.Residue = append(r.Residue, Residue{Kind: KindEngine, Identifiers: []string{"the Docker engine could not be listed"}})
+	} else {
+		r.Verified = true
+		add := func(kind string, ids []string) {
+			if len(ids) > 0 {
+				r.Residue = append(r.Residue, Residue{Kind: kind, Identifiers: ids})
+			}
+		}
+		add(KindContainer, shortIDs(left.Containers))
+		add(KindPortProxy, shortIDs(left.Proxies))
+		add(KindNetwork, left.Networks)
+		var spools, vols []string
+		for _, v := range left.Volumes {
+			if contains(rec.SpoolVolumes, v) {
+				spools = append(spools, v)
+			} else {
+				vols = append(vols, v)
+			}
+		}
+		add(KindVolume, vols)
+		add(KindSpoolVolume, spools)
+	}
+	var mats []string
+	for _, m := range rec.Materializations {
+		if exists(m.Path) {
+			mats = append(mats, m.Field)
+		}
+	}
+	if len(mats) > 0 {
+		r.Residue = append(r.Residue, Residue{Kind: KindMaterialization, Identifiers: mats})
+	}
+	if exists(filepath.Join(dir, ledgerDir)) {
+		r.Residue = append(r.Residue, Residue{Kind: KindLedger, Identifiers: []string{ledgerDir}})
+	}
+	if exists(filepath.Join(dir, inputsDir)) {
+		r.Residue = append(r.Residue, Residue{Kind: KindComposeInputs, Identifiers: []string{inputsDir}})
+	}
+	var wt []string
+	if exists(rec.Worktree) {
+		wt = append(wt, rec.Name)
+	}
+	if rec.WorktreeGitDir != "" && exists(rec.WorktreeGitDir) {
+		wt = append(wt, ".git/worktrees/"+filepath.Base(rec.WorktreeGitDir))
+	}
+	if len(wt) > 0 {
+		r.Residue = append(r.Residue, Residue{Kind: KindWorktree, Identifiers: wt})
+	}
+	r.ResidueFree = r.Verified && len(r.Residue) == 0
+	return r
+}
+
+// removeWorktree removes the worktree and its Git directory as plain
+// files: after delegation the consumer could have changed that metadata,
+// so host Git never runs on it. The branch stays (its commits are the
+// work), unless the launch created it and failed before delegation, when
+// Git still trusts the repository and the branch holds nothing new.
+func removeWorktree(ctx context.Context, rec *Record) {
+	_ = secfs.RemoveTree(rec.Worktree)
+	if rec.WorktreeGitDir != "" {
+		_ = secfs.RemoveTree(rec.WorktreeGitDir)
+	}
+	if rec.BranchCreated && !rec.Delegated {
+		_ = gitx.DeleteBranch(ctx, rec.Repo, rec.TaskBranch, rec.Revision)
+	}
+}
+
+func exists(path string) bool {
+	_, err := os.Lstat(path)
+	return !errors.Is(err, fs.ErrNotExist)
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+func union(a, b []string) []string {
+	out := append([]string(nil), a...)
+	for _, s := range b {
+		if !contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func shortIDs(ids []string) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		if len(id) > 12 {
+			id = id[:12]
+		}
+		out[i] = id
+	}
+	return out
+}
