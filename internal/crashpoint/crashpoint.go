@@ -1,4 +1,5 @@
-// Package crashpoint lets crash tests choose where a broker dies: a
+// Package crashpoint lets crash tests choose where a broker (or a
+// branchbox launch) dies: a
 // process whose JAILBEE_CRASHPOINT environment variable names a point
 // kills itself with SIGKILL when it reaches it, exactly as kill -9 from
 // outside would, but at a known step instead of a lucky moment. Unset (as
@@ -22,6 +23,13 @@ const (
 	UpdateMerged      = "update-merged"      // an update merged in the child, its message is not delivered
 	DestroyUnitGone   = "destroy-unit-gone"  // a sandbox's unit and files are gone, its record is not
 	ImportTransferred = "import-transferred" // an import's ref landed, its status is not recorded
+)
+
+// Points a branchbox launch passes.
+const (
+	LaunchWorktreeAdded = "launch-worktree-added" // the worktree exists, nothing is delegated
+	LaunchContainerUp   = "launch-container-up"   // devcontainer up returned, nothing inspected
+	LaunchProxyStarted  = "launch-proxy-started"  // a port proxy runs, the launch is not marked running
 )
 
 var armed = os.Getenv(EnvVar)

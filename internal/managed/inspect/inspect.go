@@ -454,6 +454,12 @@ func checkMounts(mounts []container.MountPoint, tmpfs map[string]string, e Expec
 		if m.Type != mount.TypeVolume && m.Source != "" && engineSource(m.Source) {
 			return refuse(RuleEngineSocket, "the %s mount at %s exposes a container engine's socket or state", m.Type, d)
 		}
+		// The facade empties every service's volumes and binds exactly
+		// what is expected: any other host path is unsigned (an image's
+		// anonymous volumes and tmpfs mounts reach no host file).
+		if m.Type == mount.TypeBind {
+			return refuse(RuleMount, "an unsigned bind at %s", d)
+		}
 	}
 	return nil
 }

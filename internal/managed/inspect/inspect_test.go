@@ -270,6 +270,18 @@ func rows() []row {
 		}, inspect.RuleWorkspace},
 		{"workspace twice", addMount(container.MountPoint{Type: mount.TypeBind, Source: "/home/dev/elsewhere", Destination: wsTarget, RW: true}), inspect.RuleWorkspace},
 		{"workspace shadowed by tmpfs", hc(func(h *container.HostConfig) { h.Tmpfs = map[string]string{wsTarget: ""} }), inspect.RuleWorkspace},
+		{"writable bind expected, missing", func(_ *testing.T, _ *container.InspectResponse, e *inspect.Expect) {
+			e.Writable = []inspect.Bind{{Source: "/home/dev/src/project/.git", Target: "/workspaces/main/.git"}}
+		}, inspect.RuleWorkspace},
+		{"writable bind read-only", func(_ *testing.T, c *container.InspectResponse, e *inspect.Expect) {
+			e.Writable = []inspect.Bind{{Source: "/home/dev/src/project/.git", Target: "/workspaces/main/.git"}}
+			c.Mounts = append(c.Mounts, container.MountPoint{Type: mount.TypeBind, Source: "/home/dev/src/project/.git", Destination: "/workspaces/main/.git"})
+		}, inspect.RuleWorkspace},
+		{"writable bind ok", func(_ *testing.T, c *container.InspectResponse, e *inspect.Expect) {
+			e.Writable = []inspect.Bind{{Source: "/home/dev/src/project/.git", Target: "/workspaces/main/.git"}}
+			c.Mounts = append(c.Mounts, container.MountPoint{Type: mount.TypeBind, Source: "/home/dev/src/project/.git", Destination: "/workspaces/main/.git", RW: true})
+		}, ""},
+		{"unsigned bind outside the managed root", addMount(container.MountPoint{Type: mount.TypeBind, Source: "/home", Destination: "/host"}), inspect.RuleMount},
 		{"workspace unclean destination ok", func(t *testing.T, c *container.InspectResponse, _ *inspect.Expect) {
 			mountAt(t, c, wsTarget).Destination = wsTarget + "/"
 		}, ""},
@@ -319,7 +331,7 @@ func rows() []row {
 		{"mount relative", addMount(container.MountPoint{Type: mount.TypeTmpfs, Destination: "run/branchbox", RW: true}), inspect.RuleMount},
 
 		// other mounts
-		{"gitconfig bind ok", addMount(container.MountPoint{Type: mount.TypeBind, Source: "/home/dev/.gitconfig", Destination: "/home/vscode/.gitconfig", RW: false}), ""},
+		{"gitconfig bind unsigned", addMount(container.MountPoint{Type: mount.TypeBind, Source: "/home/dev/.gitconfig", Destination: "/home/vscode/.gitconfig", RW: false}), inspect.RuleMount},
 		{"node_modules volume ok", addMount(container.MountPoint{Type: mount.TypeVolume, Name: "node_modules", Source: "/var/lib/docker/volumes/node_modules/_data", Destination: wsTarget + "/node_modules", RW: true}), ""},
 		{"tmpfs /tmp ok", hc(func(h *container.HostConfig) { h.Tmpfs = map[string]string{"/tmp": "size=64m"} }), ""},
 
@@ -367,9 +379,11 @@ func rows() []row {
 		}), inspect.RuleEngineSocket})
 	}
 	for _, src := range []string{"/run/user/1000/wayland-0", "/home/dev/docker", "/var/lib/dockerfiles", "/run/dockerd-notes"} {
+		// Not the socket rule: the general one, that any unsigned bind
+		// is refused.
 		rs = append(rs, row{"not an engine socket " + src, addMount(container.MountPoint{
 			Type: mount.TypeBind, Source: src, Destination: "/home/vscode/x", RW: false,
-		}), ""})
+		}), inspect.RuleMount})
 	}
 	return rs
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 
+	"agentbox/internal/crashpoint"
 	"agentbox/internal/managed/devcontainer"
 	"agentbox/internal/managed/engine"
 	"agentbox/internal/managed/provider"
@@ -76,7 +77,7 @@ func (l *launcher) devcontainerUp(ctx context.Context) (string, error) {
 
 // checkUser resolves the user the provider runs as (remoteUser, else
 // containerUser, else the image's Config.User), runs `id -u` and `id -g`
-// as that user in the container, and refuses root or anything but the
+// as that user in the container (one exec), and refuses root or anything but the
 // signed consumer.
 func (l *launcher) checkUser(ctx context.Context, dc *devcontainer.Config, imageUser string) (string, error) {
 	user := dc.User()
@@ -86,19 +87,22 @@ func (l *launcher) checkUser(ctx context.Context, dc *devcontainer.Config, image
 	if user == "" || user == "root" || user == "0" || strings.HasPrefix(user, "0:") {
 		return "", fail(CodeUser, "the container user is root: set remoteUser, containerUser or the service's user to the workspace consumer")
 	}
+	out, code, err := dockerExec(ctx, l.cfg, l.rec.ContainerID, user, "", nil, "/bin/sh", "-c", "id -u && id -g")
+	if err != nil || code != 0 {
+		return "", fail(CodeUser, "resolve the container user %q: id failed in the container", user)
+	}
+	ids := strings.Fields(string(out))
 	want := [2]uint32{l.rec.Consumer.UID, l.rec.Consumer.GID}
-	for i, flag := range []string{"-u", "-g"} {
-		out, code, err := dockerExec(ctx, l.cfg, l.rec.ContainerID, user, "", nil, "id", flag)
-		if err != nil || code != 0 {
-			return "", fail(CodeUser, "resolve the container user %q: id %s failed", user, flag)
-		}
-		n, err := strconv.ParseUint(strings.TrimSpace(string(out)), 10, 32)
+	if len(ids) != 2 {
+		return "", fail(CodeUser, "resolve the container user %q: id printed no uid and gid", user)
+	}
+	for i, what := range []string{"uid", "gid"} {
+		n, err := strconv.ParseUint(ids[i], 10, 32)
 		if err != nil {
-			return "", fail(CodeUser, "resolve the container user %q: id %s printed no number", user, flag)
+			return "", fail(CodeUser, "resolve the container user %q: id printed no %s", user, what)
 		}
 		if n == 0 || uint32(n) != want[i] {
-			return "", fail(CodeUser, "the container user %q has %s %d, not the workspace consumer's %d",
-				user, map[int]string{0: "uid", 1: "gid"}[i], n, want[i])
+			return "", fail(CodeUser, "the container user %q has %s %d, not the workspace consumer's %d", user, what, n, want[i])
 		}
 	}
 	return user, nil
@@ -138,6 +142,7 @@ func (l *launcher) startProxies(ctx context.Context, c container.InspectResponse
 		if err != nil {
 			return &Error{Code: CodeEngine, Message: err.Error()}
 		}
+		crashpoint.Hit(crashpoint.LaunchProxyStarted)
 		l.logf("port proxy 127.0.0.1:%d -> %s:%d", p.Host, rec.ComposeProject, p.Runtime)
 	}
 	return nil

@@ -27,7 +27,7 @@ func execIn(t *testing.T, s *setup, name string, argv ...string) (string, int) {
 }
 
 // freePort is a loopback TCP port nothing listens on now.
-func freePort(t *testing.T) uint16 {
+func freePort(t testing.TB) uint16 {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -67,7 +67,7 @@ func isCode(err error, code string) bool {
 }
 
 // testLog sends the launch's progress to the test log.
-type testLog struct{ t *testing.T }
+type testLog struct{ t testing.TB }
 
 func (l testLog) Write(p []byte) (int, error) {
 	l.t.Log(strings.TrimRight(string(p), "\n"))

@@ -24,6 +24,7 @@ import (
 	"strings"
 	"time"
 
+	"agentbox/internal/crashpoint"
 	"agentbox/internal/gitx"
 	"agentbox/internal/managed/assignment"
 	"agentbox/internal/managed/compose"
@@ -139,7 +140,7 @@ func Start(ctx context.Context, cfg Config, req Request) (*Summary, error) {
 	// Tear down with a context of its own: ctx may be what failed.
 	tctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	receipt := teardown(tctx, cfg, eng, rec, false)
+	receipt := teardown(tctx, cfg, eng, rec)
 	rec.Phase, rec.Error = PhaseFailed, err.Error()
 	if saveErr := rec.save(cfg.StateRoot); saveErr != nil {
 		fmt.Fprintf(logOut(cfg), "branchbox: %v\n", saveErr)
@@ -238,19 +239,22 @@ func (l *launcher) save() error { return l.rec.save(l.cfg.StateRoot) }
 func (l *launcher) run(ctx context.Context) (*Summary, error) {
 	a, rec := l.checked.Assignment, l.rec
 	l.logf("creating worktree for branch %s at %s", rec.TaskBranch, shortRev(rec.Revision))
-	rec.BranchCreated = true // before: a crash after git's step must still find it
+	// Git names the worktree's Git directory after the worktree's base
+	// name: record it before git runs, so a crash after git's step still
+	// leaves everything findable, and refuse a name git would change.
+	rec.WorktreeGitDir = filepath.Join(rec.Repo, ".git", "worktrees", rec.Name)
+	if exists(rec.WorktreeGitDir) {
+		return nil, fail(CodeRepository, "the repository already has a worktree named %q", rec.Name)
+	}
+	rec.BranchCreated = true
 	if err := l.save(); err != nil {
 		return nil, err
 	}
 	if err := gitx.AddWorktree(ctx, rec.Repo, rec.Worktree, rec.TaskBranch, rec.Revision); err != nil {
 		return nil, fail(CodeRepository, "create the worktree: %v", err)
 	}
-	gitdir, err := pointWorktreeAtContainer(rec)
-	if err != nil {
-		return nil, err
-	}
-	rec.WorktreeGitDir = gitdir
-	if err := l.save(); err != nil {
+	crashpoint.Hit(crashpoint.LaunchWorktreeAdded)
+	if err := pointWorktreeAtContainer(rec); err != nil {
 		return nil, err
 	}
 
@@ -298,6 +302,7 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
+	crashpoint.Hit(crashpoint.LaunchContainerUp)
 	c, err := l.eng.Inspect(ctx, cid)
 	if err != nil {
 		return nil, fail(CodeEngine, "inspect the primary container: %v", err)
@@ -330,28 +335,26 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 // it names its Git directory relative to the workspace folder, as the
 // container sees it (the shared metadata at GitMetadataTarget). Host Git
 // no longer runs in the worktree: after delegation its metadata is the
-// consumer's to change. It returns the worktree's Git directory on the
-// host.
-func pointWorktreeAtContainer(rec *Record) (string, error) {
+// consumer's to change.
+func pointWorktreeAtContainer(rec *Record) error {
 	gitFile := filepath.Join(rec.Worktree, ".git")
 	data, err := secfs.ReadFileNoFollow(gitFile, 4096)
 	if err != nil {
-		return "", fail(CodeRepository, "read the new worktree's .git file: %v", err)
+		return fail(CodeRepository, "read the new worktree's .git file: %v", err)
 	}
 	hostGitDir, ok := strings.CutPrefix(strings.TrimSpace(string(data)), "gitdir: ")
-	common := filepath.Join(rec.Repo, ".git", "worktrees")
-	if !ok || filepath.Dir(hostGitDir) != common {
-		return "", fail(CodeRepository, "the new worktree's .git file does not name a Git directory below the repository's worktrees")
+	if !ok || hostGitDir != rec.WorktreeGitDir {
+		return fail(CodeRepository, "the new worktree's .git file does not name the Git directory git was asked for")
 	}
 	inside := GitMetadataTarget + "/worktrees/" + filepath.Base(hostGitDir)
 	rel, err := filepath.Rel(rec.WorkspaceFolder, inside)
 	if err != nil {
-		return "", fail(CodeInternal, "relative Git directory: %v", err)
+		return fail(CodeInternal, "relative Git directory: %v", err)
 	}
 	if err := secfs.WriteFileAtomic(gitFile, []byte("gitdir: "+rel+"\n"), 0o644); err != nil {
-		return "", fail(CodeRepository, "write the worktree's .git file: %v", err)
+		return fail(CodeRepository, "write the worktree's .git file: %v", err)
 	}
-	return hostGitDir, nil
+	return nil
 }
 
 // readInputs reads the worktree's devcontainer config and Compose files

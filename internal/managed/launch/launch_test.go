@@ -27,7 +27,7 @@ const probe = managedtest.Probe
 // setup is one launch's world: a repository, an assignment laid out on
 // disk, and a state root.
 type setup struct {
-	t        *testing.T
+	t        testing.TB
 	repo     string
 	revision string
 	fixture  *managedtest.Fixture
@@ -37,14 +37,14 @@ type setup struct {
 	proxyH   uint16
 }
 
-func newSetup(t *testing.T, files map[string]string) *setup {
+func newSetup(t testing.TB, files map[string]string) *setup {
 	t.Helper()
 	return newSetupWith(t, files, nil)
 }
 
 // newSetupWith is newSetup with edit applied to the document before it
 // is laid out.
-func newSetupWith(t *testing.T, files map[string]string, edit func(map[string]any)) *setup {
+func newSetupWith(t testing.TB, files map[string]string, edit func(map[string]any)) *setup {
 	t.Helper()
 	managedtest.RequireRoot(t)
 	dockertest.Require(t)
@@ -126,6 +126,12 @@ func TestLaunchLifecycle(t *testing.T) {
 		{[]string{"sh", "-c", "echo hi > new-file && stat -c %a:%u new-file"}, "660:1000"},
 		{[]string{"cat", "README"}, "a test repository"},
 		{[]string{"sh", "-c", "test -e /data || echo no-host-volume"}, "no-host-volume"},
+		// A private cgroup namespace: the container's cgroups are its root.
+		{[]string{"sh", "-c", `test "$(grep -c -v ':/$' /proc/1/cgroup)" = 0 && echo private-cgroupns`}, "private-cgroupns"},
+		// Git's metadata is reachable, as the consumer, from the worktree.
+		{[]string{"sh", "-c", `cat "$(sed -n 's/^gitdir: //p' .git)/HEAD"`}, "ref: refs/heads/task/demo"},
+		{[]string{"sh", "-c", "touch ../main/.git/objects/probe-write && echo objects-writable"}, "objects-writable"},
+		{[]string{"sh", "-c", "touch ../main/.git/config 2>/dev/null || echo config-read-only"}, "config-read-only"},
 	} {
 		out, code := execIn(t, s, "alpha", tc.argv...)
 		if code != 0 || !strings.Contains(out, tc.want) {
@@ -137,6 +143,12 @@ func TestLaunchLifecycle(t *testing.T) {
 	}
 	if names := dockertest.Docker(t, "ps", "-a", "--filter", "label=com.docker.compose.project="+sum.ComposeProjectName, "--format", "{{.Names}}"); names != sum.ComposeProjectName+"-app-1" {
 		t.Errorf("only the primary runs, got %q", names)
+	}
+
+	// The spool is its exact named volume.
+	spool := compose.SpoolVolumeName("run-1", "delivery_requests")
+	if got := dockertest.Docker(t, "volume", "inspect", "--format", "{{.Name}}", spool); got != spool {
+		t.Errorf("spool volume %q", got)
 	}
 
 	// The provider's whole environment is the signed set.

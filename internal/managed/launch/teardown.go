@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"agentbox/internal/gitx"
 	"agentbox/internal/managed/engine"
@@ -48,6 +49,15 @@ const ProviderInGuest = "in-guest"
 // again and reports what is left. The record goes only when nothing is.
 func Teardown(ctx context.Context, cfg Config, name string) (*Receipt, error) {
 	rec, err := Load(cfg.StateRoot, name)
+	var le *Error
+	if errors.As(err, &le) && le.Code == CodeNotFound && exists(featureDir(cfg.StateRoot, name)) {
+		// A start killed between creating the directory and writing the
+		// record: it created nothing else.
+		if err := secfs.RemoveTree(featureDir(cfg.StateRoot, name)); err != nil {
+			return nil, fail(CodeInternal, "remove the feature's directory: %v", err)
+		}
+		return &Receipt{Provider: ProviderInGuest, Verified: true, ResidueFree: true, Residue: []Residue{}}, nil
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +66,7 @@ func Teardown(ctx context.Context, cfg Config, name string) (*Receipt, error) {
 		return nil, &Error{Code: CodeEngine, Message: err.Error()}
 	}
 	defer eng.Close()
-	r := teardown(ctx, cfg, eng, rec, true)
+	r := teardown(ctx, cfg, eng, rec)
 	if r.ResidueFree {
 		if err := secfs.RemoveTree(featureDir(cfg.StateRoot, name)); err != nil {
 			r.ResidueFree = false
@@ -69,10 +79,10 @@ func Teardown(ctx context.Context, cfg Config, name string) (*Receipt, error) {
 // teardown removes, in order: the containers and proxies (so their
 // networks and volumes can go), the networks and volumes, the spools, the
 // lease materializations, the ledger, the generated inputs and the
-// worktree; then it lists the engine again and checks every path. With
-// final, the worktree and the record's directory go too (a failed start
-// keeps its record, for status).
-func teardown(ctx context.Context, cfg Config, eng *engine.Engine, rec *Record, final bool) *Receipt {
+// worktree; then it lists the engine again and checks every path.
+// A failed start calls it too and keeps the record, for status; Teardown
+// removes the record once nothing is left.
+func teardown(ctx context.Context, cfg Config, eng *engine.Engine, rec *Record) *Receipt {
 	r := &Receipt{Provider: ProviderInGuest, RuntimeID: rec.OuterRuntimeID, Residue: []Residue{}}
 	dir := featureDir(cfg.StateRoot, rec.Name)
 
@@ -108,7 +118,7 @@ func teardown(ctx context.Context, cfg Config, eng *engine.Engine, rec *Record, 
 		add(KindNetwork, left.Networks)
 		var spools, vols []string
 		for _, v := range left.Volumes {
-			if contains(rec.SpoolVolumes, v) {
+			if slices.Contains(rec.SpoolVolumes, v) {
 				spools = append(spools, v)
 			} else {
 				vols = append(vols, v)
@@ -166,19 +176,10 @@ func exists(path string) bool {
 	return !errors.Is(err, fs.ErrNotExist)
 }
 
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
-}
-
 func union(a, b []string) []string {
 	out := append([]string(nil), a...)
 	for _, s := range b {
-		if !contains(out, s) {
+		if !slices.Contains(out, s) {
 			out = append(out, s)
 		}
 	}
