@@ -6,7 +6,10 @@
 # second time with their sandboxes on Incus containers, from the same test
 # code (JAILBEE_TEST_BACKEND=incus). That pass goes without the race
 # detector: the first pass already ran the same code under it, and on
-# Incus the time goes to incusd, not to Go.
+# Incus the time goes to incusd, not to Go. With BRANCHBOX_TEST_DOCKER=1
+# (.ci/run sets it once scripts/docker-setup.sh has set Docker up) the
+# branchbox launch tests must run rather than skip, and the README's
+# launch demo (scripts/launch-demo.sh) runs at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -18,4 +21,11 @@ if [ "${JAILBEE_TEST_INCUS:-}" = 1 ]; then
 	JAILBEE_TEST_BACKEND=incus go test -count=1 -timeout 45m ./internal/broker ./cmd/jailbee
 else
 	echo "test.sh: no Incus pass (set Incus up with scripts/incus-setup.sh, then JAILBEE_TEST_INCUS=1)" >&2
+fi
+if [ "${BRANCHBOX_TEST_DOCKER:-}" = 1 ]; then
+	echo "test.sh: the branchbox launch demo, on the Docker engine" >&2
+	if ! out=$(bash scripts/launch-demo.sh 2>&1); then
+		printf '%s\n' "$out" >&2
+		exit 1
+	fi
 fi

@@ -225,7 +225,7 @@ running or docker exec fails; 2 on a usage error.`,
 			}
 			var stdout, stderr bytes.Buffer
 			code, err := launch.Exec(context.Background(), cfg, args[0], args[1:], nil,
-				&capped{b: &stdout, n: maxExecCapture}, &capped{b: &stderr, n: maxExecCapture})
+				&launch.Capped{W: &stdout, N: maxExecCapture}, &launch.Capped{W: &stderr, N: maxExecCapture})
 			if err != nil {
 				return launchFailure(env, true, err)
 			}
@@ -320,17 +320,4 @@ Exit status: 0 residue-free, 1 residue left or no such feature, 2 usage error.`,
 	c.Flags().BoolVar(&force, "force", false, "required: tear down without a dirty-worktree check")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the receipt as JSON")
 	return c
-}
-
-// capped keeps the first n bytes written to b and drops the rest.
-type capped struct {
-	b *bytes.Buffer
-	n int
-}
-
-func (c *capped) Write(p []byte) (int, error) {
-	if room := c.n - c.b.Len(); room > 0 {
-		c.b.Write(p[:min(len(p), room)])
-	}
-	return len(p), nil
 }

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"path/filepath"
 	"strings"
@@ -102,6 +103,17 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	}
 	if raw["exit_code"] != 3.0 || raw["stdout"] != "out\n" || raw["stderr"] != "err\n" {
 		t.Fatalf("exec --json: %s", r.stdout)
+	}
+	// Each stream is kept up to 1 MiB: at the limit and one past it.
+	for _, n := range []int{1 << 20, 1<<20 + 1} {
+		r = runCLI(t, env, "feature", "exec", "cli", "--json", "--", "sh", "-c", fmt.Sprintf("head -c %d /dev/zero | tr '\\0' a", n))
+		var res struct{ Stdout string }
+		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != 0 {
+			t.Fatalf("exec --json of %d bytes: exit %d %v", n, r.code, err)
+		}
+		if len(res.Stdout) != 1<<20 || strings.Trim(res.Stdout, "a") != "" {
+			t.Fatalf("exec --json of %d bytes kept %d", n, len(res.Stdout))
+		}
 	}
 	if r = runCLI(t, env, "feature", "exec", "cli", "--", "sh", "-c", "exit 5"); r.code != 5 {
 		t.Fatalf("exec passes the status through: %d", r.code)

@@ -104,7 +104,7 @@ func BenchmarkLaunch(b *testing.B) {
 			torn += time.Since(t1)
 		}
 		n := time.Duration(b.N)
-		b.ReportMetric(float64((torn/n).Milliseconds()), "teardown-ms/op")
+		b.ReportMetric(float64((torn / n).Milliseconds()), "teardown-ms/op")
 		if bare > 0 && bareCLI > 0 {
 			b.ReportMetric(float64(started/n)/float64(bare), "x-compose")
 			b.ReportMetric(float64(started/n)/float64(bareCLI), "x-devcontainer")

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os/exec"
@@ -52,8 +51,8 @@ func (l *launcher) devcontainerUp(ctx context.Context) (string, error) {
 		"COMPOSE_PROJECT_NAME=" + l.rec.ComposeProject,
 	}
 	var stdout, stderr bytes.Buffer
-	cmd.Stdout = &limited{w: &stdout, n: maxCLIOutput}
-	cmd.Stderr = &limited{w: &stderr, n: maxCLIOutput}
+	cmd.Stdout = &Capped{W: &stdout, N: maxCLIOutput}
+	cmd.Stderr = &Capped{W: &stderr, N: maxCLIOutput}
 	runErr := cmd.Run()
 	var result struct {
 		Outcome     string `json:"outcome"`
@@ -155,16 +154,10 @@ func (l *launcher) startProxies(ctx context.Context, c container.InspectResponse
 func dockerExec(ctx context.Context, cfg Config, id, user, workdir string, env []string, cmd ...string) ([]byte, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, execTimeout)
 	defer cancel()
-	c := exec.CommandContext(ctx, dockerCLI(cfg), execArgs(id, user, workdir, env, false, cmd)...)
-	c.Env = append([]string{"PATH=" + provider.SafePATH}, env...)
 	var stdout bytes.Buffer
-	c.Stdout = &limited{w: &stdout, n: maxCLIOutput}
-	err := c.Run()
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return stdout.Bytes(), ee.ExitCode(), nil
-	}
-	return stdout.Bytes(), 0, err
+	code, err := runDocker(ctx, cfg, execArgs(id, user, workdir, env, false, cmd),
+		append([]string{"PATH=" + provider.SafePATH}, env...), nil, &Capped{W: &stdout, N: maxCLIOutput}, nil)
+	return stdout.Bytes(), code, err
 }
 
 // execArgs is the docker CLI's exec command line.
@@ -208,17 +201,18 @@ func lookPath(name string) (string, error) {
 	return "", exec.ErrNotFound
 }
 
-// limited keeps the first n bytes written and drops the rest.
-type limited struct {
-	w io.Writer
-	n int
+// Capped passes the first N bytes written on to W and drops the rest,
+// so a chatty command cannot make branchbox hold unbounded output.
+type Capped struct {
+	W io.Writer
+	N int
 }
 
-func (l *limited) Write(p []byte) (int, error) {
-	if l.n > 0 {
-		k := min(len(p), l.n)
-		l.w.Write(p[:k])
-		l.n -= k
+func (c *Capped) Write(p []byte) (int, error) {
+	if c.N > 0 {
+		k := min(len(p), c.N)
+		c.W.Write(p[:k])
+		c.N -= k
 	}
 	return len(p), nil
 }

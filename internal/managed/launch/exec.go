@@ -77,19 +77,10 @@ func ExecProvider(ctx context.Context, cfg Config, name string, req provider.Req
 		names[i], _, _ = strings.Cut(kv, "=")
 	}
 	argv := append([]string{"/bin/sh", "-c", providerScript(names), plan.Grant().Executable, plan.Path()}, plan.Args()...)
-	cmd := exec.CommandContext(ctx, dockerCLI(cfg), execArgs(rec.ContainerID, rec.ContainerUser, rec.WorkspaceFolder, env, true, argv)...)
-	cmd.Env = env // PATH is the fixed one: the docker CLI is found the same way
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
-	err = cmd.Run()
+	// env's PATH is the fixed one: the docker CLI is found the same way.
+	code, err := runDocker(ctx, cfg, execArgs(rec.ContainerID, rec.ContainerUser, rec.WorkspaceFolder, env, true, argv), env, stdin, stdout, stderr)
 	clear(env)
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		return ee.ExitCode(), nil
-	}
-	if err != nil {
-		return 0, fail(CodeEngine, "docker exec: %v", err)
-	}
-	return 0, nil
+	return code, err
 }
 
 // ExecResult is `feature exec --json`'s output.
@@ -109,10 +100,17 @@ func Exec(ctx context.Context, cfg Config, name string, argv []string, stdin io.
 	if len(argv) == 0 {
 		return 0, fail(CodeUsage, "a command is required")
 	}
-	cmd := exec.CommandContext(ctx, dockerCLI(cfg), execArgs(rec.ContainerID, rec.ContainerUser, rec.WorkspaceFolder, nil, stdin != nil, argv)...)
-	cmd.Env = []string{"PATH=" + provider.SafePATH}
+	args := execArgs(rec.ContainerID, rec.ContainerUser, rec.WorkspaceFolder, nil, stdin != nil, argv)
+	return runDocker(ctx, cfg, args, []string{"PATH=" + provider.SafePATH}, stdin, stdout, stderr)
+}
+
+// runDocker runs the docker CLI with args and environment env and returns
+// the exit status of what it ran.
+func runDocker(ctx context.Context, cfg Config, args, env []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
+	cmd := exec.CommandContext(ctx, dockerCLI(cfg), args...)
+	cmd.Env = env
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
-	err = cmd.Run()
+	err := cmd.Run()
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		return ee.ExitCode(), nil
