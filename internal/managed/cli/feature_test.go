@@ -74,8 +74,13 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	}
 	port := uint16(l.Addr().(*net.TCPAddr).Port)
 	l.Close()
-	f := mt.New(t, mt.LaunchDoc(repo, rev, mt.Images{
-		Service: dockertest.ImageID(t, dockertest.ServiceImageTag), Proxy: dockertest.ImageID(t, dockertest.ProxyImageTag), ProxyPort: port}))
+	doc := mt.LaunchDoc(repo, rev, mt.Images{
+		Service: dockertest.ImageID(t, dockertest.ServiceImageTag), Proxy: dockertest.ImageID(t, dockertest.ProxyImageTag), ProxyPort: port})
+	// The assignment's own folder, and db left out: it needs no image.
+	doc["workspace_folder"] = "/workspaces/cli-folder"
+	doc["omitted_services"] = []any{"db"}
+	delete(doc["service_images"].(map[string]any), "db")
+	f := mt.New(t, doc)
 	env := []string{f.Env(), "BRANCHBOX_STATE_DIR=" + filepath.Join(t.TempDir(), "state"), "MODEL_ACCESS_TOKEN=token-" + mt.Secret}
 
 	r := runCLI(t, env, "feature", "start", "cli", "--repo", repo, "--runtime", "in-guest", "--runtime-manifest", f.Path, "--json")
@@ -89,7 +94,7 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	}
 	rt := sum["runtime"].(map[string]any)
 	ig := rt["in_guest"].(map[string]any)
-	if rt["provider"] != "in-guest" || rt["runtime_id"] != "outer-1" || rt["container_user"] != "dev" ||
+	if rt["provider"] != "in-guest" || rt["runtime_id"] != "outer-1" || rt["container_user"] != "dev" || rt["workspace_folder"] != "/workspaces/cli-folder" ||
 		ig["run_id"] != "run-1" || ig["tunnel_placement"] != "outer" || ig["project_docker"] != "disabled" ||
 		ig["repository_revision"] != rev || len(ig["leases"].([]any)) != 10 {
 		t.Fatalf("summary: %s", r.stdout)

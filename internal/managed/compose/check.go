@@ -27,10 +27,29 @@ func (r *Refusal) Error() string {
 type Project struct {
 	Files []File
 	// Services are every service declared, sorted; Connectors those the
-	// launch disables as outer tunnel connectors; Runnable the others,
-	// which service_images must bind exactly.
-	Services, Connectors, Runnable []string
-	Model                          *types.Project
+	// launch disables as outer tunnel connectors; Omitted those the
+	// assignment leaves out (see Omit); Runnable the others, which
+	// service_images must bind exactly.
+	Services, Connectors, Omitted, Runnable []string
+	Model                                   *types.Project
+}
+
+// Omit takes the assignment's omitted_services out of the runnable
+// services: they are not bound to an image and the facade disables them
+// as it does connectors. Each must be a runnable service, and the primary
+// cannot be omitted.
+func (p *Project) Omit(names []string, primary string) error {
+	for _, name := range names {
+		switch {
+		case name == primary:
+			return &Refusal{Rule: "the primary service cannot be omitted", Where: "omitted_services " + quoteShort(name)}
+		case !slices.Contains(p.Runnable, name):
+			return &Refusal{Rule: "not a runnable service of the Compose files", Where: "omitted_services " + quoteShort(name)}
+		}
+		p.Runnable = slices.DeleteFunc(p.Runnable, func(s string) bool { return s == name })
+		p.Omitted = append(p.Omitted, name)
+	}
+	return nil
 }
 
 // dangerousCaps may never be added to a service.

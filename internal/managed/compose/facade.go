@@ -94,7 +94,7 @@ func Facade(p *Project, plan FacadePlan) ([]byte, error) {
 		}
 		add(services, name, svc)
 	}
-	for _, name := range p.Connectors {
+	for _, name := range append(slices.Clone(p.Connectors), p.Omitted...) {
 		svc := mapping()
 		add(svc, "profiles", tagged("!override", seq(str(DisabledProfile))))
 		resetHostFacing(svc)

@@ -2,6 +2,7 @@ package compose_test
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -159,5 +160,53 @@ func TestFacadeRefuses(t *testing.T) {
 		if _, err := compose.Facade(p, plan); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
+	}
+}
+
+// TestOmittedServices: an omitted service is not runnable, needs no
+// image, and the facade disables it; the primary and a name that is not
+// a runnable service cannot be omitted.
+func TestOmittedServices(t *testing.T) {
+	ctx := context.Background()
+	files := []compose.File{{Path: "compose.yaml", Data: []byte(source)}}
+	p, err := compose.Check(ctx, t.TempDir(), files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range [][]string{{"app"}, {"cloudflared"}, {"nosuch"}} {
+		q, _ := compose.Check(ctx, t.TempDir(), files)
+		var r *compose.Refusal
+		if err := q.Omit(bad, "app"); !errors.As(err, &r) {
+			t.Errorf("Omit(%q): %v", bad, err)
+		}
+	}
+	if err := p.Omit([]string{"db"}, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(p.Runnable, []string{"app"}) || !reflect.DeepEqual(p.Omitted, []string{"db"}) {
+		t.Fatalf("runnable %q omitted %q", p.Runnable, p.Omitted)
+	}
+	facade, err := compose.Facade(p, compose.FacadePlan{
+		Images: map[string]string{"app": appImage}, Primary: "app",
+		Workspace: compose.Bind{Source: "/w", Target: "/workspaces/w"}, Seccomp: "/s.json",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	model, err := loader.LoadWithContext(ctx, types.ConfigDetails{
+		WorkingDir: t.TempDir(), Environment: types.Mapping{},
+		ConfigFiles: []types.ConfigFile{{Filename: "compose.yaml", Content: []byte(source)}, {Filename: "facade.yaml", Content: facade}},
+	}, func(o *loader.Options) {
+		o.SetProjectName("p", true)
+		o.SkipResolveEnvironment = true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := model.Services["db"]; ok {
+		t.Fatal("the omitted service is enabled")
+	}
+	if db, ok := model.DisabledServices["db"]; !ok || len(db.Ports)+len(db.Volumes) != 0 {
+		t.Fatalf("the omitted service: %+v", db)
 	}
 }

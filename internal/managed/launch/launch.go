@@ -162,7 +162,7 @@ type StartError struct {
 func (e *StartError) Error() string {
 	msg := e.Err.Message
 	if !e.Teardown.ResidueFree {
-		msg += " (the launch was torn down, but residue is left: see branchbox feature status)"
+		msg += " (residue is left: branchbox feature teardown retries and lists it)"
 	}
 	return msg
 }
@@ -263,11 +263,14 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := assignment.CheckServiceImagesComplete(a.ServiceImages, project.Runnable); err != nil {
-		return nil, &Error{Code: CodeCompose, Message: err.Error()}
-	}
 	if !slices.Contains(project.Runnable, dc.Service()) {
 		return nil, fail(CodeCompose, "devcontainer: service %q is not a runnable Compose service", dc.Service())
+	}
+	if err := project.Omit(a.OmittedServices, dc.Service()); err != nil {
+		return nil, &Error{Code: CodeCompose, Message: err.Error()}
+	}
+	if err := assignment.CheckServiceImagesComplete(a.ServiceImages, project.Runnable); err != nil {
+		return nil, &Error{Code: CodeCompose, Message: err.Error()}
 	}
 	expect, err := l.writeInputs(project, dc)
 	if err != nil {

@@ -363,6 +363,15 @@ func TestLaunchRefusals(t *testing.T) {
 			t.Fatalf("the engine holds %+v", o)
 		}
 	})
+	t.Run("omitted-primary", func(t *testing.T) {
+		s := newSetupWith(t, defaultFiles(), func(doc map[string]any) {
+			doc["workspace_folder"] = "/workspaces/o"
+			doc["omitted_services"] = []any{"app"}
+		})
+		if _, err := s.start("o"); !isCode(err, launch.CodeCompose) || !strings.Contains(err.Error(), "primary") {
+			t.Fatalf("start: %v", err)
+		}
+	})
 	t.Run("version-2", func(t *testing.T) {
 		s := newSetupWith(t, defaultFiles(), func(doc map[string]any) {
 			doc["version"] = "2"
