@@ -54,7 +54,8 @@ func BenchmarkLaunch(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			project := fmt.Sprintf("bench-cli-%d-%d", os.Getpid(), i)
 			cmd := exec.Command("devcontainer", "up", "--workspace-folder", dir)
-			cmd.Env = append(os.Environ(), "COMPOSE_PROJECT_NAME="+project)
+			// TMPDIR: the CLI's own Compose files go with the test's.
+			cmd.Env = append(os.Environ(), "COMPOSE_PROJECT_NAME="+project, "TMPDIR="+dir)
 			start := time.Now()
 			if out, err := cmd.CombinedOutput(); err != nil {
 				b.Fatalf("devcontainer up: %v\n%s", err, out)
