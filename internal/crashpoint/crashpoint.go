@@ -32,6 +32,15 @@ const (
 	LaunchProxyStarted  = "launch-proxy-started"  // a port proxy runs, the launch is not marked running
 )
 
+// Points a branchbox tool-request dispatch passes.
+const (
+	DispatchStaged    = "dispatch-staged"    // the request is in .processing/, not claimed
+	DispatchClaimed   = "dispatch-claimed"   // the claim is durable, the staged copy not removed
+	DispatchRelayed   = "dispatch-relayed"   // the endpoint answered, nothing recorded
+	DispatchRecorded  = "dispatch-recorded"  // the response is recorded, the consumer's file not written
+	DispatchResponded = "dispatch-responded" // the consumer's file is written, the dispatch not reported
+)
+
 var armed = os.Getenv(EnvVar)
 
 // Hit kills the process if point is the armed one.

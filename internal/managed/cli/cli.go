@@ -128,7 +128,7 @@ Exit status: 0 success, 1 refusal, 2 usage error.`,
 		},
 	}
 	managed.AddCommand(newValidate(env), newExecProvider(env), newExample(env))
-	root.AddCommand(managed, newFeature(env), newCapabilities(env))
+	root.AddCommand(managed, newFeature(env), newCapabilities(env), newToolEndpoint(env))
 	return root
 }
 

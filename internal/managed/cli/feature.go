@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"agentbox/internal/managed/engine"
 	"agentbox/internal/managed/launch"
 	"agentbox/internal/managed/provider"
 )
@@ -68,16 +69,18 @@ func newFeature(env *Env) *cobra.Command {
   feature exec-provider NAME --provider EXE [--inherit-env NAME]... -- [ARGS...]
   feature exec NAME [--json] -- CMD [ARGS...]
   feature status NAME [--json]
+  feature dispatch-tool NAME --lease L --request-id R [--wait-seconds N] [--json]
   feature teardown NAME --force [--json]
 
 State lives in $` + StateDirEnv + ` (default ` + DefaultStateDir + `): one directory
 per feature with its launch record, generated inputs, ledger and worktree.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return usage("a feature subcommand is required (start, exec-provider, exec, status, teardown)")
+			return usage("a feature subcommand is required (start, exec-provider, exec, status, dispatch-tool, teardown)")
 		},
 	}
-	f.AddCommand(newFeatureStart(env), newFeatureExecProvider(env), newFeatureExec(env), newFeatureStatus(env), newFeatureTeardown(env))
+	f.AddCommand(newFeatureStart(env), newFeatureExecProvider(env), newFeatureExec(env), newFeatureStatus(env),
+		newFeatureDispatchTool(env), newFeatureTeardown(env))
 	return f
 }
 
@@ -225,7 +228,7 @@ running or docker exec fails; 2 on a usage error.`,
 			}
 			var stdout, stderr bytes.Buffer
 			code, err := launch.Exec(context.Background(), cfg, args[0], args[1:], nil,
-				&launch.Capped{W: &stdout, N: maxExecCapture}, &launch.Capped{W: &stderr, N: maxExecCapture})
+				&engine.Capped{W: &stdout, N: maxExecCapture}, &engine.Capped{W: &stderr, N: maxExecCapture})
 			if err != nil {
 				return launchFailure(env, true, err)
 			}

@@ -1,15 +1,19 @@
 package cli_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"agentbox/internal/managed/cli"
 	"agentbox/internal/managed/dockertest"
+	"agentbox/internal/managed/endpoint"
 	mt "agentbox/internal/managed/managedtest"
 )
 
@@ -81,6 +85,25 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	doc["omitted_services"] = []any{"db"}
 	delete(doc["service_images"].(map[string]any), "db")
 	f := mt.New(t, doc)
+	// The trusted endpoint on the assignment's socket (the fixture's is
+	// stale): it answers every request with {"ok":true}.
+	sock := f.Source(4, 0)
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		endpoint.Serve(ctx, sock, func(context.Context, []byte) ([]byte, error) { return []byte(`{"ok":true}`), nil }, t.Logf)
+	}()
+	t.Cleanup(func() { cancel(); <-served })
+	for i := 0; i < 500; i++ {
+		if _, err := os.Lstat(sock); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	env := []string{f.Env(), "BRANCHBOX_STATE_DIR=" + filepath.Join(t.TempDir(), "state"), "MODEL_ACCESS_TOKEN=token-" + mt.Secret}
 
 	r := runCLI(t, env, "feature", "start", "cli", "--repo", repo, "--runtime", "in-guest", "--runtime-manifest", f.Path, "--json")
@@ -131,6 +154,36 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	if r = runCLI(t, env, "feature", "exec-provider", "cli", "--provider", mt.Probe, "--", "env"); r.code != cli.ExitRefused {
 		t.Fatalf("exec-provider without the signed inherited name: exit %d", r.code)
 	}
+
+	// dispatch-tool: nothing pending is 75 and retryable; a request the
+	// consumer spools is dispatched; a wait past 300 s is a usage error.
+	r = runCLI(t, env, "feature", "dispatch-tool", "cli", "--lease", "delivery_requests", "--request-id", "none", "--json")
+	if r.code != cli.ExitNotPending || strings.Join(strings.Fields(r.stdout), " ") !=
+		`{ "status": "not-pending", "retryable": true, "lease_id": "delivery_requests", "request_id": "none" }` {
+		t.Fatalf("not pending: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r = runCLI(t, env, "feature", "dispatch-tool", "cli", "--lease", "delivery_requests", "--request-id", "x", "--wait-seconds", "301"); r.code != cli.ExitUsage {
+		t.Fatalf("--wait-seconds 301: exit %d", r.code)
+	}
+	spool := "/run/branchbox/leases/tool-requests/delivery"
+	r = runCLI(t, env, "feature", "exec", "cli", "--", "sh", "-c", "cd "+spool+` && umask 077 && printf '{"version":"1","run_id":"run-1","lease_id":"delivery_requests","consumer":"coding-agent","request_id":"q1","capability":"%s","payload":{"q":1}}' "$(cat .capability)" > requests/.q1 && mv requests/.q1 requests/q1.json`)
+	if r.code != 0 {
+		t.Fatalf("spool a request: exit %d %s", r.code, r.stderr)
+	}
+	r = runCLI(t, env, "feature", "dispatch-tool", "cli", "--lease", "delivery_requests", "--request-id", "q1", "--wait-seconds", "5", "--json")
+	var disp struct {
+		Status    string `json:"status"`
+		Retryable bool   `json:"retryable"`
+		Result    struct {
+			Response map[string]any `json:"response"`
+			Replayed bool           `json:"replayed"`
+		} `json:"result"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &disp); err != nil || r.code != 0 || disp.Status != "dispatched" || disp.Retryable ||
+		disp.Result.Response["ok"] != true || disp.Result.Replayed || !strings.Contains(r.stdout, `"request_id": "q1"`) {
+		t.Fatalf("dispatch: exit %d %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	}
+	noSecrets(t, f, r)
 
 	r = runCLI(t, env, "feature", "status", "cli", "--json")
 	if r.code != 0 || !strings.Contains(r.stdout, `"phase": "running"`) || !strings.Contains(r.stdout, `"container_state": "running"`) {

@@ -5,16 +5,21 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"path/filepath"
 	"strconv"
+	"strings"
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/api/types/volume"
 	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/stdcopy"
 	"github.com/docker/go-connections/nat"
 )
 
@@ -216,4 +221,84 @@ func short(id string) string {
 		return id[:12]
 	}
 	return id
+}
+
+// maxExecOutput bounds what Exec keeps of a command's stdout.
+const maxExecOutput = 64 << 10
+
+// Exec runs cmd in container id as user, with no stdin and the
+// container's own environment, and returns its stdout (at most 64 KiB)
+// and exit status. It goes through the Engine API, not the docker CLI: a
+// check that runs before every dispatch should not pay for a CLI start.
+func (e *Engine) Exec(ctx context.Context, id, user string, cmd ...string) ([]byte, int, error) {
+	created, err := e.c.ContainerExecCreate(ctx, id, container.ExecOptions{User: user, Cmd: cmd, AttachStdout: true, AttachStderr: true})
+	if err != nil {
+		return nil, 0, fmt.Errorf("docker engine: exec: %w", err)
+	}
+	att, err := e.c.ContainerExecAttach(ctx, created.ID, container.ExecAttachOptions{})
+	if err != nil {
+		return nil, 0, fmt.Errorf("docker engine: exec: %w", err)
+	}
+	defer att.Close()
+	var stdout bytes.Buffer
+	if _, err := stdcopy.StdCopy(&Capped{W: &stdout, N: maxExecOutput}, io.Discard, att.Reader); err != nil {
+		return nil, 0, fmt.Errorf("docker engine: exec output: %w", err)
+	}
+	ins, err := e.c.ContainerExecInspect(ctx, created.ID)
+	if err != nil {
+		return nil, 0, fmt.Errorf("docker engine: exec status: %w", err)
+	}
+	if ins.Running {
+		return nil, 0, errors.New("docker engine: exec: still running after its output ended")
+	}
+	return stdout.Bytes(), ins.ExitCode, nil
+}
+
+// Capped passes the first N bytes written on to W and drops the rest, so
+// a chatty command cannot make branchbox hold unbounded output.
+type Capped struct {
+	W io.Writer
+	N int
+}
+
+func (c *Capped) Write(p []byte) (int, error) {
+	if c.N > 0 {
+		k := min(len(p), c.N)
+		c.W.Write(p[:k])
+		c.N -= k
+	}
+	return len(p), nil
+}
+
+// UsernsRemap reports whether the engine maps containers into a user
+// namespace: then a uid in a container is not the same uid on the host.
+func (e *Engine) UsernsRemap(ctx context.Context) (bool, error) {
+	info, err := e.c.Info(ctx)
+	if err != nil {
+		return false, fmt.Errorf("docker engine: info: %w", err)
+	}
+	for _, opt := range info.SecurityOptions {
+		if strings.Contains(opt, "name=userns") {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// VolumeDir returns the host directory holding named volume name's data.
+// Only a plain volume of the local driver qualifies (no driver options:
+// a local volume with options can bind any host path), so the directory
+// is the engine's own.
+func (e *Engine) VolumeDir(ctx context.Context, name string) (string, error) {
+	v, err := e.c.VolumeInspect(ctx, name)
+	if client.IsErrNotFound(err) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("docker engine: inspect volume: %w", err)
+	}
+	if v.Driver != "local" || len(v.Options) != 0 || v.Name != name || !filepath.IsAbs(v.Mountpoint) {
+		return "", fmt.Errorf("docker engine: volume %s is not a plain local volume", name)
+	}
+	return v.Mountpoint, nil
 }

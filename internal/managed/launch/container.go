@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os/exec"
 	"path/filepath"
 	"sort"
@@ -51,8 +50,8 @@ func (l *launcher) devcontainerUp(ctx context.Context) (string, error) {
 		"COMPOSE_PROJECT_NAME=" + l.rec.ComposeProject,
 	}
 	var stdout, stderr bytes.Buffer
-	cmd.Stdout = &Capped{W: &stdout, N: maxCLIOutput}
-	cmd.Stderr = &Capped{W: &stderr, N: maxCLIOutput}
+	cmd.Stdout = &engine.Capped{W: &stdout, N: maxCLIOutput}
+	cmd.Stderr = &engine.Capped{W: &stderr, N: maxCLIOutput}
 	runErr := cmd.Run()
 	var result struct {
 		Outcome     string `json:"outcome"`
@@ -86,7 +85,9 @@ func (l *launcher) checkUser(ctx context.Context, dc *devcontainer.Config, image
 	if user == "" || user == "root" || user == "0" || strings.HasPrefix(user, "0:") {
 		return "", fail(CodeUser, "the container user is root: set remoteUser, containerUser or the service's user to the workspace consumer")
 	}
-	out, code, err := dockerExec(ctx, l.cfg, l.rec.ContainerID, user, "", nil, "/bin/sh", "-c", "id -u && id -g")
+	ectx, cancel := context.WithTimeout(ctx, execTimeout)
+	defer cancel()
+	out, code, err := l.eng.Exec(ectx, l.rec.ContainerID, user, "/bin/sh", "-c", "id -u && id -g")
 	if err != nil || code != 0 {
 		return "", fail(CodeUser, "resolve the container user %q: id failed in the container", user)
 	}
@@ -147,19 +148,6 @@ func (l *launcher) startProxies(ctx context.Context, c container.InspectResponse
 	return nil
 }
 
-// dockerExec runs cmd in container id as user, with workdir (when set)
-// and the names of env passed through from the docker process's own
-// environment (env holds "NAME=value" entries; only names reach the
-// command line). It returns stdout and the exit status.
-func dockerExec(ctx context.Context, cfg Config, id, user, workdir string, env []string, cmd ...string) ([]byte, int, error) {
-	ctx, cancel := context.WithTimeout(ctx, execTimeout)
-	defer cancel()
-	var stdout bytes.Buffer
-	code, err := runDocker(ctx, cfg, execArgs(id, user, workdir, env, false, cmd),
-		append([]string{"PATH=" + provider.SafePATH}, env...), nil, &Capped{W: &stdout, N: maxCLIOutput}, nil)
-	return stdout.Bytes(), code, err
-}
-
 // execArgs is the docker CLI's exec command line.
 func execArgs(id, user, workdir string, env []string, interactive bool, cmd []string) []string {
 	args := []string{"exec"}
@@ -199,22 +187,6 @@ func lookPath(name string) (string, error) {
 		}
 	}
 	return "", exec.ErrNotFound
-}
-
-// Capped passes the first N bytes written on to W and drops the rest,
-// so a chatty command cannot make branchbox hold unbounded output.
-type Capped struct {
-	W io.Writer
-	N int
-}
-
-func (c *Capped) Write(p []byte) (int, error) {
-	if c.N > 0 {
-		k := min(len(p), c.N)
-		c.W.Write(p[:k])
-		c.N -= k
-	}
-	return len(p), nil
 }
 
 // lastLines is the last n lines of s that are not a JavaScript stack

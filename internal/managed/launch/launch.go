@@ -315,6 +315,9 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 		return nil, err
 	}
 	rec.ContainerUser = user
+	if err := l.initSpools(ctx); err != nil {
+		return nil, err
+	}
 	// Inspect again, last: nothing may change between this and the start
 	// of the proxies, which run nothing inside the container.
 	if c, err = l.eng.Inspect(ctx, cid); err != nil {
