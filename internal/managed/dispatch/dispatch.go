@@ -3,7 +3,7 @@
 // into the root-only .processing/ directory before it is read, checked,
 // claimed durably in the runtime's ledger, relayed capability-free to the
 // trusted endpoint, its correlated response recorded durably, and only
-// then written for the consumer. Replay of an interrupted relay needs the
+// then written for the consumer; the staged copy is removed last. Replay of an interrupted relay needs the
 // lease's signed exact-digest policy; without it a claim is terminal.
 //
 // The runtime reaches the spool through the volume's host directory (the
@@ -131,7 +131,7 @@ func (s *Spool) attempt(ctx context.Context, id string, deadline time.Time) (*Ou
 		}
 		// The exact persisted request, and nothing the consumer may have
 		// spooled again under the same id but a request of the same bytes.
-		if err := st.dropRespooled(claim.RequestSHA256); err != nil {
+		if err := st.dropRespooled(claim.RequestSHA256, true); err != nil {
 			return nil, err
 		}
 		return st.relay(ctx, claim.Request)
@@ -144,9 +144,6 @@ func (s *Spool) attempt(ctx context.Context, id string, deadline time.Time) (*Ou
 		return nil, fmt.Errorf("ledger: write the claim: %w", err)
 	}
 	crashpoint.Hit(crashpoint.DispatchClaimed)
-	if err := unix.Unlinkat(int(st.proc.Fd()), requestFile(id), 0); err != nil {
-		return nil, fmt.Errorf("spool: remove the staged request: %w", err)
-	}
 	return st.relay(ctx, frame)
 }
 
@@ -269,9 +266,9 @@ func (st *step) stage() ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("spool: stage the request: %w", err)
 		}
-		if err := unix.Fsync(int(st.proc.Fd())); err != nil {
-			return nil, fmt.Errorf("spool: %w", err)
-		}
+		// No fsync: a move lost with the machine puts the request back in
+		// requests/, where the next attempt finds it (the claim, which is
+		// durable, makes a repeat of the same bytes harmless).
 		crashpoint.Hit(crashpoint.DispatchStaged)
 	}
 	env, err := st.readRequest(st.proc, name)
@@ -311,8 +308,9 @@ func (st *step) readRequest(dir *os.File, name string) (*spool.Envelope, error) 
 
 // dropRespooled handles a request spooled again (or still staged) under
 // an id the ledger already knows: it must be the exact same request
-// (fingerprint), and is then removed; any other is terminal.
-func (st *step) dropRespooled(fingerprint string) error {
+// (fingerprint), and is then removed (the staged one only unless
+// keepStaged); any other is terminal.
+func (st *step) dropRespooled(fingerprint string, keepStaged bool) error {
 	name := requestFile(st.id)
 	for _, dir := range []*os.File{st.proc, st.req} {
 		var tmp unix.Stat_t
@@ -326,6 +324,9 @@ func (st *step) dropRespooled(fingerprint string) error {
 		if spool.Fingerprint(env.Frame()) != fingerprint {
 			return errors.New("request: a different request under an id already claimed or answered")
 		}
+		if dir == st.proc && keepStaged {
+			continue
+		}
 		if err := unix.Unlinkat(int(dir.Fd()), name, 0); err != nil {
 			return fmt.Errorf("spool: remove the repeated request: %w", err)
 		}
@@ -335,7 +336,7 @@ func (st *step) dropRespooled(fingerprint string) error {
 
 // replayDone answers from the done record: no endpoint is contacted.
 func (st *step) replayDone(done *spool.Done) (*Outcome, error) {
-	if err := st.dropRespooled(done.RequestSHA256); err != nil {
+	if err := st.dropRespooled(done.RequestSHA256, false); err != nil {
 		return nil, err
 	}
 	resp, err := spool.DecodeResponse(done.Response, st.ids)
@@ -376,6 +377,12 @@ func (st *step) relay(ctx context.Context, frame []byte) (*Outcome, error) {
 	if err := st.respond(resp); err != nil {
 		return nil, err
 	}
+	// The staged copy goes last: until the consumer has its response, a
+	// rerun finds the exact request in .processing/ as well as in the
+	// ledger.
+	if err := unix.Unlinkat(int(st.proc.Fd()), requestFile(st.id), 0); err != nil && !errors.Is(err, unix.ENOENT) {
+		return nil, fmt.Errorf("spool: remove the staged request: %w", err)
+	}
 	return &Outcome{Response: resp}, nil
 }
 
@@ -386,7 +393,7 @@ func (st *step) respond(resp *spool.Response) error {
 	data := resp.Bytes()
 	name := requestFile(st.id)
 	l := st.s.Layout
-	err := writeFileAt(int(st.resp.Fd()), name, data, responseMode, l.UID, l.GID, true)
+	err := writeFileAt(int(st.resp.Fd()), name, data, responseMode, l.UID, l.GID, true, false)
 	if errors.Is(err, os.ErrExist) {
 		got, rerr := readFileAt(int(st.resp.Fd()), name, spool.MaxResponseBytes+1)
 		if rerr != nil {

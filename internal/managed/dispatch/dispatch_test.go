@@ -27,7 +27,7 @@ const (
 
 // world is one spool with its endpoint, on real files and a real socket.
 type world struct {
-	t     *testing.T
+	t     testing.TB
 	s     *dispatch.Spool
 	mu    sync.Mutex
 	seen  map[string]int // request id -> frames the endpoint answered
@@ -36,7 +36,7 @@ type world struct {
 	done  chan struct{}
 }
 
-func newWorld(t *testing.T, replay bool) *world {
+func newWorld(t testing.TB, replay bool) *world {
 	t.Helper()
 	managedtest.RequireRoot(t)
 	base := t.TempDir()

@@ -83,7 +83,7 @@ func Init(dir string, l Layout) error {
 		name string
 		data []byte
 	}{{CapabilityFile, l.Capability}, {BindingFile, l.Binding}} {
-		if err := writeFileAt(fd, f.name, f.data, immutableMode, 0, 0, false); err != nil {
+		if err := writeFileAt(fd, f.name, f.data, immutableMode, 0, 0, false, true); err != nil {
 			return err
 		}
 	}
@@ -172,11 +172,13 @@ func kindName(kind uint32) string {
 	return "regular file"
 }
 
-// writeFileAt writes name in directory fd durably: a temporary file
-// (created exclusively, never through a link), the bytes, owner and mode,
-// fsync, then a rename into place and a directory fsync. With
-// noReplace, an existing name is left alone and reported as fs.ErrExist.
-func writeFileAt(fd int, name string, data []byte, mode uint32, uid, gid int, noReplace bool) error {
+// writeFileAt writes name in directory fd: a temporary file (created
+// exclusively, never through a link), the bytes, owner and mode, fsync,
+// then a rename into place; with syncDir the directory is fsync'd too.
+// (A response file needs no directory fsync: lost with the machine, it
+// is written again from the durable done record.) With noReplace, an
+// existing name is left alone and reported as os.ErrExist.
+func writeFileAt(fd int, name string, data []byte, mode uint32, uid, gid int, noReplace, syncDir bool) error {
 	tmp := "." + name + ".tmp"
 	_ = unix.Unlinkat(fd, tmp, 0) // a crashed writer's
 	t, err := unix.Openat(fd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
@@ -211,7 +213,10 @@ func writeFileAt(fd int, name string, data []byte, mode uint32, uid, gid int, no
 		}
 		return fmt.Errorf("spool: write %s: %w", name, err)
 	}
-	return unix.Fsync(fd)
+	if syncDir {
+		return unix.Fsync(fd)
+	}
+	return nil
 }
 
 // readFileAt reads the regular file name in directory fd, at most max

@@ -120,3 +120,31 @@ func composeCLI(b *testing.B, args ...string) {
 		b.Fatalf("docker compose %v: %v\n%s", args, err, out)
 	}
 }
+
+// BenchmarkDispatchTool measures launch.DispatchTool on a launched
+// container: what `feature dispatch-tool` does beyond the dispatcher
+// itself (the assignment validated again with its files, the container
+// user checked with an exec through the Engine API, the spool volume
+// looked up), with the request spooled by the consumer beforehand
+// (untimed).
+//
+//	BRANCHBOX_TEST_DOCKER=1 go test -run - -bench DispatchTool -benchtime 20x ./internal/managed/launch
+func BenchmarkDispatchTool(b *testing.B) {
+	s := newSetup(b, defaultFiles())
+	startEndpoint(b, s.fixture.Source(4, 0))
+	sum, err := s.start("bench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { launch.Teardown(context.Background(), s.cfg, "bench") })
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		id := fmt.Sprintf("b%d-%d", b.N, i)
+		b.StopTimer()
+		spoolRequest(b, sum.Runtime.ContainerID, id, `{}`)
+		b.StartTimer()
+		if _, err := launch.DispatchTool(context.Background(), s.cfg, "bench", "delivery_requests", id, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

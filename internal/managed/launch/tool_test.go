@@ -31,7 +31,7 @@ type toolEndpoint struct {
 	seen map[string]int
 }
 
-func startEndpoint(t *testing.T, socket string) *toolEndpoint {
+func startEndpoint(t testing.TB, socket string) *toolEndpoint {
 	t.Helper()
 	ep := &toolEndpoint{seen: map[string]int{}}
 	// The fixture's socket is a stale one: remove it, so that the path
@@ -80,7 +80,7 @@ func wantResponse(id string) string {
 // spoolRequest writes request id as the consumer does, inside the
 // container: the capability read from the spool, a temporary file of
 // mode 0600, renamed into place.
-func spoolRequest(t *testing.T, cid, id, payload string) {
+func spoolRequest(t testing.TB, cid, id, payload string) {
 	t.Helper()
 	script := fmt.Sprintf(`set -e; cd %s; umask 077
 printf '{"version":"1","run_id":"run-1","lease_id":"delivery_requests","consumer":"coding-agent","request_id":"%%s","capability":"%%s","payload":%%s}' %q "$(cat .capability)" %q > requests/.%s.tmp
