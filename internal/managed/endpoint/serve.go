@@ -15,7 +15,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unicode/utf8"
 
 	"agentbox/internal/managed/spool"
 )
@@ -31,104 +30,33 @@ const MaxConcurrent = 16
 type Handler func(ctx context.Context, frame []byte) (payload []byte, err error)
 
 // IDs are a request frame's ids, echoed in its response.
-type IDs struct {
-	RunID, LeaseID, Consumer, RequestID string
-}
+type IDs = spool.IDs
 
-// FrameIDs decodes a request frame just enough to return its ids. It is
-// strict: one JSON object (UTF-8, nothing after it) with exactly the fields
-// version (spool.Version), run_id, lease_id, consumer, request_id
-// (non-empty strings) and payload (any JSON value), each once. Its errors
-// never hold a value or a field name from the frame.
+// FrameIDs decodes a request frame with spool.DecodeFrame (strict: one
+// JSON object, exactly the six frame fields once each, version "1") and
+// returns its ids. Its errors never hold a value from the frame.
 func FrameIDs(frame []byte) (IDs, error) {
-	var ids IDs
-	malformed := func(why string) (IDs, error) {
-		return IDs{}, errors.New("malformed request frame: " + why)
-	}
-	if !utf8.Valid(frame) {
-		return malformed("not UTF-8")
-	}
-	dec := json.NewDecoder(bytes.NewReader(frame))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return malformed("not a JSON object")
-	}
-	seen := map[string]bool{}
-	for dec.More() {
-		tok, err := dec.Token()
-		key, ok := tok.(string)
-		if err != nil || !ok {
-			return malformed("not a JSON object")
-		}
-		if seen[key] {
-			return malformed("a duplicate field")
-		}
-		seen[key] = true
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return malformed("not a JSON object")
-		}
-		var dst *string
-		switch key {
-		case "payload":
-			continue
-		case "version":
-			var v string
-			dst = &v
-		case "run_id":
-			dst = &ids.RunID
-		case "lease_id":
-			dst = &ids.LeaseID
-		case "consumer":
-			dst = &ids.Consumer
-		case "request_id":
-			dst = &ids.RequestID
-		default:
-			return malformed("an unknown field")
-		}
-		if raw[0] != '"' || json.Unmarshal(raw, dst) != nil || *dst == "" {
-			return malformed("field " + key + " is not a non-empty string")
-		}
-		if key == "version" && *dst != spool.Version {
-			return malformed("unsupported version")
-		}
-	}
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('}') {
-		return malformed("not a JSON object")
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return malformed("data after the object")
-	}
-	if len(seen) != 6 {
-		return malformed("a field is missing")
+	ids, _, err := spool.DecodeFrame(frame)
+	if err != nil {
+		return IDs{}, errors.New("malformed request frame: " + err.Error())
 	}
 	return ids, nil
 }
 
-// response is the endpoint's answer, in its wire key order.
-type response struct {
-	Version   string          `json:"version"`
-	RunID     string          `json:"run_id"`
-	LeaseID   string          `json:"lease_id"`
-	Consumer  string          `json:"consumer"`
-	RequestID string          `json:"request_id"`
-	Payload   json.RawMessage `json:"payload"`
-}
-
-// encodeResponse is the response line (compact, payload compacted, "\n").
+// encodeResponse is the response line: the canonical spool.Response
+// (compact, payload compacted) and "\n".
 func encodeResponse(ids IDs, payload []byte) ([]byte, error) {
-	if !json.Valid(payload) {
+	var compacted bytes.Buffer
+	if err := json.Compact(&compacted, payload); err != nil || !json.Valid(payload) {
 		return nil, errors.New("the payload is not one JSON value")
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(response{spool.Version, ids.RunID, ids.LeaseID, ids.Consumer, ids.RequestID, payload}); err != nil {
-		return nil, errors.New("the payload is not one JSON value")
-	}
-	if buf.Len() > spool.MaxResponseBytes {
+	r := spool.Response{Version: spool.Version, RunID: ids.RunID, LeaseID: ids.LeaseID, Consumer: ids.Consumer,
+		RequestID: ids.RequestID, Payload: compacted.Bytes()}
+	line := r.Bytes()
+	if len(line) > spool.MaxResponseBytes {
 		return nil, fmt.Errorf("the response is over the limit (%d bytes)", spool.MaxResponseBytes)
 	}
-	return buf.Bytes(), nil
+	return line, nil
 }
 
 // Serve listens on a Unix socket at path and answers each connection's

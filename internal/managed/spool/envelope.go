@@ -146,3 +146,30 @@ func Fingerprint(frame []byte) string {
 	sum := sha256.Sum256(frame)
 	return hex.EncodeToString(sum[:])
 }
+
+// DecodeFrame decodes a relayed request frame, as an endpoint receives
+// it, as strictly as a request file: at most MaxRequestBytes, exactly the
+// fields version ("1"), run_id, lease_id, consumer, request_id and
+// payload, the ids non-empty and the request id valid. It returns the ids
+// and the compacted payload.
+func DecodeFrame(data []byte) (IDs, json.RawMessage, error) {
+	if len(data) > MaxRequestBytes {
+		return IDs{}, nil, fieldErr("", "larger than %d bytes", MaxRequestBytes)
+	}
+	m, err := parseMessage(data, frameFields)
+	if err != nil {
+		return IDs{}, nil, err
+	}
+	if m.version != Version {
+		return IDs{}, nil, &Error{Field: fVersion, Rule: "unsupported"}
+	}
+	for _, f := range []struct{ name, v string }{{fRunID, m.runID}, {fLeaseID, m.leaseID}, {fConsumer, m.consumer}} {
+		if f.v == "" {
+			return IDs{}, nil, &Error{Field: f.name, Rule: "empty"}
+		}
+	}
+	if err := ValidRequestID(m.requestID); err != nil {
+		return IDs{}, nil, err
+	}
+	return m.ids(), m.payload, nil
+}
