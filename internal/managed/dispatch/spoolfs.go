@@ -290,7 +290,7 @@ func pending(d *os.File, uid int, id string) (bool, error) {
 	var count int
 	var total int64
 	found := false
-	for _, name := range names {
+	for i, name := range names {
 		var st unix.Stat_t
 		if err := unix.Fstatat(int(d.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			if errors.Is(err, unix.ENOENT) {
@@ -299,7 +299,7 @@ func pending(d *os.File, uid int, id string) (bool, error) {
 			return false, fmt.Errorf("spool: requests/: %w", err)
 		}
 		if err := entryRules(&st, uid); err != nil {
-			return false, fmt.Errorf("spool: requests/ entry %d: %w", count, err)
+			return false, fmt.Errorf("spool: requests/ entry %d is %w", i+1, err)
 		}
 		total += st.Size
 		if strings.HasPrefix(name, ".") {
