@@ -363,6 +363,18 @@ func TestLaunchRefusals(t *testing.T) {
 			t.Fatalf("the engine holds %+v", o)
 		}
 	})
+	t.Run("another-user", func(t *testing.T) {
+		files := defaultFiles()
+		files[".devcontainer/devcontainer.json"] = strings.Replace(managedtest.DevcontainerJSON, `"dev"`, `"nobody"`, 1)
+		s := newSetup(t, files)
+		_, err := s.start("n")
+		if !isCode(err, launch.CodeUser) || !strings.Contains(err.Error(), "65534") {
+			t.Fatalf("start: %v", err)
+		}
+		if o := s.owned(s.project("n")); !o.Empty() {
+			t.Fatalf("the engine holds %+v", o)
+		}
+	})
 	t.Run("omitted-primary", func(t *testing.T) {
 		s := newSetupWith(t, defaultFiles(), func(doc map[string]any) {
 			doc["workspace_folder"] = "/workspaces/o"
