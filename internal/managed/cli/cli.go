@@ -1,10 +1,12 @@
 // Package cli is branchbox's command tree (cobra): `managed validate`,
-// `managed exec-provider`, `managed example` and `runtime-capabilities`.
-// cmd/branchbox only calls Main.
+// `managed exec-provider`, `managed example`, the `feature` commands
+// (start, exec-provider, exec, status, dispatch-tool, teardown),
+// `tool-endpoint serve` and `runtime-capabilities`. cmd/branchbox only
+// calls Main.
 //
 // Exit statuses: 0 success, 1 refusal (an assignment or a request broke a
 // rule, or the provider failed), 2 usage error (unknown command or flag,
-// missing or extra argument).
+// missing or extra argument), 75 dispatch-tool found nothing pending.
 package cli
 
 import (
@@ -95,19 +97,28 @@ func usage(format string, args ...any) error {
 func newRoot(env *Env) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "branchbox",
-		Short: "BranchBox managed runtime: validate assignments and start providers",
+		Short: "BranchBox managed runtime: assignments, managed Dev Containers, providers and tool requests",
 		Long: `branchbox is the managed runtime inside the guest. An outer orchestrator
 hands it a signed, digest-bound assignment stored in
 /run/branchbox/managed/<run-id>/; branchbox validates the assignment and every
-file it names, and starts the coding provider with exactly the environment its
-lease allows. 'branchbox managed example DIR' writes a run to try it with.
+file it names ('managed validate'), launches the managed Dev Container it
+describes on a Docker engine ('feature start'), starts the coding provider
+with exactly the environment its lease allows ('feature exec-provider', or
+'managed exec-provider' on this host), relays the agent's tool requests to a
+trusted endpoint ('feature dispatch-tool', 'tool-endpoint serve'), and tears
+the launch down ('feature teardown'). 'branchbox managed example DIR' writes a
+run to try the validation with.
 
 Environment:
   BRANCHBOX_MANAGED_ROOT  replaces the managed root /run/branchbox/managed
                           (the lease target namespace /run/branchbox/leases
                           inside the container never changes)
+  BRANCHBOX_STATE_DIR     replaces the state directory /var/lib/branchbox
+                          (one directory per feature: its launch record,
+                          generated inputs, replay ledger and worktree)
 
-Exit status: 0 success, 1 refusal, 2 usage error.`,
+Exit status: 0 success, 1 refusal, 2 usage error (and 75 from
+'feature dispatch-tool' when nothing was pending).`,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          cobra.NoArgs,
