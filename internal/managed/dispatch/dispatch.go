@@ -255,7 +255,17 @@ func (st *step) stage() ([]byte, error) {
 	}
 	switch {
 	case staged && found:
-		return nil, errors.New("spool: the request id is both staged and pending again")
+		// Spooled again after an interrupted run staged it: the same
+		// request goes, the staged one is used; any other is terminal.
+		env, err := st.readRequest(st.proc, name)
+		if err != nil {
+			return nil, err
+		}
+		frame := env.Frame()
+		if err := st.dropRespooled(spool.Fingerprint(frame), true); err != nil {
+			return nil, err
+		}
+		return frame, nil
 	case !staged && !found:
 		return nil, ErrNotPending
 	case !staged:

@@ -442,3 +442,36 @@ func TestInitLayout(t *testing.T) {
 	_, err := w.dispatch("x", 0)
 	terminal(t, err)
 }
+
+// TestDispatchStagedAndSpooledAgain: a request staged by an interrupted
+// run and spooled again by the consumer is dispatched once when both are
+// the same request, and refused when they differ.
+func TestDispatchStagedAndSpooledAgain(t *testing.T) {
+	for _, same := range []bool{true, false} {
+		w := newWorld(t, false)
+		w.serve()
+		w.put("s.json", envelope("s", `{"n":1}`))
+		// What an interrupted run leaves: the request in .processing/.
+		if err := os.Rename(filepath.Join(w.s.Dir, "requests", "s.json"), filepath.Join(w.s.Dir, ".processing", "s.json")); err != nil {
+			t.Fatal(err)
+		}
+		again := `{"n":1}`
+		if !same {
+			again = `{"n":2}`
+		}
+		w.put("s.json", envelope("s", again))
+		_, err := w.dispatch("s", 0)
+		if !same {
+			terminal(t, err)
+			continue
+		}
+		if err != nil || w.count("s") != 1 {
+			t.Fatalf("dispatch: %v, endpoint saw %d", err, w.count("s"))
+		}
+		for _, sub := range []string{"requests", ".processing"} {
+			if names, _ := os.ReadDir(filepath.Join(w.s.Dir, sub)); len(names) != 0 {
+				t.Fatalf("%s still holds %v", sub, names)
+			}
+		}
+	}
+}
