@@ -128,7 +128,7 @@ Exit status: 0 launched, 1 refused or failed, 2 usage error.`,
 				return writeJSON(env.Stdout, sum)
 			}
 			fmt.Fprintf(env.Stdout, "feature %s: running\n  container  %s\n  user       %s\n  workspace  %s\n  worktree   %s\n  branch     %s\n  project    %s\n",
-				sum.Name, sum.Runtime.ContainerID[:12], sum.Runtime.ContainerUser, sum.Runtime.WorkspaceFolder, sum.Worktree, sum.Branch, sum.ComposeProjectName)
+				sum.Name, engine.ShortID(sum.Runtime.ContainerID), sum.Runtime.ContainerUser, sum.Runtime.WorkspaceFolder, sum.Worktree, sum.Branch, sum.ComposeProjectName)
 			for _, p := range sum.Runtime.PublishedPorts {
 				fmt.Fprintf(env.Stdout, "  port       127.0.0.1:%d -> %d\n", p.Host, p.Runtime)
 			}

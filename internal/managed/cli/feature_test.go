@@ -5,15 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"agentbox/internal/managed/cli"
 	"agentbox/internal/managed/dockertest"
-	"agentbox/internal/managed/endpoint"
 	mt "agentbox/internal/managed/managedtest"
 )
 
@@ -87,23 +84,7 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	f := mt.New(t, doc)
 	// The trusted endpoint on the assignment's socket (the fixture's is
 	// stale): it answers every request with {"ok":true}.
-	sock := f.Source(4, 0)
-	if err := os.Remove(sock); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		endpoint.Serve(ctx, sock, func(context.Context, []byte) ([]byte, error) { return []byte(`{"ok":true}`), nil }, t.Logf)
-	}()
-	t.Cleanup(func() { cancel(); <-served })
-	for i := 0; i < 500; i++ {
-		if _, err := os.Lstat(sock); err == nil {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	mt.ServeEndpoint(t, f.Source(4, 0), func(context.Context, []byte) ([]byte, error) { return []byte(`{"ok":true}`), nil })
 	env := []string{f.Env(), "BRANCHBOX_STATE_DIR=" + filepath.Join(t.TempDir(), "state"), "MODEL_ACCESS_TOKEN=token-" + mt.Secret}
 
 	r := runCLI(t, env, "feature", "start", "cli", "--repo", repo, "--runtime", "in-guest", "--runtime-manifest", f.Path, "--json")

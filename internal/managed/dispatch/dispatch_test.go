@@ -32,8 +32,6 @@ type world struct {
 	mu    sync.Mutex
 	seen  map[string]int // request id -> frames the endpoint answered
 	reply func(id string) string
-	stop  context.CancelFunc
-	done  chan struct{}
 }
 
 func newWorld(t testing.TB, replay bool) *world {
@@ -73,39 +71,19 @@ func newWorld(t testing.TB, replay bool) *world {
 // serve starts the endpoint; it counts what it answers.
 func (w *world) serve() {
 	w.t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	w.stop, w.done = cancel, make(chan struct{})
-	go func() {
-		defer close(w.done)
-		endpoint.Serve(ctx, w.s.Endpoint, func(_ context.Context, frame []byte) ([]byte, error) {
-			ids, err := endpoint.FrameIDs(frame)
-			if err != nil {
-				return nil, err
-			}
-			if strings.Contains(string(frame), capability) {
-				w.t.Error("the endpoint received the capability")
-			}
-			w.mu.Lock()
-			w.seen[ids.RequestID]++
-			w.mu.Unlock()
-			return []byte(w.reply(ids.RequestID)), nil
-		}, func(string, ...any) {})
-	}()
-	for i := 0; i < 200; i++ {
-		if _, err := os.Stat(w.s.Endpoint); err == nil {
-			break
+	managedtest.ServeEndpoint(w.t, w.s.Endpoint, func(_ context.Context, frame []byte) ([]byte, error) {
+		ids, err := endpoint.FrameIDs(frame)
+		if err != nil {
+			return nil, err
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	w.t.Cleanup(w.halt)
-}
-
-func (w *world) halt() {
-	if w.stop != nil {
-		w.stop()
-		<-w.done
-		w.stop = nil
-	}
+		if strings.Contains(string(frame), capability) {
+			w.t.Error("the endpoint received the capability")
+		}
+		w.mu.Lock()
+		w.seen[ids.RequestID]++
+		w.mu.Unlock()
+		return []byte(w.reply(ids.RequestID)), nil
+	})
 }
 
 func (w *world) count(id string) int {

@@ -110,14 +110,8 @@ func TestRelayMissingSocket(t *testing.T) {
 
 func TestRelayRefusedSocket(t *testing.T) {
 	// A stale socket: nothing listens.
-	path := filepath.Join(t.TempDir(), "stale.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.SetUnlinkOnClose(false)
-	ln.Close()
-	_, err = Relay(context.Background(), path, []byte(testFrame))
+	path := staleSocket(t, filepath.Join(t.TempDir(), "stale.sock"))
+	_, err := Relay(context.Background(), path, []byte(testFrame))
 	transport(t, err, "connect")
 }
 
@@ -173,4 +167,17 @@ func TestRelayRefusesBadFrames(t *testing.T) {
 			t.Fatalf("len %d: err %v", len(frame), err)
 		}
 	}
+}
+
+// staleSocket leaves a socket file at path that nothing listens on, as a
+// crashed endpoint does, and returns path.
+func staleSocket(t *testing.T, path string) string {
+	t.Helper()
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.SetUnlinkOnClose(false)
+	ln.Close()
+	return path
 }

@@ -218,13 +218,7 @@ func TestServeKeepsRegularFile(t *testing.T) {
 	if fi, err := os.Lstat(dir); err != nil || !fi.IsDir() {
 		t.Fatal("the directory is gone")
 	}
-	stale := filepath.Join(t.TempDir(), "stale.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: stale, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.SetUnlinkOnClose(false)
-	ln.Close()
+	stale := staleSocket(t, filepath.Join(t.TempDir(), "stale.sock"))
 	link := filepath.Join(t.TempDir(), "link.sock")
 	os.Symlink(stale, link)
 	if err := Serve(context.Background(), link, nil, nil); err == nil {
@@ -236,13 +230,7 @@ func TestServeKeepsRegularFile(t *testing.T) {
 }
 
 func TestServeReplacesStaleSocket(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "ep.sock")
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.SetUnlinkOnClose(false)
-	ln.Close()
+	path := staleSocket(t, filepath.Join(t.TempDir(), "ep.sock"))
 	startServe(t, path, func(ctx context.Context, frame []byte) ([]byte, error) { return []byte("1"), nil })
 	if _, err := Relay(context.Background(), path, []byte(frameFor("q"))); err != nil {
 		t.Fatal(err)

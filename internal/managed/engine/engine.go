@@ -165,7 +165,7 @@ func (e *Engine) Remove(ctx context.Context, o Owned) error {
 		}
 	}
 	for _, id := range append(append([]string(nil), o.Proxies...), o.Containers...) {
-		keep(e.c.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true}), "container "+short(id))
+		keep(e.c.ContainerRemove(ctx, id, container.RemoveOptions{Force: true, RemoveVolumes: true}), "container "+ShortID(id))
 	}
 	for _, n := range o.Networks {
 		keep(e.c.NetworkRemove(ctx, n), "network "+n)
@@ -216,7 +216,8 @@ func (e *Engine) StartProxy(ctx context.Context, p Proxy) (string, error) {
 	return created.ID, nil
 }
 
-func short(id string) string {
+// ShortID is a container id's first 12 hex digits, as docker shows it.
+func ShortID(id string) string {
 	if len(id) > 12 {
 		return id[:12]
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -85,27 +86,44 @@ func (l *launcher) checkUser(ctx context.Context, dc *devcontainer.Config, image
 	if user == "" || user == "root" || user == "0" || strings.HasPrefix(user, "0:") {
 		return "", fail(CodeUser, "the container user is root: set remoteUser, containerUser or the service's user to the workspace consumer")
 	}
-	ectx, cancel := context.WithTimeout(ctx, execTimeout)
-	defer cancel()
-	out, code, err := l.eng.Exec(ectx, l.rec.ContainerID, user, "/bin/sh", "-c", "id -u && id -g")
-	if err != nil || code != 0 {
-		return "", fail(CodeUser, "resolve the container user %q: id failed in the container", user)
+	uid, gid, err := userIDs(ctx, l.eng, l.rec.ContainerID, user)
+	if err != nil {
+		return "", fail(CodeUser, "resolve the container user %q: %v", user, err)
 	}
-	ids := strings.Fields(string(out))
-	want := [2]uint32{l.rec.Consumer.UID, l.rec.Consumer.GID}
-	if len(ids) != 2 {
-		return "", fail(CodeUser, "resolve the container user %q: id printed no uid and gid", user)
-	}
-	for i, what := range []string{"uid", "gid"} {
-		n, err := strconv.ParseUint(ids[i], 10, 32)
-		if err != nil {
-			return "", fail(CodeUser, "resolve the container user %q: id printed no %s", user, what)
-		}
-		if n == 0 || uint32(n) != want[i] {
-			return "", fail(CodeUser, "the container user %q has %s %d, not the workspace consumer's %d", user, what, n, want[i])
+	for _, c := range []struct {
+		what      string
+		got, want uint32
+	}{{"uid", uid, l.rec.Consumer.UID}, {"gid", gid, l.rec.Consumer.GID}} {
+		if c.got == 0 || c.got != c.want {
+			return "", fail(CodeUser, "the container user %q has %s %d, not the workspace consumer's %d", user, c.what, c.got, c.want)
 		}
 	}
 	return user, nil
+}
+
+// userIDs runs `id -u && id -g` as user in container id (one exec
+// through the Engine API, bounded by execTimeout) and returns the uid and
+// gid it prints.
+func userIDs(ctx context.Context, eng *engine.Engine, id, user string) (uid, gid uint32, err error) {
+	ctx, cancel := context.WithTimeout(ctx, execTimeout)
+	defer cancel()
+	out, code, err := eng.Exec(ctx, id, user, "/bin/sh", "-c", "id -u && id -g")
+	if err != nil || code != 0 {
+		return 0, 0, errors.New("id failed in the container")
+	}
+	fields := strings.Fields(string(out))
+	if len(fields) != 2 {
+		return 0, 0, errors.New("id printed no uid and gid")
+	}
+	var ids [2]uint32
+	for i, f := range fields {
+		n, err := strconv.ParseUint(f, 10, 32)
+		if err != nil {
+			return 0, 0, errors.New("id printed no number")
+		}
+		ids[i] = uint32(n)
+	}
+	return ids[0], ids[1], nil
 }
 
 // startProxies starts one loopback port proxy per published port, on the
@@ -175,16 +193,14 @@ func dockerCLI(cfg Config) string {
 	return "docker"
 }
 
-// lookPath finds a bare name in the fixed PATH only, never the caller's.
+// lookPath finds a bare name in the fixed PATH only, never the caller's;
+// a path is used as given.
 func lookPath(name string) (string, error) {
 	if strings.Contains(name, "/") {
 		return name, nil
 	}
-	for _, dir := range filepath.SplitList(provider.SafePATH) {
-		p := filepath.Join(dir, name)
-		if _, err := exec.LookPath(p); err == nil {
-			return p, nil
-		}
+	if p, ok := provider.LookPath(name); ok {
+		return p, nil
 	}
 	return "", exec.ErrNotFound
 }

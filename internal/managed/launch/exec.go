@@ -13,8 +13,9 @@ import (
 	"agentbox/internal/managed/provider"
 )
 
-// running loads feature name and checks its container still runs.
-func running(ctx context.Context, cfg Config, name string) (*Record, error) {
+// running loads feature name and checks with eng that its container
+// still runs.
+func running(ctx context.Context, eng *engine.Engine, cfg Config, name string) (*Record, error) {
 	rec, err := Load(cfg.StateRoot, name)
 	if err != nil {
 		return nil, err
@@ -22,16 +23,22 @@ func running(ctx context.Context, cfg Config, name string) (*Record, error) {
 	if rec.Phase != PhaseRunning || rec.ContainerID == "" {
 		return nil, fail(CodeNotRunning, "feature %q is not running (phase %s)", name, rec.Phase)
 	}
-	eng, err := engine.Open()
-	if err != nil {
-		return nil, &Error{Code: CodeEngine, Message: err.Error()}
-	}
-	defer eng.Close()
 	c, err := eng.Inspect(ctx, rec.ContainerID)
 	if err != nil || c.State == nil || !c.State.Running {
 		return nil, fail(CodeNotRunning, "feature %q: its container is not running", name)
 	}
 	return rec, nil
+}
+
+// runningRecord is running with an engine client of its own, for the
+// commands that need the engine for nothing else.
+func runningRecord(ctx context.Context, cfg Config, name string) (*Record, error) {
+	eng, err := engine.Open()
+	if err != nil {
+		return nil, &Error{Code: CodeEngine, Message: err.Error()}
+	}
+	defer eng.Close()
+	return running(ctx, eng, cfg, name)
 }
 
 // providerScript runs as the container's /bin/sh: it sets the umask and
@@ -56,7 +63,7 @@ func providerScript(names []string) string {
 // provider-environment values, read and digest-checked immediately before.
 // It returns the provider's exit status.
 func ExecProvider(ctx context.Context, cfg Config, name string, req provider.Request, caller []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	rec, err := running(ctx, cfg, name)
+	rec, err := runningRecord(ctx, cfg, name)
 	if err != nil {
 		return 0, err
 	}
@@ -93,7 +100,7 @@ type ExecResult struct {
 // Exec runs argv in feature name's container as the workspace consumer,
 // in the workspace folder, with the container's own environment.
 func Exec(ctx context.Context, cfg Config, name string, argv []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	rec, err := running(ctx, cfg, name)
+	rec, err := runningRecord(ctx, cfg, name)
 	if err != nil {
 		return 0, err
 	}

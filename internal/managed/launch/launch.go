@@ -441,16 +441,14 @@ func (l *launcher) writeInputs(p *compose.Project, dc *devcontainer.Config) (ins
 	}
 	for _, lease := range a.Leases {
 		for _, m := range lease.Materializations {
+			if m.EnvironmentName != "" {
+				expect.ForbiddenEnv = append(expect.ForbiddenEnv, m.EnvironmentName)
+			}
 			if m.TargetPath == "" || lease.Scope == assignment.ScopeToolRequest || lease.State == assignment.StateTrustedRelayEndpoint {
 				continue
 			}
 			plan.Leases = append(plan.Leases, compose.Bind{Source: m.SourcePath, Target: m.TargetPath, ReadOnly: true})
 			expect.Binds = append(expect.Binds, inspect.Bind{Source: m.SourcePath, Target: m.TargetPath})
-		}
-		for _, m := range lease.Materializations {
-			if m.EnvironmentName != "" {
-				expect.ForbiddenEnv = append(expect.ForbiddenEnv, m.EnvironmentName)
-			}
 		}
 		expect.ForbiddenEnv = append(expect.ForbiddenEnv, lease.InheritedEnvironment...)
 		if lease.Scope == assignment.ScopeToolRequest {

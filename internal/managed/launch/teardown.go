@@ -189,10 +189,7 @@ func union(a, b []string) []string {
 func shortIDs(ids []string) []string {
 	out := make([]string, len(ids))
 	for i, id := range ids {
-		if len(id) > 12 {
-			id = id[:12]
-		}
-		out[i] = id
+		out[i] = engine.ShortID(id)
 	}
 	return out
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
 
 	"agentbox/internal/managed/assignment"
@@ -99,7 +97,12 @@ type DispatchResult struct {
 // container user checked against the lease's consumer_uid again, then
 // package dispatch does the rest, waiting up to wait.
 func DispatchTool(ctx context.Context, cfg Config, name, leaseID, id string, wait time.Duration) (*DispatchResult, error) {
-	rec, err := running(ctx, cfg, name)
+	eng, err := engine.Open()
+	if err != nil {
+		return nil, &Error{Code: CodeEngine, Message: err.Error()}
+	}
+	defer eng.Close()
+	rec, err := running(ctx, eng, cfg, name)
 	if err != nil {
 		return nil, err
 	}
@@ -120,11 +123,6 @@ func DispatchTool(ctx context.Context, cfg Config, name, leaseID, id string, wai
 	if !a.Leases[i].Live(cfg.Checks.Now) {
 		return nil, fail(CodeDispatch, "tool-request lease %q has expired", leaseID)
 	}
-	eng, err := engine.Open()
-	if err != nil {
-		return nil, &Error{Code: CodeEngine, Message: err.Error()}
-	}
-	defer eng.Close()
 	if err := checkConsumer(ctx, eng, rec, a.Leases[i].ConsumerUID); err != nil {
 		return nil, err
 	}
@@ -144,17 +142,14 @@ func DispatchTool(ctx context.Context, cfg Config, name, leaseID, id string, wai
 	return &DispatchResult{IDs: ids, Response: out.Response, Cached: out.Cached}, nil
 }
 
-// checkConsumer runs `id -u` as the container user and requires the
-// signed consumer uid (never root).
+// checkConsumer requires the container user's uid to be the signed
+// consumer uid (never root).
 func checkConsumer(ctx context.Context, eng *engine.Engine, rec *Record, uid uint32) error {
-	ctx, cancel := context.WithTimeout(ctx, execTimeout)
-	defer cancel()
-	out, code, err := eng.Exec(ctx, rec.ContainerID, rec.ContainerUser, "id", "-u")
-	if err != nil || code != 0 {
-		return fail(CodeUser, "resolve the container user: id -u failed")
+	got, _, err := userIDs(ctx, eng, rec.ContainerID, rec.ContainerUser)
+	if err != nil {
+		return fail(CodeUser, "resolve the container user: %v", err)
 	}
-	n, err := strconv.ParseUint(strings.TrimSpace(string(out)), 10, 32)
-	if err != nil || n == 0 || uint32(n) != uid {
+	if got == 0 || got != uid {
 		return fail(CodeUser, "the container user is not the tool-request consumer uid %d", uid)
 	}
 	return nil

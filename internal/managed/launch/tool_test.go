@@ -11,13 +11,13 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
 	"agentbox/internal/crashpoint"
 	"agentbox/internal/managed/compose"
 	"agentbox/internal/managed/dockertest"
 	"agentbox/internal/managed/endpoint"
 	"agentbox/internal/managed/launch"
+	"agentbox/internal/managed/managedtest"
 	"agentbox/internal/managed/provider"
 )
 
@@ -34,36 +34,17 @@ type toolEndpoint struct {
 func startEndpoint(t testing.TB, socket string) *toolEndpoint {
 	t.Helper()
 	ep := &toolEndpoint{seen: map[string]int{}}
-	// The fixture's socket is a stale one: remove it, so that the path
-	// exists again exactly when Serve listens.
-	if err := os.Remove(socket); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		endpoint.Serve(ctx, socket, func(_ context.Context, frame []byte) ([]byte, error) {
-			ids, err := endpoint.FrameIDs(frame)
-			if err != nil {
-				return nil, err
-			}
-			ep.mu.Lock()
-			ep.seen[ids.RequestID]++
-			ep.mu.Unlock()
-			return []byte(`{"done":"` + ids.RequestID + `"}`), nil
-		}, t.Logf)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	for i := 0; ; i++ {
-		if _, err := os.Lstat(socket); err == nil {
-			return ep
+	managedtest.ServeEndpoint(t, socket, func(_ context.Context, frame []byte) ([]byte, error) {
+		ids, err := endpoint.FrameIDs(frame)
+		if err != nil {
+			return nil, err
 		}
-		if i == 500 {
-			t.Fatal("the endpoint did not listen")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		ep.mu.Lock()
+		ep.seen[ids.RequestID]++
+		ep.mu.Unlock()
+		return []byte(`{"done":"` + ids.RequestID + `"}`), nil
+	})
+	return ep
 }
 
 func (ep *toolEndpoint) count(id string) int {

@@ -196,12 +196,21 @@ func resolve(exe string) (string, error) {
 		}
 		return "", assignment.Errorf("provider", "the signed executable path is not an executable regular file")
 	}
-	for _, dir := range lookupDirs {
-		if c := path.Join(dir, exe); executable(c) {
-			return c, nil
-		}
+	if c, ok := LookPath(exe); ok {
+		return c, nil
 	}
 	return "", assignment.Errorf("provider", "the executable is not in the fixed PATH %s", SafePATH)
+}
+
+// LookPath finds a bare command name in the fixed PATH only, never the
+// caller's: the first executable regular file.
+func LookPath(name string) (string, bool) {
+	for _, dir := range lookupDirs {
+		if c := path.Join(dir, name); executable(c) {
+			return c, true
+		}
+	}
+	return "", false
 }
 
 func executable(p string) bool {
