@@ -10,6 +10,8 @@ import (
 	"github.com/compose-spec/compose-go/v2/loader"
 	"github.com/compose-spec/compose-go/v2/types"
 	"go.yaml.in/yaml/v3"
+
+	"agentbox/internal/managed/policy"
 )
 
 // Refusal is a Compose input the managed launch will not run: Rule names
@@ -32,6 +34,9 @@ type Project struct {
 	// service_images must bind exactly.
 	Services, Connectors, Omitted, Runnable []string
 	Model                                   *types.Project
+	// fileModels are Files as Compose reads each alone (anchors, merge
+	// keys and !reset applied), for the key allow-list.
+	fileModels []map[string]any
 }
 
 // Omit takes the assignment's omitted_services out of the runnable
@@ -52,18 +57,6 @@ func (p *Project) Omit(names []string, primary string) error {
 	return nil
 }
 
-// dangerousCaps may never be added to a service.
-var dangerousCaps = []string{"ALL", "SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE"}
-
-// engineSockets are the names of container-engine sockets: a reference
-// to one anywhere in a Compose file is refused.
-var engineSockets = []string{"docker.sock", "containerd.sock", "podman.sock", "buildkitd.sock", "dockershim.sock", "crio.sock"}
-
-// engineVariables are environment variables that point a client at a
-// container engine.
-var engineVariables = []string{"DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY", "CONTAINERD_ADDRESS",
-	"CONTAINER_HOST", "BUILDKIT_HOST", "PODMAN_HOST"}
-
 // connectorNames are service names (lowercased) of outer tunnel
 // connectors; a name ending in "-tunnel" is one too.
 var connectorNames = []string{"cloudflared", "tailscale", "ngrok", "tunnel"}
@@ -75,34 +68,32 @@ var connectorImages = []string{"cloudflared", "tailscale", "ngrok"}
 // Check parses files (in order, later ones merged over earlier ones) and
 // applies every rule; the first broken rule is returned as a *Refusal.
 func Check(ctx context.Context, worktree string, files []File) (*Project, error) {
+	p := &Project{Files: files}
 	for _, f := range files {
 		if err := checkRaw(f); err != nil {
 			return nil, err
 		}
+		alone, err := loader.LoadModelWithContext(ctx, details(worktree, f), loadOptions, func(o *loader.Options) {
+			o.SkipValidation = true
+			o.SkipNormalization = true
+			o.SkipConsistencyCheck = true
+			o.SkipDefaultValues = true
+		})
+		if err != nil {
+			return nil, fmt.Errorf("compose: %s: %w", f.Path, err)
+		}
+		if err := checkTopKeys(f.Path, alone); err != nil {
+			return nil, err
+		}
+		p.fileModels = append(p.fileModels, alone)
 	}
-	details := types.ConfigDetails{WorkingDir: worktree, Environment: types.Mapping{}}
-	for _, f := range files {
-		details.ConfigFiles = append(details.ConfigFiles, types.ConfigFile{Filename: f.Path, Content: f.Data})
-	}
-	model, err := loader.LoadWithContext(ctx, details, func(o *loader.Options) {
-		o.SkipInterpolation = true
-		o.SkipInclude = true
-		o.SkipExtends = true
-		o.SkipResolveEnvironment = true
-		o.SkipResolveLabels = true
-		o.ResolvePaths = false
-		o.ResourceLoaders = nil
-		o.SetProjectName("branchbox-check", true)
-	})
+	model, err := loader.LoadWithContext(ctx, details(worktree, files...), loadOptions)
 	if err != nil {
 		return nil, fmt.Errorf("compose: %w", err)
 	}
-	p := &Project{Files: files, Model: model}
+	p.Model = model
 	for _, name := range slices.Sorted(maps.Keys(model.Services)) {
 		svc := model.Services[name]
-		if err := checkService(name, svc); err != nil {
-			return nil, err
-		}
 		p.Services = append(p.Services, name)
 		if isConnector(name, svc) {
 			p.Connectors = append(p.Connectors, name)
@@ -110,47 +101,31 @@ func Check(ctx context.Context, worktree string, files []File) (*Project, error)
 			p.Runnable = append(p.Runnable, name)
 		}
 	}
-	for _, name := range slices.Sorted(maps.Keys(model.Volumes)) {
-		if bool(model.Volumes[name].External) {
-			return nil, &Refusal{Rule: "an external volume", Where: "volume " + name}
-		}
-	}
 	return p, nil
 }
 
-// checkService applies the rules of one service of the loaded model.
-func checkService(name string, s types.ServiceConfig) error {
-	refuse := func(rule string) error { return &Refusal{Rule: rule, Where: "service " + name} }
-	switch {
-	case s.Privileged:
-		return refuse("privileged")
-	case s.Pid == "host":
-		return refuse("the host's pid namespace")
-	case s.Ipc == "host":
-		return refuse("the host's ipc namespace")
-	case s.NetworkMode == "host":
-		return refuse("the host's network")
-	case s.Cgroup == "host":
-		return refuse("the host's cgroup namespace")
-	case s.Uts == "host":
-		return refuse("the host's uts namespace")
-	case s.UserNSMode == "host":
-		return refuse("the host's user namespace")
-	case len(s.Secrets) > 0:
-		return refuse("service secrets")
-	case len(s.Configs) > 0:
-		return refuse("service configs")
-	case len(s.VolumesFrom) > 0:
-		return refuse("volumes_from")
-	case s.Provider != nil:
-		return refuse("a provider")
+// details is the loader's input: files, in order, read from nowhere but
+// their bytes.
+func details(worktree string, files ...File) types.ConfigDetails {
+	d := types.ConfigDetails{WorkingDir: worktree, Environment: types.Mapping{}}
+	for _, f := range files {
+		d.ConfigFiles = append(d.ConfigFiles, types.ConfigFile{Filename: f.Path, Content: f.Data})
 	}
-	for _, c := range s.CapAdd {
-		if slices.Contains(dangerousCaps, strings.TrimPrefix(strings.ToUpper(c), "CAP_")) {
-			return refuse("cap_add " + c)
-		}
-	}
-	return nil
+	return d
+}
+
+// loadOptions read nothing but the given bytes: no interpolation, no
+// include or extends, no environment or label files, no remote
+// resources.
+func loadOptions(o *loader.Options) {
+	o.SkipInterpolation = true
+	o.SkipInclude = true
+	o.SkipExtends = true
+	o.SkipResolveEnvironment = true
+	o.SkipResolveLabels = true
+	o.ResolvePaths = false
+	o.ResourceLoaders = nil
+	o.SetProjectName("branchbox-check", true)
 }
 
 // isConnector reports whether a service is an outer tunnel connector.
@@ -222,13 +197,13 @@ func checkRaw(f File) error {
 			return refuse("interpolation (write $$ for a literal $)", where)
 		}
 		lower := strings.ToLower(s)
-		for _, sock := range engineSockets {
+		for _, sock := range policy.EngineSocketNames {
 			if strings.Contains(lower, sock) {
 				return refuse("a container-engine socket ("+sock+")", where)
 			}
 		}
 		upper := strings.ToUpper(s)
-		for _, v := range engineVariables {
+		for _, v := range policy.EngineEnv {
 			if containsWord(upper, v) {
 				return refuse("a container-engine variable ("+v+")", where)
 			}

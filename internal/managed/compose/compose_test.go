@@ -19,11 +19,19 @@ const base = `services:
       MODE: dev
 `
 
-// check parses one file compose.yaml with data.
+// check parses one file compose.yaml with data and applies the key
+// allow-list to its runnable services, as a launch does.
 func check(t *testing.T, data string) (*compose.Project, error) {
 	t.Helper()
-	return compose.Check(context.Background(), t.TempDir(), []compose.File{{Path: "compose.yaml", Data: []byte(data)}})
+	p, err := compose.Check(context.Background(), t.TempDir(), []compose.File{{Path: "compose.yaml", Data: []byte(data)}})
+	if err != nil {
+		return nil, err
+	}
+	return p, p.CheckRunnable()
 }
+
+// notAllowed is the rule of a key outside the allow-list.
+func notAllowed(key string) string { return `key "` + key + `" is not allowed in a managed launch` }
 
 func TestCheckRefuses(t *testing.T) {
 	for _, tc := range []struct {
@@ -33,20 +41,38 @@ func TestCheckRefuses(t *testing.T) {
 		{"extends", base + "  web:\n    extends:\n      file: other.yaml\n      service: app\n", "extends"},
 		{"provider", base + "  ai:\n    provider:\n      type: model\n", "provider"},
 		{"volumes_from", base + "  web:\n    image: x\n    volumes_from: [app]\n", "volumes_from"},
-		{"privileged", base + "    privileged: true\n", "privileged"},
-		{"host pid", base + "    pid: host\n", "the host's pid namespace"},
-		{"host ipc", base + "    ipc: host\n", "the host's ipc namespace"},
-		{"host network", base + "    network_mode: host\n", "the host's network"},
-		{"host cgroup", base + "    cgroup: host\n", "the host's cgroup namespace"},
-		{"host uts", base + "    uts: host\n", "the host's uts namespace"},
-		{"host userns", base + "    userns_mode: host\n", "the host's user namespace"},
-		{"cap_add ALL", base + "    cap_add: [ALL]\n", "cap_add ALL"},
-		{"cap_add SYS_ADMIN", base + "    cap_add: [CHOWN, SYS_ADMIN]\n", "cap_add SYS_ADMIN"},
-		{"cap_add CAP_NET_ADMIN", base + "    cap_add: [CAP_NET_ADMIN]\n", "cap_add CAP_NET_ADMIN"},
-		{"cap_add sys_ptrace", base + "    cap_add: [sys_ptrace]\n", "cap_add sys_ptrace"},
-		{"service secrets", base + "    secrets: [token]\nsecrets:\n  token:\n    file: ./token\n", "service secrets"},
-		{"service configs", base + "    configs: [conf]\nconfigs:\n  conf:\n    file: ./conf\n", "service configs"},
-		{"external volume", base + "volumes:\n  data:\n    external: true\n", "an external volume"},
+		{"privileged", base + "    privileged: true\n", notAllowed("privileged")},
+		{"host pid", base + "    pid: host\n", notAllowed("pid")},
+		{"host ipc", base + "    ipc: host\n", notAllowed("ipc")},
+		{"host network", base + "    network_mode: host\n", notAllowed("network_mode")},
+		{"host cgroup", base + "    cgroup: host\n", notAllowed("cgroup")},
+		{"private cgroup", base + "    cgroup: private\n", notAllowed("cgroup")},
+		{"host uts", base + "    uts: host\n", notAllowed("uts")},
+		{"host userns", base + "    userns_mode: host\n", notAllowed("userns_mode")},
+		{"cap_add ALL", base + "    cap_add: [ALL]\n", notAllowed("cap_add")},
+		{"cap_add harmless", base + "    cap_add: [CHOWN, NET_BIND_SERVICE]\n", notAllowed("cap_add")},
+		{"device rules", base + "    device_cgroup_rules: [\"b *:* rwm\"]\n", notAllowed("device_cgroup_rules")},
+		{"devices", base + "    devices: [\"/dev/sda:/dev/sda\"]\n", notAllowed("devices")},
+		{"sysctls", base + "    sysctls: {net.ipv4.ip_forward: 1}\n", notAllowed("sysctls")},
+		{"cgroup_parent", base + "    cgroup_parent: /system.slice\n", notAllowed("cgroup_parent")},
+		{"runtime", base + "    runtime: runsc\n", notAllowed("runtime")},
+		{"security_opt", base + "    security_opt: [seccomp:unconfined]\n", notAllowed("security_opt")},
+		{"network of a service", base + "  side:\n    image: x\n    network_mode: service:app\n", notAllowed("network_mode")},
+		{"pid of a service", base + "  side:\n    image: x\n    pid: service:app\n", notAllowed("pid")},
+		{"labels", base + "    labels: {io.branchbox.project: other}\n", notAllowed("labels")},
+		{"group_add", base + "    group_add: [disk]\n", notAllowed("group_add")},
+		{"post_start hook", base + "    post_start:\n      - command: id\n        user: root\n        privileged: true\n", notAllowed("post_start")},
+		{"container_name", base + "    container_name: fixed\n", notAllowed("container_name")},
+		{"networks", base + "    networks: [default]\n", notAllowed("networks")},
+		{"cap_add by a merge key", "x-evil: &evil\n  cap_add: [SYS_MODULE]\n" + base + "    <<: *evil\n", notAllowed("cap_add")},
+		{"cap_add with !override", base + "    cap_add: !override [SYS_RAWIO]\n", notAllowed("cap_add")},
+		{"depends_on a connector", base + "    depends_on: [tunnel]\n  tunnel:\n    image: x\n", `depends_on "tunnel", which is not a bound service`},
+		{"top-level networks", base + "networks:\n  default:\n    external: true\n", `top-level key "networks" is not allowed in a managed launch`},
+		{"top-level name", "name: other\n" + base, `top-level key "name" is not allowed in a managed launch`},
+		{"service secrets", base + "    secrets: [token]\nsecrets:\n  token:\n    file: ./token\n", `top-level key "secrets" is not allowed in a managed launch`},
+		{"service configs", base + "    configs: [conf]\nconfigs:\n  conf:\n    file: ./conf\n", `top-level key "configs" is not allowed in a managed launch`},
+		{"external volume", base + "volumes:\n  data:\n    external: true\n", "a volume definition (a managed launch mounts none of the repository's volumes; declare it empty)"},
+		{"volume driver options", base + "volumes:\n  data:\n    driver_opts: {type: none, o: bind, device: /}\n", "a volume definition (a managed launch mounts none of the repository's volumes; declare it empty)"},
 		{"docker socket bind", base + "    volumes:\n      - /var/run/docker.sock:/var/run/docker.sock\n", "a container-engine socket (docker.sock)"},
 		{"containerd socket", base + "    volumes:\n      - /run/containerd/containerd.sock:/c.sock\n", "a container-engine socket (containerd.sock)"},
 		{"podman socket in a label", base + "    labels:\n      x: /run/podman/podman.sock\n", "a container-engine socket (podman.sock)"},
@@ -76,12 +102,16 @@ func TestCheckAccepts(t *testing.T) {
 		{"plain", base},
 		{"an escaped dollar", base + "    command: sh -c 'echo $$HOME costs $$5'\n"},
 		{"a lone dollar", base + "    command: echo 5$ and $ and $1\n"},
-		{"harmless caps", base + "    cap_add: [CHOWN, NET_BIND_SERVICE]\n    cap_drop: [ALL]\n"},
+		{"cap_drop (replaced)", base + "    cap_drop: [ALL]\n"},
+		{"every kept key", base + "    command: [sleep, infinity]\n    entrypoint: [/bin/sh, -c]\n    working_dir: /w\n    healthcheck: {test: [CMD, \"true\"]}\n    init: true\n    tty: true\n    stdin_open: true\n    stop_signal: SIGINT\n    stop_grace_period: 5s\n    restart: unless-stopped\n    hostname: app\n    read_only: true\n    mem_limit: 1g\n    cpus: 1.5\n    pids_limit: 100\n    user: \"0\"\n    depends_on: [db]\n  db:\n    image: y\n"},
+		{"every replaced key", base + "    build: .\n    pull_policy: always\n    ports: [\"80:80\"]\n    expose: [\"81\"]\n    env_file: [.env]\n    volumes: [/:/host]\n"},
+		{"extension keys", "x-common: &c\n  MODE: x\n" + base + "    x-note: hello\n"},
+		{"a version", "version: \"3.8\"\n" + base},
+		{"a connector with anything", base + "  tailscale:\n    image: tailscale/tailscale\n    cap_add: [NET_ADMIN]\n    devices: [/dev/net/tun]\n    network_mode: host\n"},
 		{"empty value", base + "      EMPTY: ''\n"},
 		{"list entry with a value", "services:\n  app:\n    image: x\n    environment:\n      - A=1\n      - B=\n"},
 		{"a named volume", base + "    volumes:\n      - data:/data\nvolumes:\n  data: {}\n"},
 		{"a word that contains an engine variable", base + "      MY_DOCKER_HOSTNAME: x\n"},
-		{"private cgroup", base + "    cgroup: private\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := check(t, tc.yaml); err != nil {
@@ -133,9 +163,13 @@ func TestLaterFilesMerge(t *testing.T) {
 		t.Fatalf("merged: %q %v", p.Runnable, p.Model.Services["app"].Command)
 	}
 	files[1].Data = []byte("services:\n  app:\n    privileged: true\n")
+	p, err = compose.Check(context.Background(), t.TempDir(), files)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var r *compose.Refusal
-	if _, err := compose.Check(context.Background(), t.TempDir(), files); !errors.As(err, &r) || r.Rule != "privileged" {
-		t.Fatalf("a refused key in a later file: %v", err)
+	if err := p.CheckRunnable(); !errors.As(err, &r) || r.Rule != notAllowed("privileged") || r.Where != "compose.override.yaml: service app" {
+		t.Fatalf("a refused key in a later file: %v, want it named with its file and service", err)
 	}
 }
 

@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	"go.yaml.in/yaml/v3"
+
+	"agentbox/internal/managed/policy"
 )
 
 // ProjectName is the launch's Compose project: "branchbox-" and the first
@@ -31,7 +33,7 @@ const DisabledProfile = "branchbox-disabled-connectors"
 
 // hostFacing are the service keys the facade empties: each reaches the
 // host (its files, devices, ports) or another service's mounts.
-var hostFacing = []string{"env_file", "volumes", "ports", "expose", "devices", "secrets", "configs", "volumes_from", "security_opt"}
+var hostFacing = []string{"env_file", "volumes", "ports", "expose", "devices", "secrets", "configs", "volumes_from"}
 
 // Bind is a host path bound into the primary container.
 type Bind struct {
@@ -58,19 +60,27 @@ type FacadePlan struct {
 	GitMetadata Bind
 	Leases      []Bind
 	Spools      []Volume
-	// Seccomp is the host path of the seccomp profile (Docker's current
-	// default, written by the launch) the primary runs under.
+	// Seccomp is the host path of the seccomp profile (see
+	// SeccompProfile, written by the launch) every service runs under.
 	Seccomp string
+	// User is the primary's "uid:gid": the workspace consumer.
+	User string
 }
 
 // Facade is the Compose file merged last over the checked files: every
 // runnable service on its bound image, never built or pulled, with its
-// host-facing keys emptied (`!reset`); connectors moved to a profile no
-// launch enables; and the primary service with exactly the workspace, the
-// signed leases read-only, the spools as their named volumes, the seccomp
-// profile and a private cgroup namespace (on a cgroup v1 host the default
-// is the host's).
+// host-facing keys emptied (`!reset`), all capabilities dropped but
+// policy.Capabilities, the seccomp profile, no new privileges, not
+// privileged and a private cgroup namespace (on a cgroup v1 host the
+// default is the host's); connectors and omitted services moved to a
+// profile no launch enables; and the primary service run as the
+// workspace consumer with exactly the workspace, the signed leases
+// read-only and the spools as their named volumes. The runnable services
+// must pass CheckRunnable.
 func Facade(p *Project, plan FacadePlan) ([]byte, error) {
+	if err := p.CheckRunnable(); err != nil {
+		return nil, err
+	}
 	if !slices.Contains(p.Runnable, plan.Primary) {
 		return nil, fmt.Errorf("compose: the primary service %q is not a runnable service", plan.Primary)
 	}
@@ -79,8 +89,8 @@ func Facade(p *Project, plan FacadePlan) ([]byte, error) {
 			return nil, fmt.Errorf("compose: runnable service %q has no image", name)
 		}
 	}
-	if plan.Seccomp == "" || plan.Workspace.Source == "" || plan.Workspace.Target == "" {
-		return nil, fmt.Errorf("compose: the facade needs the seccomp profile and the workspace bind")
+	if plan.Seccomp == "" || plan.Workspace.Source == "" || plan.Workspace.Target == "" || plan.User == "" {
+		return nil, fmt.Errorf("compose: the facade needs the seccomp profile, the workspace bind and the consumer")
 	}
 	services := mapping()
 	for _, name := range p.Runnable {
@@ -89,6 +99,7 @@ func Facade(p *Project, plan FacadePlan) ([]byte, error) {
 		add(svc, "build", tagged("!reset", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Value: "null"}))
 		add(svc, "pull_policy", str("never"))
 		resetHostFacing(svc)
+		confine(svc, name == plan.Primary, plan.Seccomp)
 		if name == plan.Primary {
 			primary(svc, plan)
 		}
@@ -118,6 +129,19 @@ func Facade(p *Project, plan FacadePlan) ([]byte, error) {
 	return out, nil
 }
 
+// confine sets what every runnable service runs with.
+func confine(svc *yaml.Node, isPrimary bool, seccomp string) {
+	add(svc, "cap_drop", tagged("!override", seq(str("ALL"))))
+	caps := seq()
+	for _, c := range policy.Capabilities(isPrimary) {
+		caps.Content = append(caps.Content, str(c))
+	}
+	add(svc, "cap_add", tagged("!override", caps))
+	add(svc, "security_opt", tagged("!override", seq(str("seccomp="+seccomp), str(policy.NoNewPrivileges))))
+	add(svc, "cgroup", str("private"))
+	add(svc, "privileged", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "false"})
+}
+
 // primary sets what the primary service runs with.
 func primary(svc *yaml.Node, plan FacadePlan) {
 	mounts := seq(bindNode(plan.Workspace))
@@ -136,9 +160,7 @@ func primary(svc *yaml.Node, plan FacadePlan) {
 		mounts.Content = append(mounts.Content, m)
 	}
 	set(svc, "volumes", tagged("!override", mounts))
-	set(svc, "security_opt", tagged("!override", seq(str("seccomp="+plan.Seccomp))))
-	add(svc, "cgroup", str("private"))
-	add(svc, "privileged", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "false"})
+	add(svc, "user", str(plan.User))
 }
 
 func bindNode(b Bind) *yaml.Node {

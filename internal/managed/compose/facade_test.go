@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"agentbox/internal/managed/compose"
+	"agentbox/internal/managed/policy"
 
 	"github.com/compose-spec/compose-go/v2/loader"
 	"github.com/compose-spec/compose-go/v2/types"
@@ -19,29 +20,33 @@ const (
 )
 
 // source is a repository's Compose file with everything the facade must
-// take away: builds, host binds, ports, env files, devices, a weaker
-// seccomp profile, and a connector.
+// replace: builds, host binds, ports, env files, a root primary, and a
+// connector (whose keys are never run).
 const source = `services:
   app:
     build: .
     image: app:latest
+    user: "0"
     ports: ["8080:80"]
     expose: ["9000"]
     env_file: [.env]
+    cap_drop: [NET_RAW]
     volumes:
       - ./src:/src
       - /etc:/host-etc:ro
-    devices: ["/dev/fuse:/dev/fuse"]
-    security_opt: ["seccomp=unconfined", "label=disable"]
     environment:
       PRICE: "5$$"
+    depends_on: [db]
   db:
     image: postgres:16
+    user: "0"
     volumes: ["dbdata:/var/lib/postgresql/data", "/srv:/srv"]
     ports: ["5432:5432"]
   cloudflared:
     image: cloudflare/cloudflared
     volumes: ["/root/.cloudflared:/etc/cloudflared"]
+    devices: ["/dev/net/tun:/dev/net/tun"]
+    cap_add: [NET_ADMIN]
 volumes:
   dbdata: {}
 `
@@ -61,6 +66,7 @@ func TestFacadeOverTheSource(t *testing.T) {
 		Leases:    []compose.Bind{{Source: "/run/branchbox/managed/run-1/evidence", Target: "/run/branchbox/leases/evidence"}},
 		Spools:    []compose.Volume{{Name: spool, Target: "/run/branchbox/tool-requests/requests"}},
 		Seccomp:   "/run/branchbox/managed/run-1/seccomp.json",
+		User:      "1000:1000",
 	}
 	facade, err := compose.Facade(p, plan)
 	if err != nil {
@@ -88,8 +94,18 @@ func TestFacadeOverTheSource(t *testing.T) {
 			t.Errorf("%s: host-facing keys left: %+v %v %v %v", name, svc.Ports, svc.Expose, svc.EnvFiles, svc.Devices)
 		}
 	}
-	if len(db.Volumes) != 0 || len(db.SecurityOpt) != 0 {
-		t.Errorf("db: volumes %+v security_opt %v", db.Volumes, db.SecurityOpt)
+	confined := []string{"seccomp=" + plan.Seccomp, policy.NoNewPrivileges}
+	for name, svc := range map[string]types.ServiceConfig{"app": app, "db": db} {
+		if !reflect.DeepEqual(svc.SecurityOpt, confined) || !reflect.DeepEqual(svc.CapDrop, []string{"ALL"}) ||
+			svc.Cgroup != "private" || svc.Privileged {
+			t.Errorf("%s: security_opt %v cap_drop %v cgroup %q privileged %v", name, svc.SecurityOpt, svc.CapDrop, svc.Cgroup, svc.Privileged)
+		}
+	}
+	if len(app.CapAdd) != 0 || app.User != plan.User {
+		t.Errorf("app: cap_add %v user %q, want none and the consumer", app.CapAdd, app.User)
+	}
+	if len(db.Volumes) != 0 || !reflect.DeepEqual(db.CapAdd, policy.ServiceCapabilities) || db.User != "0" {
+		t.Errorf("db: volumes %+v cap_add %v user %q", db.Volumes, db.CapAdd, db.User)
 	}
 	want := []types.ServiceVolumeConfig{
 		{Type: "bind", Source: "/srv/worktrees/task-$1", Target: "/workspaces/task"},
@@ -104,9 +120,6 @@ func TestFacadeOverTheSource(t *testing.T) {
 		if got.Type != w.Type || got.Source != w.Source || got.Target != w.Target || got.ReadOnly != w.ReadOnly {
 			t.Errorf("app volume %d: %+v, want %+v", i, got, w)
 		}
-	}
-	if !reflect.DeepEqual(app.SecurityOpt, []string{"seccomp=" + plan.Seccomp}) || app.Cgroup != "private" || app.Privileged {
-		t.Errorf("app: security_opt %v cgroup %q privileged %v", app.SecurityOpt, app.Cgroup, app.Privileged)
 	}
 	if app.Environment["PRICE"] == nil || *app.Environment["PRICE"] != "5$" {
 		t.Errorf("app environment kept as written: %v", app.Environment)
@@ -145,7 +158,7 @@ func TestFacadeRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	ok := compose.FacadePlan{Images: map[string]string{"app": appImage, "db": dbImage}, Primary: "app",
-		Workspace: compose.Bind{Source: "/w", Target: "/workspaces/w"}, Seccomp: "/s.json"}
+		Workspace: compose.Bind{Source: "/w", Target: "/workspaces/w"}, Seccomp: "/s.json", User: "1000:1000"}
 	for _, tc := range []struct {
 		name   string
 		change func(*compose.FacadePlan)
@@ -154,6 +167,7 @@ func TestFacadeRefuses(t *testing.T) {
 		{"a connector as primary", func(p *compose.FacadePlan) { p.Primary = "cloudflared" }, "not a runnable service"},
 		{"a service without its image", func(p *compose.FacadePlan) { p.Images = map[string]string{"app": appImage} }, `"db" has no image`},
 		{"no seccomp profile", func(p *compose.FacadePlan) { p.Seccomp = "" }, "seccomp"},
+		{"no consumer", func(p *compose.FacadePlan) { p.User = "" }, "consumer"},
 	} {
 		plan := ok
 		tc.change(&plan)
@@ -173,6 +187,19 @@ func TestOmittedServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := p.Omit([]string{"db"}, "app"); err != nil {
+		t.Fatal(err)
+	}
+	var r *compose.Refusal
+	if err := p.CheckRunnable(); !errors.As(err, &r) || !strings.Contains(r.Rule, `depends_on "db"`) {
+		t.Fatalf("app depends on the omitted db: %v", err)
+	}
+	// The rest without the dependency.
+	noDeps := strings.Replace(source, "    depends_on: [db]\n", "", 1)
+	files = []compose.File{{Path: "compose.yaml", Data: []byte(noDeps)}}
+	if p, err = compose.Check(ctx, t.TempDir(), files); err != nil {
+		t.Fatal(err)
+	}
 	for _, bad := range [][]string{{"app"}, {"cloudflared"}, {"nosuch"}} {
 		q, _ := compose.Check(ctx, t.TempDir(), files)
 		var r *compose.Refusal
@@ -188,14 +215,14 @@ func TestOmittedServices(t *testing.T) {
 	}
 	facade, err := compose.Facade(p, compose.FacadePlan{
 		Images: map[string]string{"app": appImage}, Primary: "app",
-		Workspace: compose.Bind{Source: "/w", Target: "/workspaces/w"}, Seccomp: "/s.json",
+		Workspace: compose.Bind{Source: "/w", Target: "/workspaces/w"}, Seccomp: "/s.json", User: "1000:1000",
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	model, err := loader.LoadWithContext(ctx, types.ConfigDetails{
 		WorkingDir: t.TempDir(), Environment: types.Mapping{},
-		ConfigFiles: []types.ConfigFile{{Filename: "compose.yaml", Content: []byte(source)}, {Filename: "facade.yaml", Content: facade}},
+		ConfigFiles: []types.ConfigFile{{Filename: "compose.yaml", Content: []byte(noDeps)}, {Filename: "facade.yaml", Content: facade}},
 	}, func(o *loader.Options) {
 		o.SetProjectName("p", true)
 		o.SkipResolveEnvironment = true

@@ -52,17 +52,6 @@ func (c *Config) ComposeFiles() (files []string, set bool, err error) {
 	return nil, true, errors.New("devcontainer: dockerComposeFile is neither a string nor a list")
 }
 
-// User is the user the devcontainer's processes run as: remoteUser, else
-// containerUser ("" when neither is set: the image's own).
-func (c *Config) User() string {
-	for _, k := range []string{"remoteUser", "containerUser"} {
-		if s, ok := c.raw[k].(string); ok && s != "" {
-			return s
-		}
-	}
-	return ""
-}
-
 // imageKeys make a config image- or Dockerfile-based; a managed launch
 // runs Compose services only.
 var imageKeys = []string{"image", "dockerFile", "build"}
@@ -119,10 +108,16 @@ var dropped = []string{"initializeCommand", "remoteEnv", "workspaceMount", "moun
 // less the dropped ones, with composeFiles (the checked copies, then the
 // facade, as absolute paths) as dockerComposeFile, only the primary
 // service run, the workspace folder the launch binds the worktree at,
-// privileged off and the container user's uid left as the image has it.
-func (c *Config) Generate(composeFiles []string, workspaceFolder string) ([]byte, error) {
+// privileged off, the container user's uid left as the image has it, and
+// user ("uid:gid", the workspace consumer) as remoteUser and
+// containerUser: the CLI runs the lifecycle commands as remoteUser, so
+// a name in the repository's config can never make them root.
+func (c *Config) Generate(composeFiles []string, workspaceFolder, user string) ([]byte, error) {
 	if len(composeFiles) == 0 {
 		return nil, errors.New("devcontainer: no Compose files to run")
+	}
+	if user == "" {
+		return nil, errors.New("devcontainer: no user to run as")
 	}
 	out := make(map[string]any, len(c.raw))
 	for k, v := range c.raw {
@@ -135,6 +130,8 @@ func (c *Config) Generate(composeFiles []string, workspaceFolder string) ([]byte
 	out["workspaceFolder"] = workspaceFolder
 	out["privileged"] = false
 	out["updateRemoteUserUID"] = false
+	out["remoteUser"] = user
+	out["containerUser"] = user
 	data, err := json.MarshalIndent(out, "", "\t")
 	if err != nil {
 		return nil, fmt.Errorf("devcontainer: %w", err)

@@ -43,10 +43,10 @@ func TestParseAndGenerate(t *testing.T) {
 	if err != nil || !set || !reflect.DeepEqual(files, []string{"../compose.yaml", "compose.dev.yaml"}) {
 		t.Fatalf("ComposeFiles = %q %v %v", files, set, err)
 	}
-	if c.Service() != "app" || c.User() != "dev" {
-		t.Fatalf("service %q user %q", c.Service(), c.User())
+	if c.Service() != "app" {
+		t.Fatalf("service %q", c.Service())
 	}
-	gen, err := c.Generate([]string{"/run/b/compose/0.yaml", "/run/b/compose/1.yaml", "/run/b/compose/facade.yaml"}, "/workspaces/task")
+	gen, err := c.Generate([]string{"/run/b/compose/0.yaml", "/run/b/compose/1.yaml", "/run/b/compose/facade.yaml"}, "/workspaces/task", "1000:1000")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +60,8 @@ func TestParseAndGenerate(t *testing.T) {
 		"service":             "app",
 		"runServices":         []any{"app"},
 		"workspaceFolder":     "/workspaces/task", // the launch's, never the source's
-		"remoteUser":          "dev",
+		"remoteUser":          "1000:1000", // the consumer, never the source's name
+		"containerUser":       "1000:1000",
 		"privileged":          false,
 		"updateRemoteUserUID": false,
 		"postCreateCommand":   "make deps",
@@ -69,8 +70,11 @@ func TestParseAndGenerate(t *testing.T) {
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("generated:\n%s", gen)
 	}
-	if _, err := c.Generate(nil, "/workspaces/task"); err == nil {
+	if _, err := c.Generate(nil, "/workspaces/task", "1000:1000"); err == nil {
 		t.Fatal("a config with no Compose file")
+	}
+	if _, err := c.Generate([]string{"/run/b/compose/0.yaml"}, "/workspaces/task", ""); err == nil {
+		t.Fatal("a config with no user")
 	}
 }
 

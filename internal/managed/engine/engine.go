@@ -28,6 +28,8 @@ const (
 	// ComposeProjectLabel is Compose's own label on the containers,
 	// networks and volumes of a project.
 	ComposeProjectLabel = "com.docker.compose.project"
+	// ComposeServiceLabel is Compose's label naming a container's service.
+	ComposeServiceLabel = "com.docker.compose.service"
 	// ProjectLabel marks what branchbox creates outside Compose (the port
 	// proxies) with the launch's Compose project name.
 	ProjectLabel = "io.branchbox.project"
@@ -139,6 +141,21 @@ func (e *Engine) Owned(ctx context.Context, project string, named []string) (Own
 		o.Volumes = append(o.Volumes, name)
 	}
 	return o, nil
+}
+
+// ProjectContainers lists every container of Compose project project,
+// running or not, as id and the service its label names ("" when it has
+// none).
+func (e *Engine) ProjectContainers(ctx context.Context, project string) (map[string]string, error) {
+	list, err := e.c.ContainerList(ctx, container.ListOptions{All: true, Filters: filters.NewArgs(filters.Arg("label", ComposeProjectLabel+"="+project))})
+	if err != nil {
+		return nil, fmt.Errorf("docker engine: list containers: %w", err)
+	}
+	out := make(map[string]string, len(list))
+	for _, c := range list {
+		out[c.ID] = c.Labels[ComposeServiceLabel]
+	}
+	return out, nil
 }
 
 func (e *Engine) containers(ctx context.Context, label string) ([]string, error) {

@@ -30,6 +30,7 @@ const MaxAttributesBytes = 1 << 20
 //   - every ancestor of that metadata is owned by runtimeUID or root and
 //     is not group- or other-writable, unless sticky (another uid cannot
 //     rename what it does not own there, as in /tmp);
+//   - no file or directory there has a set-user-ID or set-group-ID bit;
 //   - no attributes file (.gitattributes at the top, info/attributes)
 //     defines a filter, which git would run on checkout.
 func Check(repo string, runtimeUID int) error {
@@ -114,6 +115,9 @@ func checkTree(dir string, runtimeUID int) error {
 		}
 		if fi.Mode().Perm()&0o022 != 0 {
 			return fmt.Errorf("gitmeta: %s is writable by its group or others (%s)", p, fi.Mode().Perm())
+		}
+		if fi.Mode()&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
+			return fmt.Errorf("gitmeta: %s has a set-user-ID or set-group-ID bit: a consumer may have planted it", p)
 		}
 		return nil
 	})

@@ -1,8 +1,8 @@
-// Package inspect is branchbox's final inspection of the primary Dev
-// Container: after the engine has created it and before anything runs in
-// it, the engine's own record of the container (GET /containers/{id}/json)
-// is checked against the security contract and against what the signed
-// assignment allows. Check is pure: it reads only the inspect response and
+// Package inspect is branchbox's inspection of every container of a
+// managed launch: after the engine has created them and before any of
+// them starts, and again once they run, the engine's own record of each
+// container (GET /containers/{id}/json) is checked against the security
+// contract (package policy) and against what the signed assignment allows. Check is pure: it reads only the inspect response and
 // the expectation, so it checks what the engine will run, not what a
 // Compose file asked for.
 //
@@ -19,6 +19,8 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/mount"
+
+	"agentbox/internal/managed/policy"
 )
 
 // Rule names of a Refusal. They are stable: callers and logs may match them.
@@ -42,10 +44,19 @@ const (
 	RuleManagedMount  = "managed-mount"
 	RuleEngineSocket  = "engine-socket"
 	RuleEnvironment   = "environment"
+	RuleUser          = "user"
+	RuleRuntime       = "runtime"
 )
 
-// Expect is what the signed assignment allows on the primary container.
+// Expect is what one container may hold: for the primary, what the
+// signed assignment allows; for another service, no host path at all.
 type Expect struct {
+	// User, when set, is the exact Config.User the container runs as (the
+	// primary's "uid:gid", the workspace consumer).
+	User string
+	// Capabilities are the only capabilities the container may keep
+	// (policy.Capabilities); it must drop all others.
+	Capabilities []string
 	// Binds are the signed lease binds: each mounted exactly once,
 	// read-only, from exactly its Source.
 	Binds []Bind
@@ -53,7 +64,7 @@ type Expect struct {
 	// writable, from exactly the named volume.
 	Volumes []Volume
 	// Workspace is the worktree bind: mounted exactly once, writable, from
-	// exactly its Source.
+	// exactly its Source. Empty for a service that is not the primary.
 	Workspace Bind
 	// Writable are further writable binds the launch makes (the shared Git
 	// metadata), each checked as the workspace is.
@@ -85,32 +96,6 @@ func (r *Refusal) Error() string {
 
 func refuse(rule, format string, args ...any) *Refusal {
 	return &Refusal{Rule: rule, Detail: fmt.Sprintf(format, args...)}
-}
-
-// DangerousCapabilities may not be added to the container (compared
-// case-insensitively, with or without the CAP_ prefix). Each either is a
-// known escape path (SYS_ADMIN, SYS_MODULE, SYS_RAWIO, DAC_READ_SEARCH,
-// SYS_PTRACE, BPF, PERFMON), reaches the host kernel's shared state
-// (SYS_BOOT, SYS_TIME, SYSLOG, NET_ADMIN) or disables the host's MAC
-// policy (MAC_ADMIN, MAC_OVERRIDE); ALL includes all of them.
-var DangerousCapabilities = []string{
-	"ALL", "SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE", "SYS_MODULE", "SYS_RAWIO",
-	"SYS_BOOT", "DAC_READ_SEARCH", "BPF", "PERFMON", "MAC_ADMIN",
-	"MAC_OVERRIDE", "SYSLOG", "SYS_TIME",
-}
-
-// EngineEnv are variables that point a client at a container engine or
-// builder; none may be set in the container, whatever their value.
-var EngineEnv = []string{
-	"DOCKER_HOST", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY", "DOCKER_CONTEXT",
-	"CONTAINERD_ADDRESS", "CONTAINER_HOST", "BUILDKIT_HOST",
-}
-
-// EngineSocketNames are base names of container engine and builder API
-// sockets: a bind of such a file hands the container the engine.
-var EngineSocketNames = []string{
-	"docker.sock", "containerd.sock", "podman.sock", "buildkitd.sock",
-	"crio.sock", "cri-dockerd.sock", "dockershim.sock",
 }
 
 // EngineDirs are host directories that hold engine sockets or engine
@@ -157,8 +142,10 @@ func Check(c container.InspectResponse, e Expect) error {
 	hc := c.HostConfig
 	for _, check := range []func() *Refusal{
 		func() *Refusal { return checkPrivileged(hc) },
+		func() *Refusal { return checkUser(c.Config, e.User) },
 		func() *Refusal { return checkNamespaces(hc) },
-		func() *Refusal { return checkCapabilities(hc) },
+		func() *Refusal { return checkRuntime(hc) },
+		func() *Refusal { return checkCapabilities(hc, e.Capabilities) },
 		func() *Refusal { return checkDevices(hc) },
 		func() *Refusal { return checkSecurityOpt(c.AppArmorProfile, hc) },
 		func() *Refusal { return checkSystemPaths(hc) },
@@ -192,7 +179,10 @@ func checkExpect(e Expect) *Refusal {
 		seen[t] = true
 		return nil
 	}
-	for _, w := range append([]Bind{e.Workspace}, e.Writable...) {
+	if e.Workspace.Target == "" && (len(e.Writable)+len(e.Binds)+len(e.Volumes) > 0 || e.User != "") {
+		return refuse(RuleExpect, "only the primary, which has the workspace, has a user and mounts to expect")
+	}
+	for _, w := range writable(e) {
 		if r := target("workspace", w.Target); r != nil {
 			return r
 		}
@@ -260,17 +250,70 @@ func checkNamespaces(hc *container.HostConfig) *Refusal {
 	return nil
 }
 
-func checkCapabilities(hc *container.HostConfig) *Refusal {
+// writable are the writable binds e expects: the workspace (when it has
+// one) and the others.
+func writable(e Expect) []Bind {
+	if e.Workspace.Target == "" {
+		return e.Writable
+	}
+	return append([]Bind{e.Workspace}, e.Writable...)
+}
+
+// checkUser requires the container's configured user to be exactly want
+// (numeric "uid:gid"), when want is set: the engine starts the main
+// process, and every exec without a user, as Config.User.
+func checkUser(cfg *container.Config, want string) *Refusal {
+	switch {
+	case want == "":
+		return nil
+	case cfg == nil:
+		return refuse(RuleUser, "the inspection has no container configuration to verify")
+	case cfg.User != want:
+		return refuse(RuleUser, "the container runs as %s, not the workspace consumer %s", quoteShort(cfg.User), want)
+	}
+	return nil
+}
+
+// checkRuntime refuses what changes the container's runtime or its
+// kernel settings: another OCI runtime, a cgroup parent of the
+// repository's choosing, and namespaced kernel parameters.
+func checkRuntime(hc *container.HostConfig) *Refusal {
+	switch {
+	case hc.Runtime != "" && hc.Runtime != "runc":
+		return refuse(RuleRuntime, "the container runs under another runtime")
+	case hc.CgroupParent != "":
+		return refuse(RuleRuntime, "the container has a cgroup parent of its own")
+	case len(hc.Sysctls) > 0:
+		return refuse(RuleRuntime, "%d kernel parameter(s) are set", len(hc.Sysctls))
+	}
+	return nil
+}
+
+// checkCapabilities requires every capability dropped (CapDrop holds
+// ALL) and only allowed ones added back.
+func checkCapabilities(hc *container.HostConfig, allowed []string) *Refusal {
+	if !slices.ContainsFunc(hc.CapDrop, func(c string) bool { return policy.CapabilityName(c) == "ALL" }) {
+		return refuse(RuleCapability, "the container does not drop all capabilities")
+	}
 	for _, c := range hc.CapAdd {
-		name := strings.TrimPrefix(strings.ToUpper(strings.TrimSpace(c)), "CAP_")
-		if slices.Contains(DangerousCapabilities, name) {
+		if !policy.Allowed(allowed, c) {
+			name := policy.CapabilityName(c)
 			if name != "ALL" {
 				name = "CAP_" + name
 			}
-			return refuse(RuleCapability, "capability %s is added", name)
+			return refuse(RuleCapability, "capability %s is added", quoteShort(name))
 		}
 	}
 	return nil
+}
+
+// quoteShort is s, at most 32 bytes of it, for a message: a value the
+// repository chose is never shown whole.
+func quoteShort(s string) string {
+	if len(s) > 32 {
+		s = s[:32] + "..."
+	}
+	return strconv.Quote(s)
 }
 
 func checkDevices(hc *container.HostConfig) *Refusal {
@@ -298,10 +341,11 @@ func checkSecurityOpt(appArmorProfile string, hc *container.HostConfig) *Refusal
 	if appArmorProfile == "unconfined" {
 		return refuse(RuleSecurityOpt, "the AppArmor profile is unconfined")
 	}
-	seccomps := 0
+	seccomps, noNewPrivs := 0, 0
 	for i, opt := range hc.SecurityOpt {
 		switch opt {
 		case "no-new-privileges":
+			noNewPrivs++
 			continue
 		case "writable-cgroups":
 			return refuse(RuleSecurityOpt, "security option %d makes the cgroup filesystem writable", i)
@@ -333,9 +377,11 @@ func checkSecurityOpt(appArmorProfile string, hc *container.HostConfig) *Refusal
 				return refuse(RuleSecurityOpt, "security option %d lifts AppArmor confinement", i)
 			}
 		case "no-new-privileges":
-			if _, err := strconv.ParseBool(v); err != nil {
-				return refuse(RuleSecurityOpt, "security option %d is not understood", i)
+			on, err := strconv.ParseBool(v)
+			if err != nil || !on {
+				return refuse(RuleSecurityOpt, "security option %d lets processes gain privileges", i)
 			}
+			noNewPrivs++
 		case "writable-cgroups":
 			if on, err := strconv.ParseBool(v); err != nil || on {
 				return refuse(RuleSecurityOpt, "security option %d makes the cgroup filesystem writable", i)
@@ -347,6 +393,9 @@ func checkSecurityOpt(appArmorProfile string, hc *container.HostConfig) *Refusal
 	}
 	if seccomps != 1 {
 		return refuse(RuleSeccomp, "%d seccomp profiles are set, want exactly 1", seccomps)
+	}
+	if noNewPrivs == 0 {
+		return refuse(RuleSecurityOpt, "no-new-privileges is not set")
 	}
 	return nil
 }
@@ -389,7 +438,7 @@ func checkMounts(mounts []container.MountPoint, tmpfs map[string]string, e Expec
 		at[d] = append(at[d], m)
 	}
 
-	for _, w := range append([]Bind{e.Workspace}, e.Writable...) {
+	for _, w := range writable(e) {
 		ws := at[w.Target]
 		switch {
 		case len(ws) != 1:
@@ -431,8 +480,8 @@ func checkMounts(mounts []container.MountPoint, tmpfs map[string]string, e Expec
 		}
 	}
 
-	expected := map[string]bool{e.Workspace.Target: true}
-	for _, w := range e.Writable {
+	expected := map[string]bool{}
+	for _, w := range writable(e) {
 		expected[w.Target] = true
 	}
 	for _, b := range e.Binds {
@@ -473,7 +522,7 @@ func engineSource(src string) bool {
 		return false // not a host path (e.g. a Windows named pipe); nothing to compare
 	}
 	src = path.Clean(src)
-	if slices.Contains(EngineSocketNames, path.Base(src)) {
+	if slices.Contains(policy.EngineSocketNames, path.Base(src)) {
 		return true
 	}
 	for _, d := range EngineDirs {
@@ -506,7 +555,7 @@ func checkEnv(cfg *container.Config, forbidden []string) *Refusal {
 	}
 	for _, kv := range cfg.Env {
 		name, _, _ := strings.Cut(kv, "=")
-		if slices.Contains(EngineEnv, name) {
+		if slices.Contains(policy.EngineEnv, name) {
 			return refuse(RuleEnvironment, "the engine variable %s is set", name)
 		}
 		if slices.Contains(forbidden, name) {

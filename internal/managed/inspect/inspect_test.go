@@ -11,6 +11,7 @@ import (
 	"github.com/docker/docker/api/types/mount"
 
 	"agentbox/internal/managed/inspect"
+	"agentbox/internal/managed/policy"
 )
 
 const (
@@ -38,7 +39,28 @@ func expect() inspect.Expect {
 		Workspace:    inspect.Bind{Source: wsSource, Target: wsTarget},
 		ManagedRoot:  managedRoot,
 		ForbiddenEnv: []string{"GITHUB_TOKEN", "NPM_TOKEN"},
+		User:         consumer,
+		Capabilities: policy.PrimaryCapabilities,
 	}
+}
+
+// consumer is the workspace consumer the primary runs as.
+const consumer = "1000:1000"
+
+// serviceExpect is what a service other than the primary may hold.
+func serviceExpect() inspect.Expect {
+	return inspect.Expect{ManagedRoot: managedRoot, Capabilities: policy.ServiceCapabilities}
+}
+
+// service resembles another service's container: good's confinement,
+// no mount but an image's anonymous volume, run as root.
+func service() container.InspectResponse {
+	c := good()
+	c.HostConfig.Binds = nil
+	c.HostConfig.CapAdd = []string{"CHOWN", "SETUID", "SETGID"}
+	c.Mounts = []container.MountPoint{{Type: mount.TypeVolume, Name: "0f1e2d3c4b5a", Destination: "/var/lib/data", RW: true}}
+	c.Config.User = ""
+	return c
 }
 
 // good resembles the primary container Docker Compose creates from the
@@ -63,7 +85,8 @@ func good() container.InspectResponse {
 				NetworkMode:  "branchbox-5e1f0c2d3b4a59687f0e1d2c_default",
 				CgroupnsMode: "private",
 				IpcMode:      "private",
-				SecurityOpt:  []string{seccompOpt},
+				SecurityOpt:  []string{seccompOpt, "no-new-privileges:true"},
+				CapDrop:      []string{"ALL"},
 				ShmSize:      67108864,
 				Runtime:      "runc",
 				MaskedPaths: []string{
@@ -81,6 +104,7 @@ func good() container.InspectResponse {
 			{Type: mount.TypeBind, Source: envSource, Destination: envTarget, Mode: "ro", RW: false, Propagation: mount.PropagationRPrivate},
 		},
 		Config: &container.Config{
+			User:     consumer,
 			Hostname: "31354089f4ba",
 			Env: []string{
 				"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -180,7 +204,24 @@ func rows() []row {
 		{"expect relative target", func(_ *testing.T, _ *container.InspectResponse, e *inspect.Expect) { e.Binds[0].Target = "run/x" }, inspect.RuleExpect},
 		{"expect duplicate target", func(_ *testing.T, _ *container.InspectResponse, e *inspect.Expect) { e.Volumes[0].Target = evTarget }, inspect.RuleExpect},
 		{"expect target covers managed root", func(_ *testing.T, _ *container.InspectResponse, e *inspect.Expect) { e.Binds[0].Target = "/run" }, inspect.RuleExpect},
-		{"expect no workspace", func(_ *testing.T, _ *container.InspectResponse, e *inspect.Expect) { e.Workspace = inspect.Bind{} }, inspect.RuleExpect},
+		{"expect binds without a workspace", func(_ *testing.T, _ *container.InspectResponse, e *inspect.Expect) { e.Workspace = inspect.Bind{} }, inspect.RuleExpect},
+		{"expect a user without a workspace", func(_ *testing.T, _ *container.InspectResponse, e *inspect.Expect) {
+			*e = inspect.Expect{ManagedRoot: managedRoot, User: consumer}
+		}, inspect.RuleExpect},
+
+		// user
+		{"user root", func(_ *testing.T, c *container.InspectResponse, _ *inspect.Expect) { c.Config.User = "0" }, inspect.RuleUser},
+		{"user root by name", func(_ *testing.T, c *container.InspectResponse, _ *inspect.Expect) { c.Config.User = "root" }, inspect.RuleUser},
+		{"user image default", func(_ *testing.T, c *container.InspectResponse, _ *inspect.Expect) { c.Config.User = "" }, inspect.RuleUser},
+		{"user by name", func(_ *testing.T, c *container.InspectResponse, _ *inspect.Expect) { c.Config.User = "dev" }, inspect.RuleUser},
+		{"user uid only", func(_ *testing.T, c *container.InspectResponse, _ *inspect.Expect) { c.Config.User = "1000" }, inspect.RuleUser},
+		{"user other gid", func(_ *testing.T, c *container.InspectResponse, _ *inspect.Expect) { c.Config.User = "1000:0" }, inspect.RuleUser},
+
+		// runtime
+		{"runtime other", hc(func(h *container.HostConfig) { h.Runtime = "runsc" }), inspect.RuleRuntime},
+		{"runtime empty ok", hc(func(h *container.HostConfig) { h.Runtime = "" }), ""},
+		{"cgroup parent", hc(func(h *container.HostConfig) { h.CgroupParent = "/system.slice" }), inspect.RuleRuntime},
+		{"sysctls", hc(func(h *container.HostConfig) { h.Sysctls = map[string]string{"net.ipv4.ip_unprivileged_port_start": "0"} }), inspect.RuleRuntime},
 		{"expect relative bind source", func(_ *testing.T, _ *container.InspectResponse, e *inspect.Expect) {
 			e.Binds[1].Source = "materialized/ev"
 		}, inspect.RuleExpect},
@@ -205,8 +246,11 @@ func rows() []row {
 		{"network none ok", hc(func(h *container.HostConfig) { h.NetworkMode = "none" }), ""},
 
 		// capabilities
-		{"harmless caps ok", hc(func(h *container.HostConfig) { h.CapAdd = []string{"CHOWN", "cap_net_bind_service"} }), ""},
+		{"primary adds chown", hc(func(h *container.HostConfig) { h.CapAdd = []string{"CHOWN"} }), inspect.RuleCapability},
 		{"cap padded", hc(func(h *container.HostConfig) { h.CapAdd = []string{" cap_sys_admin "} }), inspect.RuleCapability},
+		{"drops nothing", hc(func(h *container.HostConfig) { h.CapDrop = nil }), inspect.RuleCapability},
+		{"drops some", hc(func(h *container.HostConfig) { h.CapDrop = []string{"NET_RAW", "MKNOD"} }), inspect.RuleCapability},
+		{"drops cap_all ok", hc(func(h *container.HostConfig) { h.CapDrop = []string{"cap_all"} }), ""},
 
 		// devices
 		{"device", hc(func(h *container.HostConfig) {
@@ -233,9 +277,12 @@ func rows() []row {
 		{"writable-cgroups=false ok", hc(func(h *container.HostConfig) { h.SecurityOpt = append(h.SecurityOpt, "writable-cgroups=false") }), ""},
 		{"unknown option", hc(func(h *container.HostConfig) { h.SecurityOpt = append(h.SecurityOpt, "systempaths=unconfined") }), inspect.RuleSecurityOpt},
 		{"unparsable option", hc(func(h *container.HostConfig) { h.SecurityOpt = append(h.SecurityOpt, "whatever") }), inspect.RuleSecurityOpt},
-		{"no-new-privileges ok", hc(func(h *container.HostConfig) { h.SecurityOpt = append(h.SecurityOpt, "no-new-privileges") }), ""},
-		{"no-new-privileges=true ok", hc(func(h *container.HostConfig) { h.SecurityOpt = append(h.SecurityOpt, "no-new-privileges=true") }), ""},
+		{"no-new-privileges ok", hc(func(h *container.HostConfig) { h.SecurityOpt = []string{seccompOpt, "no-new-privileges"} }), ""},
+		{"no-new-privileges=true ok", hc(func(h *container.HostConfig) { h.SecurityOpt = []string{seccompOpt, "no-new-privileges=true"} }), ""},
 		{"no-new-privileges=maybe", hc(func(h *container.HostConfig) { h.SecurityOpt = append(h.SecurityOpt, "no-new-privileges=maybe") }), inspect.RuleSecurityOpt},
+		{"no-new-privileges missing", hc(func(h *container.HostConfig) { h.SecurityOpt = []string{seccompOpt} }), inspect.RuleSecurityOpt},
+		{"no-new-privileges:false", hc(func(h *container.HostConfig) { h.SecurityOpt = []string{seccompOpt, "no-new-privileges:false"} }), inspect.RuleSecurityOpt},
+		{"no-new-privileges then false", hc(func(h *container.HostConfig) { h.SecurityOpt = append(h.SecurityOpt, "no-new-privileges=false") }), inspect.RuleSecurityOpt},
 
 		// seccomp
 		{"seccomp missing", hc(func(h *container.HostConfig) { h.SecurityOpt = nil }), inspect.RuleSeccomp},
@@ -344,14 +391,14 @@ func rows() []row {
 		{"secret name as prefix ok", addEnv("GITHUB_TOKEN_PATH=/run/branchbox/leases/token"), ""},
 	}
 
-	for _, name := range inspect.DangerousCapabilities {
+	for _, name := range []string{"ALL", "SYS_ADMIN", "SYS_MODULE", "SYS_RAWIO", "DAC_READ_SEARCH", "SYS_PTRACE", "MKNOD", "NET_RAW", "NET_ADMIN", "SYSLOG", "BPF", "FSETID"} {
 		for _, spelled := range []string{"CAP_" + name, strings.ToLower(name)} {
 			rs = append(rs, row{"cap " + spelled, hc(func(h *container.HostConfig) {
-				h.CapAdd = []string{"CHOWN", spelled}
+				h.CapAdd = []string{spelled}
 			}), inspect.RuleCapability})
 		}
 	}
-	for _, name := range inspect.EngineEnv {
+	for _, name := range policy.EngineEnv {
 		rs = append(rs, row{"engine env " + name, addEnv(name + "=tcp://10.9.8.7:2375"), inspect.RuleEnvironment})
 	}
 	for _, src := range []string{
@@ -426,6 +473,49 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// TestCheckService: another service than the primary keeps
+// policy.ServiceCapabilities and may run as root, but holds no host path
+// and nothing else.
+func TestCheckService(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		mutate func(c *container.InspectResponse)
+		rule   string
+	}{
+		{"good", func(*container.InspectResponse) {}, ""},
+		{"every allowed capability", func(c *container.InspectResponse) { c.HostConfig.CapAdd = policy.ServiceCapabilities }, ""},
+		{"dac_read_search", func(c *container.InspectResponse) {
+			c.HostConfig.CapAdd = append(c.HostConfig.CapAdd, "DAC_READ_SEARCH")
+		}, inspect.RuleCapability},
+		{"sys_module", func(c *container.InspectResponse) { c.HostConfig.CapAdd = []string{"SYS_MODULE"} }, inspect.RuleCapability},
+		{"device rules", func(c *container.InspectResponse) {
+			c.HostConfig.DeviceCgroupRules = []string{"b *:* rwm", "c *:* rwm"}
+		}, inspect.RuleDevice},
+		{"a bind of the workspace", func(c *container.InspectResponse) {
+			c.Mounts = append(c.Mounts, container.MountPoint{Type: mount.TypeBind, Source: wsSource, Destination: "/src", RW: true})
+		}, inspect.RuleMount},
+		{"pid of another service", func(c *container.InspectResponse) { c.HostConfig.PidMode = "container:0123" }, inspect.RuleHostNamespace},
+		{"network of another service", func(c *container.InspectResponse) { c.HostConfig.NetworkMode = "container:0123" }, inspect.RuleHostNamespace},
+		{"no no-new-privileges", func(c *container.InspectResponse) { c.HostConfig.SecurityOpt = []string{seccompOpt} }, inspect.RuleSecurityOpt},
+		{"a spool volume", func(c *container.InspectResponse) {
+			c.Mounts = append(c.Mounts, container.MountPoint{Type: mount.TypeVolume, Name: spoolName, Destination: spoolTarget, RW: true})
+		}, inspect.RuleManagedMount},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := service()
+			tc.mutate(&c)
+			err := inspect.Check(c, serviceExpect())
+			var ref *inspect.Refusal
+			switch {
+			case tc.rule == "" && err != nil:
+				t.Fatalf("Check = %v, want nil", err)
+			case tc.rule != "" && (!errors.As(err, &ref) || ref.Rule != tc.rule):
+				t.Fatalf("Check = %v, want rule %q", err, tc.rule)
+			}
+		})
+	}
+}
+
 // The mount list is cloned before it is sorted: the caller's response is
 // left as it was.
 func TestCheckLeavesInputAlone(t *testing.T) {
@@ -467,6 +557,8 @@ func realExpect() inspect.Expect {
 		Workspace:    inspect.Bind{Source: "/home/dev/src/project-wt", Target: "/workspaces/project"},
 		ManagedRoot:  "/run/branchbox",
 		ForbiddenEnv: []string{"GITHUB_TOKEN"},
+		User:         consumer,
+		Capabilities: policy.PrimaryCapabilities,
 	}
 }
 

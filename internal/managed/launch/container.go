@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,8 +17,8 @@ import (
 	"github.com/docker/docker/api/types/container"
 
 	"agentbox/internal/crashpoint"
-	"agentbox/internal/managed/devcontainer"
 	"agentbox/internal/managed/engine"
+	"agentbox/internal/managed/inspect"
 	"agentbox/internal/managed/provider"
 )
 
@@ -24,10 +26,11 @@ import (
 const maxCLIOutput = 64 << 10
 
 // devcontainerUp runs `devcontainer up` on the generated config, from an
-// environment of its own: the fixed PATH, a HOME in the feature's
-// directory (TMPDIR too), and the launch's Compose project name (the CLI takes
-// COMPOSE_PROJECT_NAME before anything else). It returns the container id
-// the CLI reports, also when it reports a failure after creating one.
+// environment of its own (cliEnv). The containers exist and passed
+// inspection: the CLI finds the primary's by its Compose labels and
+// starts the project without recreating anything. It returns the
+// container id the CLI reports, also when it reports a failure after
+// creating one.
 func (l *launcher) devcontainerUp(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, devcontainerUpTimeout)
 	defer cancel()
@@ -44,12 +47,7 @@ func (l *launcher) devcontainerUp(ctx context.Context) (string, error) {
 		"--config", configPath(l.dir),
 		"--docker-path", dockerCLI(l.cfg))
 	cmd.Dir = filepath.Join(l.dir, inputsDir)
-	cmd.Env = []string{
-		"PATH=" + provider.SafePATH,
-		"HOME=" + filepath.Join(l.dir, homeDir),
-		"TMPDIR=" + filepath.Join(l.dir, homeDir), // the CLI's own Compose files go with the feature
-		"COMPOSE_PROJECT_NAME=" + l.rec.ComposeProject,
-	}
+	cmd.Env = l.cliEnv()
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &engine.Capped{W: &stdout, N: maxCLIOutput}
 	cmd.Stderr = &engine.Capped{W: &stderr, N: maxCLIOutput}
@@ -74,32 +72,118 @@ func (l *launcher) devcontainerUp(ctx context.Context) (string, error) {
 	}
 }
 
-// checkUser resolves the user the provider runs as (remoteUser, else
-// containerUser, else the image's Config.User), runs `id -u` and `id -g`
-// as that user in the container (one exec), and refuses root or anything but the
-// signed consumer.
-func (l *launcher) checkUser(ctx context.Context, dc *devcontainer.Config, imageUser string) (string, error) {
-	user := dc.User()
-	if user == "" {
-		user = imageUser
-	}
-	if user == "" || user == "root" || user == "0" || strings.HasPrefix(user, "0:") {
-		return "", fail(CodeUser, "the container user is root: set remoteUser, containerUser or the service's user to the workspace consumer")
-	}
+// checkUser runs `id -u` and `id -g` in the primary container as the
+// workspace consumer ("uid:gid", the user every exec of the launch uses)
+// and refuses anything but the consumer's ids: the engine, not the
+// config, says who the processes are.
+func (l *launcher) checkUser(ctx context.Context) (string, error) {
+	user := consumerUser(l.rec.Consumer)
 	uid, gid, err := userIDs(ctx, l.eng, l.rec.ContainerID, user)
 	if err != nil {
-		return "", fail(CodeUser, "resolve the container user %q: %v", user, err)
+		return "", fail(CodeUser, "run as the workspace consumer %s: %v", user, err)
 	}
-	for _, c := range []struct {
-		what      string
-		got, want uint32
-	}{{"uid", uid, l.rec.Consumer.UID}, {"gid", gid, l.rec.Consumer.GID}} {
-		if c.got == 0 || c.got != c.want {
-			return "", fail(CodeUser, "the container user %q has %s %d, not the workspace consumer's %d", user, c.what, c.got, c.want)
-		}
+	if uid == 0 || uid != l.rec.Consumer.UID || gid != l.rec.Consumer.GID {
+		return "", fail(CodeUser, "the container user has uid %d gid %d, not the workspace consumer's %s", uid, gid, user)
 	}
 	return user, nil
 }
+
+// createContainers runs `docker compose create` on the generated inputs
+// (the checked copies, then the facade) for the primary service: its
+// container and those of the services it depends on are created, none
+// is started. The environment is the
+// CLI's own, as for devcontainer up.
+func (l *launcher) createContainers(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, devcontainerUpTimeout)
+	defer cancel()
+	in := filepath.Join(l.dir, inputsDir)
+	args := []string{"compose", "--project-name", l.rec.ComposeProject}
+	for _, f := range l.composeFiles {
+		args = append(args, "--file", f)
+	}
+	// The primary and what it depends on: the services the CLI's up
+	// (runServices) starts.
+	args = append(args, "create", "--no-build", "--pull", "never", "--no-recreate", "--", l.primaryService)
+	cmd := exec.CommandContext(ctx, dockerCLI(l.cfg), args...)
+	cmd.Dir = in
+	cmd.Env = l.cliEnv()
+	var stderr bytes.Buffer
+	cmd.Stderr = &engine.Capped{W: &stderr, N: maxCLIOutput}
+	if err := cmd.Run(); err != nil {
+		if ctx.Err() != nil {
+			return fail(CodeEngine, "docker compose create did not finish within %s", devcontainerUpTimeout)
+		}
+		return fail(CodeEngine, "docker compose create: %v%s", err, lastLines(stderr.String(), 12))
+	}
+	return nil
+}
+
+// cliEnv is the environment of the CLIs a launch runs: the fixed PATH, a
+// HOME in the feature's directory (TMPDIR too) and the launch's Compose
+// project name (the Dev Containers CLI takes COMPOSE_PROJECT_NAME before
+// anything else).
+func (l *launcher) cliEnv() []string {
+	home := filepath.Join(l.dir, homeDir)
+	return []string{
+		"PATH=" + provider.SafePATH,
+		"HOME=" + home,
+		"TMPDIR=" + home, // the CLI's own Compose files go with the feature
+		"COMPOSE_PROJECT_NAME=" + l.rec.ComposeProject,
+	}
+}
+
+// inspectProject lists every container of the launch's Compose project
+// and inspects each: at most one per runnable service, each keeping its
+// expectation (the primary's, or every other service's), and nothing
+// else in the project. Before start (running false) every container must
+// be created and never started; after (running true) the primary must
+// run. It returns the containers' ids by service.
+func (l *launcher) inspectProject(ctx context.Context, want expectations, running bool) (map[string]string, error) {
+	list, err := l.eng.ProjectContainers(ctx, l.rec.ComposeProject)
+	if err != nil {
+		return nil, &Error{Code: CodeEngine, Message: err.Error()}
+	}
+	byService := make(map[string]string, len(list))
+	for _, id := range slices.Sorted(maps.Keys(list)) {
+		svc := list[id]
+		switch {
+		case !slices.Contains(want.runnable, svc):
+			return nil, fail(CodeInspection, "final inspection: container %s of the project is not a bound service's", engine.ShortID(id))
+		case byService[svc] != "":
+			return nil, fail(CodeInspection, "final inspection: service %q has more than one container", svc)
+		}
+		byService[svc] = id
+		c, err := l.eng.Inspect(ctx, id)
+		if err != nil {
+			return nil, fail(CodeEngine, "inspect the container of service %q: %v", svc, err)
+		}
+		if c.ContainerJSONBase == nil || c.State == nil {
+			return nil, fail(CodeInspection, "final inspection: the container of service %q has no state to verify", svc)
+		}
+		if !running && (c.State.Status != "created" || c.State.StartedAt != "" && c.State.StartedAt != neverStarted) {
+			return nil, fail(CodeInspection, "final inspection: the container of service %q started before it was inspected", svc)
+		}
+		expect := want.service
+		if svc == want.primaryService {
+			expect = want.primary
+		}
+		if err := inspect.Check(c, expect); err != nil {
+			return nil, fail(CodeInspection, "service %q: %v", svc, err)
+		}
+	}
+	if byService[want.primaryService] == "" {
+		return nil, fail(CodeInspection, "final inspection: the primary service %q has no container", want.primaryService)
+	}
+	if running {
+		if c, err := l.eng.Inspect(ctx, byService[want.primaryService]); err != nil || c.State == nil || !c.State.Running {
+			return nil, fail(CodeInspection, "final inspection: the primary container is not running")
+		}
+	}
+	return byService, nil
+}
+
+// neverStarted is the engine's StartedAt of a container that never ran.
+const neverStarted = "0001-01-01T00:00:00Z"
 
 // userIDs runs `id -u && id -g` as user in container id (one exec
 // through the Engine API, bounded by execTimeout) and returns the uid and

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"agentbox/internal/managed/dockertest"
 	"agentbox/internal/managed/launch"
 )
 
@@ -72,4 +73,27 @@ type testLog struct{ t testing.TB }
 func (l testLog) Write(p []byte) (int, error) {
 	l.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// engineEvents is what the engine itself recorded of Compose project
+// project's containers since since (create, start, ...), one "action id"
+// a line: the engine's word, not the launch's, that nothing of a refused
+// launch was created or started.
+func engineEvents(t *testing.T, project string, since time.Time) string {
+	t.Helper()
+	return dockertest.Docker(t, "events", "--since", strconv.FormatInt(since.Add(-time.Second).Unix(), 10),
+		"--until", strconv.FormatInt(time.Now().Add(time.Second).Unix(), 10),
+		"--filter", "type=container", "--filter", "label=com.docker.compose.project="+project,
+		"--format", "{{.Action}} {{.ID}}")
+}
+
+// startEvents keeps the start events of engineEvents' output.
+func startEvents(events string) []string {
+	var out []string
+	for _, line := range strings.Split(events, "\n") {
+		if strings.HasPrefix(line, "start ") {
+			out = append(out, line)
+		}
+	}
+	return out
 }

@@ -8,8 +8,9 @@
 // Order matters and is the contract: everything the assignment, the
 // repository and its Compose inputs say is checked before any container
 // exists; the launch record is fsync'd before each step that creates
-// something; nothing runs in the container before the final inspection
-// passed; and a failed launch is torn down before Start returns.
+// something; every container of the project is created and inspected
+// before any of them starts, and inspected again once they run; and a
+// failed launch is torn down before Start returns.
 package launch
 
 import (
@@ -17,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,6 +36,7 @@ import (
 	"agentbox/internal/managed/gitmeta"
 	"agentbox/internal/managed/inspect"
 	"agentbox/internal/managed/leasecheck"
+	"agentbox/internal/managed/policy"
 	"agentbox/internal/secfs"
 )
 
@@ -216,7 +219,12 @@ func mainCheckout(repo string) (string, error) {
 
 // launcher carries one start's state between its steps.
 type launcher struct {
-	cfg     Config
+	// composeFiles are the generated Compose inputs, in order: the
+	// checked copies, then the facade; primaryService is the service the
+	// devcontainer runs in.
+	composeFiles   []string
+	primaryService string
+	cfg          Config
 	eng     *engine.Engine
 	rec     *Record
 	checked *leasecheck.Checked
@@ -269,14 +277,20 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 	if err := project.Omit(a.OmittedServices, dc.Service()); err != nil {
 		return nil, &Error{Code: CodeCompose, Message: err.Error()}
 	}
+	if err := project.CheckRunnable(); err != nil {
+		return nil, &Error{Code: CodeCompose, Message: err.Error()}
+	}
 	if err := assignment.CheckServiceImagesComplete(a.ServiceImages, project.Runnable); err != nil {
 		return nil, &Error{Code: CodeCompose, Message: err.Error()}
 	}
-	expect, err := l.writeInputs(project, dc)
+	want, err := l.writeInputs(project, dc)
 	if err != nil {
 		return nil, err
 	}
 	if err := l.checkImages(ctx); err != nil {
+		return nil, err
+	}
+	if err := l.recordGitBaseline(); err != nil {
 		return nil, err
 	}
 
@@ -294,6 +308,22 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 		}
 	}
 
+	// Create every container, inspect each, and only then start them: a
+	// refused launch has run no process of the repository's.
+	l.logf("creating the containers (project %s)", rec.ComposeProject)
+	if err := l.createContainers(ctx); err != nil {
+		return nil, err
+	}
+	crashpoint.Hit(crashpoint.LaunchContainersCreated)
+	created, err := l.inspectProject(ctx, want, false)
+	if err != nil {
+		return nil, err
+	}
+	l.logf("%d container(s) inspected before start", len(created))
+	if err := l.initSpools(ctx); err != nil {
+		return nil, err
+	}
+
 	l.logf("devcontainer up (project %s)", rec.ComposeProject)
 	cid, err := l.devcontainerUp(ctx)
 	if cid != "" {
@@ -306,25 +336,27 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 		return nil, err
 	}
 	crashpoint.Hit(crashpoint.LaunchContainerUp)
-	c, err := l.eng.Inspect(ctx, cid)
-	if err != nil {
-		return nil, fail(CodeEngine, "inspect the primary container: %v", err)
+	if cid != created[want.primaryService] {
+		return nil, fail(CodeInspection, "final inspection: the Dev Containers CLI runs another container than the one inspected before start")
 	}
-	user, err := l.checkUser(ctx, dc, c.Config.User)
+	// Inspect again, last: the same containers, each still as created;
+	// nothing may change between this and the start of the proxies, which
+	// run nothing inside the container.
+	running, err := l.inspectProject(ctx, want, true)
+	if err != nil {
+		return nil, err
+	}
+	if !maps.Equal(running, created) {
+		return nil, fail(CodeInspection, "final inspection: the project's containers are not the ones inspected before start")
+	}
+	user, err := l.checkUser(ctx)
 	if err != nil {
 		return nil, err
 	}
 	rec.ContainerUser = user
-	if err := l.initSpools(ctx); err != nil {
-		return nil, err
-	}
-	// Inspect again, last: nothing may change between this and the start
-	// of the proxies, which run nothing inside the container.
-	if c, err = l.eng.Inspect(ctx, cid); err != nil {
+	c, err := l.eng.Inspect(ctx, cid)
+	if err != nil {
 		return nil, fail(CodeEngine, "inspect the primary container: %v", err)
-	}
-	if err := inspect.Check(c, expect); err != nil {
-		return nil, &Error{Code: CodeInspection, Message: err.Error()}
 	}
 	l.logf("final inspection passed")
 	if err := l.startProxies(ctx, c); err != nil {
@@ -404,28 +436,37 @@ func readInputs(ctx context.Context, worktree string) (*compose.Project, *devcon
 	return project, dc, nil
 }
 
+// expectations are what the inspection requires of each container of the
+// launch: the primary's, and every other runnable service's.
+type expectations struct {
+	primaryService string
+	primary        inspect.Expect
+	service        inspect.Expect
+	runnable       []string
+}
+
 // writeInputs writes the checked Compose copies, the seccomp profile, the
 // facade and the devcontainer config to the feature's inputs directory
 // (owner-only: the CLI reads runtime-owned copies, never the worktree)
-// and returns what the final inspection expects.
-func (l *launcher) writeInputs(p *compose.Project, dc *devcontainer.Config) (inspect.Expect, error) {
+// and returns what the inspection expects.
+func (l *launcher) writeInputs(p *compose.Project, dc *devcontainer.Config) (expectations, error) {
 	a, rec := l.checked.Assignment, l.rec
 	in := filepath.Join(l.dir, inputsDir)
 	var files []string
 	for i, f := range p.Files {
 		name := filepath.Join(in, fmt.Sprintf("compose-%d.yaml", i))
 		if err := secfs.WriteFileAtomic(name, f.Data, 0o600); err != nil {
-			return inspect.Expect{}, fail(CodeInternal, "write a Compose copy: %v", err)
+			return expectations{}, fail(CodeInternal, "write a Compose copy: %v", err)
 		}
 		files = append(files, name)
 	}
 	profile, err := compose.SeccompProfile()
 	if err != nil {
-		return inspect.Expect{}, fail(CodeInternal, "the seccomp profile: %v", err)
+		return expectations{}, fail(CodeInternal, "the seccomp profile: %v", err)
 	}
 	seccompPath := filepath.Join(in, "seccomp.json")
 	if err := secfs.WriteFileAtomic(seccompPath, profile, 0o600); err != nil {
-		return inspect.Expect{}, fail(CodeInternal, "write the seccomp profile: %v", err)
+		return expectations{}, fail(CodeInternal, "write the seccomp profile: %v", err)
 	}
 	plan := compose.FacadePlan{
 		Images:      a.ServiceImages,
@@ -433,9 +474,12 @@ func (l *launcher) writeInputs(p *compose.Project, dc *devcontainer.Config) (ins
 		Workspace:   compose.Bind{Source: rec.Worktree, Target: rec.WorkspaceFolder},
 		GitMetadata: compose.Bind{Source: filepath.Join(rec.Repo, ".git"), Target: GitMetadataTarget},
 		Seccomp:     seccompPath,
+		User:        consumerUser(rec.Consumer),
 	}
 	expect := inspect.Expect{
-		Workspace:   inspect.Bind{Source: plan.Workspace.Source, Target: plan.Workspace.Target},
+		User:         plan.User,
+		Capabilities: policy.Capabilities(true),
+		Workspace:    inspect.Bind{Source: plan.Workspace.Source, Target: plan.Workspace.Target},
 		Writable:    []inspect.Bind{{Source: plan.GitMetadata.Source, Target: plan.GitMetadata.Target}},
 		ManagedRoot: ManagedNamespace,
 	}
@@ -457,22 +501,39 @@ func (l *launcher) writeInputs(p *compose.Project, dc *devcontainer.Config) (ins
 			expect.Volumes = append(expect.Volumes, inspect.Volume{Name: v.Name, Target: v.Target})
 		}
 	}
+	want := expectations{
+		primaryService: plan.Primary,
+		primary:        expect,
+		service: inspect.Expect{
+			Capabilities: policy.Capabilities(false),
+			ManagedRoot:  ManagedNamespace,
+			ForbiddenEnv: expect.ForbiddenEnv,
+		},
+		runnable: slices.Clone(p.Runnable),
+	}
 	facade, err := compose.Facade(p, plan)
 	if err != nil {
-		return inspect.Expect{}, &Error{Code: CodeCompose, Message: err.Error()}
+		return expectations{}, &Error{Code: CodeCompose, Message: err.Error()}
 	}
 	facadePath := filepath.Join(in, "facade.yaml")
 	if err := secfs.WriteFileAtomic(facadePath, facade, 0o600); err != nil {
-		return inspect.Expect{}, fail(CodeInternal, "write the facade: %v", err)
+		return expectations{}, fail(CodeInternal, "write the facade: %v", err)
 	}
-	config, err := dc.Generate(append(files, facadePath), rec.WorkspaceFolder)
+	l.composeFiles, l.primaryService = append(files, facadePath), plan.Primary
+	config, err := dc.Generate(l.composeFiles, rec.WorkspaceFolder, plan.User)
 	if err != nil {
-		return inspect.Expect{}, &Error{Code: CodeCompose, Message: err.Error()}
+		return expectations{}, &Error{Code: CodeCompose, Message: err.Error()}
 	}
 	if err := secfs.WriteFileAtomic(configPath(l.dir), config, 0o600); err != nil {
-		return inspect.Expect{}, fail(CodeInternal, "write the devcontainer config: %v", err)
+		return expectations{}, fail(CodeInternal, "write the devcontainer config: %v", err)
 	}
-	return expect, nil
+	return want, nil
+}
+
+// consumerUser is the workspace consumer as a container user: "uid:gid",
+// numeric, so that no name in the image can map it to anything else.
+func consumerUser(id assignment.Identity) string {
+	return fmt.Sprintf("%d:%d", id.UID, id.GID)
 }
 
 func configPath(dir string) string {
@@ -509,6 +570,17 @@ func (l *launcher) checkImages(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// recordGitBaseline records, before the consumer can write anything
+// there, what of the shared Git metadata could make host Git run code.
+func (l *launcher) recordGitBaseline() error {
+	b, err := gitmeta.Executable(filepath.Join(l.rec.Repo, ".git"))
+	if err != nil {
+		return fail(CodeRepository, "read the shared Git metadata: %v", err)
+	}
+	l.rec.GitBaseline = b
+	return l.save()
 }
 
 // delegate hands the worktree, its Git directory and the shared Git

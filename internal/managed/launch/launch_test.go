@@ -73,7 +73,19 @@ func newSetupWith(t testing.TB, files map[string]string, edit func(map[string]an
 	}
 	t.Cleanup(func() { eng.Close() })
 	s.eng = eng
+	t.Cleanup(s.teardownAll)
 	return s
+}
+
+// teardownAll tears down every feature the test left, whatever it
+// asserted: containers and volumes outlive the test binary.
+func (s *setup) teardownAll() {
+	entries, _ := os.ReadDir(filepath.Join(s.cfg.StateRoot, "features"))
+	for _, e := range entries {
+		if r, err := launch.Teardown(context.Background(), s.cfg, e.Name()); err != nil || !r.Verified {
+			s.t.Errorf("cleanup: teardown of %s: %+v %v", e.Name(), r, err)
+		}
+	}
 }
 
 func defaultFiles() map[string]string { return managedtest.LaunchFiles() }
@@ -100,13 +112,17 @@ func (s *setup) owned(project string) engine.Owned {
 }
 
 func TestLaunchLifecycle(t *testing.T) {
+	since := time.Now()
 	s := newSetup(t, defaultFiles())
 	sum, err := s.start("alpha")
 	if err != nil {
 		t.Fatalf("start: %v", err)
 	}
 	cid := sum.Runtime.ContainerID
-	if sum.Runtime.ContainerUser != "dev" || sum.Runtime.WorkspaceFolder != "/workspaces/alpha" ||
+	if starts := startEvents(engineEvents(t, sum.ComposeProjectName, since)); len(starts) == 0 {
+		t.Errorf("the engine recorded no start of the launch's containers")
+	}
+	if sum.Runtime.ContainerUser != "1000:1000" || sum.Runtime.WorkspaceFolder != "/workspaces/alpha" ||
 		sum.Runtime.InGuest.ProjectDocker != "disabled" || sum.Runtime.InGuest.TaskBranch != "task/demo" {
 		t.Fatalf("summary: %+v", sum.Runtime)
 	}
@@ -121,6 +137,11 @@ func TestLaunchLifecycle(t *testing.T) {
 		want string
 	}{
 		{[]string{"id", "-u"}, "1000"},
+		// The main process too, although the image's default user is root.
+		{[]string{"sh", "-c", "grep ^Uid: /proc/1/status"}, "Uid:\t1000\t1000\t1000\t1000"},
+		// No set-user-ID or set-group-ID bit can be set on any file.
+		{[]string{"sh", "-c", "touch s && chmod u+s s 2>/dev/null || chmod g+s . 2>/dev/null || echo no-setid"}, "no-setid"},
+		{[]string{"sh", "-c", "touch x && chmod 0755 x && stat -c %a x"}, "755"},
 		{[]string{probe, "seccomp"}, "2"},
 		{[]string{probe, "vsock"}, "vsock: denied"},
 		{[]string{"sh", "-c", "echo hi > new-file && stat -c %a:%u new-file"}, "660:1000"},
@@ -246,11 +267,24 @@ func TestHostileComposeRefusedBeforeAnyContainer(t *testing.T) {
 	for _, tc := range []struct {
 		name, compose, want string
 		ghost               bool // service_images also binds "ghost"
+		db                  bool // service_images also binds "db"
 	}{
 		{name: "include", compose: "include:\n  - other.yaml\n" + app, want: "include"},
 		{name: "extends", compose: app + "  db:\n    extends:\n      service: app\n", want: "extends"},
-		{name: "privileged", compose: app + "    privileged: true\n", want: "privileged"},
-		{name: "host-network", compose: app + "    network_mode: host\n", want: "host's network"},
+		{name: "privileged", compose: app + "    privileged: true\n", want: `compose.yaml: service app: key "privileged" is not allowed`},
+		{name: "host-network", compose: app + "    network_mode: host\n", want: `key "network_mode" is not allowed`},
+		// The review's hostile db: root, capabilities that read and write
+		// the host's disks and kernel, every device, started by the
+		// primary's dependency.
+		{name: "hostile-db", compose: app + "    depends_on: [db]\n  db:\n    image: y\n    user: \"0\"\n" +
+			"    cap_add: [DAC_READ_SEARCH, SYS_MODULE, SYS_RAWIO]\n    device_cgroup_rules: [\"b *:* rwm\", \"c *:* rwm\"]\n",
+			want: `compose.yaml: service db: key "cap_add" is not allowed`, db: true},
+		{name: "hostile-db-devices-only", compose: app + "    depends_on: [db]\n  db:\n    image: y\n    device_cgroup_rules: [\"c 1:11 rwm\"]\n",
+			want: `service db: key "device_cgroup_rules" is not allowed`, db: true},
+		{name: "db-in-the-primary-pid-namespace", compose: app + "  db:\n    image: y\n    pid: service:app\n",
+			want: `service db: key "pid" is not allowed`, db: true},
+		{name: "depends-on-a-connector", compose: app + "    depends_on: [tunnel]\n  tunnel:\n    image: z\n    privileged: true\n",
+			want: `depends_on "tunnel", which is not a bound service`},
 		{name: "docker-socket", compose: app + "    volumes:\n      - /var/run/docker.sock:/var/run/docker.sock\n", want: "docker.sock"},
 		{name: "interpolation", compose: app + "    command: [\"echo\", \"${SECRET}\"]\n", want: "interpolation"},
 		{name: "valueless-env", compose: app + "    environment:\n      - HOME\n", want: "environment"},
@@ -258,12 +292,16 @@ func TestHostileComposeRefusedBeforeAnyContainer(t *testing.T) {
 		{name: "extra-image", compose: app, want: `"ghost"`, ghost: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			since := time.Now()
 			files := defaultFiles()
 			files["compose.yaml"] = tc.compose
 			s := newSetupWith(t, files, func(doc map[string]any) {
 				imgs := map[string]any{"app": doc["service_images"].(map[string]any)["app"]}
 				if tc.ghost {
 					imgs["ghost"] = imgs["app"]
+				}
+				if tc.db {
+					imgs["db"] = imgs["app"]
 				}
 				doc["service_images"] = imgs
 			})
@@ -277,6 +315,9 @@ func TestHostileComposeRefusedBeforeAnyContainer(t *testing.T) {
 			}
 			if o := s.owned(s.project("hostile")); !o.Empty() {
 				t.Fatalf("the engine holds %+v", o)
+			}
+			if ev := engineEvents(t, s.project("hostile"), since); ev != "" {
+				t.Fatalf("the engine saw containers of the refused launch: %s", ev)
 			}
 			if out, _ := managedtest.Git(s.repo, "branch", "--list", "task/demo"); out != "" {
 				t.Fatalf("the branch of a launch refused before delegation is removed: %q", out)
@@ -323,6 +364,134 @@ func TestBindSlippedInFailsInspection(t *testing.T) {
 	}
 	if o := s.owned(s.project("slipped")); !o.Empty() {
 		t.Fatalf("the engine holds %+v", o)
+	}
+}
+
+// TestTamperedFacadeNeverRuns plays an attacker who rewrites the facade
+// after it was generated (BeforeUp): the primary as root, with a device
+// rule for the host's /dev/kmsg and a start command that leaves a trace
+// in a host directory. The containers are created but inspected before
+// start: the launch is refused, the engine's own events show that no
+// container of the project ever started, and the trace never appears.
+func TestTamperedFacadeNeverRuns(t *testing.T) {
+	for _, tc := range []struct{ name, edit, rule string }{
+		{"root primary", `        user: "0"` + "\n", "user"},
+		{"device rule", `        user: "1000:1000"` + "\n" + `        device_cgroup_rules: ["c 1:11 rwm"]` + "\n", "device"},
+		{"added capability", `        user: "1000:1000"` + "\n" + `        cap_add: !override ["SYS_ADMIN"]` + "\n", "capability"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			since := time.Now()
+			s := newSetup(t, defaultFiles())
+			trace := t.TempDir()
+			s.cfg.BeforeUp = func(inputs string) error {
+				p := filepath.Join(inputs, "facade.yaml")
+				data, err := os.ReadFile(p)
+				if err != nil {
+					return err
+				}
+				cmd := fmt.Sprintf("        command: [\"sh\", \"-c\", \"echo ran > /trace/ran; sleep infinity\"]\n"+
+					"        volumes: !override\n            - type: bind\n              source: %q\n              target: /trace\n", trace)
+				edited := bytes.Replace(data, []byte(`        user: "1000:1000"`+"\n"), []byte(tc.edit+cmd), 1)
+				edited = bytes.Replace(edited, []byte("        cap_add: !override []\n"), nil, 1)
+				edited = bytes.Replace(edited, []byte("        volumes: !override\n"), []byte("        x-old-volumes:\n"), 1)
+				if bytes.Equal(edited, data) {
+					return fmt.Errorf("the test could not edit the facade:\n%s", data)
+				}
+				return os.WriteFile(p, edited, 0o600)
+			}
+			_, err := s.start("tampered")
+			if !isCode(err, launch.CodeInspection) || !strings.Contains(err.Error(), ": "+tc.rule+": ") {
+				t.Fatalf("start: %v, want the inspection's %s refusal", err, tc.rule)
+			}
+			events := engineEvents(t, s.project("tampered"), since)
+			if !strings.Contains(events, "create ") {
+				t.Fatalf("the engine recorded no create of the project (is the check vacuous?): %q", events)
+			}
+			if starts := startEvents(events); len(starts) > 0 {
+				t.Fatalf("a container of the refused launch started: %q", starts)
+			}
+			if _, err := os.Stat(filepath.Join(trace, "ran")); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("the tampered start command ran: %v", err)
+			}
+			var se *launch.StartError
+			if !errors.As(err, &se) || !se.Teardown.ResidueFree {
+				t.Fatalf("teardown: %+v", se)
+			}
+		})
+	}
+}
+
+// TestRootPrimaryRunsAsConsumer: a primary the repository runs as root
+// (by `user: "0"`, or by the image's default as the lifecycle test's)
+// runs as the workspace consumer: its main process, and the engine's
+// record of it.
+func TestRootPrimaryRunsAsConsumer(t *testing.T) {
+	files := defaultFiles()
+	files["compose.yaml"] = strings.Replace(managedtest.ComposeYAML, "    command: [\"sleep\", \"infinity\"]\n",
+		"    command: [\"sleep\", \"infinity\"]\n    user: \"0\"\n", 1)
+	s := newSetup(t, files)
+	sum, err := s.start("rooted")
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	if out, _ := execIn(t, s, "rooted", "sh", "-c", "grep ^Uid: /proc/1/status"); out != "Uid:\t1000\t1000\t1000\t1000" {
+		t.Errorf("the main process: %q", out)
+	}
+	if u := dockertest.Docker(t, "inspect", "--format", "{{.Config.User}}", sum.Runtime.ContainerID); u != "1000:1000" {
+		t.Errorf("the engine's record: user %q", u)
+	}
+}
+
+// TestTeardownReportsPlantedGitExecutables: what a consumer (or anything
+// else) planted in the repository's shared Git metadata during a launch,
+// a set-user-ID file, a core.fsmonitor and a hook, is residue in the
+// teardown's receipt, named, and left for the operator.
+func TestTeardownReportsPlantedGitExecutables(t *testing.T) {
+	s := newSetup(t, defaultFiles())
+	if _, err := s.start("planted"); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	// The consumer cannot set the bit, even on its own file in the
+	// delegated objects directory.
+	if out, code := execIn(t, s, "planted", "sh", "-c", "cp /bin/sh ../main/.git/objects/sh && chmod 4755 ../main/.git/objects/sh"); code == 0 {
+		t.Fatalf("the consumer made a set-user-ID file in the shared metadata: %q", out)
+	}
+	gitDir := filepath.Join(s.repo, ".git")
+	evil := filepath.Join(gitDir, "objects", "evil")
+	if err := os.WriteFile(evil, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(evil, 0o755|os.ModeSetuid); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(gitDir, "config"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "[core]\n\tfsmonitor = /tmp/planted\n")
+	f.Close()
+	if err := os.WriteFile(filepath.Join(gitDir, "hooks", "post-checkout"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	r, err := launch.Teardown(context.Background(), s.cfg, "planted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, res := range r.Residue {
+		got[res.Kind] = res.Identifiers
+	}
+	if r.ResidueFree || !slices.Contains(got[launch.KindSetID], ".git/objects/evil") {
+		t.Fatalf("receipt %+v, want the set-user-ID file as residue", r)
+	}
+	for _, want := range []string{"config", "config: core.fsmonitor", "hooks/post-checkout"} {
+		if !slices.Contains(got[launch.KindGitExecutable], want) {
+			t.Errorf("receipt %+v, want %q among the changed Git executables", r, want)
+		}
+	}
+	if _, err := os.Lstat(evil); err != nil {
+		t.Errorf("the planted file is the operator's to look at: %v", err)
 	}
 }
 

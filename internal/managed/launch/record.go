@@ -10,6 +10,7 @@ import (
 	"regexp"
 
 	"agentbox/internal/managed/assignment"
+	"agentbox/internal/managed/gitmeta"
 	"agentbox/internal/secfs"
 )
 
@@ -66,6 +67,9 @@ type Record struct {
 	Worktree          string              `json:"worktree"`
 	WorktreeGitDir    string              `json:"worktree_gitdir,omitempty"`
 	Delegated         bool                `json:"delegated"`
+	// GitBaseline is what of the shared Git metadata could make host Git
+	// run code, taken before delegation: teardown reports any change.
+	GitBaseline gitmeta.Baseline `json:"git_baseline,omitempty"`
 	ComposeProject    string              `json:"compose_project"`
 	WorkspaceFolder   string              `json:"workspace_folder"`
 	Consumer          assignment.Identity `json:"consumer"`

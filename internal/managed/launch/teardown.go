@@ -10,6 +10,7 @@ import (
 
 	"agentbox/internal/gitx"
 	"agentbox/internal/managed/engine"
+	"agentbox/internal/managed/gitmeta"
 	"agentbox/internal/secfs"
 )
 
@@ -24,6 +25,12 @@ const (
 	KindLedger          = "tool-request-ledger"
 	KindComposeInputs   = "compose-inputs"
 	KindWorktree        = "worktree"
+	// KindSetID: a file or directory with a set-user-ID or set-group-ID
+	// bit in the worktree or the shared Git metadata.
+	KindSetID = "setid-file"
+	// KindGitExecutable: configuration, attributes or hooks of the shared
+	// Git metadata that changed since the launch (host Git would run them).
+	KindGitExecutable = "git-executable-config"
 	KindEngine          = "engine" // the engine could not be asked: nothing is verified
 )
 
@@ -100,6 +107,7 @@ func teardown(ctx context.Context, cfg Config, eng *engine.Engine, rec *Record) 
 	_ = secfs.RemoveTree(filepath.Join(dir, ledgerDir))
 	_ = secfs.RemoveTree(filepath.Join(dir, inputsDir))
 	_ = secfs.RemoveTree(filepath.Join(dir, homeDir))
+	gitResidue := gitMetadataResidue(rec)
 	removeWorktree(ctx, rec)
 
 	// Look again: only what is observed gone counts.
@@ -152,8 +160,42 @@ func teardown(ctx context.Context, cfg Config, eng *engine.Engine, rec *Record) 
 	if len(wt) > 0 {
 		r.Residue = append(r.Residue, Residue{Kind: KindWorktree, Identifiers: wt})
 	}
+	r.Residue = append(r.Residue, gitResidue...)
 	r.ResidueFree = r.Verified && len(r.Residue) == 0
 	return r
+}
+
+// gitMetadataResidue is what a consumer left in the repository that host
+// Git or a host user could run: a set-user-ID or set-group-ID file in the
+// worktree (looked at before it is removed) or in the shared Git
+// metadata, and executable configuration, attributes or hooks of the
+// shared metadata that changed since the launch. Only a launch that
+// delegated anything is looked at. Nothing found is removed: the
+// operator decides (docs/branchbox.md, "After a launch").
+func gitMetadataResidue(rec *Record) []Residue {
+	if !rec.Delegated {
+		return nil
+	}
+	gitDir := filepath.Join(rec.Repo, ".git")
+	var setID []string
+	for _, p := range gitmeta.SetIDFiles(rec.Worktree) {
+		setID = append(setID, "worktree: "+p)
+	}
+	for _, p := range gitmeta.SetIDFiles(gitDir) {
+		setID = append(setID, ".git/"+p)
+	}
+	var out []Residue
+	if len(setID) > 0 {
+		out = append(out, Residue{Kind: KindSetID, Identifiers: setID})
+	}
+	changed := []string{"no baseline was recorded: check the Git metadata by hand"}
+	if rec.GitBaseline != nil {
+		changed = gitmeta.Changed(gitDir, rec.GitBaseline)
+	}
+	if len(changed) > 0 {
+		out = append(out, Residue{Kind: KindGitExecutable, Identifiers: changed})
+	}
+	return out
 }
 
 // removeWorktree removes the worktree and its Git directory as plain
