@@ -36,7 +36,8 @@ repo="$work/src/project"
 mkdir -p "$repo/.devcontainer"
 cat >"$repo/.devcontainer/devcontainer.json" <<'EOF'
 {
-	// The managed launch keeps this service and user, and replaces the rest.
+	// The managed launch keeps this service, runs it as the consumer
+	// (1000:1000, which remoteUser must be), and replaces the rest.
 	"dockerComposeFile": ["../compose.yaml"],
 	"service": "app",
 	"remoteUser": "1000",

@@ -27,9 +27,10 @@ const (
 
 // Points a branchbox launch passes.
 const (
-	LaunchWorktreeAdded = "launch-worktree-added" // the worktree exists, nothing is delegated
-	LaunchContainerUp   = "launch-container-up"   // devcontainer up returned, nothing inspected
-	LaunchProxyStarted  = "launch-proxy-started"  // a port proxy runs, the launch is not marked running
+	LaunchWorktreeAdded     = "launch-worktree-added"     // the worktree exists, nothing is delegated
+	LaunchContainersCreated = "launch-containers-created" // the containers exist, none inspected or started
+	LaunchContainerUp       = "launch-container-up"       // devcontainer up returned, nothing inspected
+	LaunchProxyStarted      = "launch-proxy-started"      // a port proxy runs, the launch is not marked running
 )
 
 // Points a branchbox tool-request dispatch passes.

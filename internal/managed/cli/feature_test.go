@@ -98,7 +98,7 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	}
 	rt := sum["runtime"].(map[string]any)
 	ig := rt["in_guest"].(map[string]any)
-	if rt["provider"] != "in-guest" || rt["runtime_id"] != "outer-1" || rt["container_user"] != "dev" || rt["workspace_folder"] != "/workspaces/cli-folder" ||
+	if rt["provider"] != "in-guest" || rt["runtime_id"] != "outer-1" || rt["container_user"] != "1000:1000" || rt["workspace_folder"] != "/workspaces/cli-folder" ||
 		ig["run_id"] != "run-1" || ig["tunnel_placement"] != "outer" || ig["project_docker"] != "disabled" ||
 		ig["repository_revision"] != rev || len(ig["leases"].([]any)) != 10 {
 		t.Fatalf("summary: %s", r.stdout)

@@ -241,18 +241,32 @@ func TestInputs(t *testing.T) {
 	}
 }
 
-// FuzzCheck: whatever a repository's Compose file holds, Check answers
-// (a project or an error) without panicking, and a project it returns
-// splits its services into runnable and connectors.
+// FuzzCheck: whatever a repository's Compose file holds, Check and the
+// key allow-list answer (a project or an error) without panicking, a
+// project Check returns splits its services into runnable and
+// connectors, and one the allow-list passes holds no key outside it.
 func FuzzCheck(f *testing.F) {
 	f.Add([]byte(base))
 	f.Add([]byte("services:\n  a: {image: x, environment: [A=$$B]}\n"))
 	f.Add([]byte("include: [x]\n"))
 	f.Add([]byte("services: &a\n  b: *a\n"))
+	f.Add([]byte("x-e: &e\n  cap_add: [SYS_MODULE]\nservices:\n  a:\n    image: x\n    <<: *e\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := compose.Check(context.Background(), t.TempDir(), []compose.File{{Path: "compose.yaml", Data: data}})
-		if err == nil && len(p.Runnable)+len(p.Connectors) != len(p.Services) {
+		if err != nil {
+			return
+		}
+		if len(p.Runnable)+len(p.Connectors) != len(p.Services) {
 			t.Fatalf("services %q split into %q and %q", p.Services, p.Runnable, p.Connectors)
+		}
+		if p.CheckRunnable() != nil {
+			return
+		}
+		for _, name := range p.Runnable {
+			svc := p.Model.Services[name]
+			if svc.Privileged || len(svc.CapAdd) > 0 || len(svc.DeviceCgroupRules) > 0 || svc.Pid != "" || svc.NetworkMode != "" || len(svc.Sysctls) > 0 {
+				t.Fatalf("service %q passed the allow-list with %+v", name, svc)
+			}
 		}
 	})
 }

@@ -52,6 +52,19 @@ func (c *Config) ComposeFiles() (files []string, set bool, err error) {
 	return nil, true, errors.New("devcontainer: dockerComposeFile is neither a string nor a list")
 }
 
+// User is the user the config asks its processes to run as: remoteUser,
+// else containerUser ("" when neither is set). A launch runs them as the
+// workspace consumer whatever it says, and refuses a config whose user is
+// not the consumer.
+func (c *Config) User() string {
+	for _, k := range []string{"remoteUser", "containerUser"} {
+		if s, ok := c.raw[k].(string); ok && s != "" {
+			return s
+		}
+	}
+	return ""
+}
+
 // imageKeys make a config image- or Dockerfile-based; a managed launch
 // runs Compose services only.
 var imageKeys = []string{"image", "dockerFile", "build"}

@@ -43,8 +43,8 @@ func TestParseAndGenerate(t *testing.T) {
 	if err != nil || !set || !reflect.DeepEqual(files, []string{"../compose.yaml", "compose.dev.yaml"}) {
 		t.Fatalf("ComposeFiles = %q %v %v", files, set, err)
 	}
-	if c.Service() != "app" {
-		t.Fatalf("service %q", c.Service())
+	if c.Service() != "app" || c.User() != "dev" {
+		t.Fatalf("service %q user %q", c.Service(), c.User())
 	}
 	gen, err := c.Generate([]string{"/run/b/compose/0.yaml", "/run/b/compose/1.yaml", "/run/b/compose/facade.yaml"}, "/workspaces/task", "1000:1000")
 	if err != nil {
@@ -60,7 +60,7 @@ func TestParseAndGenerate(t *testing.T) {
 		"service":             "app",
 		"runServices":         []any{"app"},
 		"workspaceFolder":     "/workspaces/task", // the launch's, never the source's
-		"remoteUser":          "1000:1000", // the consumer, never the source's name
+		"remoteUser":          "1000:1000",        // the consumer, never the source's name
 		"containerUser":       "1000:1000",
 		"privileged":          false,
 		"updateRemoteUserUID": false,

@@ -47,6 +47,17 @@ func TestCheck(t *testing.T) {
 		plant func(t *testing.T, parent, repo string) func()
 		want  string
 	}{
+		{"a set-user-ID object", false, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".git", "objects", "evil")
+			os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755)
+			os.Chmod(p, 0o755|os.ModeSetuid)
+			return func() { os.Remove(p) }
+		}, "objects/evil has a set-user-ID or set-group-ID bit"},
+		{"a set-group-ID directory", false, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".git", "refs", "heads")
+			os.Chmod(p, 0o755|os.ModeSetgid)
+			return func() { os.Chmod(p, 0o755) }
+		}, "refs/heads has a set-user-ID or set-group-ID bit"},
 		{"a group-writable config", false, func(t *testing.T, _, repo string) func() {
 			p := filepath.Join(repo, ".git", "config")
 			os.Chmod(p, 0o664)

@@ -177,8 +177,11 @@ func ExecutableKeys(file string) []string {
 
 // SetIDFiles lists, relative to root and sorted, every file or directory
 // under it with a set-user-ID or set-group-ID bit, without following
-// links. An unreadable part is listed as such.
+// links. An unreadable part is listed as such; a missing root has none.
 func SetIDFiles(root string) []string {
+	if _, err := os.Lstat(root); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
 	var out []string
 	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		rel, _ := filepath.Rel(root, p)

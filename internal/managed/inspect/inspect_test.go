@@ -221,7 +221,9 @@ func rows() []row {
 		{"runtime other", hc(func(h *container.HostConfig) { h.Runtime = "runsc" }), inspect.RuleRuntime},
 		{"runtime empty ok", hc(func(h *container.HostConfig) { h.Runtime = "" }), ""},
 		{"cgroup parent", hc(func(h *container.HostConfig) { h.CgroupParent = "/system.slice" }), inspect.RuleRuntime},
-		{"sysctls", hc(func(h *container.HostConfig) { h.Sysctls = map[string]string{"net.ipv4.ip_unprivileged_port_start": "0"} }), inspect.RuleRuntime},
+		{"sysctls", hc(func(h *container.HostConfig) {
+			h.Sysctls = map[string]string{"net.ipv4.ip_unprivileged_port_start": "0"}
+		}), inspect.RuleRuntime},
 		{"expect relative bind source", func(_ *testing.T, _ *container.InspectResponse, e *inspect.Expect) {
 			e.Binds[1].Source = "materialized/ev"
 		}, inspect.RuleExpect},
@@ -383,7 +385,10 @@ func rows() []row {
 		{"tmpfs /tmp ok", hc(func(h *container.HostConfig) { h.Tmpfs = map[string]string{"/tmp": "size=64m"} }), ""},
 
 		// environment
-		{"no config", func(_ *testing.T, c *container.InspectResponse, _ *inspect.Expect) { c.Config = nil }, inspect.RuleEnvironment},
+		{"no config", func(_ *testing.T, c *container.InspectResponse, _ *inspect.Expect) { c.Config = nil }, inspect.RuleUser},
+		{"no config, no user to check", func(_ *testing.T, c *container.InspectResponse, e *inspect.Expect) {
+			c.Config, e.User = nil, ""
+		}, inspect.RuleEnvironment},
 		{"forbidden secret name", addEnv("GITHUB_TOKEN=ghp_0123456789abcdefTOPSECRET"), inspect.RuleEnvironment},
 		{"forbidden secret name, empty value", addEnv("NPM_TOKEN="), inspect.RuleEnvironment},
 		{"forbidden secret name, no =", addEnv("NPM_TOKEN"), inspect.RuleEnvironment},
@@ -546,7 +551,11 @@ func TestRefusalError(t *testing.T) {
 // AppArmor) from a file like the facade's, trimmed (paths of the engine's
 // own files, graph driver, network settings) and with host paths and
 // names renamed. Its HostConfig.SecurityOpt holds the real default seccomp
-// profile as Compose sent it.
+// profile as Compose sent it. CapDrop, the no-new-privileges option and
+// Config.User were added when the facade began to set them, as that
+// engine records them (seen on a container Compose created from
+// `cap_drop: [ALL]`, `security_opt: [no-new-privileges:true]` and
+// `user: "1000:1000"`).
 func realExpect() inspect.Expect {
 	return inspect.Expect{
 		Binds: []inspect.Bind{
@@ -581,7 +590,7 @@ func TestRealInspection(t *testing.T) {
 		t.Fatal("decoded inspection lacks its base, host or container configuration")
 	}
 	if c.HostConfig.CgroupnsMode != "private" || len(c.Mounts) != 4 || len(c.HostConfig.ReadonlyPaths) != 5 ||
-		len(c.HostConfig.SecurityOpt) != 1 || !strings.HasPrefix(c.HostConfig.SecurityOpt[0], `seccomp={"defaultAction":"SCMP_ACT_ERRNO"`) {
+		len(c.HostConfig.SecurityOpt) != 2 || !strings.HasPrefix(c.HostConfig.SecurityOpt[0], `seccomp={"defaultAction":"SCMP_ACT_ERRNO"`) {
 		t.Fatalf("decoded inspection is not the captured one: %+v", c.HostConfig)
 	}
 	if err := inspect.Check(c, realExpect()); err != nil {
@@ -598,6 +607,10 @@ func TestRealInspectionRefused(t *testing.T) {
 		rule string
 	}{
 		{"CapAdd", func(d map[string]any) { host(d)["CapAdd"] = []any{"CAP_SYS_ADMIN"} }, inspect.RuleCapability},
+		{"CapDrop", func(d map[string]any) { host(d)["CapDrop"] = nil }, inspect.RuleCapability},
+		{"User", func(d map[string]any) { d["Config"].(map[string]any)["User"] = "0" }, inspect.RuleUser},
+		{"no-new-privileges", func(d map[string]any) { host(d)["SecurityOpt"] = host(d)["SecurityOpt"].([]any)[:1] }, inspect.RuleSecurityOpt},
+		{"DeviceCgroupRules", func(d map[string]any) { host(d)["DeviceCgroupRules"] = []any{"c 1:11 rwm"} }, inspect.RuleDevice},
 		{"PidMode", func(d map[string]any) { host(d)["PidMode"] = "host" }, inspect.RuleHostNamespace},
 		{"CgroupnsMode", func(d map[string]any) { host(d)["CgroupnsMode"] = "host" }, inspect.RuleHostNamespace},
 		{"Privileged", func(d map[string]any) { host(d)["Privileged"] = true }, inspect.RulePrivileged},

@@ -72,11 +72,22 @@ func (l *launcher) devcontainerUp(ctx context.Context) (string, error) {
 	}
 }
 
+// refuseRootUser refuses, before any container exists, a devcontainer
+// config whose user is root by name or number.
+func refuseRootUser(configUser string) error {
+	if configUser == "root" || configUser == "0" || strings.HasPrefix(configUser, "0:") || strings.HasPrefix(configUser, "root:") {
+		return fail(CodeUser, "the container user is root: set remoteUser or containerUser to the workspace consumer, or leave them out")
+	}
+	return nil
+}
+
 // checkUser runs `id -u` and `id -g` in the primary container as the
 // workspace consumer ("uid:gid", the user every exec of the launch uses)
 // and refuses anything but the consumer's ids: the engine, not the
-// config, says who the processes are.
-func (l *launcher) checkUser(ctx context.Context) (string, error) {
+// config, says who the processes are. A user the devcontainer config
+// names (configUser) must be the consumer too; it is resolved in the
+// container by the consumer, never run as.
+func (l *launcher) checkUser(ctx context.Context, configUser string) (string, error) {
 	user := consumerUser(l.rec.Consumer)
 	uid, gid, err := userIDs(ctx, l.eng, l.rec.ContainerID, user)
 	if err != nil {
@@ -84,6 +95,17 @@ func (l *launcher) checkUser(ctx context.Context) (string, error) {
 	}
 	if uid == 0 || uid != l.rec.Consumer.UID || gid != l.rec.Consumer.GID {
 		return "", fail(CodeUser, "the container user has uid %d gid %d, not the workspace consumer's %s", uid, gid, user)
+	}
+	if configUser == "" || configUser == user {
+		return user, nil
+	}
+	name, _, _ := strings.Cut(configUser, ":")
+	uid, gid, err = userIDs(ctx, l.eng, l.rec.ContainerID, user, name)
+	if err != nil {
+		return "", fail(CodeUser, "the devcontainer config's user %q is not a user of the container", name)
+	}
+	if uid != l.rec.Consumer.UID || gid != l.rec.Consumer.GID {
+		return "", fail(CodeUser, "the devcontainer config's user %q has uid %d gid %d, not the workspace consumer's %s", name, uid, gid, user)
 	}
 	return user, nil
 }
@@ -187,11 +209,12 @@ const neverStarted = "0001-01-01T00:00:00Z"
 
 // userIDs runs `id -u && id -g` as user in container id (one exec
 // through the Engine API, bounded by execTimeout) and returns the uid and
-// gid it prints.
-func userIDs(ctx context.Context, eng *engine.Engine, id, user string) (uid, gid uint32, err error) {
+// gid it prints: user's own, or those of the user named by of.
+func userIDs(ctx context.Context, eng *engine.Engine, id, user string, of ...string) (uid, gid uint32, err error) {
 	ctx, cancel := context.WithTimeout(ctx, execTimeout)
 	defer cancel()
-	out, code, err := eng.Exec(ctx, id, user, "/bin/sh", "-c", "id -u && id -g")
+	// The name is an argument of the script, never part of its text.
+	out, code, err := eng.Exec(ctx, id, user, append([]string{"/bin/sh", "-c", `id -u -- "$@" && id -g -- "$@"`, "sh"}, of...)...)
 	if err != nil || code != 0 {
 		return 0, 0, errors.New("id failed in the container")
 	}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"agentbox/internal/crashpoint"
 	"agentbox/internal/managed/launch"
@@ -54,7 +55,7 @@ func TestMain(m *testing.M) {
 // each chosen step leaves a record that teardown completes from: nothing
 // on the engine, no worktree, no materialization, no inputs.
 func TestKilledStartTearsDownClean(t *testing.T) {
-	for _, point := range []string{crashpoint.LaunchWorktreeAdded, crashpoint.LaunchContainerUp, crashpoint.LaunchProxyStarted} {
+	for _, point := range []string{crashpoint.LaunchWorktreeAdded, crashpoint.LaunchContainersCreated, crashpoint.LaunchContainerUp, crashpoint.LaunchProxyStarted} {
 		t.Run(point, func(t *testing.T) {
 			s := newSetup(t, defaultFiles())
 			cmd := exec.Command(branchboxBinary(t), "feature", "start", "crash", "--repo", s.repo,
@@ -70,8 +71,17 @@ func TestKilledStartTearsDownClean(t *testing.T) {
 			if err != nil || rec.Phase != launch.PhaseStarting {
 				t.Fatalf("record after the kill: %+v %v", rec, err)
 			}
-			if point != crashpoint.LaunchWorktreeAdded && rec.ContainerID == "" {
+			if (point == crashpoint.LaunchContainerUp || point == crashpoint.LaunchProxyStarted) && rec.ContainerID == "" {
 				t.Fatal("the record does not name the container devcontainer up made")
+			}
+			if point == crashpoint.LaunchContainersCreated {
+				// Created, never started: the start died between the two.
+				if o := s.owned(rec.ComposeProject); len(o.Containers) == 0 {
+					t.Fatal("no container was created before the kill")
+				}
+				if starts := startEvents(engineEvents(t, rec.ComposeProject, time.Now().Add(-time.Minute))); len(starts) > 0 {
+					t.Fatalf("a container started before its inspection: %q", starts)
+				}
 			}
 			r, err := launch.Teardown(context.Background(), s.cfg, "crash")
 			if err != nil || !r.ResidueFree {

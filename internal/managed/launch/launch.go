@@ -224,11 +224,11 @@ type launcher struct {
 	// devcontainer runs in.
 	composeFiles   []string
 	primaryService string
-	cfg          Config
-	eng     *engine.Engine
-	rec     *Record
-	checked *leasecheck.Checked
-	dir     string
+	cfg            Config
+	eng            *engine.Engine
+	rec            *Record
+	checked        *leasecheck.Checked
+	dir            string
 }
 
 func (l *launcher) logf(format string, args ...any) {
@@ -273,6 +273,9 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 	}
 	if !slices.Contains(project.Runnable, dc.Service()) {
 		return nil, fail(CodeCompose, "devcontainer: service %q is not a runnable Compose service", dc.Service())
+	}
+	if err := refuseRootUser(dc.User()); err != nil {
+		return nil, err
 	}
 	if err := project.Omit(a.OmittedServices, dc.Service()); err != nil {
 		return nil, &Error{Code: CodeCompose, Message: err.Error()}
@@ -349,7 +352,7 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 	if !maps.Equal(running, created) {
 		return nil, fail(CodeInspection, "final inspection: the project's containers are not the ones inspected before start")
 	}
-	user, err := l.checkUser(ctx)
+	user, err := l.checkUser(ctx, dc.User())
 	if err != nil {
 		return nil, err
 	}
@@ -480,8 +483,8 @@ func (l *launcher) writeInputs(p *compose.Project, dc *devcontainer.Config) (exp
 		User:         plan.User,
 		Capabilities: policy.Capabilities(true),
 		Workspace:    inspect.Bind{Source: plan.Workspace.Source, Target: plan.Workspace.Target},
-		Writable:    []inspect.Bind{{Source: plan.GitMetadata.Source, Target: plan.GitMetadata.Target}},
-		ManagedRoot: ManagedNamespace,
+		Writable:     []inspect.Bind{{Source: plan.GitMetadata.Source, Target: plan.GitMetadata.Target}},
+		ManagedRoot:  ManagedNamespace,
 	}
 	for _, lease := range a.Leases {
 		for _, m := range lease.Materializations {

@@ -52,31 +52,31 @@ func CheckName(name string) error {
 // Record is what a launch wrote down, fsync'd before each step that
 // creates something, so that teardown finds everything even after a crash.
 type Record struct {
-	Version           int                 `json:"version"`
-	Name              string              `json:"name"`
-	Phase             string              `json:"phase"`
-	Error             string              `json:"error,omitempty"`
-	RunID             string              `json:"run_id"`
-	AssignmentLeaseID string              `json:"assignment_lease_id"`
-	OuterRuntimeID    string              `json:"outer_runtime_id"`
-	ManifestPath      string              `json:"manifest_path"`
-	Repo              string              `json:"repo"`
-	Revision          string              `json:"revision"`
-	TaskBranch        string              `json:"task_branch"`
-	BranchCreated     bool                `json:"branch_created"`
-	Worktree          string              `json:"worktree"`
-	WorktreeGitDir    string              `json:"worktree_gitdir,omitempty"`
-	Delegated         bool                `json:"delegated"`
+	Version           int    `json:"version"`
+	Name              string `json:"name"`
+	Phase             string `json:"phase"`
+	Error             string `json:"error,omitempty"`
+	RunID             string `json:"run_id"`
+	AssignmentLeaseID string `json:"assignment_lease_id"`
+	OuterRuntimeID    string `json:"outer_runtime_id"`
+	ManifestPath      string `json:"manifest_path"`
+	Repo              string `json:"repo"`
+	Revision          string `json:"revision"`
+	TaskBranch        string `json:"task_branch"`
+	BranchCreated     bool   `json:"branch_created"`
+	Worktree          string `json:"worktree"`
+	WorktreeGitDir    string `json:"worktree_gitdir,omitempty"`
+	Delegated         bool   `json:"delegated"`
 	// GitBaseline is what of the shared Git metadata could make host Git
 	// run code, taken before delegation: teardown reports any change.
-	GitBaseline gitmeta.Baseline `json:"git_baseline,omitempty"`
-	ComposeProject    string              `json:"compose_project"`
-	WorkspaceFolder   string              `json:"workspace_folder"`
-	Consumer          assignment.Identity `json:"consumer"`
-	ContainerID       string              `json:"container_id,omitempty"`
-	ContainerUser     string              `json:"container_user,omitempty"`
-	Proxies           []string            `json:"proxies,omitempty"`
-	SpoolVolumes      []string            `json:"spool_volumes,omitempty"`
+	GitBaseline     gitmeta.Baseline    `json:"git_baseline,omitempty"`
+	ComposeProject  string              `json:"compose_project"`
+	WorkspaceFolder string              `json:"workspace_folder"`
+	Consumer        assignment.Identity `json:"consumer"`
+	ContainerID     string              `json:"container_id,omitempty"`
+	ContainerUser   string              `json:"container_user,omitempty"`
+	Proxies         []string            `json:"proxies,omitempty"`
+	SpoolVolumes    []string            `json:"spool_volumes,omitempty"`
 	// Materializations are the lease sources teardown removes, by the
 	// field that names each (never a path in a receipt).
 	Materializations []RecordedSource  `json:"materializations,omitempty"`

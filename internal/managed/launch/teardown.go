@@ -31,7 +31,7 @@ const (
 	// KindGitExecutable: configuration, attributes or hooks of the shared
 	// Git metadata that changed since the launch (host Git would run them).
 	KindGitExecutable = "git-executable-config"
-	KindEngine          = "engine" // the engine could not be asked: nothing is verified
+	KindEngine        = "engine" // the engine could not be asked: nothing is verified
 )
 
 // Receipt is what a teardown removed and what is left.

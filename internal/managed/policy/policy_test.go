@@ -1,0 +1,31 @@
+package policy_test
+
+import (
+	"testing"
+
+	"agentbox/internal/managed/policy"
+)
+
+func TestAllowed(t *testing.T) {
+	for _, tc := range []struct {
+		set  []string
+		cap  string
+		want bool
+	}{
+		{policy.ServiceCapabilities, "CHOWN", true},
+		{policy.ServiceCapabilities, "cap_chown", true},
+		{policy.ServiceCapabilities, " CAP_SETUID ", true},
+		{policy.ServiceCapabilities, "DAC_READ_SEARCH", false},
+		{policy.ServiceCapabilities, "SYS_ADMIN", false},
+		{policy.ServiceCapabilities, "ALL", false},
+		{policy.ServiceCapabilities, "MKNOD", false},
+		{policy.ServiceCapabilities, "", false},
+		{policy.PrimaryCapabilities, "CHOWN", false},
+		{policy.Capabilities(true), "KILL", false},
+		{policy.Capabilities(false), "KILL", true},
+	} {
+		if got := policy.Allowed(tc.set, tc.cap); got != tc.want {
+			t.Errorf("Allowed(%v, %q) = %v, want %v", tc.set, tc.cap, got, tc.want)
+		}
+	}
+}
