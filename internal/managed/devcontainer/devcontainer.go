@@ -112,10 +112,31 @@ func Parse(data []byte) (*Config, error) {
 
 // dropped are the keys the generated config leaves out: what runs on the
 // host, mounts a host path, publishes a port, adds capabilities, sets
-// the environment from outside, or builds and adds features.
-var dropped = []string{"initializeCommand", "remoteEnv", "workspaceMount", "mounts", "appPort", "forwardPorts",
+// the environment from outside, or builds and adds features; and
+// notApplied.
+var dropped = append([]string{"initializeCommand", "remoteEnv", "workspaceMount", "mounts", "appPort", "forwardPorts",
 	"capAdd", "features", "build", "runArgs", "securityOpt", "init", "overrideFeatureInstallOrder", "portsAttributes",
-	"otherPortsAttributes", "hostRequirements"}
+	"otherPortsAttributes", "hostRequirements"}, notApplied...)
+
+// notApplied are keys the CLI would apply to the container's
+// configuration: a managed launch creates (and inspects) the containers
+// from the Compose files before the CLI runs, so they would have no
+// effect. The launch says so rather than leaving them in.
+var notApplied = []string{"containerEnv", "overrideCommand"}
+
+// NotApplied lists the keys of the config that a managed launch does not
+// apply (the container's environment and command come from the Compose
+// files), sorted.
+func (c *Config) NotApplied() []string {
+	var out []string
+	for _, k := range notApplied {
+		if _, ok := c.raw[k]; ok {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
 
 // Generate is the config the Dev Containers CLI gets: the source's keys
 // less the dropped ones, with composeFiles (the checked copies, then the

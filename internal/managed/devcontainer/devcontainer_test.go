@@ -27,6 +27,9 @@ const source = `// The repository's devcontainer
 	"securityOpt": ["seccomp=unconfined"],
 	"privileged": true,
 	"remoteEnv": {"TOKEN": "x"},
+	/* applied to the container by the CLI, which a managed launch creates first */
+	"containerEnv": {"MODE": "dev"},
+	"overrideCommand": true,
 	"features": {"ghcr.io/devcontainers/features/docker-in-docker:2": {}},
 	"updateRemoteUserUID": true,
 	"postCreateCommand": "make deps",
@@ -45,6 +48,9 @@ func TestParseAndGenerate(t *testing.T) {
 	}
 	if c.Service() != "app" || c.User() != "dev" {
 		t.Fatalf("service %q user %q", c.Service(), c.User())
+	}
+	if got := c.NotApplied(); !reflect.DeepEqual(got, []string{"containerEnv", "overrideCommand"}) {
+		t.Fatalf("NotApplied = %q", got)
 	}
 	gen, err := c.Generate([]string{"/run/b/compose/0.yaml", "/run/b/compose/1.yaml", "/run/b/compose/facade.yaml"}, "/workspaces/task", "1000:1000")
 	if err != nil {

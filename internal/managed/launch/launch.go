@@ -277,6 +277,9 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 	if err := refuseRootUser(dc.User()); err != nil {
 		return nil, err
 	}
+	if keys := dc.NotApplied(); len(keys) > 0 {
+		l.logf("devcontainer: %s not applied (a managed launch takes the container's environment and command from the Compose files)", strings.Join(keys, " and "))
+	}
 	if err := project.Omit(a.OmittedServices, dc.Service()); err != nil {
 		return nil, &Error{Code: CodeCompose, Message: err.Error()}
 	}
