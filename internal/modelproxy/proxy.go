@@ -1,0 +1,330 @@
+// Package modelproxy serves the Anthropic Messages API to one sandbox over
+// its model socket and forwards each request to the configured upstream
+// with the host's key, so the key never enters a sandbox. One Proxy serves
+// one sandbox: the broker creates it for the sandbox's listener, so the
+// caller is known by the socket it came through, and every limit (body
+// size, concurrent requests, how long a client may take to send or an
+// upstream may stay silent) holds per sandbox: no sandbox can hold what
+// another one needs.
+//
+// Only the API's model paths pass (POST /v1/messages, POST
+// /v1/messages/count_tokens, GET /v1/models and GET /v1/models/ID); any
+// credential the sandbox sends is dropped and the host's put in its
+// place; only known headers go either way. Responses, server-sent events
+// included, are streamed through as they arrive, and their usage is
+// counted (Usage) from the response body or the stream's message_start
+// and message_delta events. Failures are answered in the API's own error
+// format, never with the key, the upstream's address or a host path.
+package modelproxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// Limits of one sandbox's model socket.
+const (
+	// MaxRequestBytes bounds a request body: the Messages API's own limit
+	// for a request (32 MB), so nothing the upstream would take is refused.
+	MaxRequestBytes = 32 << 20
+	// MaxConcurrent is how many requests one sandbox may have in flight
+	// at once (an agent and its parallel subagents); one more is answered
+	// 429 at once rather than queued.
+	MaxConcurrent = 8
+	// RequestReadTimeout bounds how long a client may take to send a
+	// request's headers and body: a slow client holds only its own slot.
+	RequestReadTimeout = 60 * time.Second
+	// StreamIdleTimeout bounds how long an upstream may send nothing in a
+	// response (the API pings a stream every few seconds).
+	StreamIdleTimeout = 5 * time.Minute
+	// ConnIdleTimeout closes a keep-alive connection with no request.
+	ConnIdleTimeout = 2 * time.Minute
+	// maxHeaderBytes bounds a request's headers.
+	maxHeaderBytes = 64 << 10
+	// maxUsageBody bounds how much of a non-streamed response is kept to
+	// read its usage (it is forwarded whole either way).
+	maxUsageBody = 8 << 20
+)
+
+// Usage is what one response reported: a request and its tokens.
+type Usage struct {
+	Requests                 int64 `json:"requests"`
+	InputTokens              int64 `json:"input_tokens"`
+	OutputTokens             int64 `json:"output_tokens"`
+	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
+	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
+}
+
+// Add adds u's figures to v.
+func (v *Usage) Add(u Usage) {
+	v.Requests += u.Requests
+	v.InputTokens += u.InputTokens
+	v.OutputTokens += u.OutputTokens
+	v.CacheReadInputTokens += u.CacheReadInputTokens
+	v.CacheCreationInputTokens += u.CacheCreationInputTokens
+}
+
+// Config is how one sandbox's model socket reaches its upstream.
+type Config struct {
+	// Upstream is the API's base URL (scheme and host, optionally a path
+	// prefix), e.g. https://api.anthropic.com.
+	Upstream *url.URL
+	// Key is the host's API key, sent as x-api-key.
+	Key string
+	// Client sends the upstream requests (nil: a client of its own).
+	Client *http.Client
+	// Record receives each response's usage, once, when the response has
+	// ended (also when it ended early). Nil records nothing.
+	Record func(Usage)
+	// Admit, when set, is asked before each request is forwarded; an
+	// error is answered 429 with its message (e.g. a token budget spent).
+	Admit func() error
+	// Log receives one line per request: method, path, status, bytes.
+	Log *slog.Logger
+	// ReadTimeout and StreamIdle replace RequestReadTimeout and
+	// StreamIdleTimeout when set (tests shorten them).
+	ReadTimeout, StreamIdle time.Duration
+}
+
+// Proxy is one sandbox's model socket handler.
+type Proxy struct {
+	cfg   Config
+	slots chan struct{}
+}
+
+// New returns the handler of one sandbox's model socket.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Upstream == nil || (cfg.Upstream.Scheme != "https" && cfg.Upstream.Scheme != "http") || cfg.Upstream.Host == "" {
+		return nil, errors.New("modelproxy: the upstream must be an http or https URL")
+	}
+	if cfg.Key == "" {
+		return nil, errors.New("modelproxy: no API key")
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Transport: &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			ForceAttemptHTTP2:     true,
+			TLSHandshakeTimeout:   30 * time.Second,
+			ResponseHeaderTimeout: StreamIdleTimeout,
+			MaxIdleConnsPerHost:   MaxConcurrent,
+			IdleConnTimeout:       ConnIdleTimeout,
+		}}
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = RequestReadTimeout
+	}
+	if cfg.StreamIdle <= 0 {
+		cfg.StreamIdle = StreamIdleTimeout
+	}
+	return &Proxy{cfg: cfg, slots: make(chan struct{}, MaxConcurrent)}, nil
+}
+
+// Serve answers HTTP on ln until ctx ends, then closes ln and the
+// connections.
+func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: p.cfg.ReadTimeout,
+		IdleTimeout:       ConnIdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(p.cfg.Log.Handler(), slog.LevelDebug),
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	stop := context.AfterFunc(ctx, func() { srv.Close() })
+	defer stop()
+	err := srv.Serve(ln)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// allowedPath reports whether method and path are one of the API's model
+// calls.
+func allowedPath(method, path string) bool {
+	switch {
+	case method == http.MethodPost && (path == "/v1/messages" || path == "/v1/messages/count_tokens"):
+		return true
+	case method == http.MethodGet && path == "/v1/models":
+		return true
+	case method == http.MethodGet && strings.HasPrefix(path, "/v1/models/"):
+		id := strings.TrimPrefix(path, "/v1/models/")
+		return id != "" && !strings.ContainsAny(id, "/\\") && id != "." && id != ".."
+	}
+	return false
+}
+
+// requestHeaders are the headers passed to the upstream (canonical form);
+// every other, any credential included, is dropped.
+var requestHeaders = []string{"Content-Type", "Accept", "Anthropic-Version", "Anthropic-Beta", "User-Agent", "X-Claude-Code-Session-Id"}
+
+// responseHeaders are the upstream's headers passed back (canonical
+// form), and those starting with Anthropic-Ratelimit-.
+var responseHeaders = []string{"Content-Type", "Request-Id", "Retry-After", "Cache-Control", "X-Should-Retry"}
+
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	status, n := p.serve(w, r)
+	p.cfg.Log.Info("model request", "method", r.Method, "path", r.URL.Path, "status", status, "bytes", n, "ms", time.Since(start).Milliseconds())
+}
+
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int64) {
+	if !allowedPath(r.Method, r.URL.Path) {
+		return apiError(w, http.StatusNotFound, "not_found_error", "the model socket serves POST /v1/messages, POST /v1/messages/count_tokens and GET /v1/models only")
+	}
+	select {
+	case p.slots <- struct{}{}:
+		defer func() { <-p.slots }()
+	default:
+		return apiError(w, http.StatusTooManyRequests, "rate_limit_error", fmt.Sprintf("more than %d requests at once from this sandbox", MaxConcurrent))
+	}
+	if p.cfg.Admit != nil {
+		if err := p.cfg.Admit(); err != nil {
+			return apiError(w, http.StatusTooManyRequests, "rate_limit_error", err.Error())
+		}
+	}
+	body, status, n, ok := p.readBody(w, r)
+	if !ok {
+		return status, n
+	}
+
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	target := *p.cfg.Upstream
+	target.Path = strings.TrimSuffix(target.Path, "/") + r.URL.Path
+	target.RawQuery = r.URL.RawQuery
+	var reqBody io.Reader
+	if body != nil {
+		reqBody = bytes.NewReader(body)
+	}
+	up, err := http.NewRequestWithContext(ctx, r.Method, target.String(), reqBody)
+	if err != nil {
+		return apiError(w, http.StatusBadRequest, "invalid_request_error", "the request cannot be forwarded")
+	}
+	for _, h := range requestHeaders {
+		if v := r.Header.Values(h); len(v) > 0 {
+			up.Header[h] = v
+		}
+	}
+	up.Header.Set("X-Api-Key", p.cfg.Key)
+	resp, err := p.cfg.Client.Do(up)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return 499, 0 // the client went away
+		}
+		return apiError(w, http.StatusBadGateway, "api_error", "the model upstream could not be reached")
+	}
+	defer resp.Body.Close()
+	for k, v := range resp.Header {
+		if containsFold(responseHeaders, k) || strings.HasPrefix(k, "Anthropic-Ratelimit-") {
+			w.Header()[k] = v
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	meter := &usageMeter{}
+	streamed := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	n, copyErr := p.copyResponse(ctx, cancel, w, resp.Body, meter, streamed)
+	if resp.StatusCode == http.StatusOK && r.URL.Path == "/v1/messages" && p.cfg.Record != nil {
+		u := meter.usage()
+		u.Requests = 1
+		p.cfg.Record(u)
+	}
+	if copyErr != nil {
+		p.cfg.Log.Warn("model response cut", "path", r.URL.Path, "err", copyErr)
+	}
+	return resp.StatusCode, n
+}
+
+// readBody reads a POST body under MaxRequestBytes and
+// RequestReadTimeout; a GET has none.
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (body []byte, status int, n int64, ok bool) {
+	if r.Method != http.MethodPost {
+		return nil, 0, 0, true
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(p.cfg.ReadTimeout))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxRequestBytes))
+	if err != nil {
+		// The rest of the body is never read: the connection goes with
+		// the answer (the read deadline stays, so nothing waits on it).
+		w.Header().Set("Connection", "close")
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			status, n = apiError(w, http.StatusRequestEntityTooLarge, "request_too_large", fmt.Sprintf("the request is over %d bytes", MaxRequestBytes))
+		} else {
+			status, n = apiError(w, http.StatusRequestTimeout, "invalid_request_error", "the request body did not arrive in time")
+		}
+		return nil, status, n, false
+	}
+	_ = rc.SetReadDeadline(time.Time{})
+	return body, 0, 0, true
+}
+
+// copyResponse passes the upstream's body on as it arrives, flushing
+// after every read, feeding the meter, and cancelling the upstream
+// request (cancel) when it stays silent for StreamIdleTimeout.
+func (p *Proxy) copyResponse(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, body io.Reader, meter *usageMeter, streamed bool) (int64, error) {
+	rc := http.NewResponseController(w)
+	idle := time.AfterFunc(p.cfg.StreamIdle, cancel)
+	defer idle.Stop()
+	buf := make([]byte, 32<<10)
+	var n int64
+	for {
+		k, err := body.Read(buf)
+		if k > 0 {
+			idle.Reset(p.cfg.StreamIdle)
+			if streamed {
+				meter.feedStream(buf[:k])
+			} else {
+				meter.feedBody(buf[:k])
+			}
+			if _, werr := w.Write(buf[:k]); werr != nil {
+				return n, werr
+			}
+			n += int64(k)
+			_ = rc.Flush()
+		}
+		if errors.Is(err, io.EOF) {
+			if !streamed {
+				meter.endBody()
+			}
+			return n, nil
+		}
+		if err != nil {
+			if ctx.Err() != nil && !errors.Is(ctx.Err(), context.Canceled) {
+				return n, ctx.Err()
+			}
+			return n, err
+		}
+	}
+}
+
+// apiError answers in the Messages API's error format.
+func apiError(w http.ResponseWriter, status int, kind, message string) (int, int64) {
+	body := fmt.Sprintf(`{"type":"error","error":{"type":%q,"message":%q}}`, kind, message)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	k, _ := io.WriteString(w, body)
+	return status, int64(k)
+}
+
+func containsFold(list []string, s string) bool {
+	for _, x := range list {
+		if strings.EqualFold(x, s) {
+			return true
+		}
+	}
+	return false
+}

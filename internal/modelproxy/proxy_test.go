@@ -1,0 +1,460 @@
+package modelproxy_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"agentbox/internal/modelproxy"
+	"agentbox/internal/modelproxy/modeltest"
+)
+
+const hostKey = "sk-host-0123456789-THE-HOSTS-OWN-KEY"
+
+// world is one sandbox's model socket in front of a scripted upstream.
+type world struct {
+	up     *modeltest.Server
+	sock   string
+	client *http.Client
+
+	mu    sync.Mutex
+	usage modelproxy.Usage
+}
+
+func newWorld(t *testing.T, edit func(*modelproxy.Config), turns ...modeltest.Turn) *world {
+	t.Helper()
+	w := &world{up: modeltest.Start(t, turns...)}
+	u, err := url.Parse(w.up.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := modelproxy.Config{Upstream: u, Key: hostKey, Record: func(x modelproxy.Usage) {
+		w.mu.Lock()
+		w.usage.Add(x)
+		w.mu.Unlock()
+	}}
+	if edit != nil {
+		edit(&cfg)
+	}
+	p, err := modelproxy.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.sock = filepath.Join(t.TempDir(), "anthropic.sock")
+	ln, err := net.Listen("unix", w.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	w.client = &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", w.sock)
+		},
+		MaxConnsPerHost: 64,
+	}}
+	return w
+}
+
+func (w *world) recorded() modelproxy.Usage {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.usage
+}
+
+// post sends body as the agent would, with a credential of its own.
+func (w *world) post(t *testing.T, path, body string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, "http://localhost"+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Api-Key", "sk-placeholder-in-the-sandbox")
+	req.Header.Set("Authorization", "Bearer sandbox-token")
+	req.Header.Set("Anthropic-Version", "2023-06-01")
+	req.Header.Set("Anthropic-Beta", "tools-2024")
+	req.Header.Set("Cookie", "a=b")
+	resp, err := w.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func readAll(t *testing.T, resp *http.Response) string {
+	t.Helper()
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// apiErrorType decodes the API's error format.
+func apiErrorType(t *testing.T, body string) string {
+	t.Helper()
+	var e struct {
+		Type  string `json:"type"`
+		Error struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(body), &e); err != nil || e.Type != "error" || e.Error.Message == "" {
+		t.Fatalf("not the API's error format: %q", body)
+	}
+	return e.Error.Type
+}
+
+// TestMessageKeyAndUsage: a plain request reaches the upstream with the
+// host's key and no credential or header of the sandbox's own; the
+// answer comes back whole, and its usage is recorded once.
+func TestMessageKeyAndUsage(t *testing.T) {
+	w := newWorld(t, nil, modeltest.Turn{Text: "hello", Input: 11, Output: 7, CacheRead: 5, CacheCreation: 3})
+	resp := w.post(t, "/v1/messages?beta=true", modeltest.RequestBody("hi", false))
+	body := readAll(t, resp)
+	if resp.StatusCode != 200 || !strings.Contains(body, `"text":"hello"`) || resp.Header.Get("Request-Id") != "req_scripted_0" {
+		t.Fatalf("answer %d %q %v", resp.StatusCode, body, resp.Header)
+	}
+	seen := w.up.Seen()
+	if len(seen) != 1 {
+		t.Fatalf("upstream saw %d requests", len(seen))
+	}
+	h := seen[0].Header
+	if h.Get("X-Api-Key") != hostKey || h.Get("Authorization") != "" || h.Get("Cookie") != "" ||
+		h.Get("Anthropic-Version") != "2023-06-01" || h.Get("Anthropic-Beta") != "tools-2024" || seen[0].Query != "beta=true" {
+		t.Fatalf("upstream headers %v query %q", h, seen[0].Query)
+	}
+	if got, want := w.recorded(), (modelproxy.Usage{Requests: 1, InputTokens: 11, OutputTokens: 7, CacheReadInputTokens: 5, CacheCreationInputTokens: 3}); got != want {
+		t.Fatalf("usage %+v, want %+v", got, want)
+	}
+}
+
+// TestStreamPassesThroughAsItArrives: the first event reaches the agent
+// while the upstream still holds the rest, and the stream's usage (from
+// message_start and message_delta) is recorded when it ends.
+func TestStreamPassesThroughAsItArrives(t *testing.T) {
+	hold := make(chan struct{})
+	w := newWorld(t, nil, modeltest.Turn{Text: strings.Repeat("x", 3000), Chunk: 100, Input: 20, Output: 900, CacheRead: 4, Hold: hold})
+	resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", true))
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("status %d %v", resp.StatusCode, resp.Header)
+	}
+	r := bufio.NewReader(resp.Body)
+	first, err := r.ReadString('\n')
+	if err != nil || first != "event: message_start\n" {
+		t.Fatalf("first line %q %v", first, err)
+	}
+	if got := w.recorded(); got.Requests != 0 {
+		t.Fatalf("usage recorded before the stream ended: %+v", got)
+	}
+	close(hold)
+	rest, err := io.ReadAll(r)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	types := modeltest.EventTypes(first + string(rest))
+	if len(types) != 35 || types[len(types)-1] != "message_stop" {
+		t.Fatalf("events %q", types)
+	}
+	if got, want := w.recorded(), (modelproxy.Usage{Requests: 1, InputTokens: 20, OutputTokens: 900, CacheReadInputTokens: 4}); got != want {
+		t.Fatalf("usage %+v, want %+v", got, want)
+	}
+}
+
+// TestOnlyTheModelAPI: anything but the model calls is refused in the
+// API's error format and never reaches the upstream; count_tokens and
+// the model list pass and count no usage.
+func TestOnlyTheModelAPI(t *testing.T) {
+	w := newWorld(t, nil)
+	for _, tc := range []struct{ method, path string }{
+		{"GET", "/v1/messages"},
+		{"POST", "/v1/messages/batches"},
+		{"POST", "/v1/files"},
+		{"GET", "/v1/models/a/b"},
+		{"GET", "/v1/models/.."},
+		{"GET", "/"},
+		{"POST", "/v1/complete"},
+		{"DELETE", "/v1/models/x"},
+		{"GET", "/v1/organizations/me"},
+	} {
+		req, _ := http.NewRequest(tc.method, "http://localhost"+tc.path, strings.NewReader("{}"))
+		resp, err := w.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := readAll(t, resp)
+		if resp.StatusCode != 404 || apiErrorType(t, body) != "not_found_error" {
+			t.Errorf("%s %s: %d %q", tc.method, tc.path, resp.StatusCode, body)
+		}
+	}
+	if n := len(w.up.Seen()); n != 0 {
+		t.Fatalf("the upstream saw %d refused requests", n)
+	}
+	if resp := w.post(t, "/v1/messages/count_tokens", modeltest.RequestBody("hi", false)); resp.StatusCode != 200 || !strings.Contains(readAll(t, resp), "input_tokens") {
+		t.Fatalf("count_tokens: %d", resp.StatusCode)
+	}
+	for _, p := range []string{"/v1/models", "/v1/models/scripted-model"} {
+		resp, err := w.client.Get("http://localhost" + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		readAll(t, resp)
+		if p == "/v1/models" && resp.StatusCode != 200 {
+			t.Fatalf("%s: %d", p, resp.StatusCode)
+		}
+	}
+	if got := w.recorded(); got.Requests != 0 {
+		t.Fatalf("usage counted for calls that are not messages: %+v", got)
+	}
+}
+
+// TestRequestSize: a body of exactly MaxRequestBytes is forwarded; one
+// byte more is refused (413, the API's request_too_large) and never
+// forwarded.
+func TestRequestSize(t *testing.T) {
+	w := newWorld(t, nil)
+	pad := func(n int) string {
+		// A JSON request padded to exactly n bytes.
+		base := modeltest.RequestBody("", false)
+		fill := n - len(base)
+		return strings.Replace(base, `"content":""`, `"content":"`+strings.Repeat("a", fill)+`"`, 1)
+	}
+	at := pad(modelproxy.MaxRequestBytes)
+	if len(at) != modelproxy.MaxRequestBytes {
+		t.Fatalf("padding: %d bytes", len(at))
+	}
+	if resp := w.post(t, "/v1/messages", at); resp.StatusCode != 200 {
+		t.Fatalf("at the limit: %d %s", resp.StatusCode, readAll(t, resp))
+	} else {
+		readAll(t, resp)
+	}
+	resp := w.post(t, "/v1/messages", pad(modelproxy.MaxRequestBytes+1))
+	if body := readAll(t, resp); resp.StatusCode != 413 || apiErrorType(t, body) != "request_too_large" {
+		t.Fatalf("past the limit: %d %q", resp.StatusCode, body)
+	}
+	if n := len(w.up.Seen()); n != 1 {
+		t.Fatalf("the upstream saw %d requests, want only the one at the limit", n)
+	}
+}
+
+// TestConcurrentLimit: MaxConcurrent streams in flight at once are
+// served; one more is answered 429 at once; when one ends, a new one
+// passes.
+func TestConcurrentLimit(t *testing.T) {
+	hold := make(chan struct{})
+	turns := make([]modeltest.Turn, 1)
+	turns[0] = modeltest.Turn{Text: "held", Input: 1, Output: 1, Hold: hold}
+	w := newWorld(t, nil, turns...)
+	var open []*http.Response
+	for i := 0; i < modelproxy.MaxConcurrent; i++ {
+		resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", true))
+		if resp.StatusCode != 200 {
+			t.Fatalf("stream %d: %d", i, resp.StatusCode)
+		}
+		open = append(open, resp)
+	}
+	resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", true))
+	if body := readAll(t, resp); resp.StatusCode != 429 || apiErrorType(t, body) != "rate_limit_error" {
+		t.Fatalf("one past the limit: %d %q", resp.StatusCode, body)
+	}
+	close(hold)
+	for _, r := range open {
+		readAll(t, r)
+	}
+	// The slots are given back once the handlers return.
+	var last int
+	for i := 0; i < 100; i++ {
+		resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+		readAll(t, resp)
+		if last = resp.StatusCode; last == 200 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if last != 200 {
+		t.Fatalf("after the streams ended: %d", last)
+	}
+	if got := w.recorded(); got.Requests != int64(modelproxy.MaxConcurrent)+1 {
+		t.Fatalf("usage requests %d", got.Requests)
+	}
+}
+
+// TestSlowClientHoldsOnlyItsOwnSlot: a client that sends half a body and
+// stalls is cut off after the read timeout, while other requests are
+// answered meanwhile.
+func TestSlowClientHoldsOnlyItsOwnSlot(t *testing.T) {
+	w := newWorld(t, func(c *modelproxy.Config) { c.ReadTimeout = 300 * time.Millisecond })
+	conn, err := net.Dial("unix", w.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	io.WriteString(conn, "POST /v1/messages HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"model\":")
+	resp := w.post(t, "/v1/messages", modeltest.RequestBody("meanwhile", false))
+	if readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("another request while one stalls: %d", resp.StatusCode)
+	}
+	// The stalled client gets the API's timeout answer and its connection
+	// is closed (the deadline only guards the test).
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	answer, err := io.ReadAll(conn)
+	if err != nil || !strings.HasPrefix(string(answer), "HTTP/1.1 408 ") || !strings.Contains(string(answer), "invalid_request_error") {
+		t.Fatalf("the stalled client: %q %v", answer, err)
+	}
+	if n := len(w.up.Seen()); n != 1 {
+		t.Fatalf("the upstream saw %d requests", n)
+	}
+}
+
+// TestUpstreamFailures: an unreachable upstream is a 502 in the API's
+// format that names neither the key nor the upstream; an upstream that
+// goes silent mid-stream is cut, and what it reported is still counted.
+func TestUpstreamFailures(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	u, _ := url.Parse("http://" + dead)
+	p, err := modelproxy.New(modelproxy.Config{Upstream: u, Key: hostKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "m.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go p.Serve(ctx, l)
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := c.Post("http://localhost/v1/messages", "application/json", strings.NewReader(modeltest.RequestBody("hi", false)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := readAll(t, resp)
+	if resp.StatusCode != 502 || apiErrorType(t, body) != "api_error" || strings.Contains(body, dead) || strings.Contains(body, hostKey) {
+		t.Fatalf("unreachable upstream: %d %q", resp.StatusCode, body)
+	}
+
+	hold := make(chan struct{})
+	defer close(hold)
+	w := newWorld(t, func(c *modelproxy.Config) { c.StreamIdle = 300 * time.Millisecond }, modeltest.Turn{Text: "never", Input: 9, Output: 1, Hold: hold})
+	resp = w.post(t, "/v1/messages", modeltest.RequestBody("hi", true))
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if types := modeltest.EventTypes(string(got)); len(types) != 1 || types[0] != "message_start" {
+		t.Fatalf("a silent upstream: %q", got)
+	}
+	if u := w.recorded(); u.Requests != 1 || u.InputTokens != 9 {
+		t.Fatalf("usage of a cut stream: %+v", u)
+	}
+}
+
+// TestAdmit: a refusal by Admit (a spent budget) is a 429 with its
+// message, and nothing is forwarded.
+func TestAdmit(t *testing.T) {
+	w := newWorld(t, func(c *modelproxy.Config) {
+		c.Admit = func() error { return errBudget }
+	})
+	resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+	body := readAll(t, resp)
+	if resp.StatusCode != 429 || apiErrorType(t, body) != "rate_limit_error" || !strings.Contains(body, "budget") {
+		t.Fatalf("%d %q", resp.StatusCode, body)
+	}
+	if len(w.up.Seen()) != 0 {
+		t.Fatal("forwarded")
+	}
+}
+
+var errBudget = budgetError("the orchestrator tree's output token budget for this hour is spent")
+
+type budgetError string
+
+func (e budgetError) Error() string { return string(e) }
+
+func TestNewRefuses(t *testing.T) {
+	for _, raw := range []string{"ftp://x", "http://", "unix:///x"} {
+		u, _ := url.Parse(raw)
+		if _, err := modelproxy.New(modelproxy.Config{Upstream: u, Key: "k"}); err == nil {
+			t.Errorf("upstream %q accepted", raw)
+		}
+	}
+	u, _ := url.Parse("https://api.example")
+	if _, err := modelproxy.New(modelproxy.Config{Upstream: u}); err == nil {
+		t.Error("no key accepted")
+	}
+}
+
+// BenchmarkModelSocket streams a 64 KiB answer (in 1 KiB text deltas)
+// through the model socket, and the same request straight to the
+// upstream, in one run: read ns/op as a ratio, and first-event-ns for the
+// time to the first event.
+func BenchmarkModelSocket(b *testing.B) {
+	turn := modeltest.Turn{Text: strings.Repeat("y", 64<<10), Chunk: 1 << 10, Input: 10, Output: 100}
+	up := modeltest.Start(b, turn)
+	direct := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	u, _ := url.Parse(up.URL)
+	p, err := modelproxy.New(modelproxy.Config{Upstream: u, Key: hostKey})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sock := filepath.Join(b.TempDir(), "m.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go p.Serve(ctx, ln)
+	viaSocket := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	body := modeltest.RequestBody("bench", true)
+	run := func(b *testing.B, c *http.Client, base string) {
+		var first time.Duration
+		for i := 0; i < b.N; i++ {
+			start := time.Now()
+			resp, err := c.Post(base+"/v1/messages", "application/json", strings.NewReader(body))
+			if err != nil {
+				b.Fatal(err)
+			}
+			r := bufio.NewReader(resp.Body)
+			if _, err := r.ReadString('\n'); err != nil {
+				b.Fatal(err)
+			}
+			first += time.Since(start)
+			if _, err := io.Copy(io.Discard, r); err != nil {
+				b.Fatal(err)
+			}
+			resp.Body.Close()
+		}
+		b.ReportMetric(float64(first.Nanoseconds())/float64(b.N), "first-event-ns")
+	}
+	b.Run("direct", func(b *testing.B) { run(b, direct, up.URL) })
+	b.Run("socket", func(b *testing.B) { run(b, viaSocket, "http://localhost") })
+}

@@ -1,0 +1,147 @@
+package modelproxy
+
+import (
+	"bytes"
+	"encoding/json"
+)
+
+// maxEventLine bounds one server-sent event line kept for usage: a longer
+// line (a huge text delta) is passed on but not parsed. Usage rides on
+// message_start and message_delta, which are short.
+const maxEventLine = 1 << 20
+
+// usageMeter reads a response's usage as it passes: the whole body of a
+// plain response, or the data lines of a stream's message_start
+// (input, cache and first output tokens) and message_delta (output so
+// far, and input when the API restates it).
+type usageMeter struct {
+	u       Usage
+	event   string // the current event's name, from its "event:" line
+	line    []byte
+	skip    bool // the current line went over maxEventLine
+	body    bytes.Buffer
+	bodyCut bool
+}
+
+func (m *usageMeter) usage() Usage { return m.u }
+
+// apiUsage is the API's usage object.
+type apiUsage struct {
+	InputTokens              *int64 `json:"input_tokens"`
+	OutputTokens             *int64 `json:"output_tokens"`
+	CacheReadInputTokens     *int64 `json:"cache_read_input_tokens"`
+	CacheCreationInputTokens *int64 `json:"cache_creation_input_tokens"`
+}
+
+// apply takes the figures a usage object states; absent ones stay.
+func (m *usageMeter) apply(a *apiUsage) {
+	if a == nil {
+		return
+	}
+	set := func(dst *int64, v *int64) {
+		if v != nil && *v >= 0 {
+			*dst = *v
+		}
+	}
+	set(&m.u.InputTokens, a.InputTokens)
+	set(&m.u.OutputTokens, a.OutputTokens)
+	set(&m.u.CacheReadInputTokens, a.CacheReadInputTokens)
+	set(&m.u.CacheCreationInputTokens, a.CacheCreationInputTokens)
+}
+
+// feedBody keeps a plain response's body, up to maxUsageBody.
+func (m *usageMeter) feedBody(p []byte) {
+	if m.bodyCut {
+		return
+	}
+	if m.body.Len()+len(p) > maxUsageBody {
+		m.bodyCut = true
+		m.body.Reset()
+		return
+	}
+	m.body.Write(p)
+}
+
+// endBody reads the usage of a plain response.
+func (m *usageMeter) endBody() {
+	if m.bodyCut {
+		return
+	}
+	var msg struct {
+		Usage *apiUsage `json:"usage"`
+	}
+	if json.Unmarshal(m.body.Bytes(), &msg) == nil {
+		m.apply(msg.Usage)
+	}
+	m.body.Reset()
+}
+
+// feedStream splits a stream into lines and reads each data line.
+func (m *usageMeter) feedStream(p []byte) {
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			m.appendLine(p)
+			return
+		}
+		m.appendLine(p[:i])
+		if !m.skip {
+			m.readLine(bytes.TrimSuffix(m.line, []byte("\r")))
+		}
+		m.line, m.skip = m.line[:0], false
+		p = p[i+1:]
+	}
+}
+
+func (m *usageMeter) appendLine(p []byte) {
+	if m.skip {
+		return
+	}
+	if len(m.line)+len(p) > maxEventLine {
+		m.skip, m.line = true, m.line[:0]
+		return
+	}
+	m.line = append(m.line, p...)
+}
+
+// readLine reads one line of a stream: only data lines of message_start and
+// message_delta events carry usage. The event's name line, when the
+// stream has one, saves parsing the others (text deltas are most of a
+// stream); without one, only data naming a message event is parsed.
+func (m *usageMeter) readLine(line []byte) {
+	if len(line) == 0 {
+		m.event = ""
+		return
+	}
+	if name, ok := bytes.CutPrefix(line, []byte("event:")); ok {
+		m.event = string(bytes.TrimSpace(name))
+		return
+	}
+	data, ok := bytes.CutPrefix(line, []byte("data:"))
+	switch {
+	case !ok:
+		return
+	case m.event != "" && m.event != "message_start" && m.event != "message_delta":
+		return
+	case m.event == "" && !bytes.Contains(data, []byte(`"message_`)):
+		return
+	}
+	var ev struct {
+		Type    string `json:"type"`
+		Message *struct {
+			Usage *apiUsage `json:"usage"`
+		} `json:"message"`
+		Usage *apiUsage `json:"usage"`
+	}
+	if json.Unmarshal(bytes.TrimSpace(data), &ev) != nil {
+		return
+	}
+	switch ev.Type {
+	case "message_start":
+		if ev.Message != nil {
+			m.apply(ev.Message.Usage)
+		}
+	case "message_delta":
+		m.apply(ev.Usage)
+	}
+}

@@ -1,0 +1,38 @@
+package modelproxy
+
+import (
+	"strings"
+	"testing"
+)
+
+// FuzzStreamUsage: whatever bytes a stream holds, split anywhere, the
+// meter reads them without panicking and never reports a negative figure;
+// the same stream split differently gives the same usage.
+func FuzzStreamUsage(f *testing.F) {
+	f.Add([]byte("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3}}}\n\n"+
+		"data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":9}}\n"), 7)
+	f.Add([]byte("data: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":-4}}\r\n"), 1)
+	f.Add([]byte("data:"+strings.Repeat("x", maxEventLine+10)+"\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":2}}\n"), 4096)
+	f.Fuzz(func(t *testing.T, data []byte, cut int) {
+		whole := &usageMeter{}
+		whole.feedStream(data)
+		split := &usageMeter{}
+		if cut < 0 {
+			cut = -cut
+		}
+		if len(data) > 0 {
+			cut %= len(data) + 1
+		} else {
+			cut = 0
+		}
+		split.feedStream(data[:cut])
+		split.feedStream(data[cut:])
+		u := whole.usage()
+		if u.InputTokens < 0 || u.OutputTokens < 0 || u.CacheReadInputTokens < 0 || u.CacheCreationInputTokens < 0 {
+			t.Fatalf("negative usage %+v", u)
+		}
+		if split.usage() != u {
+			t.Fatalf("split at %d: %+v, whole: %+v", cut, split.usage(), u)
+		}
+	})
+}
