@@ -107,7 +107,7 @@ message their orchestrator or children. 'jb' is the same program.`,
 	})
 	root.AddCommand(newBrokerCmd(deps), newNewCmd(deps), newLsCmd(deps), newExecCmd(deps),
 		newStartCmd(deps), newStopCmd(deps), newDestroyCmd(deps), newAttachCmd(deps), newLogsCmd(deps), newInboxCmd(deps),
-		newImageCmd(deps))
+		newImageCmd(deps), newAgentCmd(deps))
 	return root
 }
 

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -161,6 +162,26 @@ func ChownNoFollow(path string, uid, gid int) error {
 	// fchownat(fd, "", AT_EMPTY_PATH) changes the inode the handle names.
 	if err := unix.Fchownat(fd, "", uid, gid, unix.AT_EMPTY_PATH); err != nil {
 		return &os.PathError{Op: "chown", Path: filepath.Base(path), Err: err}
+	}
+	return nil
+}
+
+// CreateNew creates path for writing, failing when anything (a link
+// included) is there already.
+func CreateNew(path string, perm os.FileMode) (*os.File, error) {
+	return os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, perm)
+}
+
+// RenameNoReplace renames oldpath to newpath unless newpath exists (then
+// fs.ErrExist), atomically: of two writers, one wins and the other sees
+// the winner's.
+func RenameNoReplace(oldpath, newpath string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, oldpath, unix.AT_FDCWD, newpath, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EEXIST) {
+		return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: fs.ErrExist}
+	}
+	if err != nil {
+		return &os.LinkError{Op: "rename", Old: oldpath, New: newpath, Err: err}
 	}
 	return nil
 }
