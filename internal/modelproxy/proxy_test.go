@@ -458,3 +458,66 @@ func BenchmarkModelSocket(b *testing.B) {
 	b.Run("direct", func(b *testing.B) { run(b, direct, up.URL) })
 	b.Run("socket", func(b *testing.B) { run(b, viaSocket, "http://localhost") })
 }
+
+// BenchmarkModelSocket16 streams the same 64 KiB answer to 16 sandboxes
+// at once, each through its own model socket, and the same 16 requests
+// straight to the upstream: ns/op is one round of 16; slowest-first-event-ns
+// is the worst time to a first event in a round (no sandbox stalls
+// another when it stays near the direct figure).
+func BenchmarkModelSocket16(b *testing.B) {
+	const sandboxes = 16
+	turn := modeltest.Turn{Text: strings.Repeat("y", 64<<10), Chunk: 1 << 10, Input: 10, Output: 100}
+	up := modeltest.Start(b, turn)
+	u, _ := url.Parse(up.URL)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var socketClients, directClients []*http.Client
+	for i := 0; i < sandboxes; i++ {
+		p, err := modelproxy.New(modelproxy.Config{Upstream: u, Key: hostKey})
+		if err != nil {
+			b.Fatal(err)
+		}
+		sock := filepath.Join(b.TempDir(), "m.sock")
+		ln, err := net.Listen("unix", sock)
+		if err != nil {
+			b.Fatal(err)
+		}
+		go p.Serve(ctx, ln)
+		socketClients = append(socketClients, &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}})
+		directClients = append(directClients, &http.Client{Transport: &http.Transport{}})
+	}
+	body := modeltest.RequestBody("bench", true)
+	run := func(b *testing.B, clients []*http.Client, base string) {
+		var worst time.Duration
+		for i := 0; i < b.N; i++ {
+			var wg sync.WaitGroup
+			firsts := make([]time.Duration, len(clients))
+			for k, c := range clients {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					start := time.Now()
+					resp, err := c.Post(base+"/v1/messages", "application/json", strings.NewReader(body))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					defer resp.Body.Close()
+					r := bufio.NewReader(resp.Body)
+					r.ReadString('\n')
+					firsts[k] = time.Since(start)
+					io.Copy(io.Discard, r)
+				}()
+			}
+			wg.Wait()
+			for _, f := range firsts {
+				worst = max(worst, f)
+			}
+		}
+		b.ReportMetric(float64(worst.Nanoseconds()), "slowest-first-event-ns")
+	}
+	b.Run("direct", func(b *testing.B) { run(b, directClients, up.URL) })
+	b.Run("socket", func(b *testing.B) { run(b, socketClients, "http://localhost") })
+}
