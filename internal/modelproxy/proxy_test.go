@@ -45,31 +45,38 @@ func newWorld(t *testing.T, edit func(*modelproxy.Config), turns ...modeltest.Tu
 	if edit != nil {
 		edit(&cfg)
 	}
+	w.sock, w.client = serveOnSocket(t, cfg)
+	return w
+}
+
+// serveOnSocket builds a proxy of cfg, serves it on a fresh Unix socket
+// until tb ends, and returns the socket and a client that dials it.
+func serveOnSocket(tb testing.TB, cfg modelproxy.Config) (string, *http.Client) {
+	tb.Helper()
 	p, err := modelproxy.New(cfg)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	w.sock = filepath.Join(t.TempDir(), "anthropic.sock")
-	ln, err := net.Listen("unix", w.sock)
+	sock := filepath.Join(tb.TempDir(), "anthropic.sock")
+	ln, err := net.Listen("unix", sock)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Serve(ctx, ln) }()
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
+			tb.Errorf("Serve: %v", err)
 		}
 	})
-	w.client = &http.Client{Transport: &http.Transport{
+	return sock, &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", w.sock)
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 		},
 		MaxConnsPerHost: 64,
 	}}
-	return w
 }
 
 func (w *world) recorded() modelproxy.Usage {
@@ -337,21 +344,7 @@ func TestUpstreamFailures(t *testing.T) {
 	dead := ln.Addr().String()
 	ln.Close()
 	u, _ := url.Parse("http://" + dead)
-	p, err := modelproxy.New(modelproxy.Config{Upstream: u, Key: hostKey})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(t.TempDir(), "m.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go p.Serve(ctx, l)
-	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
+	_, c := serveOnSocket(t, modelproxy.Config{Upstream: u, Key: hostKey})
 	resp, err := c.Post("http://localhost/v1/messages", "application/json", strings.NewReader(modeltest.RequestBody("hi", false)))
 	if err != nil {
 		t.Fatal(err)
@@ -419,21 +412,7 @@ func BenchmarkModelSocket(b *testing.B) {
 	up := modeltest.Start(b, turn)
 	direct := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
 	u, _ := url.Parse(up.URL)
-	p, err := modelproxy.New(modelproxy.Config{Upstream: u, Key: hostKey})
-	if err != nil {
-		b.Fatal(err)
-	}
-	sock := filepath.Join(b.TempDir(), "m.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go p.Serve(ctx, ln)
-	viaSocket := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
+	_, viaSocket := serveOnSocket(b, modelproxy.Config{Upstream: u, Key: hostKey})
 	body := modeltest.RequestBody("bench", true)
 	run := func(b *testing.B, c *http.Client, base string) {
 		var first time.Duration
@@ -469,23 +448,10 @@ func BenchmarkModelSocket16(b *testing.B) {
 	turn := modeltest.Turn{Text: strings.Repeat("y", 64<<10), Chunk: 1 << 10, Input: 10, Output: 100}
 	up := modeltest.Start(b, turn)
 	u, _ := url.Parse(up.URL)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var socketClients, directClients []*http.Client
 	for i := 0; i < sandboxes; i++ {
-		p, err := modelproxy.New(modelproxy.Config{Upstream: u, Key: hostKey})
-		if err != nil {
-			b.Fatal(err)
-		}
-		sock := filepath.Join(b.TempDir(), "m.sock")
-		ln, err := net.Listen("unix", sock)
-		if err != nil {
-			b.Fatal(err)
-		}
-		go p.Serve(ctx, ln)
-		socketClients = append(socketClients, &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-		}}})
+		_, c := serveOnSocket(b, modelproxy.Config{Upstream: u, Key: hostKey})
+		socketClients = append(socketClients, c)
 		directClients = append(directClients, &http.Client{Transport: &http.Transport{}})
 	}
 	body := modeltest.RequestBody("bench", true)
