@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -27,7 +28,8 @@ sandbox downloads anything.`,
 	install := &cobra.Command{
 		Use:   "install AGENT [--version V]",
 		Short: "Install an agent's pinned release (a no-op when it is installed)",
-		Long: fmt.Sprintf(`Install AGENT's release V (default %s for claude): the host's npm client
+		Long: fmt.Sprintf(`Install AGENT's release V (default: the pin in <state>/broker.yaml,
+agents.AGENT.version, else %s for claude): the host's npm client
 looks its platform package up (so npm's registry and proxy settings apply),
 the package is downloaded, checked against the registry's sha512 integrity,
 and its native binary kept at <state>/agents/AGENT/V/bin. No node is needed
@@ -44,6 +46,13 @@ state dirs on one machine download a version once.`, agentbin.ClaudeDefaultVersi
 			if cache == "" {
 				cache = os.Getenv(AgentCacheEnv)
 			}
+			if version == "" {
+				cfg, err := loadBrokerConfig(filepath.Join(dir, BrokerConfigFile))
+				if err != nil {
+					return err
+				}
+				version = cfg.AgentVersions[args[0]] // "" : the built-in default
+			}
 			o := agentbin.Options{StateDir: dir, CacheDir: cache, Progress: cmd.OutOrStdout()}
 			inst, present, err := agentbin.Install(cmd.Context(), o, args[0], version)
 			if err != nil {
@@ -57,7 +66,7 @@ state dirs on one machine download a version once.`, agentbin.ClaudeDefaultVersi
 		},
 	}
 	addStateFlag(install, &state)
-	install.Flags().StringVar(&version, "version", "", "the release to install (default: the pinned one)")
+	install.Flags().StringVar(&version, "version", "", "the release to install (default: broker.yaml's pin, else the built-in one)")
 	install.Flags().StringVar(&cache, "cache", "", "keep verified downloads here (default $"+AgentCacheEnv+")")
 
 	var asJSON bool

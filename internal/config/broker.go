@@ -3,7 +3,9 @@ package config
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -98,6 +100,41 @@ type Broker struct {
 	// SandboxUIDs is the host uid range a broker running as root gives its
 	// sandboxes, one uid (and the same gid) each.
 	SandboxUIDs UIDRange
+	// AgentVersions pins the release of an installable agent (by name:
+	// "claude") in place of its built-in default; absent: the default.
+	AgentVersions map[string]string
+}
+
+// PinnableAgents are the agents `agents:` may pin.
+var PinnableAgents = []string{"claude"}
+
+// agentVersionPattern is a release number: no range, tag or path.
+var agentVersionPattern = regexp.MustCompile(`^[0-9]{1,6}\.[0-9]{1,6}\.[0-9]{1,6}$`)
+
+// decodeAgents reads `agents: {NAME: {version: "X.Y.Z"}}`.
+func decodeAgents(n *yaml.Node, into map[string]string) error {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil
+	}
+	return eachKey(n, "agents", func(name string, k, v *yaml.Node) error {
+		p := join("agents", name)
+		if !slices.Contains(PinnableAgents, name) {
+			return errAt(p, k, "unknown agent (known: %s)", strings.Join(PinnableAgents, ", "))
+		}
+		if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+			return nil
+		}
+		return eachKey(v, p, func(key string, k, v *yaml.Node) error {
+			if key != "version" {
+				return errAt(join(p, key), k, "unknown key")
+			}
+			if v.Kind != yaml.ScalarNode || !agentVersionPattern.MatchString(v.Value) {
+				return errAt(join(p, key), v, "must be a release number such as \"2.1.332\" (no range or tag)")
+			}
+			into[name] = v.Value
+			return nil
+		})
+	})
 }
 
 // Limits are one sandbox's resource limits (cgroups).
@@ -210,6 +247,10 @@ func ParseBroker(data []byte) (*Broker, error) {
 	}
 	var uidsKey *yaml.Node
 	err = eachKey(root, "", func(key string, k, v *yaml.Node) error {
+		if key == "agents" {
+			b.AgentVersions = map[string]string{}
+			return decodeAgents(v, b.AgentVersions)
+		}
 		fields, ok := sections[key]
 		if !ok {
 			return errAt(key, k, "unknown key")

@@ -229,6 +229,13 @@ func TestParseBrokerRefusals(t *testing.T) {
 		{"two documents", "limits: {}\n---\nlimits: {}\n", "more than one YAML document"},
 		{"invalid yaml", "limits: [\n", "invalid YAML: yaml: line 1: did not find expected node content"},
 
+		{"unknown agent", "agents: {codex: {version: 1.0.0}}\n", "agents.codex: unknown agent (known: claude) (line 1)"},
+		{"agent version range", "agents: {claude: {version: ^2.1.0}}\n", `agents.claude.version: must be a release number such as "2.1.332" (no range or tag) (line 1)`},
+		{"agent version tag", "agents: {claude: {version: latest}}\n", `agents.claude.version: must be a release number such as "2.1.332" (no range or tag) (line 1)`},
+		{"agent version path", "agents: {claude: {version: ../x}}\n", `agents.claude.version: must be a release number such as "2.1.332" (no range or tag) (line 1)`},
+		{"agent version list", "agents: {claude: {version: [2]}}\n", `agents.claude.version: must be a release number such as "2.1.332" (no range or tag) (line 1)`},
+		{"agent unknown key", "agents: {claude: {channel: stable}}\n", "agents.claude.channel: unknown key (line 1)"},
+		{"agents not a mapping", "agents: [claude]\n", "agents: must be a mapping (line 1)"},
 		{"int quoted", `limits: {pids: "64"}` + "\n", "limits.pids: must be an integer (line 1)"},
 		{"int bool", "limits: {pids: true}\n", "limits.pids: must be an integer (line 1)"},
 		{"int float", "limits: {cpu_weight: 1.5}\n", "limits.cpu_weight: must be an integer (line 1)"},
@@ -269,6 +276,29 @@ func TestParseBrokerRefusals(t *testing.T) {
 				t.Fatalf("\n got: %s\nwant: %s", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestParseBrokerAgents: `agents` pins an agent's release; absent or
+// null, the built-in default stays (no pin).
+func TestParseBrokerAgents(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want string
+	}{
+		{"agents: {claude: {version: 2.1.330}}\n", "2.1.330"},
+		{"agents: {claude: {version: \"2.1.330\"}}\n", "2.1.330"},
+		{"agents: {claude: null}\n", ""},
+		{"agents: null\n", ""},
+		{"limits: {}\n", ""},
+	} {
+		b, err := ParseBroker([]byte(tc.yaml))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.yaml, err)
+		}
+		if got := b.AgentVersions["claude"]; got != tc.want {
+			t.Errorf("%q: claude pinned to %q, want %q", tc.yaml, got, tc.want)
+		}
 	}
 }
 
