@@ -15,7 +15,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -297,7 +296,7 @@ func testCreateStopped(s *suite) {
 	if inst.Name != name || inst.Running || !uuidPattern.MatchString(inst.UUID) {
 		s.t.Fatalf("Create returned %+v; want name %s, stopped, a v4 uuid", inst, name)
 	}
-	if got, ok := s.find(name); !ok || !reflect.DeepEqual(got, inst) {
+	if got, ok := s.find(name); !ok || got != inst {
 		s.t.Fatalf("List has %+v (found %v), want %+v", got, ok, inst)
 	}
 	if err := s.b.Start(s.t.Context(), name); err != nil {
