@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -22,8 +21,6 @@ import (
 // command's exit status through. The command runs as the agent user (or
 // root, or a numeric uid), in the checkout unless Dir says otherwise, with
 // a fixed base environment plus opts.Env: nothing of the broker's own.
-// Its argv, environment and directory go in a spec on the client's stdin
-// (spec.go), never on a command line.
 func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOptions) (int, error) {
 	if len(opts.Argv) == 0 {
 		return 0, errors.New("exec: empty command")
@@ -44,41 +41,20 @@ func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOption
 		return 0, err
 	}
 	// The marker names this command's processes for a cancel: the incus
-	// client going away does not end them. It is no secret: it is the one
-	// value on the command line.
+	// client going away does not end them.
 	marker := execMarker + "=" + rand.Text()
-	spec, err := execSpec{Argv: opts.Argv, Env: append(env, marker), Dir: backend.WorkDir(opts.Dir)}.encode()
-	if err != nil {
-		return 0, err
+	env = append(env, marker)
+	args := b.inProject("exec", name, "--user", strconv.Itoa(uid), "--group", strconv.Itoa(uid), "--cwd", backend.WorkDir(opts.Dir))
+	for _, kv := range env {
+		args = append(args, "--env", kv)
 	}
-	user := []string{"--user", strconv.Itoa(uid), "--group", strconv.Itoa(uid), "--cwd", "/"}
 	if opts.TTY {
-		// A terminal: its stdin is the terminal, so the spec goes in
-		// first, to a private file the command's own uid reads and
-		// removes. incus ends with the command.
-		out, err := b.run(ctx, spec, append(append([]string{"exec", name}, user...),
-			"--force-noninteractive", "--", ClientPath, StashCommand)...)
-		if err != nil {
-			return 0, fmt.Errorf("exec in %s: pass the command in: %w", name, err)
-		}
-		file := strings.TrimSpace(string(out))
-		if !stashedName(file) {
-			return 0, fmt.Errorf("exec in %s: the command was not passed in", name)
-		}
-		args := b.inProject(append(append([]string{"exec", name}, user...),
-			"--env", marker, "--force-interactive", "--", ClientPath, RunCommand, file)...)
-		code, err := b.runExec(ctx, name, uid, marker, args, nil, opts)
-		if err != nil {
-			// The command may never have come to read its spec.
-			rmCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killTimeout)
-			defer cancel()
-			b.run(rmCtx, nil, append(append([]string{"exec", name}, user...), "--force-noninteractive", "--", "rm", "-f", file)...)
-		}
-		return code, err
+		// A terminal: incus ends with the command.
+		args = append(append(args, "--force-interactive", "--"), opts.Argv...)
+		return b.runExec(ctx, name, uid, marker, args, opts, false)
 	}
-	args := b.inProject(append(append([]string{"exec", name}, user...),
-		"--env", marker, "--force-noninteractive", "--", ClientPath, FrameCommand)...)
-	return b.runExec(ctx, name, uid, marker, args, spec, opts)
+	args = append(append(args, "--force-noninteractive", "--", ClientPath, FrameCommand, "--"), opts.Argv...)
+	return b.runExec(ctx, name, uid, marker, args, opts, true)
 }
 
 // checkRunning returns ErrNotFound or ErrNotRunning for a container that
@@ -94,18 +70,17 @@ func (b *Backend) checkRunning(ctx context.Context, name string) error {
 	return nil
 }
 
-// runExec runs the incus client for one Exec. A framed command (spec not
-// nil) has its spec, then its stdin, go through a pipe this side owns, and
-// its stdout through deframe (see frame.go).
-func (b *Backend) runExec(ctx context.Context, name string, uid int, marker string, args []string, spec []byte, opts backend.ExecOptions) (int, error) {
-	framed := spec != nil
+// runExec runs the incus client for one Exec. A framed command's stdin
+// goes through a pipe this side owns and its stdout through deframe (see
+// frame.go).
+func (b *Backend) runExec(ctx context.Context, name string, uid int, marker string, args []string, opts backend.ExecOptions, framed bool) (int, error) {
 	cmd := exec.Command(b.opts.Incus, args...)
 	cmd.Env = incusEnv()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, opts.Stdout, opts.Stderr
 	var f *framing
 	if framed {
 		var err error
-		if f, err = newFraming(spec, opts); err != nil {
+		if f, err = newFraming(opts); err != nil {
 			return 0, err
 		}
 		defer f.close()
@@ -167,7 +142,6 @@ func (b *Backend) runExec(ctx context.Context, name string, uid int, marker stri
 type framing struct {
 	clientIn, stdinW   *os.File // the client's stdin pipe
 	stdoutR, clientOut *os.File // the client's stdout pipe
-	spec               []byte   // written ahead of stdin
 	stdinSrc           io.Reader
 	stdout             io.Writer
 	closeOnce          sync.Once
@@ -176,8 +150,8 @@ type framing struct {
 	deframed           chan struct{}
 }
 
-func newFraming(spec []byte, opts backend.ExecOptions) (*framing, error) {
-	f := &framing{spec: spec, deframed: make(chan struct{})}
+func newFraming(opts backend.ExecOptions) (*framing, error) {
+	f := &framing{deframed: make(chan struct{})}
 	var err error
 	if f.clientIn, f.stdinW, err = os.Pipe(); err != nil {
 		return nil, err
@@ -202,11 +176,8 @@ func (f *framing) start() {
 	f.clientIn.Close()
 	f.clientOut.Close()
 	go func() {
-		_, err := f.stdinW.Write(f.spec)
 		if f.stdinSrc != nil {
-			if err == nil {
-				io.Copy(f.stdinW, f.stdinSrc)
-			}
+			io.Copy(f.stdinW, f.stdinSrc)
 			closeIfFile(f.stdinSrc)
 		}
 		f.closeStdin()
