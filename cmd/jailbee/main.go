@@ -26,8 +26,8 @@ func main() {
 			os.Exit(unit.LaunchMain())
 		case arg == unit.PtyRelayCommand:
 			os.Exit(unit.PtyRelayMain(os.Args[2:]))
-		case arg == incus.FrameCommand:
-			os.Exit(incus.FrameMain(os.Args[2:]))
+		case incus.IsHelperCommand(arg):
+			os.Exit(incus.HelperMain(os.Args[1:]))
 		case gitx.IsHelperCommand(arg):
 			os.Exit(gitx.HelperMain(os.Args[1:]))
 		}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +22,8 @@ import (
 // command's exit status through. The command runs as the agent user (or
 // root, or a numeric uid), in the checkout unless Dir says otherwise, with
 // a fixed base environment plus opts.Env: nothing of the broker's own.
+// Its argv, environment and directory go in a spec on the client's stdin
+// (spec.go), never on a command line.
 func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOptions) (int, error) {
 	if len(opts.Argv) == 0 {
 		return 0, errors.New("exec: empty command")
@@ -41,20 +44,41 @@ func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOption
 		return 0, err
 	}
 	// The marker names this command's processes for a cancel: the incus
-	// client going away does not end them.
+	// client going away does not end them. It is no secret: it is the one
+	// value on the command line.
 	marker := execMarker + "=" + rand.Text()
-	env = append(env, marker)
-	args := b.inProject("exec", name, "--user", strconv.Itoa(uid), "--group", strconv.Itoa(uid), "--cwd", backend.WorkDir(opts.Dir))
-	for _, kv := range env {
-		args = append(args, "--env", kv)
+	spec, err := execSpec{Argv: opts.Argv, Env: append(env, marker), Dir: backend.WorkDir(opts.Dir)}.encode()
+	if err != nil {
+		return 0, err
 	}
+	user := []string{"--user", strconv.Itoa(uid), "--group", strconv.Itoa(uid), "--cwd", "/"}
 	if opts.TTY {
-		// A terminal: incus ends with the command.
-		args = append(append(args, "--force-interactive", "--"), opts.Argv...)
-		return b.runExec(ctx, name, uid, marker, args, opts, false)
+		// A terminal: its stdin is the terminal, so the spec goes in
+		// first, to a private file the command's own uid reads and
+		// removes. incus ends with the command.
+		out, err := b.run(ctx, spec, append(append([]string{"exec", name}, user...),
+			"--force-noninteractive", "--", ClientPath, StashCommand)...)
+		if err != nil {
+			return 0, fmt.Errorf("exec in %s: pass the command in: %w", name, err)
+		}
+		file := strings.TrimSpace(string(out))
+		if !stashedName(file) {
+			return 0, fmt.Errorf("exec in %s: the command was not passed in", name)
+		}
+		args := b.inProject(append(append([]string{"exec", name}, user...),
+			"--env", marker, "--force-interactive", "--", ClientPath, RunCommand, file)...)
+		code, err := b.runExec(ctx, name, uid, marker, args, nil, opts)
+		if err != nil {
+			// The command may never have come to read its spec.
+			rmCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killTimeout)
+			defer cancel()
+			b.run(rmCtx, nil, append(append([]string{"exec", name}, user...), "--force-noninteractive", "--", "rm", "-f", file)...)
+		}
+		return code, err
 	}
-	args = append(append(args, "--force-noninteractive", "--", ClientPath, FrameCommand, "--"), opts.Argv...)
-	return b.runExec(ctx, name, uid, marker, args, opts, true)
+	args := b.inProject(append(append([]string{"exec", name}, user...),
+		"--env", marker, "--force-noninteractive", "--", ClientPath, FrameCommand)...)
+	return b.runExec(ctx, name, uid, marker, args, spec, opts)
 }
 
 // checkRunning returns ErrNotFound or ErrNotRunning for a container that
@@ -70,17 +94,18 @@ func (b *Backend) checkRunning(ctx context.Context, name string) error {
 	return nil
 }
 
-// runExec runs the incus client for one Exec. A framed command's stdin
-// goes through a pipe this side owns and its stdout through deframe (see
-// frame.go).
-func (b *Backend) runExec(ctx context.Context, name string, uid int, marker string, args []string, opts backend.ExecOptions, framed bool) (int, error) {
+// runExec runs the incus client for one Exec. A framed command (spec not
+// nil) has its spec, then its stdin, go through a pipe this side owns, and
+// its stdout through deframe (see frame.go).
+func (b *Backend) runExec(ctx context.Context, name string, uid int, marker string, args []string, spec []byte, opts backend.ExecOptions) (int, error) {
+	framed := spec != nil
 	cmd := exec.Command(b.opts.Incus, args...)
 	cmd.Env = incusEnv()
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = opts.Stdin, opts.Stdout, opts.Stderr
 	var f *framing
 	if framed {
 		var err error
-		if f, err = newFraming(opts); err != nil {
+		if f, err = newFraming(spec, opts); err != nil {
 			return 0, err
 		}
 		defer f.close()
@@ -142,6 +167,7 @@ func (b *Backend) runExec(ctx context.Context, name string, uid int, marker stri
 type framing struct {
 	clientIn, stdinW   *os.File // the client's stdin pipe
 	stdoutR, clientOut *os.File // the client's stdout pipe
+	spec               []byte   // written ahead of stdin
 	stdinSrc           io.Reader
 	stdout             io.Writer
 	closeOnce          sync.Once
@@ -150,8 +176,8 @@ type framing struct {
 	deframed           chan struct{}
 }
 
-func newFraming(opts backend.ExecOptions) (*framing, error) {
-	f := &framing{deframed: make(chan struct{})}
+func newFraming(spec []byte, opts backend.ExecOptions) (*framing, error) {
+	f := &framing{spec: spec, deframed: make(chan struct{})}
 	var err error
 	if f.clientIn, f.stdinW, err = os.Pipe(); err != nil {
 		return nil, err
@@ -176,8 +202,11 @@ func (f *framing) start() {
 	f.clientIn.Close()
 	f.clientOut.Close()
 	go func() {
+		_, err := f.stdinW.Write(f.spec)
 		if f.stdinSrc != nil {
-			io.Copy(f.stdinW, f.stdinSrc)
+			if err == nil {
+				io.Copy(f.stdinW, f.stdinSrc)
+			}
 			closeIfFile(f.stdinSrc)
 		}
 		f.closeStdin()

@@ -24,9 +24,14 @@ import (
 // caller's stdout at the end of stdout, and closes the client's stdin at
 // the command's end, so the client ends too. A command could write frames
 // of its own only into its own Exec.
+//
+// What the command is (argv, environment, directory) is not on the
+// client's command line, which every host user can read in /proc: it goes
+// ahead of the command's stdin as a spec (spec.go).
 
 // FrameCommand is the hidden jailbee command that frames a command's
-// stdout: jailbee _exec-frame -- ARGV...
+// stdout: `jailbee _exec-frame`, the command's spec (spec.go) first on its
+// stdin, then the command's own stdin.
 const FrameCommand = "_exec-frame"
 
 const (
@@ -34,27 +39,32 @@ const (
 	frameExit = 0xffffffff
 )
 
-// FrameMain is `jailbee _exec-frame -- ARGV...` inside a container.
-func FrameMain(args []string) int {
-	if len(args) < 2 || args[0] != "--" {
-		fmt.Fprintln(os.Stderr, "usage: jailbee _exec-frame -- COMMAND [ARG...]")
+// frameMain is `jailbee _exec-frame` inside a container.
+func frameMain(args []string) int {
+	if len(args) != 0 {
+		fmt.Fprintln(os.Stderr, "usage: jailbee _exec-frame < SPEC+STDIN")
 		return 2
 	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "jailbee _exec-frame: %v\n", err)
+	// The spec is read to its exact end: what follows is the command's.
+	spec, err := readSpec(os.Stdin)
+	r, w, perr := os.Pipe()
+	if perr != nil {
+		fmt.Fprintf(os.Stderr, "jailbee _exec-frame: %v\n", perr)
 		return 1
 	}
-	cmd := exec.Command(args[1], args[2:]...)
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, w, os.Stderr
+	var cmd *exec.Cmd
 	status := 0
-	if err := cmd.Start(); err != nil {
-		if errors.Is(err, exec.ErrNotFound) {
-			fmt.Fprintf(os.Stderr, "jailbee: %s: command not found\n", args[1])
-		} else {
-			fmt.Fprintf(os.Stderr, "jailbee: %v\n", err)
-		}
+	if err == nil {
+		cmd, err = spec.command()
+	}
+	if err == nil {
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, w, os.Stderr
+		err = cmd.Start()
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, startError(spec, err))
 		status = 127
+		cmd = nil
 		w.Close()
 	} else {
 		w.Close()
@@ -80,7 +90,7 @@ func FrameMain(args []string) int {
 	}
 	r.Close()
 	out.Write([]byte{0, 0, 0, 0})
-	if status == 0 && cmd.Process != nil {
+	if cmd != nil {
 		err := cmd.Wait()
 		var ee *exec.ExitError
 		switch {
@@ -133,7 +143,7 @@ func deframe(r io.Reader, out io.Writer, stdoutDone func()) (status int, ok bool
 				stdoutDone()
 			}
 		case n > frameMax:
-			return 0, false // not a stream FrameMain wrote
+			return 0, false // not a stream frameMain wrote
 		default:
 			if _, err := io.ReadFull(r, buf[:n]); err != nil {
 				return 0, false

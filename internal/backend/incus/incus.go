@@ -26,6 +26,7 @@ import (
 
 	"agentbox/internal/backend"
 
+	"go.yaml.in/yaml/v3"
 	"golang.org/x/sys/unix"
 )
 
@@ -164,9 +165,10 @@ func (b *Backend) Type() string { return Type }
 
 // Create implements backend.Backend: a container from the image,
 // labelled as jailbee's, with its limits and the client device, in one
-// call of the REST API (`incus init` and a device add are two, 40 ms
-// more). Its volatile.uuid is chosen here, as Incus would (random,
-// version 4), so reading the new container back is spared too.
+// `incus create` whose configuration goes in on
+// stdin (a label holds a host path: never on a command line, which every
+// host user can read). Its volatile.uuid is chosen here, as Incus would
+// (random, version 4), so reading the new container back is spared.
 func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backend.Instance, error) {
 	if err := backend.ValidateName(opts.Name); err != nil {
 		return backend.Instance{}, err
@@ -197,12 +199,11 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	if b.opts.Pool != "" {
 		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": b.opts.Pool}
 	}
-	req := map[string]any{
-		"name": opts.Name, "type": "container",
-		"source": map[string]string{"type": "image", "alias": b.opts.Image},
-		"config": config, "devices": devices,
+	doc, err := yaml.Marshal(map[string]any{"config": config, "devices": devices})
+	if err != nil {
+		return backend.Instance{}, err
 	}
-	if err := b.post(ctx, "/1.0/instances", req); err != nil {
+	if _, err := b.run(ctx, doc, "create", b.opts.Image, opts.Name, "--quiet"); err != nil {
 		if errors.Is(err, backend.ErrExists) {
 			return backend.Instance{}, fmt.Errorf("%w: %s", backend.ErrExists, opts.Name)
 		}
@@ -469,17 +470,6 @@ func (b *Backend) query(ctx context.Context, path string, out any) error {
 		return fmt.Errorf("incus query %s: %w", path, err)
 	}
 	return nil
-}
-
-// post POSTs body (JSON) to path of the Incus REST API and waits for the
-// operation it starts.
-func (b *Backend) post(ctx context.Context, path string, body any) error {
-	data, err := json.Marshal(body)
-	if err != nil {
-		return err
-	}
-	_, err = b.incus(ctx, nil, "query", "-X", "POST", "--wait", "-d", string(data), b.projectPath(path))
-	return err
 }
 
 // retryConfig runs a config change, again on an ETag race.

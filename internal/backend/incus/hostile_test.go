@@ -1,0 +1,207 @@
+package incus_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"io"
+	"maps"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/backend/backendtest"
+	"agentbox/internal/backend/incus"
+	"agentbox/internal/term"
+	"agentbox/internal/testutil/wait"
+)
+
+// TestHostileReview: what an attacker's review of the backend found, on
+// one sandbox shared by the subtests (in order: each leaves it as it
+// found it, running and whole).
+func TestHostileReview(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "hostile"
+	secret := "jbsecret-" + strings.ToLower(rand.Text())
+	sock := backendtest.SocketDir(t, "hello\n")
+
+	// Created and run while an unprivileged host user watches every
+	// process's command line: a label holds a host path with the secret.
+	t.Run("NoSecretOnAHostCommandLine", func(t *testing.T) {
+		w := watchProcs(t, secret)
+		labels := map[string]string{"role": "child", "repo": "/srv/" + secret + "/repo"}
+		if _, err := b.Create(ctx, backend.CreateOptions{Name: name, Labels: labels}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.AttachSocket(ctx, name, sock); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Start(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		// The command's own argv is its own (every host user reads a
+		// container process's argv as any other's): it gives the secret
+		// up at once (exec), and the check allows exactly that argv.
+		argv := []string{"sh", "-c", `test "$JB_SECRET" = "$0" && exec sleep 1`, secret}
+		env := map[string]string{"JB_SECRET": secret}
+		code, err := b.Exec(ctx, name, backend.ExecOptions{Argv: argv, Env: env})
+		if err != nil || code != 0 {
+			t.Fatalf("a command given the secret: %d, %v", code, err)
+		}
+		master, slave, err := term.OpenPTY()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer master.Close()
+		go io.Copy(io.Discard, master)
+		code, err = b.Exec(ctx, name, backend.ExecOptions{Argv: argv, Env: env, TTY: true, Stdin: slave, Stdout: slave, Stderr: slave})
+		slave.Close()
+		if err != nil || code != 0 {
+			t.Fatalf("a terminal's command given the secret: %d, %v", code, err)
+		}
+		if leaks := w.stop(argv); len(leaks) > 0 {
+			t.Fatalf("host processes showed the secret to an unprivileged user (command line or environment): %s", strings.Join(leaks, "; "))
+		}
+		// No stashed spec is left behind.
+		if out := sh(t, b, name, "root", "ls -A /tmp"); strings.Contains(out, ".jailbee-exec-") {
+			t.Fatalf("a terminal's spec was left in /tmp: %q", out)
+		}
+	})
+	if t.Failed() {
+		return
+	}
+
+}
+
+// sh runs a script as user ("" the agent) and fails t unless it exits 0.
+func sh(t *testing.T, b *incus.Backend, name, user, script string) string {
+	t.Helper()
+	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: user, Argv: []string{"sh", "-c", script}})
+	if r.Code != 0 {
+		t.Fatalf("sh -c %q exited %d: %s", script, r.Code, r.Stderr)
+	}
+	return strings.TrimSpace(r.Stdout)
+}
+
+// procWatch is an unprivileged host user (nobody) reading every host
+// process's command line and environment, over and over, for a value.
+type procWatch struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	mu      sync.Mutex
+	hits    map[string]string // /proc/PID/FILE -> its content, when it held the value
+	control bool              // the control value was seen
+	done    chan struct{}
+	once    sync.Once
+}
+
+// watchProcs starts the watch for secret once it has seen a control
+// value in a host process of the test's own (so a watch that sees
+// nothing is one that would have seen it).
+func watchProcs(t *testing.T, secret string) *procWatch {
+	t.Helper()
+	control := "jbcontrol-" + strings.ToLower(rand.Text())
+	script := `pat=$(mktemp); cat >"$pat"
+while :; do
+	grep -lF -f "$pat" /proc/[0-9]*/cmdline /proc/[0-9]*/environ 2>/dev/null | while read -r f; do
+		printf '%s %s\n' "$f" "$(base64 -w0 <"$f" 2>/dev/null)"
+	done
+done`
+	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--", "sh", "-c", script)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Stdin = strings.NewReader(secret + "\n" + control + "\n")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("setpriv: %v", err)
+	}
+	w := &procWatch{t: t, cmd: cmd, hits: map[string]string{}, done: make(chan struct{})}
+	t.Cleanup(w.kill)
+	go func() {
+		defer close(w.done)
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 8<<20)
+		for sc.Scan() {
+			file, enc, _ := strings.Cut(sc.Text(), " ")
+			data, _ := base64.StdEncoding.DecodeString(enc)
+			w.mu.Lock()
+			switch {
+			case bytes.Contains(data, []byte(control)):
+				w.control = true
+			case bytes.Contains(data, []byte(secret)):
+				if _, ok := w.hits[file]; !ok {
+					w.hits[file] = string(data)
+				}
+			}
+			w.mu.Unlock()
+		}
+	}()
+	ctl := exec.Command("sh", "-c", "sleep 30", "sh", control)
+	if err := ctl.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { ctl.Process.Kill(); ctl.Wait() }()
+	wait.For(t, "the watch to see a command line", func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.control
+	})
+	return w
+}
+
+// stop ends the watch and returns where the secret was seen, except in
+// the command line of the command itself (own: its argv): which file and
+// process, never the secret.
+func (w *procWatch) stop(own []string) []string {
+	time.Sleep(100 * time.Millisecond) // one more pass
+	w.kill()
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	self := strings.Join(own, "\x00") + "\x00"
+	var out []string
+	for _, file := range slices.Sorted(maps.Keys(w.hits)) {
+		if strings.HasSuffix(file, "/cmdline") && w.hits[file] == self {
+			continue
+		}
+		out = append(out, file+" ("+describe(w.hits[file], file)+")")
+	}
+	return out
+}
+
+// describe names a process by its program and the options it was given
+// (words starting with -), nothing else of its command line.
+func describe(content, file string) string {
+	if strings.HasSuffix(file, "/environ") {
+		return "environment"
+	}
+	words := strings.Split(strings.TrimSuffix(content, "\x00"), "\x00")
+	shown := []string{filepath.Base(words[0])}
+	for _, w := range words[1:] {
+		if optionRE.MatchString(w) || w == "exec" || w == "create" || w == "query" || w == "forkexec" {
+			shown = append(shown, w)
+		}
+	}
+	return strings.Join(shown, " ")
+}
+
+var optionRE = regexp.MustCompile(`^--?[a-z-]+$`)
+
+func (w *procWatch) kill() {
+	w.once.Do(func() {
+		syscall.Kill(-w.cmd.Process.Pid, syscall.SIGKILL)
+		w.cmd.Wait()
+	})
+}
