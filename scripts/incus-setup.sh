@@ -7,8 +7,9 @@
 #   - a "dir" storage pool named default and the default profile's root disk;
 #   - where the kernel has btrfs, a btrfs pool named jailbee on a loop file
 #     (new sandboxes are snapshots of the unpacked image there: about 0.4 s
-#     to create instead of 3-5 s on dir); `jailbee broker --incus-pool
-#     jailbee` and the tests use it when it exists;
+#     to create instead of 3-5 s on dir), and it holds each sandbox to its
+#     disk limit (limits.disk), which dir cannot; `jailbee broker
+#     --incus-pool jailbee` and the tests use it when it exists;
 #   - `jailbee image build` (kept by Incus between runs: idempotent).
 # Usage: scripts/incus-setup.sh [JAILBEE_BINARY]   (needs root)
 set -euo pipefail

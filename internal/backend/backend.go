@@ -64,6 +64,9 @@ type Limits struct {
 	Pids        int64 // tasks (processes and threads)
 	MemoryBytes int64
 	CPUWeight   int // relative, 1..10000 (cgroup v2 scale)
+	// DiskBytes bounds the sandbox's root filesystem (Incus: the root
+	// disk's size); a backend without one of its own (local) ignores it.
+	DiskBytes int64
 }
 
 // IsZero reports whether no limit is set.

@@ -28,18 +28,26 @@ func TestRepoLimitsOverrideBrokerDefaults(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(e.repo, ".jailbee"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	yaml := "limits:\n  pids: 100\n  memory: 96MiB\n"
+	yaml := "limits:\n  pids: 100\n  memory: 96MiB\n  disk: 1GiB\n"
 	if err := os.WriteFile(filepath.Join(e.repo, ".jailbee", "config.yaml"), []byte(yaml), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	e.orchestrator("capped")
 
 	def := config.DefaultBroker().Limits
-	if got, want := e.limits("plain"), (backend.Limits{Pids: def.Pids, MemoryBytes: def.MemoryBytes, CPUWeight: def.CPUWeight}); got != want {
+	// The disk limit is the root disk's size on Incus; the local backend
+	// has no disk of its own to size.
+	disk := func(d int64) int64 {
+		if e.incusProject == "" {
+			return 0
+		}
+		return d
+	}
+	if got, want := e.limits("plain"), (backend.Limits{Pids: def.Pids, MemoryBytes: def.MemoryBytes, CPUWeight: def.CPUWeight, DiskBytes: disk(def.DiskBytes)}); got != want {
 		t.Errorf("plain: %+v, want the broker's defaults %+v", got, want)
 	}
-	if got, want := e.limits("capped"), (backend.Limits{Pids: 100, MemoryBytes: 96 << 20, CPUWeight: def.CPUWeight}); got != want {
-		t.Errorf("capped: %+v, want the repository's pids and memory with the default weight %+v", got, want)
+	if got, want := e.limits("capped"), (backend.Limits{Pids: 100, MemoryBytes: 96 << 20, CPUWeight: def.CPUWeight, DiskBytes: disk(1 << 30)}); got != want {
+		t.Errorf("capped: %+v, want the repository's pids, memory and disk with the default weight %+v", got, want)
 	}
 	// The limit holds inside: the shell's fork fails at 100 tasks.
 	res, err := e.execIn("capped", "", "sh", "-c", "i=0; while [ $i -lt 150 ]; do sleep 30 </dev/null >/dev/null 2>&1 & i=$((i+1)); done")
@@ -53,7 +61,8 @@ func TestRepoLimitsOverrideBrokerDefaults(t *testing.T) {
 
 // limits reads a sandbox's limits where its backend keeps them: the local
 // backend's cgroups, or the Incus container's limits.* config (whose CPU
-// allowance, a percentage capped at 100, reads back as a weight).
+// allowance, a percentage capped at 100, reads back as a weight) and its
+// root disk's size.
 func (e *testEnv) limits(name string) backend.Limits {
 	e.t.Helper()
 	if e.incusProject != "" {
@@ -67,10 +76,12 @@ func (e *testEnv) limits(name string) backend.Limits {
 		pids, err1 := strconv.ParseInt(get("limits.processes"), 10, 64)
 		mem, err2 := strconv.ParseInt(strings.TrimSuffix(get("limits.memory"), "B"), 10, 64)
 		cpu, err3 := strconv.Atoi(strings.TrimSuffix(get("limits.cpu.allowance"), "%"))
-		if err := errors.Join(err1, err2, err3); err != nil {
+		out, err4 := exec.Command("incus", "config", "device", "get", "--project", e.incusProject, name, "root", "size").Output()
+		disk, err5 := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(string(out)), "B"), 10, 64)
+		if err := errors.Join(err1, err2, err3, err4, err5); err != nil {
 			e.t.Fatalf("limits of %s: %v", name, err)
 		}
-		return backend.Limits{Pids: pids, MemoryBytes: mem, CPUWeight: cpu}
+		return backend.Limits{Pids: pids, MemoryBytes: mem, CPUWeight: cpu, DiskBytes: disk}
 	}
 	h, err := cgroup.Detect()
 	if err != nil {

@@ -137,7 +137,7 @@ func newBareSpawner(b *testing.B, e *testEnv) bareOp {
 	s := &bareSpawner{be: be, src: src, commit: commit}
 	if !noLimits() {
 		l := config.DefaultBroker().Limits
-		s.limits = backend.Limits{Pids: l.Pids, MemoryBytes: l.MemoryBytes, CPUWeight: l.CPUWeight}
+		s.limits = backend.Limits{Pids: l.Pids, MemoryBytes: l.MemoryBytes, CPUWeight: l.CPUWeight, DiskBytes: l.DiskBytes}
 	}
 	return s
 }

@@ -34,6 +34,16 @@ const (
 	// DefaultMemoryBytes is limits.memory when broker.yaml does not set it.
 	DefaultMemoryBytes = 4 << 30
 
+	// MinDiskBytes is the smallest root disk a sandbox may be limited to:
+	// the sandbox image takes about 230 MiB of it (on a btrfs pool the
+	// image's own blocks count), which leaves room for a small checkout.
+	MinDiskBytes = 512 << 20
+	// MaxDiskBytes is the largest root disk limit; more is a typo.
+	MaxDiskBytes = 1 << 44
+	// DefaultDiskBytes is limits.disk when broker.yaml does not set it:
+	// a checkout, its dependencies and build output.
+	DefaultDiskBytes = 16 << 30
+
 	// MinCPUWeight and MaxCPUWeight are cgroup v2's cpu.weight range.
 	MinCPUWeight = 1
 	MaxCPUWeight = 10000
@@ -139,6 +149,10 @@ type Limits struct {
 	// contended, on cgroup v2's scale 1..10000 (cpu.weight; cgroup v1
 	// cpu.shares = CPUWeight*1024/100).
 	CPUWeight int
+	// DiskBytes is the size of the sandbox's root filesystem (Incus: the
+	// root disk's size; the local backend has no disk of its own and
+	// ignores it).
+	DiskBytes int64
 }
 
 // LimitsOverride is a repository's `limits` section: each non-nil field
@@ -147,6 +161,7 @@ type LimitsOverride struct {
 	Pids        *int64
 	MemoryBytes *int64
 	CPUWeight   *int
+	DiskBytes   *int64
 }
 
 // InboxQuota bounds what one sandbox's inbox holds unread.
@@ -167,7 +182,7 @@ type UIDRange struct {
 // DefaultBroker returns the config of a broker without broker.yaml.
 func DefaultBroker() *Broker {
 	return &Broker{
-		Limits: Limits{Pids: DefaultPids, MemoryBytes: DefaultMemoryBytes, CPUWeight: DefaultCPUWeight},
+		Limits: Limits{Pids: DefaultPids, MemoryBytes: DefaultMemoryBytes, CPUWeight: DefaultCPUWeight, DiskBytes: DefaultDiskBytes},
 		Inbox:  InboxQuota{MaxUnreadItems: DefaultInboxUnreadItems, MaxUnreadBytes: DefaultInboxUnreadBytes},
 		SandboxUIDs: UIDRange{
 			First: DefaultSandboxUIDFirst,
@@ -186,6 +201,9 @@ func (l Limits) Override(o LimitsOverride) Limits {
 	}
 	if o.CPUWeight != nil {
 		l.CPUWeight = *o.CPUWeight
+	}
+	if o.DiskBytes != nil {
+		l.DiskBytes = *o.DiskBytes
 	}
 	return l
 }
@@ -282,7 +300,7 @@ func (b *Broker) Validate() error {
 // path under `limits`.
 func (o LimitsOverride) Validate() error {
 	l := Limits{}.Override(o)
-	set := []bool{o.Pids != nil, o.MemoryBytes != nil, o.CPUWeight != nil} // in fields() order
+	set := []bool{o.Pids != nil, o.MemoryBytes != nil, o.CPUWeight != nil, o.DiskBytes != nil} // in fields() order
 	for i, f := range l.fields() {
 		if set[i] && !f.inBounds(f.get()) {
 			return &Error{Path: "limits." + f.key, Msg: f.boundsMsg()}
@@ -336,6 +354,9 @@ func decodeLimitsOverride(n *yaml.Node, path string) (LimitsOverride, error) {
 	if seen["cpu_weight"] {
 		o.CPUWeight = &l.CPUWeight
 	}
+	if seen["disk"] {
+		o.DiskBytes = &l.DiskBytes
+	}
 	return o, nil
 }
 
@@ -357,6 +378,8 @@ func (l *Limits) fields() []field {
 			get: func() int64 { return l.MemoryBytes }, set: func(v int64) { l.MemoryBytes = v }},
 		{key: "cpu_weight", min: MinCPUWeight, max: MaxCPUWeight,
 			get: func() int64 { return int64(l.CPUWeight) }, set: func(v int64) { l.CPUWeight = int(v) }},
+		{key: "disk", size: true, min: MinDiskBytes, max: MaxDiskBytes,
+			get: func() int64 { return l.DiskBytes }, set: func(v int64) { l.DiskBytes = v }},
 	}
 }
 

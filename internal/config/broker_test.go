@@ -16,6 +16,7 @@ limits:
   pids: 2048
   memory: 8GiB
   cpu_weight: 200
+  disk: 40GiB
 inbox:
   max_unread_items: 500
   max_unread_bytes: 16MiB
@@ -30,7 +31,7 @@ func TestParseBrokerFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := &Broker{
-		Limits:      Limits{Pids: 2048, MemoryBytes: 8 << 30, CPUWeight: 200},
+		Limits:      Limits{Pids: 2048, MemoryBytes: 8 << 30, CPUWeight: 200, DiskBytes: 40 << 30},
 		Inbox:       InboxQuota{MaxUnreadItems: 500, MaxUnreadBytes: 16 << 20},
 		SandboxUIDs: UIDRange{First: 200000, Count: 65536},
 	}
@@ -41,7 +42,7 @@ func TestParseBrokerFull(t *testing.T) {
 
 func TestDefaultBroker(t *testing.T) {
 	want := &Broker{
-		Limits:      Limits{Pids: 1024, MemoryBytes: 4 << 30, CPUWeight: 100},
+		Limits:      Limits{Pids: 1024, MemoryBytes: 4 << 30, CPUWeight: 100, DiskBytes: 16 << 30},
 		Inbox:       InboxQuota{MaxUnreadItems: 1000, MaxUnreadBytes: 32 << 20},
 		SandboxUIDs: UIDRange{First: 1073741824, Count: 1048576},
 	}
@@ -54,7 +55,7 @@ func TestDefaultBroker(t *testing.T) {
 	for _, in := range []string{
 		"", "\n", "# only a comment\n", "# a\n\n# b\n", "~\n", "---\n", "--- # c\n",
 		"limits:\n", "limits: {}\n", "inbox: ~\n", "sandbox_uids: null\n",
-		"limits: {pids: ~, memory: null, cpu_weight: }\n",
+		"limits: {pids: ~, memory: null, cpu_weight: , disk: ~}\n",
 	} {
 		t.Run(in, func(t *testing.T) {
 			b, err := ParseBroker([]byte(in))
@@ -76,6 +77,7 @@ func TestParseBrokerMissingKeysTakeDefaults(t *testing.T) {
 		{"pids only", "limits: {pids: 64}\n", func(b *Broker) { b.Limits.Pids = 64 }},
 		{"memory only", "limits: {memory: 1GiB}\n", func(b *Broker) { b.Limits.MemoryBytes = 1 << 30 }},
 		{"cpu_weight only", "limits: {cpu_weight: 50}\n", func(b *Broker) { b.Limits.CPUWeight = 50 }},
+		{"disk only", "limits: {disk: 2GiB}\n", func(b *Broker) { b.Limits.DiskBytes = 2 << 30 }},
 		{"items only", "inbox: {max_unread_items: 10}\n", func(b *Broker) { b.Inbox.MaxUnreadItems = 10 }},
 		{"bytes only", "inbox: {max_unread_bytes: 1MiB}\n", func(b *Broker) { b.Inbox.MaxUnreadBytes = 1 << 20 }},
 		{"first only", "sandbox_uids: {first: 300000}\n", func(b *Broker) { b.SandboxUIDs.First = 300000 }},
@@ -160,6 +162,13 @@ func TestParseBrokerBounds(t *testing.T) {
 		{"cpu_weight below min", "limits: {cpu_weight: 0}\n", "limits.cpu_weight: must be 1 to 10000 (line 1)"},
 		{"cpu_weight at max", "limits: {cpu_weight: 10000}\n", ""},
 		{"cpu_weight past max", "limits: {cpu_weight: 10001}\n", "limits.cpu_weight: must be 1 to 10000 (line 1)"},
+
+		{"disk at min", "limits: {disk: 512MiB}\n", ""},
+		{"disk below min", "limits: {disk: 536870911}\n", "limits.disk: must be 512MiB to 16TiB (line 1)"},
+		{"disk at max", "limits: {disk: 16TiB}\n", ""},
+		{"disk past max", "limits: {disk: 17592186044417}\n", "limits.disk: must be 512MiB to 16TiB (line 1)"},
+		{"disk zero", "limits: {disk: 0}\n", "limits.disk: must be 512MiB to 16TiB (line 1)"},
+		{"disk in decimal units", "limits: {disk: 20GB}\n", "limits.disk: unit `GB` is not accepted: use the binary units B, KiB, MiB, GiB or TiB (1GiB = 1024MiB) (line 1)"},
 
 		{"items at min", "inbox: {max_unread_items: 1}\n", ""},
 		{"items below min", "inbox: {max_unread_items: 0}\n", "inbox.max_unread_items: must be 1 to 1000000 (line 1)"},
@@ -321,6 +330,7 @@ func TestBrokerValidate(t *testing.T) {
 		{"pids", func(b *Broker) { b.Limits.Pids = MinPids - 1 }, "limits.pids: must be 16 to 4194304"},
 		{"memory", func(b *Broker) { b.Limits.MemoryBytes = MaxMemoryBytes + 1 }, "limits.memory: must be 32MiB to 1TiB"},
 		{"cpu_weight", func(b *Broker) { b.Limits.CPUWeight = 0 }, "limits.cpu_weight: must be 1 to 10000"},
+		{"disk", func(b *Broker) { b.Limits.DiskBytes = MinDiskBytes - 1 }, "limits.disk: must be 512MiB to 16TiB"},
 		{"items", func(b *Broker) { b.Inbox.MaxUnreadItems = MaxInboxUnreadItems + 1 }, "inbox.max_unread_items: must be 1 to 1000000"},
 		{"bytes", func(b *Broker) { b.Inbox.MaxUnreadBytes = MinInboxUnreadBytes - 1 }, "inbox.max_unread_bytes: must be 64KiB to 1GiB"},
 		{"first", func(b *Broker) { b.SandboxUIDs.First = MinSandboxUID - 1 }, "sandbox_uids.first: must be 100000 to 2147483646"},
@@ -380,17 +390,18 @@ func TestUIDRange(t *testing.T) {
 
 func TestLimitsOverride(t *testing.T) {
 	base := DefaultBroker().Limits
-	p, m, c := int64(64), int64(1<<30), 500
+	p, m, c, d := int64(64), int64(1<<30), 500, int64(2<<30)
 	tests := []struct {
 		name string
 		o    LimitsOverride
 		want Limits
 	}{
 		{"none", LimitsOverride{}, base},
-		{"pids", LimitsOverride{Pids: &p}, Limits{Pids: 64, MemoryBytes: base.MemoryBytes, CPUWeight: base.CPUWeight}},
-		{"memory", LimitsOverride{MemoryBytes: &m}, Limits{Pids: base.Pids, MemoryBytes: 1 << 30, CPUWeight: base.CPUWeight}},
-		{"cpu_weight", LimitsOverride{CPUWeight: &c}, Limits{Pids: base.Pids, MemoryBytes: base.MemoryBytes, CPUWeight: 500}},
-		{"all", LimitsOverride{Pids: &p, MemoryBytes: &m, CPUWeight: &c}, Limits{Pids: 64, MemoryBytes: 1 << 30, CPUWeight: 500}},
+		{"pids", LimitsOverride{Pids: &p}, Limits{Pids: 64, MemoryBytes: base.MemoryBytes, CPUWeight: base.CPUWeight, DiskBytes: base.DiskBytes}},
+		{"memory", LimitsOverride{MemoryBytes: &m}, Limits{Pids: base.Pids, MemoryBytes: 1 << 30, CPUWeight: base.CPUWeight, DiskBytes: base.DiskBytes}},
+		{"cpu_weight", LimitsOverride{CPUWeight: &c}, Limits{Pids: base.Pids, MemoryBytes: base.MemoryBytes, CPUWeight: 500, DiskBytes: base.DiskBytes}},
+		{"disk", LimitsOverride{DiskBytes: &d}, Limits{Pids: base.Pids, MemoryBytes: base.MemoryBytes, CPUWeight: base.CPUWeight, DiskBytes: 2 << 30}},
+		{"all", LimitsOverride{Pids: &p, MemoryBytes: &m, CPUWeight: &c, DiskBytes: &d}, Limits{Pids: 64, MemoryBytes: 1 << 30, CPUWeight: 500, DiskBytes: 2 << 30}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -405,7 +416,7 @@ func TestLimitsOverride(t *testing.T) {
 }
 
 func TestLimitsOverrideValidate(t *testing.T) {
-	low, high, zero := int64(MinPids-1), int64(MaxMemoryBytes+1), 0
+	low, high, zero, small := int64(MinPids-1), int64(MaxMemoryBytes+1), 0, int64(MinDiskBytes-1)
 	ok := int64(MinPids)
 	tests := []struct {
 		name string
@@ -417,6 +428,7 @@ func TestLimitsOverrideValidate(t *testing.T) {
 		{"pids", LimitsOverride{Pids: &low}, "limits.pids: must be 16 to 4194304"},
 		{"memory", LimitsOverride{MemoryBytes: &high}, "limits.memory: must be 32MiB to 1TiB"},
 		{"cpu_weight", LimitsOverride{CPUWeight: &zero}, "limits.cpu_weight: must be 1 to 10000"},
+		{"disk", LimitsOverride{DiskBytes: &small}, "limits.disk: must be 512MiB to 16TiB"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

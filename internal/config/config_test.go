@@ -264,12 +264,13 @@ func TestRepoLimits(t *testing.T) {
 		{"absent", "agents: {}\n", LimitsOverride{}},
 		{"null section", "limits:\n", LimitsOverride{}},
 		{"empty section", "limits: {}\n", LimitsOverride{}},
-		{"null keys", "limits: {pids: ~, memory: null, cpu_weight: }\n", LimitsOverride{}},
+		{"null keys", "limits: {pids: ~, memory: null, cpu_weight: , disk: ~}\n", LimitsOverride{}},
 		{"pids only", "limits: {pids: 64}\n", LimitsOverride{Pids: i64(64)}},
 		{"memory only", "limits: {memory: 512MiB}\n", LimitsOverride{MemoryBytes: i64(512 << 20)}},
 		{"memory in bytes", "limits: {memory: 33554432}\n", LimitsOverride{MemoryBytes: i64(32 << 20)}},
 		{"cpu_weight only", "limits: {cpu_weight: 400}\n", LimitsOverride{CPUWeight: i(400)}},
-		{"all", "limits:\n  pids: 2048\n  memory: 8GiB\n  cpu_weight: 50\n", LimitsOverride{Pids: i64(2048), MemoryBytes: i64(8 << 30), CPUWeight: i(50)}},
+		{"disk only", "limits: {disk: 4GiB}\n", LimitsOverride{DiskBytes: i64(4 << 30)}},
+		{"all", "limits:\n  pids: 2048\n  memory: 8GiB\n  cpu_weight: 50\n  disk: 64GiB\n", LimitsOverride{Pids: i64(2048), MemoryBytes: i64(8 << 30), CPUWeight: i(50), DiskBytes: i64(64 << 30)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -287,7 +288,7 @@ func TestRepoLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := DefaultBroker().Limits.Override(c.Limits)
-	if got != (Limits{Pids: DefaultPids, MemoryBytes: 1 << 30, CPUWeight: DefaultCPUWeight}) {
+	if got != (Limits{Pids: DefaultPids, MemoryBytes: 1 << 30, CPUWeight: DefaultCPUWeight, DiskBytes: DefaultDiskBytes}) {
 		t.Fatalf("broker defaults overridden by the repo = %+v", got)
 	}
 }
@@ -301,7 +302,10 @@ func showOverride(o LimitsOverride) string {
 		s += fmt.Sprintf("memory:%d ", *o.MemoryBytes)
 	}
 	if o.CPUWeight != nil {
-		s += fmt.Sprintf("cpu_weight:%d", *o.CPUWeight)
+		s += fmt.Sprintf("cpu_weight:%d ", *o.CPUWeight)
+	}
+	if o.DiskBytes != nil {
+		s += fmt.Sprintf("disk:%d", *o.DiskBytes)
 	}
 	return s + "}"
 }
@@ -318,6 +322,8 @@ func TestRepoLimitsRefusals(t *testing.T) {
 		{"memory past max", "limits: {memory: 1099511627777}\n", "limits.memory: must be 32MiB to 1TiB (line 1)"},
 		{"cpu_weight at min", "limits: {cpu_weight: 1}\n", ""},
 		{"cpu_weight below min", "limits: {cpu_weight: 0}\n", "limits.cpu_weight: must be 1 to 10000 (line 1)"},
+		{"disk at min", "limits: {disk: 512MiB}\n", ""},
+		{"disk below min", "limits: {disk: 511MiB}\n", "limits.disk: must be 512MiB to 16TiB (line 1)"},
 		{"cpu_weight at max", "limits: {cpu_weight: 10000}\n", ""},
 		{"cpu_weight past max", "limits: {cpu_weight: 10001}\n", "limits.cpu_weight: must be 1 to 10000 (line 1)"},
 

@@ -260,7 +260,7 @@ func (o *Orchestrator) limitsFor(repo string) (backend.Limits, error) {
 		return backend.Limits{}, err
 	}
 	l := o.Sandboxes.Limits.Override(cfg.Limits)
-	return backend.Limits{Pids: l.Pids, MemoryBytes: l.MemoryBytes, CPUWeight: l.CPUWeight}, nil
+	return backend.Limits{Pids: l.Pids, MemoryBytes: l.MemoryBytes, CPUWeight: l.CPUWeight, DiskBytes: l.DiskBytes}, nil
 }
 
 // claimHostUID picks and records a host uid for a new sandbox: random in

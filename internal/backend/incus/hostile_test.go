@@ -6,12 +6,14 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"io"
 	"maps"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +23,7 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/backendtest"
 	"agentbox/internal/backend/incus"
+	"agentbox/internal/backend/incus/incustest"
 	"agentbox/internal/term"
 	"agentbox/internal/testutil/wait"
 )
@@ -30,6 +33,9 @@ import (
 // found it, running and whole).
 func TestHostileReview(t *testing.T) {
 	b := newBackend(t)
+	if incustest.Pool() == "" {
+		t.Skipf("no %s pool: a disk limit needs a pool that holds it (docs/incus.md)", incustest.FastPool)
+	}
 	ctx := context.Background()
 	const name = "hostile"
 	secret := "jbsecret-" + strings.ToLower(rand.Text())
@@ -40,7 +46,7 @@ func TestHostileReview(t *testing.T) {
 	t.Run("NoSecretOnAHostCommandLine", func(t *testing.T) {
 		w := watchProcs(t, secret)
 		labels := map[string]string{"role": "child", "repo": "/srv/" + secret + "/repo"}
-		if _, err := b.Create(ctx, backend.CreateOptions{Name: name, Labels: labels}); err != nil {
+		if _, err := b.Create(ctx, backend.CreateOptions{Name: name, Labels: labels, Limits: backend.Limits{DiskBytes: diskLimit}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.AttachSocket(ctx, name, sock); err != nil {
@@ -81,6 +87,50 @@ func TestHostileReview(t *testing.T) {
 		return
 	}
 
+	// The root disk is limited: writing stops near the limit (the
+	// image's own blocks count on btrfs), with ENOSPC or EDQUOT.
+	t.Run("RootDiskLimit", func(t *testing.T) {
+		r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
+			"err=$(dd if=/dev/zero of=/fill bs=1M count=1024 conv=fsync 2>&1); s=$?; stat -c %s /fill; echo \"$err\"; rm -f /fill; exit $s"}})
+		lines := strings.SplitN(r.Stdout, "\n", 2)
+		written, err := strconv.ParseInt(lines[0], 10, 64)
+		if err != nil || r.Code == 0 {
+			t.Fatalf("dd of 1 GiB into a %d MiB root disk: exit %d, %q", diskLimit>>20, r.Code, r.Stdout)
+		}
+		if !strings.Contains(r.Stdout, "No space left on device") && !strings.Contains(r.Stdout, "Disk quota exceeded") {
+			t.Fatalf("dd did not stop for space: %q", r.Stdout)
+		}
+		const slack = 16 << 20
+		if written <= 0 || written > diskLimit+slack {
+			t.Fatalf("wrote %d bytes into a root disk of %d", written, diskLimit)
+		}
+		t.Logf("wrote %d MiB into a %d MiB root disk", written>>20, diskLimit>>20)
+	})
+}
+
+// diskLimit is the hostile sandbox's root disk.
+const diskLimit = 512 << 20
+
+// TestDiskLimitNeedsAPoolThatHoldsIt: a dir pool takes a root disk's size
+// and ignores it; a disk limit there is refused, saying what to do.
+func TestDiskLimitNeedsAPoolThatHoldsIt(t *testing.T) {
+	project := incustest.Project(t)
+	out, err := exec.Command("incus", "query", "/1.0/storage-pools/default").Output()
+	var pool struct{ Driver string }
+	if err != nil || json.Unmarshal(out, &pool) != nil || pool.Driver != "dir" {
+		t.Skip("no dir pool named default here")
+	}
+	b, err := incus.New(context.Background(), incus.Options{Project: project, Pool: "default"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = b.Create(context.Background(), backend.CreateOptions{Name: "x", Limits: backend.Limits{DiskBytes: diskLimit}})
+	if err == nil || !strings.Contains(err.Error(), `storage pool "default" (dir) cannot hold a sandbox to its disk limit`) {
+		t.Fatalf("a disk limit on a dir pool: %v", err)
+	}
+	if out, _ := exec.Command("incus", "list", "--project", project, "-f", "csv", "-c", "n").Output(); len(bytes.TrimSpace(out)) > 0 {
+		t.Fatalf("a container was made: %s", out)
+	}
 }
 
 // sh runs a script as user ("" the agent) and fails t unless it exits 0.

@@ -104,6 +104,7 @@ type Backend struct {
 	// jailbee, takes Incus's own rights to make.
 	mu      sync.Mutex
 	managed map[string]bool
+	pool    string // the root disks' pool, once known to size them (sizedPool)
 }
 
 // seen records a container of this backend and whether it runs.
@@ -164,8 +165,8 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 func (b *Backend) Type() string { return Type }
 
 // Create implements backend.Backend: a container from the image,
-// labelled as jailbee's, with its limits and the client device, in one
-// `incus create` whose configuration goes in on
+// labelled as jailbee's, with its limits, its root disk's size and the
+// client device, in one `incus create` whose configuration goes in on
 // stdin (a label holds a host path: never on a command line, which every
 // host user can read). Its volatile.uuid is chosen here, as Incus would
 // (random, version 4), so reading the new container back is spared.
@@ -199,6 +200,13 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	if b.opts.Pool != "" {
 		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": b.opts.Pool}
 	}
+	if disk := opts.Limits.DiskBytes; disk > 0 && !b.opts.NoLimits {
+		pool, err := b.sizedPool(ctx)
+		if err != nil {
+			return backend.Instance{}, fmt.Errorf("create sandbox %s: %w", opts.Name, err)
+		}
+		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": pool, "size": strconv.FormatInt(disk, 10) + "B"}
+	}
 	doc, err := yaml.Marshal(map[string]any{"config": config, "devices": devices})
 	if err != nil {
 		return backend.Instance{}, err
@@ -215,6 +223,53 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	b.seen(opts.Name, false)
 	return backend.Instance{Name: opts.Name, UUID: uuid}, nil
 }
+
+// sizedPool is the pool of new sandboxes' root disks (Options.Pool, else
+// the default profile's), once its driver is known to hold a root disk to
+// its size: `dir` takes a size and ignores it (unless the host filesystem
+// has project quotas, which Incus does not report).
+func (b *Backend) sizedPool(ctx context.Context) (string, error) {
+	b.mu.Lock()
+	pool := b.pool
+	b.mu.Unlock()
+	if pool != "" {
+		return pool, nil
+	}
+	pool = b.opts.Pool
+	if pool == "" {
+		var profile struct {
+			Devices map[string]map[string]string `json:"devices"`
+		}
+		if err := b.query(ctx, "/1.0/profiles/default", &profile); err != nil {
+			return "", fmt.Errorf("read the default profile's root disk: %w", err)
+		}
+		if root := profile.Devices["root"]; root["type"] == "disk" && root["path"] == "/" {
+			pool = root["pool"]
+		}
+		if pool == "" {
+			return "", errors.New("no storage pool to size the root disk in: the default profile has no root disk (see docs/incus.md)")
+		}
+	}
+	var info struct {
+		Driver string `json:"driver"`
+	}
+	if err := b.query(ctx, "/1.0/storage-pools/"+url.PathEscape(pool), &info); err != nil {
+		return "", fmt.Errorf("read storage pool %q: %w", pool, err)
+	}
+	if !slices.Contains(sizingDrivers, info.Driver) {
+		return "", fmt.Errorf("storage pool %q (%s) cannot hold a sandbox to its disk limit (limits.disk): "+
+			"use a btrfs, zfs or lvm pool (--incus-pool jailbee, which scripts/incus-setup.sh makes), or --no-limits; see docs/incus.md",
+			pool, info.Driver)
+	}
+	b.mu.Lock()
+	b.pool = pool
+	b.mu.Unlock()
+	return pool, nil
+}
+
+// sizingDrivers are the storage drivers that hold a root disk to its
+// size.
+var sizingDrivers = []string{"btrfs", "zfs", "lvm", "lvmcluster", "ceph"}
 
 // labelConfig maps labels to user.jailbee.KEY=VALUE config, in key order.
 func labelConfig(labels map[string]string) ([]string, error) {
@@ -238,7 +293,7 @@ const maxLabelLen = 4096
 // limitConfig maps limits to Incus config: limits.processes,
 // limits.memory and limits.cpu.allowance (a share under contention: the
 // CPU weight, 1..10000 with 100 the default, as a percentage capped at
-// 100%).
+// 100%). The disk limit is the root disk's size (Create).
 func limitConfig(l backend.Limits) []string {
 	var out []string
 	if l.Pids > 0 {

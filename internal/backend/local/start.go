@@ -117,7 +117,7 @@ func (b *Backend) stopUnit(ctx context.Context, dir string, m meta) error {
 func (b *Backend) launch(ctx context.Context, name, dir string, m meta) (int, uint64, error) {
 	spec := unit.LaunchSpec{UID: -1, GID: -1, Bwrap: b.bwrap}
 	if b.cg != nil {
-		g, err := b.cg.Create(m.UUID, cgroup.Limits(m.Limits))
+		g, err := b.cg.Create(m.UUID, cgroup.Limits{Pids: m.Limits.Pids, MemoryBytes: m.Limits.MemoryBytes, CPUWeight: m.Limits.CPUWeight})
 		if err != nil {
 			return 0, 0, fmt.Errorf("cgroups: %w", err)
 		}
