@@ -56,6 +56,16 @@ type Instance struct {
 	// ("" for none): the broker's rounds compare it with their records, as
 	// a raw copy of a sandbox carries its original's attachment.
 	SocketDir string
+	// Mounts are every host path attached to the sandbox, the socket
+	// directory (SocketDeviceName) among them: a copy may carry its
+	// original's socket directory under another name.
+	Mounts []Mount
+}
+
+// Mount is a host path attached to a sandbox.
+type Mount struct {
+	Name   string // the attachment (Incus: the disk device)
+	Source string // the host path
 }
 
 // Limits bound one sandbox's resources. A zero field is not limited (only
@@ -134,6 +144,9 @@ type Backend interface {
 	AttachSocket(ctx context.Context, name, dir string) error
 	// DetachSocket removes the socket attachment (no error if absent).
 	DetachSocket(ctx context.Context, name string) error
+	// DetachMount removes the attachment mount (an Instance.Mounts name)
+	// of sandbox name; no error if absent.
+	DetachMount(ctx context.Context, name, mount string) error
 	// List returns every sandbox this backend manages, with uuids, so the
 	// broker can detect copies and uuid conflicts.
 	List(ctx context.Context) ([]Instance, error)

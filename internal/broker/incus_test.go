@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/backend/incus"
 	"agentbox/internal/backend/incus/incustest"
 	"agentbox/internal/broker"
 	"agentbox/internal/testutil/wait"
@@ -106,6 +107,28 @@ func TestIncusCopyLosesTheSocket(t *testing.T) {
 	time.Sleep(3 * broker.RoundInterval)
 	if e.sock("lead") != moved {
 		t.Fatal("the socket moved again")
+	}
+
+	// A copy whose device goes by another name (made here from scratch,
+	// so no round catches it half made) still carries lead's directory.
+	args := []string{"init", incus.DefaultImage, "sneaky", "-c", "user.jailbee.managed=true"}
+	if pool := incustest.Pool(); pool != "" {
+		args = append(args, "--storage", pool)
+	}
+	incusCmd(t, e, args...)
+	incusCmd(t, e, "config", "device", "add", "sneaky", "other", "disk", "source="+filepath.Dir(moved), "path=/mnt/other")
+	wait.For(t, "the original's socket to move again", func() bool {
+		now := e.b.SocketPath("lead")
+		return now != "" && now != moved
+	})
+	wait.For(t, "sneaky's device to go", func() bool {
+		return !strings.Contains(incusDevices(t, e.incusProject, "sneaky"), "other")
+	})
+	if logs := e.logs.String(); !strings.Contains(logs, "instance=sneaky mount=other") {
+		t.Fatalf("no round named sneaky's device:\n%s", logs)
+	}
+	if msgs := items[wire.MessageItem](t, e.client("lead"), wire.ItemMessage); len(msgs) != 1 {
+		t.Fatalf("lead's inbox on its third socket: %+v", msgs)
 	}
 }
 

@@ -3,7 +3,9 @@ package broker
 import (
 	"context"
 	"maps"
+	"path/filepath"
 	"slices"
+	"strings"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/orchestrate"
@@ -18,7 +20,9 @@ import (
 //     attachment: the copy could speak as the original. The copy's
 //     attachment is removed (whether or not that works) and the original
 //     is served at a fresh directory: the old directory and every
-//     connection to it go, and the original's client reconnects.
+//     connection to it go, and the original's client reconnects. Every
+//     attachment counts, under whatever name, whose host path is another
+//     sandbox's socket directory, inside one, or above one.
 //   - Two instances sharing a sandbox's uuid (an `incus import` of its
 //     backup beside it) cannot be told apart: neither gets a socket while
 //     both exist. Once only the sandbox's own instance is left, it is
@@ -34,15 +38,38 @@ import (
 
 // repairPlan is what a round must repair.
 type repairPlan struct {
-	detach   []string // instances whose socket attachment is not theirs
-	reserve  []string // sandboxes to serve at a fresh directory (copied)
-	conflict []string // sandboxes whose uuid several instances share: unserve
-	resolved []string // sandboxes whose uuid conflict is over: serve afresh
-	vanished []string // sandboxes whose instance is gone: forget
+	detach   []detachment // attachments of socket directories not the instance's own
+	reserve  []string     // sandboxes to serve at a fresh directory (copied)
+	conflict []string     // sandboxes whose uuid several instances share: unserve
+	resolved []string     // sandboxes whose uuid conflict is over: serve afresh
+	vanished []string     // sandboxes whose instance is gone: forget
 }
+
+// detachment is one attachment to remove.
+type detachment struct{ instance, mount string }
 
 func (p repairPlan) empty() bool {
 	return len(p.detach)+len(p.reserve)+len(p.conflict)+len(p.resolved)+len(p.vanished) == 0
+}
+
+// mountsOf is every host path attached to in, its socket directory
+// among them.
+func mountsOf(in backend.Instance) []backend.Mount {
+	out := in.Mounts
+	if in.SocketDir != "" && !slices.Contains(out, backend.Mount{Name: backend.SocketDeviceName, Source: in.SocketDir}) {
+		out = append(slices.Clip(out), backend.Mount{Name: backend.SocketDeviceName, Source: in.SocketDir})
+	}
+	return out
+}
+
+// overlaps reports whether a host path attached as source reaches the
+// directory dir: it is dir, a path inside it, or one above it.
+func overlaps(source, dir string) bool {
+	within := func(p, d string) bool {
+		return p == d || d == "/" || strings.HasPrefix(p, d+"/")
+	}
+	source, dir = filepath.Clean(source), filepath.Clean(dir)
+	return within(source, dir) || within(dir, source)
 }
 
 // planRepairs compares the records with the backend's instances;
@@ -55,9 +82,9 @@ func planRepairs(records []store.Sandbox, insts []backend.Instance, conflicted m
 		byUUID[in.UUID] = append(byUUID[in.UUID], in)
 		byName[in.Name] = in
 	}
-	detach := func(name string) {
-		if !slices.Contains(p.detach, name) {
-			p.detach = append(p.detach, name)
+	detach := func(name, mount string) {
+		if d := (detachment{name, mount}); !slices.Contains(p.detach, d) {
+			p.detach = append(p.detach, d)
 		}
 	}
 	unserved := map[string]bool{} // in conflict or vanished: no fresh socket
@@ -73,7 +100,7 @@ func planRepairs(records []store.Sandbox, insts []backend.Instance, conflicted m
 		if len(twins) > 1 {
 			for _, in := range twins {
 				if in.SocketDir != "" {
-					detach(in.Name)
+					detach(in.Name, backend.SocketDeviceName)
 				}
 			}
 			if !conflicted[sb.Name] {
@@ -95,20 +122,22 @@ func planRepairs(records []store.Sandbox, insts []backend.Instance, conflicted m
 			unserved[sb.Name] = true
 		}
 	}
+	// Only a directory a record claims counts: a round may read the
+	// records just before a new sandbox's claim and the backend just
+	// after its attachment.
+	dirs := slices.Sorted(maps.Keys(owner))
 	for _, in := range insts {
-		if in.SocketDir == "" {
-			continue
-		}
-		// Only a directory a record claims counts: a round may read the
-		// records just before a new sandbox's claim and the backend just
-		// after its attachment.
-		sb, ok := owner[in.SocketDir]
-		if !ok || sb.Name == in.Name {
-			continue
-		}
-		detach(in.Name)
-		if !unserved[sb.Name] && !slices.Contains(p.reserve, sb.Name) {
-			p.reserve = append(p.reserve, sb.Name)
+		for _, m := range mountsOf(in) {
+			for _, dir := range dirs {
+				sb := owner[dir]
+				if sb.Name == in.Name || !overlaps(m.Source, dir) {
+					continue
+				}
+				detach(in.Name, m.Name)
+				if !unserved[sb.Name] && !slices.Contains(p.reserve, sb.Name) {
+					p.reserve = append(p.reserve, sb.Name)
+				}
+			}
 		}
 	}
 	return p
@@ -155,10 +184,10 @@ func (b *Broker) carryOut(ctx context.Context, p repairPlan, records []store.San
 		}
 		return records[i], true
 	}
-	for _, name := range p.detach {
-		b.log.Warn("an instance carries a socket that is not its own (a raw copy or import?): detaching it", "instance", name)
-		if err := b.cfg.Backend.DetachSocket(ctx, name); err != nil {
-			b.log.Warn("detach a copied socket", "instance", name, "err", err)
+	for _, d := range p.detach {
+		b.log.Warn("an instance carries a socket that is not its own (a raw copy or import?): detaching it", "instance", d.instance, "mount", d.mount)
+		if err := b.cfg.Backend.DetachMount(ctx, d.instance, d.mount); err != nil {
+			b.log.Warn("detach a copied socket", "instance", d.instance, "mount", d.mount, "err", err)
 		}
 	}
 	for _, name := range p.conflict {

@@ -8,6 +8,8 @@ import (
 	"agentbox/internal/store"
 )
 
+const sockDev = backend.SocketDeviceName
+
 func TestPlanRepairs(t *testing.T) {
 	records := []store.Sandbox{
 		{Name: "lead", UUID: "u1", State: store.StateRunning, SocketDir: "/s/sock/u1.aa"},
@@ -27,19 +29,29 @@ func TestPlanRepairs(t *testing.T) {
 	}{
 		{name: "each its own", insts: []backend.Instance{lead, kid, old, {Name: "other"}}},
 		{name: "a copy of lead", insts: []backend.Instance{lead, kid, old, {Name: "lead-copy", UUID: "u9", SocketDir: "/s/sock/u1.aa"}},
-			want: repairPlan{detach: []string{"lead-copy"}, reserve: []string{"lead"}}},
+			want: repairPlan{detach: []detachment{{"lead-copy", sockDev}}, reserve: []string{"lead"}}},
 		{name: "two copies of lead, one of kid", insts: []backend.Instance{lead, kid, old,
 			{Name: "c1", UUID: "u7", SocketDir: "/s/sock/u1.aa"}, {Name: "c2", UUID: "u8", SocketDir: "/s/sock/u1.aa"},
 			{Name: "c3", UUID: "u9", SocketDir: "/s/sock/u2.bb"}},
-			want: repairPlan{detach: []string{"c1", "c2", "c3"}, reserve: []string{"lead", "kid"}}},
+			want: repairPlan{detach: []detachment{{"c1", sockDev}, {"c2", sockDev}, {"c3", sockDev}}, reserve: []string{"lead", "kid"}}},
 		{name: "a copy whose original was deleted: the original is forgotten, not served", insts: []backend.Instance{kid, old,
 			{Name: "lead-copy", UUID: "u9", SocketDir: "/s/sock/u1.aa"}},
-			want: repairPlan{detach: []string{"lead-copy"}, vanished: []string{"lead"}}},
+			want: repairPlan{detach: []detachment{{"lead-copy", sockDev}}, vanished: []string{"lead"}}},
+		{name: "a copy carrying lead's directory under another name", insts: []backend.Instance{lead, kid, old,
+			{Name: "sneaky", UUID: "u9", Mounts: []backend.Mount{{Name: "data", Source: "/srv/data"}, {Name: "other", Source: "/s/sock/u1.aa"}}}},
+			want: repairPlan{detach: []detachment{{"sneaky", "other"}}, reserve: []string{"lead"}}},
+		{name: "the socket file itself, and the directory above every socket", insts: []backend.Instance{lead, kid, old,
+			{Name: "x", UUID: "u9", Mounts: []backend.Mount{{Name: "f", Source: "/s/sock/u2.bb/broker.sock"}}},
+			{Name: "y", UUID: "u8", Mounts: []backend.Mount{{Name: "all", Source: "/s/sock/"}}}},
+			want: repairPlan{detach: []detachment{{"x", "f"}, {"y", "all"}}, reserve: []string{"kid", "lead"}}},
+		{name: "lead's own directory under a second name, and a neighbour's name that only starts alike: left alone", insts: []backend.Instance{kid, old,
+			{Name: "lead", UUID: "u1", SocketDir: "/s/sock/u1.aa", Mounts: []backend.Mount{{Name: backend.SocketDeviceName, Source: "/s/sock/u1.aa"}, {Name: "again", Source: "/s/sock/u1.aa"}}},
+			{Name: "z", UUID: "u7", Mounts: []backend.Mount{{Name: "near", Source: "/s/sock/u1.aaa"}}}}},
 		{name: "a directory no record claims (yet): left alone", insts: []backend.Instance{lead, kid, old,
 			{Name: "new", UUID: "u5", SocketDir: "/s/sock/u5.cc"}}},
 		{name: "an import beside lead: both detached, lead unserved", insts: []backend.Instance{lead, kid, old,
 			{Name: "lead-twin", UUID: "u1", SocketDir: "/s/sock/u1.aa"}},
-			want: repairPlan{detach: []string{"lead", "lead-twin"}, conflict: []string{"lead"}}},
+			want: repairPlan{detach: []detachment{{"lead", sockDev}, {"lead-twin", sockDev}}, conflict: []string{"lead"}}},
 		{name: "the conflict goes on: nothing new", conflicted: map[string]bool{"lead": true},
 			insts: []backend.Instance{{Name: "lead", UUID: "u1"}, kid, old, {Name: "lead-twin", UUID: "u1"}}},
 		{name: "the import deleted: lead served afresh", conflicted: map[string]bool{"lead": true},

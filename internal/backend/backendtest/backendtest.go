@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -296,7 +297,7 @@ func testCreateStopped(s *suite) {
 	if inst.Name != name || inst.Running || !uuidPattern.MatchString(inst.UUID) {
 		s.t.Fatalf("Create returned %+v; want name %s, stopped, a v4 uuid", inst, name)
 	}
-	if got, ok := s.find(name); !ok || got != inst {
+	if got, ok := s.find(name); !ok || !reflect.DeepEqual(got, inst) {
 		s.t.Fatalf("List has %+v (found %v), want %+v", got, ok, inst)
 	}
 	if err := s.b.Start(s.t.Context(), name); err != nil {

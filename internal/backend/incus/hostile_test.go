@@ -32,7 +32,7 @@ import (
 // one sandbox shared by the subtests (in order: each leaves it as it
 // found it, running and whole).
 func TestHostileReview(t *testing.T) {
-	b := newBackend(t)
+	b, project := newBackendIn(t)
 	if incustest.Pool() == "" {
 		t.Skipf("no %s pool: a disk limit needs a pool that holds it (docs/incus.md)", incustest.FastPool)
 	}
@@ -86,6 +86,25 @@ func TestHostileReview(t *testing.T) {
 	if t.Failed() {
 		return
 	}
+
+	// Every host path attached, under any device name, is in List: a
+	// copy may carry another sandbox's socket directory under another
+	// name (the broker's rounds look at them all), and DetachMount takes
+	// it off.
+	t.Run("MountsUnderAnyName", func(t *testing.T) {
+		incusIn(t, project, "config", "device", "add", name, "other", "disk", "source="+sock, "path=/mnt/other", "readonly=true", "shift=true")
+		in := find(t, b, name)
+		if !slices.Contains(in.Mounts, backend.Mount{Name: "other", Source: sock}) ||
+			!slices.Contains(in.Mounts, backend.Mount{Name: backend.SocketDeviceName, Source: sock}) {
+			t.Fatalf("List: mounts %+v, want the socket directory under both names", in.Mounts)
+		}
+		if err := b.DetachMount(ctx, name, "other"); err != nil {
+			t.Fatal(err)
+		}
+		if in := find(t, b, name); slices.ContainsFunc(in.Mounts, func(m backend.Mount) bool { return m.Name == "other" }) || in.SocketDir != sock {
+			t.Fatalf("after DetachMount: %+v", in)
+		}
+	})
 
 	// The root disk is limited: writing stops near the limit (the
 	// image's own blocks count on btrfs), with ENOSPC or EDQUOT.
@@ -141,6 +160,28 @@ func sh(t *testing.T, b *incus.Backend, name, user, script string) string {
 		t.Fatalf("sh -c %q exited %d: %s", script, r.Code, r.Stderr)
 	}
 	return strings.TrimSpace(r.Stdout)
+}
+
+func find(t *testing.T, b *incus.Backend, name string) backend.Instance {
+	t.Helper()
+	list, err := b.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range list {
+		if in.Name == name {
+			return in
+		}
+	}
+	t.Fatalf("List has no %s", name)
+	return backend.Instance{}
+}
+
+func incusIn(t *testing.T, project string, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("incus", append([]string{"--project", project}, args...)...).CombinedOutput(); err != nil {
+		t.Fatalf("incus %v: %v: %s", args, err, out)
+	}
 }
 
 // procWatch is an unprivileged host user (nobody) reading every host

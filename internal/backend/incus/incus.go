@@ -221,7 +221,7 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 		return backend.Instance{}, fmt.Errorf("create sandbox %s: %w", opts.Name, err)
 	}
 	b.seen(opts.Name, false)
-	return backend.Instance{Name: opts.Name, UUID: uuid}, nil
+	return rawInstance{Name: opts.Name, Config: config, Devices: devices}.instance(), nil
 }
 
 // sizedPool is the pool of new sandboxes' root disks (Options.Pool, else
@@ -398,12 +398,17 @@ func (b *Backend) AttachSocket(ctx context.Context, name, dir string) error {
 
 // DetachSocket implements backend.Backend.
 func (b *Backend) DetachSocket(ctx context.Context, name string) error {
+	return b.DetachMount(ctx, name, backend.SocketDeviceName)
+}
+
+// DetachMount implements backend.Backend: the disk device mount goes.
+func (b *Backend) DetachMount(ctx context.Context, name, mount string) error {
 	if managed, _ := b.lastSeen(name); !managed {
 		if _, err := b.raw(ctx, name); err != nil {
 			return err
 		}
 	}
-	err := b.retryConfig(ctx, "config", "device", "remove", name, backend.SocketDeviceName)
+	err := b.retryConfig(ctx, "config", "device", "remove", name, mount)
 	if errors.Is(err, errNoDevice) {
 		return nil
 	}
@@ -439,8 +444,15 @@ type rawInstance struct {
 }
 
 func (r rawInstance) instance() backend.Instance {
-	return backend.Instance{Name: r.Name, UUID: r.Config[uuidKey], Running: r.Status == "Running",
+	in := backend.Instance{Name: r.Name, UUID: r.Config[uuidKey], Running: r.Status == "Running",
 		SocketDir: r.Devices[backend.SocketDeviceName]["source"]}
+	for _, dev := range slices.Sorted(maps.Keys(r.Devices)) {
+		// Every disk device with a host path (a pool's volume has none).
+		if d := r.Devices[dev]; d["type"] == "disk" && d["source"] != "" && d["pool"] == "" {
+			in.Mounts = append(in.Mounts, backend.Mount{Name: dev, Source: d["source"]})
+		}
+	}
+	return in
 }
 
 // raw reads one of this backend's containers; ErrNotFound for an unknown

@@ -285,7 +285,11 @@ func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, backend.Instance{Name: e.Name(), UUID: m.UUID, Running: m.running(), SocketDir: m.SocketDir})
+		in := backend.Instance{Name: e.Name(), UUID: m.UUID, Running: m.running(), SocketDir: m.SocketDir}
+		if m.SocketDir != "" {
+			in.Mounts = []backend.Mount{{Name: backend.SocketDeviceName, Source: m.SocketDir}}
+		}
+		out = append(out, in)
 	}
 	return out, nil
 }
@@ -341,4 +345,13 @@ func loadSandbox(dir string) (meta, error) {
 		return meta{}, fmt.Errorf("sandbox %s: %w: not a real directory", filepath.Base(dir), secfs.ErrUnsafe)
 	}
 	return loadMeta(dir)
+}
+
+// DetachMount implements backend.Backend: a local sandbox's one
+// attachment is its socket directory.
+func (b *Backend) DetachMount(ctx context.Context, name, mount string) error {
+	if mount != backend.SocketDeviceName {
+		return nil
+	}
+	return b.DetachSocket(ctx, name)
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -210,7 +211,7 @@ func TestStateSurvivesReopen(t *testing.T) {
 	}
 	b2 := openBackend(t, f.root)
 	after, err := b2.List(t.Context())
-	if err != nil || len(after) != 1 || after[0] != before[0] || !after[0].Running {
+	if err != nil || len(after) != 1 || !reflect.DeepEqual(after[0], before[0]) || !after[0].Running {
 		t.Fatalf("after reopen List = %+v, %v; want %+v running", after, err, before)
 	}
 	if got := mustSh(t, b2, x.name, "jailbee inbox ls"); !strings.Contains(got, fakeItem) {
