@@ -60,6 +60,11 @@ type Instance struct {
 	// directory (SocketDeviceName) among them: a copy may carry its
 	// original's socket directory under another name.
 	Mounts []Mount
+	// Covered names what the backend placed in the running sandbox that
+	// something inside now covers (a mount by root inside over the socket
+	// directory, "socket", or over the jailbee client, "client"): Restore
+	// puts it back.
+	Covered []string
 }
 
 // Mount is a host path attached to a sandbox.
@@ -147,6 +152,10 @@ type Backend interface {
 	// DetachMount removes the attachment mount (an Instance.Mounts name)
 	// of sandbox name; no error if absent.
 	DetachMount(ctx context.Context, name, mount string) error
+	// Restore puts back, on top, what the backend placed in a running
+	// sandbox and something inside covers (Instance.Covered); a sandbox
+	// with nothing covered is left as it is.
+	Restore(ctx context.Context, name string) error
 	// List returns every sandbox this backend manages, with uuids, so the
 	// broker can detect copies and uuid conflicts.
 	List(ctx context.Context) ([]Instance, error)

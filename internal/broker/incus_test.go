@@ -132,6 +132,35 @@ func TestIncusCopyLosesTheSocket(t *testing.T) {
 	}
 }
 
+// TestIncusCoveredInsideIsPutBack: root inside a sandbox covers its
+// socket directory, then the jailbee client the broker runs there (every
+// command's framer); each round notices and puts them back, and the
+// broker's commands run again with its own client.
+func TestIncusCoveredInsideIsPutBack(t *testing.T) {
+	e := newIncusTestEnv(t)
+	e.orchestrator("lead")
+	asRoot := func(script string) string {
+		t.Helper()
+		out, err := exec.Command("incus", "exec", "--project", e.incusProject, "lead", "--", "sh", "-c", script).CombinedOutput()
+		if err != nil {
+			t.Fatalf("as root inside: %v: %s", err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	asRoot("mount -t tmpfs none " + backend.SocketMountPath)
+	wait.For(t, "the socket back inside", func() bool {
+		return asRoot("test -S "+backend.SocketMountPath+"/broker.sock && echo there || true") == "there"
+	})
+	asRoot("printf '#!/bin/sh\\nexit 0\\n' > /tmp/fake && chmod 755 /tmp/fake && mount --bind /tmp/fake " + incus.ClientPath)
+	wait.For(t, "the broker's client back inside", func() bool {
+		res, err := e.execIn("lead", "", "echo", "real")
+		return err == nil && res.exit == 0 && res.stdout == "real\n"
+	})
+	if n := strings.Count(e.logs.String(), "something inside a sandbox covers what the broker placed there"); n < 2 {
+		t.Fatalf("the rounds logged %d repairs, want one for the socket and one for the client:\n%s", n, e.logs.String())
+	}
+}
+
 // incusDevices lists an instance's device names.
 func incusDevices(t *testing.T, project, name string) string {
 	t.Helper()

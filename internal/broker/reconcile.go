@@ -23,6 +23,9 @@ import (
 //     connection to it go, and the original's client reconnects. Every
 //     attachment counts, under whatever name, whose host path is another
 //     sandbox's socket directory, inside one, or above one.
+//   - Root inside a sandbox may cover what the backend placed there (its
+//     socket directory, the jailbee client) with a mount of its own: the
+//     backend puts them back on top (Backend.Restore).
 //   - Two instances sharing a sandbox's uuid (an `incus import` of its
 //     backup beside it) cannot be told apart: neither gets a socket while
 //     both exist. Once only the sandbox's own instance is left, it is
@@ -43,13 +46,14 @@ type repairPlan struct {
 	conflict []string     // sandboxes whose uuid several instances share: unserve
 	resolved []string     // sandboxes whose uuid conflict is over: serve afresh
 	vanished []string     // sandboxes whose instance is gone: forget
+	restore  []string     // sandboxes something inside covers: put back what the backend placed
 }
 
 // detachment is one attachment to remove.
 type detachment struct{ instance, mount string }
 
 func (p repairPlan) empty() bool {
-	return len(p.detach)+len(p.reserve)+len(p.conflict)+len(p.resolved)+len(p.vanished) == 0
+	return len(p.detach)+len(p.reserve)+len(p.conflict)+len(p.resolved)+len(p.vanished)+len(p.restore) == 0
 }
 
 // mountsOf is every host path attached to in, its socket directory
@@ -120,6 +124,10 @@ func planRepairs(records []store.Sandbox, insts []backend.Instance, conflicted m
 		if conflicted[sb.Name] {
 			p.resolved = append(p.resolved, sb.Name)
 			unserved[sb.Name] = true
+			continue
+		}
+		if in := byName[sb.Name]; len(in.Covered) > 0 {
+			p.restore = append(p.restore, sb.Name)
 		}
 	}
 	// Only a directory a record claims counts: a round may read the
@@ -205,6 +213,12 @@ func (b *Broker) carryOut(ctx context.Context, p repairPlan, records []store.San
 		if sb, ok := record(name); ok && b.server(name) != nil {
 			b.stopServing(name)
 			b.serveAfresh(sb, "its old socket directory was attached elsewhere")
+		}
+	}
+	for _, name := range p.restore {
+		b.log.Warn("something inside a sandbox covers what the broker placed there (a mount by root inside?): putting it back", "sandbox", name)
+		if err := b.cfg.Backend.Restore(ctx, name); err != nil {
+			b.log.Warn("put back what the broker placed in a sandbox", "sandbox", name, "err", err)
 		}
 	}
 	for _, name := range p.vanished {

@@ -47,6 +47,8 @@ func TestPlanRepairs(t *testing.T) {
 		{name: "lead's own directory under a second name, and a neighbour's name that only starts alike: left alone", insts: []backend.Instance{kid, old,
 			{Name: "lead", UUID: "u1", SocketDir: "/s/sock/u1.aa", Mounts: []backend.Mount{{Name: backend.SocketDeviceName, Source: "/s/sock/u1.aa"}, {Name: "again", Source: "/s/sock/u1.aa"}}},
 			{Name: "z", UUID: "u7", Mounts: []backend.Mount{{Name: "near", Source: "/s/sock/u1.aaa"}}}}},
+		{name: "covered inside: put back", insts: []backend.Instance{{Name: "lead", UUID: "u1", SocketDir: "/s/sock/u1.aa", Covered: []string{"socket"}}, kid, old},
+			want: repairPlan{restore: []string{"lead"}}},
 		{name: "a directory no record claims (yet): left alone", insts: []backend.Instance{lead, kid, old,
 			{Name: "new", UUID: "u5", SocketDir: "/s/sock/u5.cc"}}},
 		{name: "an import beside lead: both detached, lead unserved", insts: []backend.Instance{lead, kid, old,

@@ -51,6 +51,9 @@ func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOption
 	if err != nil {
 		return 0, err
 	}
+	if err := b.checkClient(ctx, name); err != nil {
+		return 0, err
+	}
 	user := []string{"--user", strconv.Itoa(uid), "--group", strconv.Itoa(uid), "--cwd", "/"}
 	if opts.TTY {
 		// A terminal: its stdin is the terminal, so the spec goes in

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"maps"
 	"os/exec"
@@ -85,6 +86,61 @@ func TestHostileReview(t *testing.T) {
 	})
 	if t.Failed() {
 		return
+	}
+
+	// Root inside covers the jailbee client (the framer of every Exec)
+	// with a fake: Exec refuses until Restore puts the client back.
+	for _, tc := range []struct{ how, script string }{
+		{"a fake bound over it", "mount --bind /tmp/fake " + incus.ClientPath},
+		{"unmounted and a fake copied in its place", "while umount -l " + incus.ClientPath + " 2>/dev/null; do :; done; cp /tmp/fake " + incus.ClientPath},
+		{"a tmpfs over its directory", "mount -t tmpfs none /usr/local/bin && cp /tmp/fake " + incus.ClientPath},
+	} {
+		t.Run("ClientCovered/"+tc.how, func(t *testing.T) {
+			sh(t, b, name, "root", "printf '#!/bin/sh\\necho fake\\n' > /tmp/fake && chmod 755 /tmp/fake && "+tc.script)
+			probe := backend.ExecOptions{Argv: []string{"true"}}
+			if _, err := b.Exec(ctx, name, probe); !errors.Is(err, incus.ErrCovered) {
+				t.Fatalf("Exec with a fake client: %v, want ErrCovered", err)
+			}
+			if got := covered(t, b, name); !slices.Equal(got, []string{"client"}) {
+				t.Fatalf("List: covered %q, want the client", got)
+			}
+			if err := b.Restore(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+			if got := covered(t, b, name); len(got) != 0 {
+				t.Fatalf("List after Restore: covered %q", got)
+			}
+			if out := sh(t, b, name, "", "echo real"); out != "real" {
+				t.Fatalf("Exec after Restore: %q", out)
+			}
+		})
+	}
+
+	// Root inside covers the socket directory: a round sees it, Restore
+	// puts the socket back, and the agent reaches it again.
+	probe := "test -S " + backend.SocketMountPath + "/broker.sock && echo there"
+	for _, tc := range []struct{ how, script string }{
+		{"a tmpfs", "mount -t tmpfs none " + backend.SocketMountPath},
+		{"a directory bound over it", "mkdir -p /tmp/other && mount --bind /tmp/other " + backend.SocketMountPath},
+	} {
+		t.Run("SocketCovered/"+tc.how, func(t *testing.T) {
+			sh(t, b, name, "root", tc.script)
+			if out := sh(t, b, name, "", probe+" || echo gone"); out != "gone" {
+				t.Fatalf("the socket is still seen inside: %q", out)
+			}
+			if got := covered(t, b, name); !slices.Equal(got, []string{"socket"}) {
+				t.Fatalf("List: covered %q, want the socket", got)
+			}
+			if err := b.Restore(ctx, name); err != nil {
+				t.Fatal(err)
+			}
+			if got := covered(t, b, name); len(got) != 0 {
+				t.Fatalf("List after Restore: covered %q", got)
+			}
+			if out := sh(t, b, name, "", probe); out != "there" {
+				t.Fatalf("the socket after Restore: %q", out)
+			}
+		})
 	}
 
 	// Every host path attached, under any device name, is in List: a
@@ -175,6 +231,11 @@ func find(t *testing.T, b *incus.Backend, name string) backend.Instance {
 	}
 	t.Fatalf("List has no %s", name)
 	return backend.Instance{}
+}
+
+func covered(t *testing.T, b *incus.Backend, name string) []string {
+	t.Helper()
+	return find(t, b, name).Covered
 }
 
 func incusIn(t *testing.T, project string, args ...string) {

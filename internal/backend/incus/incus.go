@@ -104,7 +104,9 @@ type Backend struct {
 	// jailbee, takes Incus's own rights to make.
 	mu      sync.Mutex
 	managed map[string]bool
-	pool    string // the root disks' pool, once known to size them (sizedPool)
+	inits   map[string]initProc // running containers' inits (mounts.go)
+	pool    string              // the root disks' pool, once known to size them (sizedPool)
+	hostIDs map[string]mountID  // host paths as a container's mount table shows them
 }
 
 // seen records a container of this backend and whether it runs.
@@ -112,6 +114,9 @@ func (b *Backend) seen(name string, running bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.managed[name] = running
+	if !running {
+		delete(b.inits, name)
+	}
 }
 
 // forget records that name is not (or no longer) a container of this
@@ -120,6 +125,7 @@ func (b *Backend) forget(name string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	delete(b.managed, name)
+	delete(b.inits, name)
 }
 
 // lastSeen reports whether name was last seen as a container of this
@@ -142,7 +148,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if _, err := exec.LookPath(opts.Incus); err != nil {
 		return nil, errors.New("incus not found on PATH: install Incus (see docs/incus.md)")
 	}
-	b := &Backend{opts: opts, managed: map[string]bool{}}
+	b := &Backend{opts: opts, managed: map[string]bool{}, inits: map[string]initProc{}, hostIDs: map[string]mountID{}}
 	var server struct {
 		APIStatus string `json:"api_status"`
 	}
@@ -431,7 +437,25 @@ func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
 	}
 	b.mu.Lock()
 	b.managed = managed
+	for name := range b.inits {
+		if !managed[name] {
+			delete(b.inits, name)
+		}
+	}
 	b.mu.Unlock()
+	for i := range out {
+		if !out[i].Running {
+			continue
+		}
+		// What root inside may have covered. A container that stopped
+		// meanwhile has nothing covered; one that cannot be looked at now
+		// is looked at again next round (and Exec looks for itself).
+		covered, err := b.covered(ctx, out[i].Name, out[i].SocketDir, true)
+		if errors.Is(err, ErrDaemonDown) {
+			return nil, err
+		}
+		out[i].Covered = covered
+	}
 	return out, nil
 }
 

@@ -1,0 +1,382 @@
+package incus
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"agentbox/internal/backend"
+)
+
+// Root inside a container may mount anything over anything in its own
+// mount namespace: a fake over the jailbee client the broker runs there
+// (every Exec's framer), or a directory of its own over the socket
+// directory. The devices Incus placed are still there, underneath, and
+// `incus exec` would run the fake. So the backend looks at what a path
+// inside really resolves to, from the host: the mount table of the
+// container's init (/proc/PID/mountinfo, which any host user may read,
+// and whose mount namespace is the one `incus exec` enters). The mount a
+// path ends on must be the device's: the same filesystem and the same
+// file or directory in it (mountinfo's major:minor and root) as the host
+// path the device names. Exec refuses while the client is covered, and a
+// round's Restore puts both back on top.
+//
+// What this does not stop: root inside can ptrace any process of its
+// container, the genuine framer included. A command's output is only as
+// trustworthy as the container it ran in; what this stops is the broker
+// running a program root inside chose in place of its own.
+
+// mountEntry is one line of a mountinfo file.
+type mountEntry struct {
+	id, parent int
+	dev        string // major:minor
+	root       string // the mounted file or directory, in its filesystem
+	point      string // where it is mounted
+}
+
+// mountID names a file or directory of a filesystem.
+type mountID struct{ dev, root string }
+
+func (m mountEntry) ident() mountID { return mountID{m.dev, m.root} }
+
+// parseMountinfo reads the lines of a mountinfo file.
+func parseMountinfo(data []byte) ([]mountEntry, error) {
+	var out []mountEntry
+	for line := range bytes.Lines(data) {
+		f := strings.Fields(string(line))
+		if len(f) < 5 {
+			continue
+		}
+		id, err1 := strconv.Atoi(f[0])
+		parent, err2 := strconv.Atoi(f[1])
+		if err1 != nil || err2 != nil {
+			return nil, errors.New("a malformed mount table")
+		}
+		out = append(out, mountEntry{id: id, parent: parent, dev: f[2], root: unescapeMount(f[3]), point: unescapeMount(f[4])})
+	}
+	if len(out) == 0 {
+		return nil, errors.New("an empty mount table")
+	}
+	return out, nil
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// visibleMount is the mount a path resolves into: from the root mount,
+// down each component of p, always taking the topmost mount stacked on a
+// mount point. ok is false for a table without a root mount.
+func visibleMount(mounts []mountEntry, p string) (mountEntry, bool) {
+	top := func(cur mountEntry, point string) mountEntry {
+		for {
+			i := slices.IndexFunc(mounts, func(m mountEntry) bool {
+				return m.parent == cur.id && m.id != cur.id && m.point == point
+			})
+			if i < 0 {
+				return cur
+			}
+			// Of several on one point (shadowed by propagation), the last.
+			for j := len(mounts) - 1; j > i; j-- {
+				if mounts[j].parent == cur.id && mounts[j].id != cur.id && mounts[j].point == point {
+					i = j
+					break
+				}
+			}
+			cur = mounts[i]
+		}
+	}
+	ids := map[int]bool{}
+	for _, m := range mounts {
+		ids[m.id] = true
+	}
+	// The root mount: at "/", its parent outside the table (or itself).
+	i := slices.IndexFunc(mounts, func(m mountEntry) bool {
+		return m.point == "/" && (m.parent == m.id || !ids[m.parent])
+	})
+	if i < 0 {
+		return mountEntry{}, false
+	}
+	cur := top(mounts[i], "/")
+	p = path.Clean("/" + p)
+	prefix := ""
+	for c := range strings.SplitSeq(strings.TrimPrefix(p, "/"), "/") {
+		if c == "" {
+			continue
+		}
+		prefix += "/" + c
+		cur = top(cur, prefix)
+	}
+	return cur, true
+}
+
+// placedAt reports whether p resolves to the mount of want in the table:
+// a mount on p itself, of that file or directory.
+func placedAt(mounts []mountEntry, p string, want mountID) bool {
+	m, ok := visibleMount(mounts, p)
+	return ok && m.point == path.Clean(p) && m.ident() == want
+}
+
+// hostMountID is what a bind mount of the host path p shows in a
+// container's mount table: the host's own mount p is on, and p within
+// its filesystem.
+func hostMountID(p string) (mountID, error) {
+	real, err := filepath.EvalSymlinks(p)
+	if err != nil {
+		return mountID{}, errors.New("a placed file is gone from the host")
+	}
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return mountID{}, fmt.Errorf("read the host's mount table: %w", err)
+	}
+	mounts, err := parseMountinfo(data)
+	if err != nil {
+		return mountID{}, err
+	}
+	m, ok := visibleMount(mounts, real)
+	if !ok {
+		return mountID{}, errors.New("the host's mount table has no root")
+	}
+	rel, err := filepath.Rel(m.point, real)
+	if err != nil {
+		return mountID{}, err
+	}
+	return mountID{dev: m.dev, root: path.Join(m.root, rel)}, nil
+}
+
+// Things the backend places in a sandbox, as Instance.Covered names them.
+const (
+	coveredClient = "client" // the jailbee client at ClientPath
+	coveredSocket = "socket" // the socket directory at SocketMountPath
+)
+
+// covered lists what of the client and the socket directory something
+// inside the running container covers: client, if the backend places
+// one, and the socket directory socketDir ("" for none).
+func (b *Backend) covered(ctx context.Context, name, socketDir string, client bool) ([]string, error) {
+	mounts, err := b.initMounts(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	check := func(what, inside, host string) error {
+		want, err := b.hostID(host, false)
+		if err != nil {
+			if what == coveredSocket {
+				return nil // a directory gone from the host serves nothing to cover
+			}
+			return err
+		}
+		if placedAt(mounts, inside, want) {
+			return nil
+		}
+		// The host's own mounts may have changed since: look again.
+		if want, err = b.hostID(host, true); err != nil {
+			return err
+		}
+		if !placedAt(mounts, inside, want) {
+			out = append(out, what)
+		}
+		return nil
+	}
+	if client && b.opts.Client != "" {
+		if err := check(coveredClient, ClientPath, b.opts.Client); err != nil {
+			return nil, err
+		}
+	}
+	if socketDir != "" {
+		if err := check(coveredSocket, backend.SocketMountPath, socketDir); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// hostID is hostMountID, remembered (again: look afresh).
+func (b *Backend) hostID(p string, again bool) (mountID, error) {
+	b.mu.Lock()
+	id, ok := b.hostIDs[p]
+	b.mu.Unlock()
+	if ok && !again {
+		return id, nil
+	}
+	id, err := hostMountID(p)
+	if err != nil {
+		return mountID{}, err
+	}
+	b.mu.Lock()
+	if len(b.hostIDs) > 4096 {
+		clear(b.hostIDs) // socket directories come and go
+	}
+	b.hostIDs[p] = id
+	b.mu.Unlock()
+	return id, nil
+}
+
+// ErrCovered: something inside the sandbox covers the jailbee client the
+// broker placed there.
+var ErrCovered = errors.New("the jailbee client inside the sandbox is covered by something else (a mount by root inside?): no command runs there until the broker puts it back")
+
+// checkClient returns ErrCovered when the client inside the running
+// container is not the one the backend placed.
+func (b *Backend) checkClient(ctx context.Context, name string) error {
+	if b.opts.Client == "" {
+		return nil
+	}
+	covered, err := b.covered(ctx, name, "", true)
+	if err != nil {
+		return err
+	}
+	if len(covered) > 0 {
+		return fmt.Errorf("exec in %s: %w", name, ErrCovered)
+	}
+	return nil
+}
+
+// initProc is a container's init as last seen: its host pid and start
+// time (a pid reused after the container restarted has another).
+type initProc struct {
+	pid   int
+	start string
+}
+
+// initMounts reads the mount table of the running container's init.
+func (b *Backend) initMounts(ctx context.Context, name string) ([]mountEntry, error) {
+	for attempt := 0; attempt < 2; attempt++ {
+		b.mu.Lock()
+		p, ok := b.inits[name]
+		b.mu.Unlock()
+		if !ok || attempt > 0 {
+			var err error
+			if p, err = b.lookInit(ctx, name); err != nil {
+				return nil, err
+			}
+		}
+		data, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/mountinfo")
+		if err == nil && procStart(p.pid) == p.start {
+			return parseMountinfo(data)
+		}
+	}
+	return nil, fmt.Errorf("read the mount table of %s: its init keeps changing", name)
+}
+
+// lookInit asks Incus for the running container's init.
+func (b *Backend) lookInit(ctx context.Context, name string) (initProc, error) {
+	if backend.ValidateName(name) != nil {
+		return initProc{}, fmt.Errorf("%w: %q", backend.ErrNotFound, name)
+	}
+	var st struct {
+		Status string `json:"status"`
+		PID    int    `json:"pid"`
+	}
+	if err := b.query(ctx, "/1.0/instances/"+url.PathEscape(name)+"/state", &st); err != nil {
+		return initProc{}, err
+	}
+	if st.Status != "Running" || st.PID <= 0 {
+		b.forgetInit(name)
+		return initProc{}, fmt.Errorf("%w: %s", backend.ErrNotRunning, name)
+	}
+	p := initProc{pid: st.PID, start: procStart(st.PID)}
+	if p.start == "" {
+		return initProc{}, fmt.Errorf("%w: %s", backend.ErrNotRunning, name)
+	}
+	b.mu.Lock()
+	b.inits[name] = p
+	b.mu.Unlock()
+	return p, nil
+}
+
+func (b *Backend) forgetInit(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.inits, name)
+}
+
+// procStart is the start time of a host process ("" if there is none):
+// field 22 of /proc/PID/stat, after the command name in parentheses.
+func procStart(pid int) string {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return ""
+	}
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 {
+		return ""
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 20 {
+		return ""
+	}
+	return f[19]
+}
+
+// Restore implements backend.Backend: each placed device something
+// inside covers (Instance.Covered) is removed and added again, which
+// mounts it on top of whatever covers it.
+func (b *Backend) Restore(ctx context.Context, name string) error {
+	in, err := b.raw(ctx, name)
+	if err != nil {
+		return err
+	}
+	if in.Status != "Running" {
+		return nil
+	}
+	socketDir := in.Devices[backend.SocketDeviceName]["source"]
+	covered, err := b.covered(ctx, name, socketDir, true)
+	if err != nil {
+		return err
+	}
+	for _, what := range covered {
+		dev := clientDevice
+		if what == coveredSocket {
+			dev = backend.SocketDeviceName
+		}
+		conf := in.Devices[dev]
+		if conf == nil {
+			continue
+		}
+		add := []string{"config", "device", "add", name, dev, conf["type"]}
+		for _, k := range slices.Sorted(maps.Keys(conf)) {
+			if k != "type" {
+				add = append(add, k+"="+conf[k])
+			}
+		}
+		if err := b.retryConfig(ctx, "config", "device", "remove", name, dev); err != nil && !errors.Is(err, errNoDevice) {
+			return fmt.Errorf("restore %s in %s: %w", what, name, err)
+		}
+		if err := b.retryConfig(ctx, add...); err != nil {
+			return fmt.Errorf("restore %s in %s: %w", what, name, err)
+		}
+	}
+	if covered, err = b.covered(ctx, name, socketDir, true); err != nil {
+		return err
+	}
+	if len(covered) > 0 {
+		return fmt.Errorf("restore in %s: still covered: %s", name, strings.Join(covered, " and "))
+	}
+	return nil
+}
