@@ -24,6 +24,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"agentbox/internal/mountinfo"
 )
 
 // Parent is the directory, directly under each controller's mount point,
@@ -188,32 +190,13 @@ func parseMountinfo(data []byte) ([]mountEntry, error) {
 			continue
 		}
 		out = append(out, mountEntry{
-			root:   unescapeMount(f[3]),
-			point:  unescapeMount(f[4]),
+			root:   mountinfo.Unescape(f[3]),
+			point:  mountinfo.Unescape(f[4]),
 			fstype: fstype,
 			super:  strings.Split(f[sep+3], ","),
 		})
 	}
 	return out, sc.Err()
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space, ...).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 func detect(mounts []mountEntry, controllersOf func(dir string) ([]string, error)) (*Hierarchy, error) {

@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/mountinfo"
 )
 
 // Root inside a container may mount anything over anything in its own
@@ -61,31 +62,12 @@ func parseMountinfo(data []byte) ([]mountEntry, error) {
 		if err1 != nil || err2 != nil {
 			return nil, errors.New("a malformed mount table")
 		}
-		out = append(out, mountEntry{id: id, parent: parent, dev: f[2], root: unescapeMount(f[3]), point: unescapeMount(f[4])})
+		out = append(out, mountEntry{id: id, parent: parent, dev: f[2], root: mountinfo.Unescape(f[3]), point: mountinfo.Unescape(f[4])})
 	}
 	if len(out) == 0 {
 		return nil, errors.New("an empty mount table")
 	}
 	return out, nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // visibleMount is the mount a path resolves into: from the root mount,
