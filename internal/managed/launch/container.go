@@ -159,49 +159,49 @@ func (l *launcher) cliEnv() []string {
 // expectation (the primary's, or every other service's), and nothing
 // else in the project. Before start (running false) every container must
 // be created and never started; after (running true) the primary must
-// run. It returns the containers' ids by service.
-func (l *launcher) inspectProject(ctx context.Context, want expectations, running bool) (map[string]string, error) {
+// run. It returns the containers' ids by service and the primary's
+// inspection.
+func (l *launcher) inspectProject(ctx context.Context, want expectations, running bool) (map[string]string, container.InspectResponse, error) {
+	var primary container.InspectResponse
 	list, err := l.eng.ProjectContainers(ctx, l.rec.ComposeProject)
 	if err != nil {
-		return nil, &Error{Code: CodeEngine, Message: err.Error()}
+		return nil, primary, &Error{Code: CodeEngine, Message: err.Error()}
 	}
 	byService := make(map[string]string, len(list))
 	for _, id := range slices.Sorted(maps.Keys(list)) {
 		svc := list[id]
 		switch {
 		case !slices.Contains(want.runnable, svc):
-			return nil, fail(CodeInspection, "final inspection: container %s of the project is not a bound service's", engine.ShortID(id))
+			return nil, primary, fail(CodeInspection, "final inspection: container %s of the project is not a bound service's", engine.ShortID(id))
 		case byService[svc] != "":
-			return nil, fail(CodeInspection, "final inspection: service %q has more than one container", svc)
+			return nil, primary, fail(CodeInspection, "final inspection: service %q has more than one container", svc)
 		}
 		byService[svc] = id
 		c, err := l.eng.Inspect(ctx, id)
 		if err != nil {
-			return nil, fail(CodeEngine, "inspect the container of service %q: %v", svc, err)
+			return nil, primary, fail(CodeEngine, "inspect the container of service %q: %v", svc, err)
 		}
 		if c.ContainerJSONBase == nil || c.State == nil {
-			return nil, fail(CodeInspection, "final inspection: the container of service %q has no state to verify", svc)
+			return nil, primary, fail(CodeInspection, "final inspection: the container of service %q has no state to verify", svc)
 		}
 		if !running && (c.State.Status != "created" || c.State.StartedAt != "" && c.State.StartedAt != neverStarted) {
-			return nil, fail(CodeInspection, "final inspection: the container of service %q started before it was inspected", svc)
+			return nil, primary, fail(CodeInspection, "final inspection: the container of service %q started before it was inspected", svc)
 		}
 		expect := want.service
 		if svc == want.primaryService {
-			expect = want.primary
+			expect, primary = want.primary, c
 		}
 		if err := inspect.Check(c, expect); err != nil {
-			return nil, fail(CodeInspection, "service %q: %v", svc, err)
+			return nil, primary, fail(CodeInspection, "service %q: %v", svc, err)
 		}
 	}
 	if byService[want.primaryService] == "" {
-		return nil, fail(CodeInspection, "final inspection: the primary service %q has no container", want.primaryService)
+		return nil, primary, fail(CodeInspection, "final inspection: the primary service %q has no container", want.primaryService)
 	}
-	if running {
-		if c, err := l.eng.Inspect(ctx, byService[want.primaryService]); err != nil || c.State == nil || !c.State.Running {
-			return nil, fail(CodeInspection, "final inspection: the primary container is not running")
-		}
+	if running && !primary.State.Running {
+		return nil, primary, fail(CodeInspection, "final inspection: the primary container is not running")
 	}
-	return byService, nil
+	return byService, primary, nil
 }
 
 // neverStarted is the engine's StartedAt of a container that never ran.

@@ -321,7 +321,7 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 		return nil, err
 	}
 	crashpoint.Hit(crashpoint.LaunchContainersCreated)
-	created, err := l.inspectProject(ctx, want, false)
+	created, _, err := l.inspectProject(ctx, want, false)
 	if err != nil {
 		return nil, err
 	}
@@ -345,10 +345,10 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 	if cid != created[want.primaryService] {
 		return nil, fail(CodeInspection, "final inspection: the Dev Containers CLI runs another container than the one inspected before start")
 	}
-	// Inspect again, last: the same containers, each still as created;
-	// nothing may change between this and the start of the proxies, which
-	// run nothing inside the container.
-	running, err := l.inspectProject(ctx, want, true)
+	// Inspect again, last: the same containers, each still keeping its
+	// rules; nothing may change between this and the start of the
+	// proxies, which run nothing inside the container.
+	running, c, err := l.inspectProject(ctx, want, true)
 	if err != nil {
 		return nil, err
 	}
@@ -360,10 +360,6 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 		return nil, err
 	}
 	rec.ContainerUser = user
-	c, err := l.eng.Inspect(ctx, cid)
-	if err != nil {
-		return nil, fail(CodeEngine, "inspect the primary container: %v", err)
-	}
 	l.logf("final inspection passed")
 	if err := l.startProxies(ctx, c); err != nil {
 		return nil, err
