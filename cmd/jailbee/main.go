@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"agentbox/internal/agentprobe"
 	"agentbox/internal/backend/incus"
 	"agentbox/internal/backend/local/unit"
 	"agentbox/internal/cli"
@@ -30,6 +31,8 @@ func main() {
 			os.Exit(incus.HelperMain(os.Args[1:]))
 		case gitx.IsHelperCommand(arg):
 			os.Exit(gitx.HelperMain(os.Args[1:]))
+		case agentprobe.IsHelperCommand(arg):
+			os.Exit(agentprobe.HelperMain(os.Args[1:]))
 		}
 	}
 	name := filepath.Base(os.Args[0])

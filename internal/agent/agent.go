@@ -81,6 +81,8 @@ func Resolve(explicit *grant.Runner, effective grant.Grant, repo *config.Repo) (
 // Argv is the agent's command line for a prompt: `sh -c 'exec COMMAND
 // "$@"'` with the prompt arguments, so the prompt is an argument, never
 // shell text, and the agent replaces the shell (its pid is the pane's).
+// A Claude agent runs under `env` with its model socket's variables (env
+// execs too, so the pid stays the pane's).
 func (s Spec) Argv(prompt string) []string {
 	args := make([]string, 0, len(s.PromptArgs)+2)
 	if s.Model != "" {
@@ -89,7 +91,11 @@ func (s Spec) Argv(prompt string) []string {
 	for _, a := range s.PromptArgs {
 		args = append(args, strings.ReplaceAll(a, PromptPlaceholder, prompt))
 	}
-	return append([]string{"sh", "-c", "exec " + s.Command + ` "$@"`, s.Name}, args...)
+	argv := append([]string{"sh", "-c", "exec " + s.command() + ` "$@"`, s.Name}, args...)
+	if env := s.env(); len(env) > 0 {
+		argv = append(append([]string{"env"}, env...), argv...)
+	}
+	return argv
 }
 
 // StartArgv starts the agent in a detached tmux session's window named
@@ -195,4 +201,41 @@ func ParseStat(pid int, stat []byte) (Identity, bool, error) {
 	}
 	state := f[0][0]
 	return Identity{PID: pid, Start: start}, state != 'Z' && state != 'X', nil
+}
+
+// CaptureArgv prints the visible text of the agent's pane.
+func CaptureArgv(window string) []string {
+	return []string{"tmux", "capture-pane", "-p", "-J", "-t", Session + ":" + window}
+}
+
+// Bounds of a pane tail in an idle report.
+const (
+	PaneTailLines = 20
+	PaneTailBytes = 2048
+)
+
+// PaneTail is the last non-empty lines of a captured pane
+// (sandbox-controlled): valid UTF-8, no control characters but tabs, at
+// most PaneTailLines lines and PaneTailBytes bytes (the end kept).
+func PaneTail(out []byte) string {
+	clean := strings.Map(func(r rune) rune {
+		if r == '\n' || r == '\t' || (r >= 0x20 && r != 0x7f && !(r >= 0x80 && r < 0xa0)) {
+			return r
+		}
+		return -1
+	}, strings.ToValidUTF8(string(out), "\uFFFD"))
+	var lines []string
+	for _, l := range strings.Split(clean, "\n") {
+		if l = strings.TrimRight(l, " \t"); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > PaneTailLines {
+		lines = lines[len(lines)-PaneTailLines:]
+	}
+	tail := strings.Join(lines, "\n")
+	if len(tail) > PaneTailBytes {
+		tail = strings.ToValidUTF8(tail[len(tail)-PaneTailBytes:], "")
+	}
+	return tail
 }

@@ -73,13 +73,32 @@ func TestResolve(t *testing.T) {
 }
 
 func TestArgv(t *testing.T) {
-	s := Spec{Name: "claude", Command: "claude --x", PromptArgs: []string{"-p", "{prompt}", "tail {prompt}"}, Model: "sonnet[1m]"}
+	s := Spec{Name: "scripted", Command: "sh agent.sh --x", PromptArgs: []string{"-p", "{prompt}", "tail {prompt}"}, Model: "sonnet[1m]"}
 	prompt := `fix "it"; $(rm -rf /) {prompt}`
 	got := s.Argv(prompt)
-	want := []string{"sh", "-c", `exec claude --x "$@"`, "claude", "--model", "sonnet[1m]", "-p", prompt, "tail " + prompt}
+	want := []string{"sh", "-c", `exec sh agent.sh --x "$@"`, "scripted", "--model", "sonnet[1m]", "-p", prompt, "tail " + prompt}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Argv = %q\nwant %q", got, want)
 	}
+	// Claude: under env with the model socket's variables, and in bypass
+	// mode unless the command picks a permission mode.
+	s = Spec{Name: "claude", Command: "claude --x", PromptArgs: []string{"{prompt}"}}
+	got = s.Argv(prompt)
+	want = []string{"env",
+		"ANTHROPIC_API_KEY=" + PlaceholderKey, "ANTHROPIC_BASE_URL=http://localhost", "ANTHROPIC_UNIX_SOCKET=" + ModelSocketPath,
+		"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1", "CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL=1",
+		"DISABLE_AUTOUPDATER=1", "DISABLE_ERROR_REPORTING=1", "DISABLE_TELEMETRY=1",
+		"sh", "-c", `exec claude --x --dangerously-skip-permissions "$@"`, "claude", prompt}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Argv = %q\nwant %q", got, want)
+	}
+	for _, cmd := range []string{"claude --dangerously-skip-permissions", "claude --permission-mode acceptEdits"} {
+		s.Command = cmd
+		if got := s.Argv(prompt)[len(want)-3]; got != "exec "+cmd+` "$@"` {
+			t.Errorf("%s: runs %q", cmd, got)
+		}
+	}
+	// The tmux part uses the Claude spec (named claude).
 	// The tmux part: the window named after the agent, the pane's pid
 	// printed, then "--" and the agent's own argv.
 	for _, tc := range []struct {

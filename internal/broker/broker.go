@@ -47,6 +47,9 @@ type Config struct {
 	// InboxQuota bounds every sandbox's unread inbox; a zero bound means
 	// its default (DefaultInboxMaxUnreadItems, DefaultInboxMaxUnreadBytes).
 	InboxQuota store.Quota
+	// Model, when set, gives every orchestrator and child a model socket
+	// (model.go); nil serves none.
+	Model *ModelConfig
 }
 
 // Broker serves every sandbox's socket and the host admin socket.
@@ -74,6 +77,7 @@ type Broker struct {
 	// uuid (under mu).
 	conflicted map[string]bool
 	snap       atomic.Pointer[Snapshot]
+	budget     budgetNotes
 
 	orchestrator *orchestrate.Orchestrator
 
@@ -108,6 +112,13 @@ func Open(cfg Config) (*Broker, error) {
 		st.Close()
 		lock.Close()
 		return nil, fmt.Errorf("socket dir: %w", err)
+	}
+	if cfg.Model != nil {
+		if err := secfs.EnsurePrivateDir(filepath.Join(cfg.StateDir, ModelDir)); err != nil {
+			st.Close()
+			lock.Close()
+			return nil, fmt.Errorf("model socket dir: %w", err)
+		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Broker{

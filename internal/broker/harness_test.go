@@ -31,6 +31,7 @@ import (
 	"agentbox/internal/inbox"
 	"agentbox/internal/orchestrate"
 	"agentbox/internal/store"
+	"agentbox/internal/testutil/agenttest"
 	"agentbox/internal/testutil/contain"
 	"agentbox/internal/testutil/testbin"
 	"agentbox/internal/testutil/wait"
@@ -41,7 +42,14 @@ import (
 // supervisor, the client inside sandboxes, and `jailbee broker` for the
 // process tests), then runs the tests where a regression cannot damage the
 // host: as root, every filesystem but a scratch TMPDIR is read-only.
-func TestMain(m *testing.M) { contain.Main(m, testbin.Prebuild, testbin.Cleanup) }
+func TestMain(m *testing.M) {
+	contain.Main(m, func() error {
+		if err := testbin.Prebuild(); err != nil {
+			return err
+		}
+		return agenttest.Prepare()
+	}, testbin.Cleanup)
+}
 
 // testEnv is a real broker on a temp state dir with the real local
 // (bubblewrap) backend and a real git repository.
@@ -58,6 +66,10 @@ type testEnv struct {
 	// incusProject, when set, runs the env's sandboxes on Incus in that
 	// project instead of on the local backend (newIncusTestEnv).
 	incusProject string
+	// model is broker.Config.Model; agentBins the backend's AgentBinaries
+	// (both kept across restarts).
+	model     *broker.ModelConfig
+	agentBins map[string]string
 }
 
 func newTestEnv(t testing.TB) *testEnv {
@@ -316,7 +328,7 @@ func (e *testEnv) start() {
 		h = slog.NewTextHandler(io.MultiWriter(e.logs, os.Stderr), &slog.HandlerOptions{Level: slog.LevelDebug})
 	}
 	b, err := broker.Open(broker.Config{StateDir: e.state, Backend: e.be, Logger: slog.New(h),
-		Sandboxes: e.sandboxes, InboxQuota: e.quota})
+		Sandboxes: e.sandboxes, InboxQuota: e.quota, Model: e.model})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -338,9 +350,13 @@ func (e *testEnv) start() {
 func (e *testEnv) openBackend() backend.Backend {
 	e.t.Helper()
 	if e.incusProject == "" {
-		return localBackend(e.t, e.state)
+		be, err := local.New(local.Options{Root: filepath.Join(e.state, "sandboxes"), Binary: testbin.Jailbee(e.t), NoLimits: noLimits(), AgentBinaries: e.agentBins})
+		if err != nil {
+			e.t.Fatalf("local backend (is bubblewrap installed? scripts/install-deps.sh): %v", err)
+		}
+		return be
 	}
-	be, err := incus.New(context.Background(), incus.Options{Project: e.incusProject, Pool: incustest.Pool(), Client: testbin.Jailbee(e.t)})
+	be, err := incus.New(context.Background(), incus.Options{Project: e.incusProject, Pool: incustest.Pool(), Client: testbin.Jailbee(e.t), AgentBinaries: e.agentBins})
 	if err != nil {
 		e.t.Fatal(err)
 	}

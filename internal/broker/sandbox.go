@@ -39,6 +39,7 @@ type sandboxServer struct {
 	changed chan struct{} // closed and replaced when the inbox changes
 	open    map[net.Conn]struct{}
 	closed  bool
+	model   *modelServer // nil: no model socket
 }
 
 func newSandboxServer(c wire.Caller) *sandboxServer {
@@ -89,6 +90,9 @@ func (s *sandboxServer) close() {
 	s.mu.Unlock()
 	if s.ln != nil {
 		s.ln.Close()
+	}
+	if s.model != nil {
+		s.model.cancel()
 	}
 	for c := range conns {
 		c.Close()
@@ -173,12 +177,22 @@ func (b *Broker) serveSandbox(sb store.Sandbox) error {
 	b.removeLegacySocketDir(sb)
 	srv := newSandboxServer(wire.Caller{Sandbox: sb.Name, Role: sb.Role, Parent: sb.Parent})
 	srv.dir, srv.ln = dir, ln
+	if err := b.serveModel(srv, sb); err != nil {
+		ln.Close()
+		return err
+	}
 	b.mu.Lock()
-	if old := b.serving[sb.Name]; old != nil {
+	old := b.serving[sb.Name]
+	if old != nil {
 		old.close()
 	}
 	b.serving[sb.Name] = srv
 	b.mu.Unlock()
+	if old != nil && old.model != nil && (srv.model == nil || old.model.dir != srv.model.dir) {
+		if err := secfs.RemoveTree(old.model.dir); err != nil {
+			b.log.Warn("cannot remove model socket dir", "sandbox", sb.Name, "err", err)
+		}
+	}
 	b.goWorker(func() { b.serveListener(srv) })
 	return nil
 }
@@ -202,9 +216,14 @@ func (b *Broker) stopServing(name string) {
 		return
 	}
 	srv.close()
-	// The directory belongs to the sandbox's uid: removed by handles.
+	// The directories belong to the sandbox's uid: removed by handles.
 	if err := secfs.RemoveTree(srv.dir); err != nil {
 		b.log.Warn("cannot remove socket dir", "sandbox", name, "err", err)
+	}
+	if srv.model != nil {
+		if err := secfs.RemoveTree(srv.model.dir); err != nil {
+			b.log.Warn("cannot remove model socket dir", "sandbox", name, "err", err)
+		}
 	}
 }
 

@@ -66,6 +66,13 @@ refuses to start unless --no-limits.`,
 			if err != nil {
 				return err
 			}
+			model, err := modelConfig(cfg.Model)
+			if err != nil {
+				return exitf(ExitFailed, "broker config: %v", err)
+			}
+			if model == nil {
+				log.Info("no model key configured (broker.yaml model.api_key_file or api_key_env): sandboxes get no model socket")
+			}
 			be, err := deps.OpenBackend(BackendOptions{Kind: kind, StateDir: dir, NoLimits: noLimits, IncusProject: incusProject, IncusPool: incusPool, Image: image})
 			if err != nil {
 				return exitf(ExitFailed, "%v", err)
@@ -77,6 +84,7 @@ refuses to start unless --no-limits.`,
 			b, err := broker.Open(broker.Config{
 				StateDir: dir, Backend: be, Logger: log, Sandboxes: sandboxes,
 				InboxQuota: store.Quota{MaxUnreadItems: cfg.Inbox.MaxUnreadItems, MaxUnreadBytes: cfg.Inbox.MaxUnreadBytes},
+				Model:      model,
 			})
 			if errors.Is(err, broker.ErrLocked) {
 				return exitf(ExitFailed, "another broker holds the state dir %s", dir)

@@ -103,6 +103,8 @@ type Broker struct {
 	// AgentVersions pins the release of an installable agent (by name:
 	// "claude") in place of its built-in default; absent: the default.
 	AgentVersions map[string]string
+	// Model is how model sockets reach the Messages API.
+	Model Model
 }
 
 // PinnableAgents are the agents `agents:` may pin.
@@ -188,6 +190,7 @@ func DefaultBroker() *Broker {
 			First: DefaultSandboxUIDFirst,
 			Count: DefaultSandboxUIDCount,
 		},
+		Model: Model{Upstream: DefaultModelUpstream},
 	}
 }
 
@@ -247,9 +250,12 @@ func ParseBroker(data []byte) (*Broker, error) {
 	}
 	var uidsKey *yaml.Node
 	err = eachKey(root, "", func(key string, k, v *yaml.Node) error {
-		if key == "agents" {
+		switch key {
+		case "agents":
 			b.AgentVersions = map[string]string{}
 			return decodeAgents(v, b.AgentVersions)
+		case "model":
+			return decodeModel(v, &b.Model)
 		}
 		fields, ok := sections[key]
 		if !ok {

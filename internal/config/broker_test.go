@@ -23,6 +23,10 @@ inbox:
 sandbox_uids:
   first: 200000
   count: 65536
+model:
+  upstream: http://127.0.0.1:9000
+  api_key_file: /etc/jailbee/anthropic-key
+  max_output_tokens_per_hour: 100000
 `
 
 func TestParseBrokerFull(t *testing.T) {
@@ -34,6 +38,7 @@ func TestParseBrokerFull(t *testing.T) {
 		Limits:      Limits{Pids: 2048, MemoryBytes: 8 << 30, CPUWeight: 200, DiskBytes: 40 << 30},
 		Inbox:       InboxQuota{MaxUnreadItems: 500, MaxUnreadBytes: 16 << 20},
 		SandboxUIDs: UIDRange{First: 200000, Count: 65536},
+		Model:       Model{Upstream: "http://127.0.0.1:9000", APIKeyFile: "/etc/jailbee/anthropic-key", MaxOutputTokensPerHour: 100000},
 	}
 	if !reflect.DeepEqual(b, want) {
 		t.Fatalf("\n got: %+v\nwant: %+v", b, want)
@@ -45,6 +50,7 @@ func TestDefaultBroker(t *testing.T) {
 		Limits:      Limits{Pids: 1024, MemoryBytes: 4 << 30, CPUWeight: 100, DiskBytes: 16 << 30},
 		Inbox:       InboxQuota{MaxUnreadItems: 1000, MaxUnreadBytes: 32 << 20},
 		SandboxUIDs: UIDRange{First: 1073741824, Count: 1048576},
+		Model:       Model{Upstream: DefaultModelUpstream},
 	}
 	if got := DefaultBroker(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("DefaultBroker() = %+v, want %+v", got, want)

@@ -16,13 +16,15 @@ const livenessInterval = 5 * time.Second
 // watchAgent watches a ready child's agent (the identity seen at
 // readiness) until it ends, the child stops or goes, or its done report
 // is accepted. An agent that ends without an accepted done sends the
-// orchestrator a message of kind blocked. A restarted broker resumes the
-// watch (RecoverSpawns): the agent runs on in its sandbox.
+// orchestrator a message of kind blocked. A live agent with an adapter
+// is looked at for idle reports too (idle.go). A restarted broker resumes
+// the watch (RecoverSpawns): the agent runs on in its sandbox.
 func (o *Orchestrator) watchAgent(name string) {
 	if o.Go == nil {
 		return
 	}
 	o.Go(func(ctx context.Context) {
+		var after time.Duration // the repository's idle_after_seconds, read once
 		for {
 			select {
 			case <-ctx.Done():
@@ -42,6 +44,10 @@ func (o *Orchestrator) watchAgent(name string) {
 				return
 			}
 			if alive && id == seen.Identity {
+				if after == 0 {
+					after = idleAfter(sb.Repo)
+				}
+				o.checkIdle(ctx, sb, seen, after)
 				continue
 			}
 			o.agentEnded(ctx, sb, seen)

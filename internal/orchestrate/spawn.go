@@ -75,6 +75,8 @@ type agentSeen struct {
 	Identity agent.Identity `json:"identity"`
 	// Ended: the watch saw it end (and told the orchestrator).
 	Ended bool `json:"ended,omitempty"`
+	// Idle is the state of its idle reports (idle.go).
+	Idle idleEpisode `json:"idle,omitzero"`
 }
 
 // Spawn runs a spawn manifest (kinds fork and new): it refuses what it
@@ -345,6 +347,13 @@ func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc
 		// The child runs: its tmux session may hold other windows.
 		code, err := run.Run(ctx, gitx.Cmd{Argv: agent.HasSessionArgv()})
 		newSession = err != nil || code != 0
+	}
+	if spec.IsClaude() {
+		var stderr strings.Builder
+		code, err := run.Run(ctx, gitx.Cmd{Argv: agent.ClaudeHomeArgv(backend.WorkspacePath), Stderr: &limitedWriter{w: &stderr, n: 1024}})
+		if err != nil || code != 0 {
+			return agentSeen{}, fmt.Errorf("cannot prepare the agent's home (exit %d): %v %q", code, err, stderr.String())
+		}
 	}
 	var stdout, stderr strings.Builder
 	code, err := run.Run(ctx, gitx.Cmd{Argv: agent.WithStat(agent.StartArgv(spec, doc.Prompt, newSession)), Dir: backend.WorkspacePath,

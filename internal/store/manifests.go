@@ -60,10 +60,21 @@ func (s *Store) FinishManifest(ctx context.Context, sandbox, manifestID, state, 
 // about, there is no origin_id, and nothing is journaled. Host messages
 // are not refused by the inbox quota: they are the broker's own news.
 func (s *Store) DeliverHostMessage(ctx context.Context, to, from, kind, body string) (Item, error) {
+	return s.DeliverHostReply(ctx, to, from, kind, body, "")
+}
+
+// DeliverHostReply is DeliverHostMessage with in_reply_to set to
+// inReplyTo ("" for none): an idle report answers the spawn or restart
+// that started the agent.
+func (s *Store) DeliverHostReply(ctx context.Context, to, from, kind, body, inReplyTo string) (Item, error) {
+	var reply *string
+	if inReplyTo != "" {
+		reply = &inReplyTo
+	}
 	var out Item
 	err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
 		it, err := insertItem(ctx, w, cu, to, wire.ItemMessage, "", false, func(id string) any {
-			return wire.MessageItem{Version: 1, ID: id, Type: wire.ItemMessage, From: from, Kind: kind, Body: body}
+			return wire.MessageItem{Version: 1, ID: id, Type: wire.ItemMessage, From: from, Kind: kind, Body: body, InReplyTo: reply}
 		}, nil)
 		out = it
 		return err
@@ -133,4 +144,25 @@ func (s *Store) LatestStatus(ctx context.Context, sandbox, manifestID string) (w
 		return wire.StatusItem{}, false, err
 	}
 	return st, true, nil
+}
+
+// ChildMessage is the last message a child sent its orchestrator that was
+// accepted (delivered): host messages about the child are not its own.
+type ChildMessage struct {
+	Seq  int64 // 0: none yet
+	Kind string
+	Body string
+}
+
+// LastChildMessage returns the last message child sent that parent's
+// inbox accepted, read or not.
+func (s *Store) LastChildMessage(ctx context.Context, parent, child string) (ChildMessage, error) {
+	var m ChildMessage
+	err := s.db.QueryRowContext(detach(ctx), `SELECT seq, json_extract(doc, '$.kind'), json_extract(doc, '$.body') FROM items
+		WHERE sandbox = ? AND type = ? AND json_extract(doc, '$.from') = ? AND json_extract(doc, '$.origin_id') IS NOT NULL
+		ORDER BY seq DESC LIMIT 1`, parent, wire.ItemMessage, child).Scan(&m.Seq, &m.Kind, &m.Body)
+	if errors.Is(err, sql.ErrNoRows) {
+		return ChildMessage{}, nil
+	}
+	return m, err
 }

@@ -53,9 +53,22 @@ type Server struct {
 	URL   string
 	Turns []Turn
 
-	mu   sync.Mutex
-	seen []Seen
-	srv  *http.Server
+	mu       sync.Mutex
+	seen     []Seen
+	reported Total
+	srv      *http.Server
+}
+
+// Total is the usage the server reported over all its message answers.
+type Total struct {
+	Requests, Input, Output, CacheRead, CacheCreation int64
+}
+
+// Reported returns the usage reported so far.
+func (s *Server) Reported() Total {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reported
 }
 
 // Start serves turns on 127.0.0.1 until the test ends.
@@ -123,6 +136,13 @@ func (s *Server) messages(w http.ResponseWriter, body []byte) {
 	if n < len(s.Turns) {
 		turn = s.Turns[n]
 	}
+	s.mu.Lock()
+	s.reported.Requests++
+	s.reported.Input += turn.Input
+	s.reported.Output += turn.Output
+	s.reported.CacheRead += turn.CacheRead
+	s.reported.CacheCreation += turn.CacheCreation
+	s.mu.Unlock()
 	w.Header().Set("Request-Id", fmt.Sprintf("req_scripted_%d", n))
 	if req.Stream {
 		stream(w, turn, n)

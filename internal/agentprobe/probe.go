@@ -1,0 +1,212 @@
+// Package agentprobe is the in-sandbox side of the Claude adapter: `jailbee
+// _agent-probe --pid PID`, run by the broker as the agent user inside a
+// sandbox, prints what agent.ParseProbe reads: the process's start time,
+// its session status file and whether its transcript shows subagent work.
+// Every read is bounded and refuses symlinks, FIFOs and devices (O_NOFOLLOW,
+// O_NONBLOCK, a regular file checked on the handle): the files are the
+// agent's, and the agent is not trusted. Nothing here runs on the host.
+package agentprobe
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"agentbox/internal/agent"
+)
+
+// Command is the hidden command's name.
+const Command = "_agent-probe"
+
+// Bounds of what the probe reads.
+const (
+	maxSessionBytes    = 64 << 10  // a status file is a few hundred bytes
+	maxTranscriptBytes = 256 << 20 // past this, subagent history is unknown
+	maxStatBytes       = 4 << 10
+	maxProcStatBytes   = 1 << 20
+)
+
+// clockTicks is the kernel's USER_HZ: /proc times are in these units (100
+// on every Linux architecture Go supports).
+const clockTicks = 100
+
+// IsHelperCommand reports whether arg names the probe.
+func IsHelperCommand(arg string) bool { return arg == Command }
+
+// HelperMain runs the probe with args (the command's name first).
+func HelperMain(args []string) int {
+	fs := flag.NewFlagSet(Command, flag.ContinueOnError)
+	pid := fs.Int("pid", 0, "the agent's pid")
+	if err := fs.Parse(args[1:]); err != nil || *pid <= 1 {
+		fmt.Fprintln(os.Stderr, "usage: jailbee _agent-probe --pid PID")
+		return 2
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	p := Run(*pid, home)
+	out, _ := json.Marshal(p)
+	os.Stdout.Write(append(out, '\n'))
+	return 0
+}
+
+// Run probes process pid whose CLI keeps its state under home.
+func Run(pid int, home string) agent.Probe {
+	var p agent.Probe
+	p.StartTicks = startTicks(pid)
+	if p.StartTicks == 0 {
+		return p
+	}
+	if boot := bootTime(); boot > 0 {
+		p.StartUnixMs = boot*1000 + int64(p.StartTicks)*1000/clockTicks
+	}
+	data, err := readRegular(filepath.Join(home, ".claude", "sessions", strconv.Itoa(pid)+".json"), maxSessionBytes)
+	if err != nil {
+		return p
+	}
+	var s agent.ClaudeSession
+	if json.Unmarshal(data, &s) != nil {
+		return p
+	}
+	p.Session = &s
+	p.Subagents = subagentHistory(home, s)
+	return p
+}
+
+// startTicks reads field 22 of /proc/PID/stat; 0 when it cannot.
+func startTicks(pid int) uint64 {
+	data, err := readRegular("/proc/"+strconv.Itoa(pid)+"/stat", maxStatBytes)
+	if err != nil {
+		return 0
+	}
+	id, alive, err := agent.ParseStat(pid, data)
+	if err != nil || !alive {
+		return 0
+	}
+	return id.Start
+}
+
+// bootTime reads btime (Unix seconds) from /proc/stat; 0 when it cannot.
+func bootTime() int64 {
+	data, err := readRegular("/proc/stat", maxProcStatBytes)
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "btime "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// sessionIDPattern is the shape of a session id: it becomes a file name.
+var sessionIDPattern = regexp.MustCompile(`^[0-9A-Za-z-]{1,64}$`)
+
+// subagentMarkers are transcript text that only subagent work writes: a
+// sidechain entry, or a call of the tool that starts a subagent (Task,
+// later named Agent). A tool result quoting them counts too: that errs
+// towards "history", which only withholds plain idle reports.
+var subagentMarkers = [][]byte{[]byte(`"isSidechain":true`), []byte(`"name":"Task"`), []byte(`"name":"Agent"`)}
+
+// subagentHistory tells whether the session's transcript shows subagent
+// work; nil when it cannot be told.
+func subagentHistory(home string, s agent.ClaudeSession) *bool {
+	yes, no := true, false
+	if !sessionIDPattern.MatchString(s.SessionID) || !filepath.IsAbs(s.Cwd) {
+		return nil
+	}
+	project := filepath.Join(home, ".claude", "projects", strings.ReplaceAll(s.Cwd, "/", "-"))
+	if fi, err := os.Lstat(filepath.Join(project, s.SessionID, "subagents")); err == nil && fi.IsDir() {
+		return &yes
+	}
+	f, err := openRegular(filepath.Join(project, s.SessionID+".jsonl"))
+	if errors.Is(err, os.ErrNotExist) {
+		return &no // no transcript yet: no history
+	}
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	found, err := containsAny(io.LimitReader(f, maxTranscriptBytes+1), subagentMarkers, maxTranscriptBytes)
+	if err != nil {
+		return nil
+	}
+	return &found
+}
+
+// containsAny scans r (at most limit bytes, else an error) for any marker.
+func containsAny(r io.Reader, markers [][]byte, limit int64) (bool, error) {
+	const overlap = 64 // longer than any marker
+	br := bufio.NewReaderSize(r, 64<<10)
+	buf := make([]byte, 0, 64<<10+overlap)
+	var total int64
+	chunk := make([]byte, 64<<10)
+	for {
+		n, err := br.Read(chunk)
+		total += int64(n)
+		if total > limit {
+			return false, errors.New("transcript too large")
+		}
+		buf = append(buf, chunk[:n]...)
+		for _, m := range markers {
+			if bytes.Contains(buf, m) {
+				return true, nil
+			}
+		}
+		if len(buf) > overlap {
+			buf = append(buf[:0], buf[len(buf)-overlap:]...)
+		}
+		if err == io.EOF {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+	}
+}
+
+// openRegular opens path for reading, refusing a symlink as its last
+// component and anything but a regular file (a FIFO would block).
+func openRegular(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, errors.New("not a regular file")
+	}
+	return f, nil
+}
+
+// readRegular reads a regular file of at most limit bytes.
+func readRegular(path string, limit int64) ([]byte, error) {
+	f, err := openRegular(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, errors.New("file too large")
+	}
+	return data, nil
+}

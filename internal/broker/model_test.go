@@ -1,0 +1,90 @@
+package broker_test
+
+import (
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"agentbox/internal/broker"
+	"agentbox/internal/modelproxy/modeltest"
+	"agentbox/internal/wire"
+)
+
+// newModelEnv is a broker whose model sockets forward to up with hostKey.
+func newModelEnv(t *testing.T, up *modeltest.Server, perHour int64) *testEnv {
+	t.Helper()
+	e := newTestEnvStopped(t)
+	u, err := url.Parse(up.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.model = &broker.ModelConfig{Upstream: u, Key: hostKey, MaxOutputTokensPerHour: perHour}
+	e.start()
+	return e
+}
+
+// curlModel sends one request on the sandbox's model socket (the host's
+// curl, which local sandboxes see in /usr) and returns what it printed:
+// the response body, then the status code on a line of its own.
+func curlModel(e *testEnv, name, method, path, body string) string {
+	e.t.Helper()
+	args := []string{"curl", "-sS", "--unix-socket", "/run/jailbee/model/anthropic.sock", "-X", method,
+		"-H", "x-api-key: sk-ant-from-inside", "-H", "authorization: Bearer inside", "-H", "content-type: application/json",
+		"-w", "\n%{http_code}", "http://localhost" + path}
+	if body != "" {
+		args = append(args, "--data-binary", body)
+	}
+	return e.mustExec(name, args...)
+}
+
+// TestModelSocket: an orchestrator's model socket forwards the Messages
+// API to the upstream with the host's key in place of whatever the
+// sandbox sent, streams the answer, refuses other paths in the API's
+// error format, survives a broker restart, and goes with the sandbox.
+func TestModelSocket(t *testing.T) {
+	localOnly(t, "the request is sent with the host's curl, which Incus images lack (TestClaudeChildToDone covers Incus)")
+	up := modeltest.Start(t, modeltest.Turn{Text: "hello from the model", Input: 11, Output: 7, CacheRead: 3, CacheCreation: 2, Chunk: 4})
+	e := newModelEnv(t, up, 0)
+	e.orchestrator("lead")
+
+	out := curlModel(e, "lead", "POST", "/v1/messages?beta=true", modeltest.RequestBody("hi", true))
+	if !strings.HasSuffix(out, "\n200") || !strings.Contains(out, "event: message_stop") || !strings.Contains(out, `"text":"hell"`) {
+		t.Fatalf("streamed answer:\n%s", out)
+	}
+	seen := up.Seen()
+	if len(seen) != 1 || seen[0].Header.Get("X-Api-Key") != hostKey || seen[0].Header.Get("Authorization") != "" || seen[0].Query != "beta=true" {
+		t.Fatalf("the upstream saw %+v", seen)
+	}
+	out = curlModel(e, "lead", "GET", "/v1/organizations/me", "")
+	if !strings.HasSuffix(out, "\n404") || !strings.Contains(out, `"type":"not_found_error"`) || strings.Contains(out, up.URL) {
+		t.Fatalf("a path outside the API:\n%s", out)
+	}
+	if n := len(up.Seen()); n != 1 {
+		t.Fatalf("a refused path reached the upstream (%d requests)", n)
+	}
+
+	// On the host: owner-only, under <state>/model, named like the
+	// orchestration socket's directory.
+	sockDir := filepath.Dir(e.b.SocketPath("lead"))
+	modelDir := filepath.Join(e.state, broker.ModelDir, filepath.Base(sockDir))
+	fi, err := os.Lstat(filepath.Join(modelDir, broker.ModelSocketName))
+	if err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("model socket on the host: %v %v", fi, err)
+	}
+
+	// A restarted broker serves the running sandbox again, at the same
+	// place (a running local sandbox keeps the directory it started with).
+	e.restart()
+	if out := curlModel(e, "lead", "POST", "/v1/messages", modeltest.RequestBody("again", false)); !strings.HasSuffix(out, "\n200") || !strings.Contains(out, "hello from the model") {
+		t.Fatalf("after a restart:\n%s", out)
+	}
+
+	if err := e.admin("destroy", wire.DestroyArgs{Name: "lead", Force: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Lstat(modelDir); !os.IsNotExist(err) {
+		t.Fatalf("the model socket's directory outlived its sandbox: %v", err)
+	}
+}

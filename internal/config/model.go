@@ -1,0 +1,116 @@
+package config
+
+import (
+	"net/url"
+	"regexp"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// DefaultModelUpstream is where the model sockets forward the Messages
+// API when broker.yaml names no upstream.
+const DefaultModelUpstream = "https://api.anthropic.com"
+
+// Bounds of model.max_output_tokens_per_hour.
+const (
+	MinOutputTokensPerHour = 1
+	MaxOutputTokensPerHour = 1 << 40
+)
+
+// Model is broker.yaml's `model`: how the broker's model sockets reach the
+// Messages API, and with which key. The key itself is never in the file.
+type Model struct {
+	// Upstream is the API's base URL (http or https, no credentials,
+	// query or fragment).
+	Upstream string
+	// APIKeyFile is a file holding the key ("~/" is the broker user's
+	// home); APIKeyEnv the name of a variable of the broker's environment
+	// holding it. At most one is set; with neither, no model socket is
+	// served.
+	APIKeyFile string
+	APIKeyEnv  string
+	// MaxOutputTokensPerHour bounds the output tokens one orchestrator
+	// tree (the orchestrator and its children) may use in any hour; 0 is
+	// no bound.
+	MaxOutputTokensPerHour int64
+}
+
+// HasKey reports whether the broker is told where its key is.
+func (m Model) HasKey() bool { return m.APIKeyFile != "" || m.APIKeyEnv != "" }
+
+var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+// decodeModel reads `model: {upstream, api_key_file | api_key_env,
+// max_output_tokens_per_hour}` into m.
+func decodeModel(n *yaml.Node, m *Model) error {
+	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
+		return nil
+	}
+	limit := field{key: "max_output_tokens_per_hour", min: MinOutputTokensPerHour, max: MaxOutputTokensPerHour,
+		get: func() int64 { return m.MaxOutputTokensPerHour }, set: func(v int64) { m.MaxOutputTokensPerHour = v }}
+	var keyNode *yaml.Node
+	err := eachKey(n, "model", func(key string, k, v *yaml.Node) error {
+		p := join("model", key)
+		if v.Kind == yaml.AliasNode {
+			return errAt(p, v, "YAML aliases are not supported")
+		}
+		if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+			return nil
+		}
+		if key == limit.key {
+			val, err := limit.decode(v, p)
+			if err == nil {
+				limit.set(val)
+			}
+			return err
+		}
+		if v.Kind != yaml.ScalarNode || v.Tag != "!!str" {
+			return errAt(p, v, "must be a string")
+		}
+		switch key {
+		case "upstream":
+			if msg := upstreamProblem(v.Value); msg != "" {
+				return errAt(p, v, "%s", msg)
+			}
+			m.Upstream = strings.TrimSuffix(v.Value, "/")
+		case "api_key_file":
+			if !strings.HasPrefix(v.Value, "/") && !strings.HasPrefix(v.Value, "~/") {
+				return errAt(p, v, "must be an absolute path or start with ~/")
+			}
+			if strings.ContainsRune(v.Value, 0) {
+				return errAt(p, v, "must not hold NUL")
+			}
+			m.APIKeyFile, keyNode = v.Value, k
+		case "api_key_env":
+			if !envNamePattern.MatchString(v.Value) {
+				return errAt(p, v, "must be an environment variable's name (letters, digits, _)")
+			}
+			m.APIKeyEnv, keyNode = v.Value, k
+		default:
+			return errAt(p, k, "unknown key")
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if m.APIKeyFile != "" && m.APIKeyEnv != "" {
+		return errAt("model", keyNode, "set api_key_file or api_key_env, not both")
+	}
+	return nil
+}
+
+// upstreamProblem says what is wrong with an upstream URL, or "".
+func upstreamProblem(s string) string {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.Opaque != "":
+		return "must be an http or https URL such as https://api.anthropic.com"
+	case u.User != nil:
+		return "must not hold credentials (the key goes in api_key_file or api_key_env)"
+	case u.RawQuery != "" || u.Fragment != "" || strings.HasSuffix(s, "?") || strings.HasSuffix(s, "#"):
+		return "must not have a query or fragment"
+	}
+	return ""
+}

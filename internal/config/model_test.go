@@ -1,0 +1,61 @@
+package config
+
+import (
+	"fmt"
+	"testing"
+)
+
+// TestParseBrokerModel: `model` names the upstream, where the key is, and
+// the hourly output bound; absent, the default upstream and no key.
+func TestParseBrokerModel(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml string
+		want       Model
+	}{
+		{"absent", "limits: {}\n", Model{Upstream: DefaultModelUpstream}},
+		{"null", "model:\n", Model{Upstream: DefaultModelUpstream}},
+		{"key file", "model: {api_key_file: ~/.config/jailbee/anthropic-key}\n",
+			Model{Upstream: DefaultModelUpstream, APIKeyFile: "~/.config/jailbee/anthropic-key"}},
+		{"key env and upstream", "model: {upstream: \"http://127.0.0.1:8080/\", api_key_env: ANTHROPIC_API_KEY}\n",
+			Model{Upstream: "http://127.0.0.1:8080", APIKeyEnv: "ANTHROPIC_API_KEY"}},
+		{"path prefix", "model: {upstream: https://gw.example/anthropic, api_key_file: /etc/k}\n",
+			Model{Upstream: "https://gw.example/anthropic", APIKeyFile: "/etc/k"}},
+		{"budget at min", "model: {max_output_tokens_per_hour: 1}\n",
+			Model{Upstream: DefaultModelUpstream, MaxOutputTokensPerHour: MinOutputTokensPerHour}},
+		{"budget at max", fmt.Sprintf("model: {max_output_tokens_per_hour: %d}\n", MaxOutputTokensPerHour),
+			Model{Upstream: DefaultModelUpstream, MaxOutputTokensPerHour: MaxOutputTokensPerHour}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := ParseBroker([]byte(tc.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b.Model != tc.want {
+				t.Fatalf("got %+v, want %+v", b.Model, tc.want)
+			}
+		})
+	}
+}
+
+func TestParseBrokerModelRefused(t *testing.T) {
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"not a mapping", "model: anthropic\n", "model: must be a mapping (line 1)"},
+		{"unknown key", "model: {api_key: sk-ant-x}\n", "model.api_key: unknown key (line 1)"},
+		{"both keys", "model: {api_key_file: /k, api_key_env: K}\n", "model: set api_key_file or api_key_env, not both (line 1)"},
+		{"relative key file", "model: {api_key_file: key}\n", "model.api_key_file: must be an absolute path or start with ~/ (line 1)"},
+		{"env name", "model: {api_key_env: \"A-B\"}\n", "model.api_key_env: must be an environment variable's name (letters, digits, _) (line 1)"},
+		{"upstream scheme", "model: {upstream: \"ftp://x\"}\n", "model.upstream: must be an http or https URL such as https://api.anthropic.com (line 1)"},
+		{"upstream no host", "model: {upstream: \"https:///v1\"}\n", "model.upstream: must be an http or https URL such as https://api.anthropic.com (line 1)"},
+		{"upstream credentials", "model: {upstream: \"https://u:p@h\"}\n", "model.upstream: must not hold credentials (the key goes in api_key_file or api_key_env) (line 1)"},
+		{"upstream query", "model: {upstream: \"https://h/?k=1\"}\n", "model.upstream: must not have a query or fragment (line 1)"},
+		{"upstream number", "model: {upstream: 8080}\n", "model.upstream: must be a string (line 1)"},
+		{"budget zero", "model: {max_output_tokens_per_hour: 0}\n", fmt.Sprintf("model.max_output_tokens_per_hour: must be 1 to %d (line 1)", MaxOutputTokensPerHour)},
+		{"budget past max", fmt.Sprintf("model: {max_output_tokens_per_hour: %d}\n", MaxOutputTokensPerHour+1), fmt.Sprintf("model.max_output_tokens_per_hour: must be 1 to %d (line 1)", MaxOutputTokensPerHour)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := brokerError(t, tc.yaml); got != tc.want {
+				t.Fatalf("\n got: %s\nwant: %s", got, tc.want)
+			}
+		})
+	}
+}
