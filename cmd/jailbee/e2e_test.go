@@ -428,8 +428,8 @@ func TestHostCommandsAndInboxInsideSandboxes(t *testing.T) {
 		t.Errorf("socket %q is not under the state dir", sock)
 	}
 	table := h.mustJB("ls")
-	if !regexp.MustCompile(`(?m)^NAME +ROLE +PARENT +STATE +UNIT +BRANCH +LAST STATUS$`).MatchString(table) ||
-		!regexp.MustCompile(`(?m)^fix-12 +child +lead +running +up +fix/issue-12 +-$`).MatchString(table) {
+	if !regexp.MustCompile(`(?m)^NAME +ROLE +PARENT +STATE +UNIT +BRANCH +TOKENS +LAST STATUS$`).MatchString(table) ||
+		!regexp.MustCompile(`(?m)^fix-12 +child +lead +running +up +fix/issue-12 +- +-$`).MatchString(table) {
 		t.Errorf("ls:\n%s", table)
 	}
 
@@ -988,7 +988,7 @@ func TestSpawnLogsAndAttach(t *testing.T) {
 	h.mustJB("exec", "lead", "--", "jailbee", "inbox", "send", "spawn", "--branch", "kid", "--on-done", "keep", "--text", "work")
 	// Its agent reports done at once; the spawn's status says ready after
 	// two observations of it.
-	doneRow := regexp.MustCompile("(?m)^kid +child +lead +done +up +kid +spawn-[0-9a-f]+ done: child `kid` is ready")
+	doneRow := regexp.MustCompile("(?m)^kid +child +lead +done +up +kid +- +spawn-[0-9a-f]+ done: child `kid` is ready")
 	wait.For(t, "ls to show the child done and its spawn's final status", func() bool { return doneRow.MatchString(h.mustJB("ls")) })
 
 	if out := h.mustJB("logs", "kid"); !strings.Contains(out, "agent scripted ready") || !strings.HasPrefix(out, "== kid.") {

@@ -79,6 +79,8 @@ func (b *Broker) dispatchAdmin(ctx context.Context, cc *connCtx, req *wire.Reque
 		rep = replyOK(map[string]any{"backend": b.cfg.Backend.Type()})
 	case "ls":
 		rep = b.adminList(ctx)
+	case "usage":
+		rep = b.adminUsage(ctx, req.Args)
 	case "exec":
 		rep = b.adminExec(ctx, cc, req.Args, files, log)
 	case "new", "destroy", "start", "stop":
@@ -183,6 +185,14 @@ func (b *Broker) adminList(ctx context.Context) *reply {
 	if err != nil {
 		return replyErr(err)
 	}
+	usage, err := b.store.UsageRows(ctx)
+	if err != nil {
+		return replyErr(err)
+	}
+	tokens := make(map[string]int64, len(usage))
+	for _, r := range usage {
+		tokens[r.UUID] = r.InputTokens + r.OutputTokens
+	}
 	running := map[string]bool{}
 	if insts, err := b.cfg.Backend.List(ctx); err == nil {
 		for _, in := range insts {
@@ -191,7 +201,8 @@ func (b *Broker) adminList(ctx context.Context) *reply {
 	}
 	out := make([]wire.SandboxInfo, 0, len(sbs))
 	for _, sb := range sbs {
-		info := wire.SandboxInfo{Name: sb.Name, Role: sb.Role, State: sb.State, Running: running[sb.Name], Branch: sb.Branch, UUID: sb.UUID}
+		info := wire.SandboxInfo{Name: sb.Name, Role: sb.Role, State: sb.State, Running: running[sb.Name], Branch: sb.Branch, UUID: sb.UUID,
+			Tokens: tokens[sb.UUID]}
 		if sb.Parent != "" {
 			p := sb.Parent
 			info.Parent = &p
@@ -208,6 +219,68 @@ func (b *Broker) adminList(ctx context.Context) *reply {
 		out = append(out, info)
 	}
 	return replyOK(out)
+}
+
+// adminUsage answers "usage" from broker.db (a read: not on the
+// executor). With a name: that name's rows (a name used again has one per
+// sandbox) and, unless it is a child now, the rows of the tree it roots.
+// Each tree of the rows gets its total over all its rows.
+func (b *Broker) adminUsage(ctx context.Context, raw json.RawMessage) *reply {
+	var a wire.UsageArgs
+	if werr := decodeArgs(raw, &a); werr != nil {
+		return replyErr(werr)
+	}
+	rows, err := b.store.UsageRows(ctx)
+	if err != nil {
+		return replyErr(err)
+	}
+	sbs, err := b.store.Sandboxes(ctx)
+	if err != nil {
+		return replyErr(err)
+	}
+	live := make(map[string]bool, len(sbs))
+	exists, child := false, false
+	for _, sb := range sbs {
+		live[sb.UUID] = true
+		if sb.Name == a.Name {
+			exists, child = true, sb.Role == wire.RoleChild
+		}
+	}
+	res := wire.UsageResult{Rows: []wire.UsageRow{}, Trees: []wire.TreeUsage{}}
+	totals := map[string]*wire.TreeUsage{}
+	for _, r := range rows {
+		u := wire.Usage{Requests: r.Requests, InputTokens: r.InputTokens, OutputTokens: r.OutputTokens,
+			CacheReadInputTokens: r.CacheReadInputTokens, CacheCreationInputTokens: r.CacheCreationInputTokens}
+		t := totals[r.Tree]
+		if t == nil {
+			t = &wire.TreeUsage{Tree: r.Tree}
+			totals[r.Tree] = t
+		}
+		addUsage(&t.Usage, u)
+		if a.Name != "" && r.Name != a.Name && (child || r.Tree != a.Name) {
+			continue
+		}
+		res.Rows = append(res.Rows, wire.UsageRow{Name: r.Name, UUID: r.UUID, Tree: r.Tree, Usage: u,
+			Destroyed: !live[r.UUID], Updated: r.Updated.UTC()})
+	}
+	if len(res.Rows) == 0 && a.Name != "" && !exists {
+		return replyErr(wire.Errorf(wire.CodeNotFound, "no sandbox named %s", truncate(a.Name, 64)))
+	}
+	// Rows are sorted by tree: each tree's total follows once.
+	for i, r := range res.Rows {
+		if i == 0 || res.Rows[i-1].Tree != r.Tree {
+			res.Trees = append(res.Trees, *totals[r.Tree])
+		}
+	}
+	return replyOK(res)
+}
+
+func addUsage(v *wire.Usage, u wire.Usage) {
+	v.Requests += u.Requests
+	v.InputTokens += u.InputTokens
+	v.OutputTokens += u.OutputTokens
+	v.CacheReadInputTokens += u.CacheReadInputTokens
+	v.CacheCreationInputTokens += u.CacheCreationInputTokens
 }
 
 // adminExec runs a command in a sandbox with the caller's descriptors as

@@ -142,8 +142,10 @@ func newLsCmd(deps Deps) *cobra.Command {
 spawned child also queued, creating, ready (its agent is up), done (its done
 report was accepted) or failed. UNIT says whether the sandbox's processes
 are up. LAST STATUS is a spawned child's latest status for its spawn or last
-restart, as its orchestrator got it. --json prints an array of {name, role,
-parent, state, running, branch, uuid, socket, last_status}.`,
+restart, as its orchestrator got it. TOKENS is the sandbox's model usage,
+input plus output tokens ('jailbee usage' has the detail). --json prints an
+array of {name, role, parent, state, running, branch, uuid, socket,
+last_status, tokens}.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var list []wire.SandboxInfo
@@ -155,7 +157,7 @@ parent, state, running, branch, uuid, socket, last_status}.`,
 				return writeJSON(out, list)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tROLE\tPARENT\tSTATE\tUNIT\tBRANCH\tLAST STATUS")
+			fmt.Fprintln(tw, "NAME\tROLE\tPARENT\tSTATE\tUNIT\tBRANCH\tTOKENS\tLAST STATUS")
 			for _, s := range list {
 				parent := "-"
 				if s.Parent != nil {
@@ -165,11 +167,15 @@ parent, state, running, branch, uuid, socket, last_status}.`,
 				if s.Running {
 					unit = "up"
 				}
+				tokens := "-"
+				if s.Tokens > 0 {
+					tokens = humanCount(s.Tokens)
+				}
 				last := "-"
 				if st := s.LastStatus; st != nil {
 					last = clip(st.Ref+" "+st.State+": "+st.Detail, maxStatusColumn)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Role, parent, s.State, unit, s.Branch, last)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.Role, parent, s.State, unit, s.Branch, tokens, last)
 			}
 			return tw.Flush()
 		},

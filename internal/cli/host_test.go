@@ -205,6 +205,8 @@ func TestHostUsageErrors(t *testing.T) {
 		{[]string{"destroy"}, "accepts 1 arg(s)"},
 		{[]string{"start", "a", "b"}, "accepts 1 arg(s)"},
 		{[]string{"stop"}, "accepts 1 arg(s)"},
+		{[]string{"usage", "a", "b"}, "accepts at most 1 arg(s)"},
+		{[]string{"usage", "--bogus"}, "unknown flag: --bogus"},
 	} {
 		var out, errb bytes.Buffer
 		code := runWith(t, strings.NewReader(""), &out, &errb, tc.args...)
@@ -272,6 +274,8 @@ func TestHostCommandsWithoutBrokerNameTheStateDir(t *testing.T) {
 		for _, args := range [][]string{
 			{"ls"},
 			{"ls", "--json"},
+			{"usage"},
+			{"usage", "x", "--json"},
 			{"new", "x", "--repo", repo, "--orchestrator"},
 			{"new", "x", "--parent", "y"},
 			{"exec", "x", "--", "true"},
@@ -457,7 +461,7 @@ func TestHostCommandsReportRefusals(t *testing.T) {
 		{errReply(wire.CodeBusy, "too many connections"), 4, "jailbee: broker busy: too many connections\n"},
 	} {
 		reply.Store(tc.reply)
-		for _, args := range [][]string{{"destroy", "kid"}, {"start", "kid"}, {"ls"}, {"exec", "kid", "--", "true"}} {
+		for _, args := range [][]string{{"destroy", "kid"}, {"start", "kid"}, {"ls"}, {"usage", "kid"}, {"exec", "kid", "--", "true"}} {
 			var out, errb bytes.Buffer
 			code := runWith(t, strings.NewReader(""), &out, &errb, args...)
 			if code != tc.code || errb.String() != tc.want || out.Len() != 0 {
@@ -467,12 +471,12 @@ func TestHostCommandsReportRefusals(t *testing.T) {
 	}
 }
 
-// TestLsTableAndJSON: the table has a UNIT column from `running`; --json
-// prints every field.
+// TestLsTableAndJSON: the table has a UNIT column from `running` and a
+// TOKENS column from `tokens`; --json prints every field.
 func TestLsTableAndJSON(t *testing.T) {
 	lead, sock := "lead", "/s/sock/u1.r/broker.sock"
 	list := []wire.SandboxInfo{
-		{Name: "lead", Role: "orchestrator", State: "running", Running: true, Branch: "main", UUID: "u1", Socket: &sock},
+		{Name: "lead", Role: "orchestrator", State: "running", Running: true, Branch: "main", UUID: "u1", Socket: &sock, Tokens: 12345},
 		{Name: "fix-12", Role: "child", Parent: &lead, State: "stopped", Running: false, Branch: "fix/issue-12", UUID: "u2"},
 	}
 	f := newFakeAdmin(t, func(r adminRequest) *wire.Response { return okReply(list) })
@@ -481,9 +485,9 @@ func TestLsTableAndJSON(t *testing.T) {
 	if code := runWith(t, strings.NewReader(""), &out, io.Discard, "ls"); code != 0 {
 		t.Fatalf("ls: exit %d", code)
 	}
-	want := "NAME    ROLE          PARENT  STATE    UNIT  BRANCH        LAST STATUS\n" +
-		"lead    orchestrator  -       running  up    main          -\n" +
-		"fix-12  child         lead    stopped  down  fix/issue-12  -\n"
+	want := "NAME    ROLE          PARENT  STATE    UNIT  BRANCH        TOKENS  LAST STATUS\n" +
+		"lead    orchestrator  -       running  up    main          12.3k   -\n" +
+		"fix-12  child         lead    stopped  down  fix/issue-12  -       -\n"
 	if out.String() != want {
 		t.Errorf("ls:\n%s\nwant\n%s", out.String(), want)
 	}
@@ -496,7 +500,8 @@ func TestLsTableAndJSON(t *testing.T) {
 		t.Fatalf("ls --json: %v\n%s", err, out.String())
 	}
 	if len(got) != 2 || got[0]["running"] != true || got[1]["running"] != false || got[1]["parent"] != "lead" ||
-		got[0]["parent"] != nil || got[0]["socket"] != sock || got[1]["socket"] != nil || got[1]["state"] != "stopped" {
+		got[0]["parent"] != nil || got[0]["socket"] != sock || got[1]["socket"] != nil || got[1]["state"] != "stopped" ||
+		got[0]["tokens"] != 12345.0 || got[1]["tokens"] != 0.0 {
 		t.Errorf("ls --json: %s", out.String())
 	}
 	reqs := f.requests()

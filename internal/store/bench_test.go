@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
@@ -37,6 +38,52 @@ func BenchmarkDeliverMessage(b *testing.B) {
 		if _, err := st.DeliverMessage(ctx, store.Delivery{From: "o", To: "c", ManifestID: "m-" + strconv.Itoa(i),
 			Kind: "note", Body: "please rebase onto main and run the tests"}); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAddUsage is the store's part of recording one model response:
+// one transaction that adds to the sandbox's totals and to its tree's
+// output bucket of the minute (a new bucket, with its prune, once a
+// minute). Read it against BenchmarkBareCommit.
+func BenchmarkAddUsage(b *testing.B) {
+	st, err := store.Open(filepath.Join(b.TempDir(), "broker.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	u := store.Usage{Requests: 1, InputTokens: 1200, OutputTokens: 350, CacheReadInputTokens: 40000, CacheCreationInputTokens: 800}
+	for b.Loop() {
+		if err := st.AddUsage(ctx, "c", "u2", "o", u, time.Now()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkTreeOutputSince is an hourly budget's check before a request:
+// the last hour of a tree whose buckets fill a whole day, beside three
+// other trees as busy.
+func BenchmarkTreeOutputSince(b *testing.B) {
+	st, err := store.Open(filepath.Join(b.TempDir(), "broker.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	now := time.Now()
+	for m := range 24 * 60 {
+		for tree := range 4 {
+			name := "o" + strconv.Itoa(tree)
+			if err := st.AddUsage(ctx, name, "u"+name, name, store.Usage{Requests: 1, OutputTokens: 10}, now.Add(-time.Duration(m)*time.Minute)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	for b.Loop() {
+		n, err := st.TreeOutputSince(ctx, "o3", now.Add(-time.Hour))
+		if err != nil || n != 610 {
+			b.Fatal(n, err)
 		}
 	}
 }

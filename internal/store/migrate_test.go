@@ -134,6 +134,9 @@ func TestOpenMigratesSchemaV1(t *testing.T) {
 		if cols := columns(t, s, "finishes"); !slices.Contains(cols, "manifest_id") {
 			t.Fatalf("%s: finishes columns %v", pass, cols)
 		}
+		if cols := columns(t, s, "usage"); !slices.Contains(cols, "output_tokens") {
+			t.Fatalf("%s: usage columns %v", pass, cols)
+		}
 		fi, err := os.Stat(path)
 		if err != nil || fi.Mode().Perm() != 0o600 {
 			t.Fatalf("%s: broker.db mode %v, %v", pass, fi.Mode(), err)
@@ -187,6 +190,55 @@ func TestOpenMigratesSchemaV1(t *testing.T) {
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestOpenMigratesSchemaV3: a version 3 broker.db (the last without
+// usage) gains the usage tables, keeps its rows, and its usage survives a
+// reopen.
+func TestOpenMigratesSchemaV3(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "broker.db")
+	makeV1(t, path)
+	db, err := sql.Open("sqlite", "file:"+path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for v := 1; v < 3; v++ {
+		if _, err := db.Exec(migrations[v]); err != nil {
+			t.Fatalf("to version %d: %v", v+1, err)
+		}
+	}
+	var tables int
+	db.QueryRow(`SELECT count(*) FROM sqlite_schema WHERE name IN ('usage', 'tree_output')`).Scan(&tables)
+	db.Close()
+	if tables != 0 {
+		t.Fatalf("the version 3 database has %d usage tables", tables)
+	}
+	ctx := context.Background()
+	for _, pass := range []string{"migrated", "reopened"} {
+		s, err := Open(path)
+		if err != nil {
+			t.Fatalf("%s: open: %v", pass, err)
+		}
+		if v := userVersion(t, s); v != schemaVersion {
+			t.Fatalf("%s: user_version %d, want %d", pass, v, schemaVersion)
+		}
+		if sbs, err := s.Sandboxes(ctx); err != nil || len(sbs) != 2 {
+			t.Fatalf("%s: sandboxes %+v, %v", pass, sbs, err)
+		}
+		if pass == "migrated" {
+			if err := s.AddUsage(ctx, "c", "uuid-c", "o", Usage{Requests: 1, OutputTokens: 9}, t0); err != nil {
+				t.Fatalf("%s: %v", pass, err)
+			}
+		}
+		rows, err := s.UsageRows(ctx)
+		if err != nil || len(rows) != 1 || rows[0].UUID != "uuid-c" || rows[0].OutputTokens != 9 {
+			t.Fatalf("%s: usage rows %+v, %v", pass, rows, err)
+		}
+		if n, err := s.TreeOutputSince(ctx, "o", t0); err != nil || n != 9 {
+			t.Fatalf("%s: o's output %d, %v", pass, n, err)
+		}
+		s.Close()
 	}
 }
 

@@ -15,6 +15,7 @@ type statements struct {
 	unreadItems *sql.Stmt
 	allItems    *sql.Stmt
 	sandboxByNm *sql.Stmt
+	treeOutput  *sql.Stmt
 }
 
 // writer is the one connection every write transaction uses, with its
@@ -31,6 +32,10 @@ type writer struct {
 	markUnread   *sql.Stmt
 	messageDoc   *sql.Stmt
 	unreadTotals *sql.Stmt
+	usageAdd     *sql.Stmt
+	bucketAdd    *sql.Stmt
+	bucketNew    *sql.Stmt
+	bucketPrune  *sql.Stmt
 }
 
 const itemCols = `seq, id, type, ref, doc, read`
@@ -64,6 +69,7 @@ func (s *Store) prepare(ctx context.Context) error {
 		r(&s.q.unreadItems, `SELECT `+itemCols+` FROM items WHERE sandbox = ? AND read = 0 ORDER BY seq`),
 		r(&s.q.allItems, `SELECT `+itemCols+` FROM items WHERE sandbox = ? ORDER BY seq`),
 		r(&s.q.sandboxByNm, `SELECT `+sandboxCols+` FROM sandboxes WHERE name = ?`),
+		r(&s.q.treeOutput, `SELECT coalesce(sum(output_tokens), 0) FROM tree_output WHERE tree = ? AND minute >= ?`),
 		w(&s.w.insertItem, `INSERT INTO items (id, sandbox, type, ref, doc, read, created_at) VALUES (?,?,?,?,?,?,?)`),
 		w(&s.w.journalGet, journalGetSQL),
 		w(&s.w.journalPut, `INSERT INTO journal (sandbox, manifest_id, type, status_seq, created_at) VALUES (?,?,?,?,?)`),
@@ -74,6 +80,10 @@ func (s *Store) prepare(ctx context.Context) error {
 		// octet_length reads a document's length without loading it.
 		w(&s.w.unreadTotals, `SELECT count(*), coalesce(sum(n), 0) FROM
 			(SELECT octet_length(doc) AS n FROM items WHERE sandbox = ? AND read = 0 LIMIT ?)`),
+		w(&s.w.usageAdd, usageAddSQL),
+		w(&s.w.bucketAdd, bucketAddSQL),
+		w(&s.w.bucketNew, bucketNewSQL),
+		w(&s.w.bucketPrune, bucketPruneSQL),
 	)
 	s.q.all = all
 	return err

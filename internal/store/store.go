@@ -1,8 +1,8 @@
 // Package store is broker.db: sandboxes, inbox items (unread and read),
-// statuses and the manifest-id journal. It is the only package that writes
-// SQL. Every method that changes state commits (fsync'd, synchronous=FULL)
-// before it returns, so a reply written after it promises only what is on
-// disk.
+// statuses, the manifest-id journal and model usage. It is the only
+// package that writes SQL. Every method that changes state commits
+// (fsync'd, synchronous=FULL) before it returns, so a reply written after
+// it promises only what is on disk.
 package store
 
 import (
@@ -137,7 +137,7 @@ func (s *Store) Close() error {
 }
 
 // schemaVersion is PRAGMA user_version of a database with this schema.
-const schemaVersion = 3
+const schemaVersion = 4
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -193,8 +193,8 @@ CREATE TABLE IF NOT EXISTS socket_dirs (
 CREATE TABLE IF NOT EXISTS host_uids (
 	uid INTEGER PRIMARY KEY
 );
-` + finishesTable + `
-PRAGMA user_version = 3;
+` + finishesTable + usageTables + `
+PRAGMA user_version = 4;
 `
 
 // migrations[v] brings a database of schema version v to v+1.
@@ -215,6 +215,9 @@ PRAGMA user_version = 2;
 `,
 	2: finishesTable + `
 PRAGMA user_version = 3;
+`,
+	3: usageTables + `
+PRAGMA user_version = 4;
 `,
 }
 

@@ -1,6 +1,9 @@
 package wire
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"time"
+)
 
 // The host admin socket's ops (<state>/admin.sock), shared by the broker
 // and the host commands. Arguments and results are JSON like the sandbox
@@ -52,6 +55,52 @@ type SandboxInfo struct {
 	// LastStatus is a spawned child's latest status for its spawn or last
 	// restart, as its orchestrator has it.
 	LastStatus *StatusItem `json:"last_status,omitempty"`
+	// Tokens is the sandbox's model usage: input plus output tokens.
+	Tokens int64 `json:"tokens"`
+}
+
+// UsageArgs are the arguments of "usage": Name "" asks for every
+// sandbox's usage.
+type UsageArgs struct {
+	Name string `json:"name,omitempty"`
+}
+
+// Usage is model usage: the requests answered and the tokens of their
+// responses, as the upstream reported them.
+type Usage struct {
+	Requests                 int64 `json:"requests"`
+	InputTokens              int64 `json:"input_tokens"`
+	OutputTokens             int64 `json:"output_tokens"`
+	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
+	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
+}
+
+// UsageRow is one sandbox's usage (a row of "usage", and an entry of
+// `jailbee usage --json`). A sandbox keeps its row after it is destroyed,
+// and a name used again gets a row of its own (rows are by UUID).
+type UsageRow struct {
+	Name string `json:"name"`
+	UUID string `json:"uuid"`
+	// Tree is its orchestrator tree: an orchestrator's own name, a
+	// child's orchestrator's.
+	Tree string `json:"tree"`
+	Usage
+	Destroyed bool      `json:"destroyed"`
+	Updated   time.Time `json:"updated"` // when usage was last recorded
+}
+
+// TreeUsage is the total of every row of an orchestrator tree, those not
+// asked for included.
+type TreeUsage struct {
+	Tree string `json:"tree"`
+	Usage
+}
+
+// UsageResult is the result of "usage": the rows asked for, sorted by
+// tree then name, and the total of each tree they belong to.
+type UsageResult struct {
+	Rows  []UsageRow  `json:"rows"`
+	Trees []TreeUsage `json:"trees"`
 }
 
 // ExecArgs are the arguments of "exec". The request line is sent with the
