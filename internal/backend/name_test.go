@@ -22,3 +22,20 @@ func TestValidateName(t *testing.T) {
 		}
 	}
 }
+
+func TestSocketKind(t *testing.T) {
+	for _, tc := range []struct {
+		k                    backend.SocketKind
+		path, dev, str, sock string
+	}{
+		{backend.OrchestrationSocket, backend.SocketMountPath, backend.SocketDeviceName, "orchestration", "broker.sock"},
+		{backend.ModelSocket, backend.ModelMountPath, backend.ModelDeviceName, "model", "anthropic.sock"},
+	} {
+		if tc.k.MountPath() != tc.path || tc.k.DeviceName() != tc.dev || tc.k.String() != tc.str || tc.k.SocketFile() != tc.sock || !tc.k.Valid() {
+			t.Errorf("%d: %q %q %q %q", tc.k, tc.k.MountPath(), tc.k.DeviceName(), tc.k, tc.k.SocketFile())
+		}
+	}
+	if backend.SocketKind(7).Valid() {
+		t.Error("kind 7 is valid")
+	}
+}

@@ -52,7 +52,6 @@ const (
 	AgentUID      = backend.AgentUID         // the agent user's uid and gid
 	ClientPath    = "/usr/local/bin/jailbee" // the jailbee client, a read-only disk device
 	clientDevice  = "jailbee-client"
-	socketFile    = "broker.sock" // the broker's socket in an attached directory
 )
 
 // Config keys jailbee sets on its containers.
@@ -362,10 +361,13 @@ func (b *Backend) Destroy(ctx context.Context, name string) error {
 }
 
 // AttachSocket implements backend.Backend: the directory becomes the
-// read-only, shifted disk device SocketDeviceName at SocketMountPath (so
+// read-only, shifted disk device kind.DeviceName() at kind.MountPath() (so
 // the agent user inside can connect through the idmap), replacing an
 // earlier one. A running container gets it at once.
-func (b *Backend) AttachSocket(ctx context.Context, name, dir string) error {
+func (b *Backend) AttachSocket(ctx context.Context, name string, kind backend.SocketKind, dir string) error {
+	if !kind.Valid() {
+		return fmt.Errorf("attach socket: unknown kind %v", kind)
+	}
 	if managed, _ := b.lastSeen(name); !managed {
 		if _, err := b.raw(ctx, name); err != nil {
 			return err
@@ -375,13 +377,14 @@ func (b *Backend) AttachSocket(ctx context.Context, name, dir string) error {
 	// must belong to the agent's uid to be reachable inside. Their host
 	// parent (the broker's state dir, 0700) keeps any host account of
 	// that uid out.
-	for _, p := range []string{dir, filepath.Join(dir, socketFile)} {
+	for _, p := range []string{dir, filepath.Join(dir, kind.SocketFile())} {
 		if err := unix.Fchownat(unix.AT_FDCWD, p, AgentUID, AgentUID, unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("attach the socket to %s: %w", name, err)
+			return fmt.Errorf("attach the %s socket to %s: %w", kind, name, err)
 		}
 	}
-	add := []string{"config", "device", "add", name, backend.SocketDeviceName, "disk",
-		"source=" + dir, "path=" + backend.SocketMountPath, "readonly=true", "shift=true"}
+	dev := kind.DeviceName()
+	add := []string{"config", "device", "add", name, dev, "disk",
+		"source=" + dir, "path=" + kind.MountPath(), "readonly=true", "shift=true"}
 	err := b.retryConfig(ctx, add...)
 	if !errors.Is(err, backend.ErrExists) {
 		return err // a new sandbox has no attachment, and is spared the look
@@ -390,21 +393,24 @@ func (b *Backend) AttachSocket(ctx context.Context, name, dir string) error {
 	if err != nil {
 		return err
 	}
-	if in.Devices[backend.SocketDeviceName]["source"] == dir {
+	if in.Devices[dev]["source"] == dir {
 		// Already there (a restarted broker serving the same directory):
 		// removing and adding it again would leave the container without
 		// its socket for a moment.
 		return nil
 	}
-	if err := b.DetachSocket(ctx, name); err != nil {
+	if err := b.DetachSocket(ctx, name, kind); err != nil {
 		return err
 	}
 	return b.retryConfig(ctx, add...)
 }
 
 // DetachSocket implements backend.Backend.
-func (b *Backend) DetachSocket(ctx context.Context, name string) error {
-	return b.DetachMount(ctx, name, backend.SocketDeviceName)
+func (b *Backend) DetachSocket(ctx context.Context, name string, kind backend.SocketKind) error {
+	if !kind.Valid() {
+		return fmt.Errorf("detach socket: unknown kind %v", kind)
+	}
+	return b.DetachMount(ctx, name, kind.DeviceName())
 }
 
 // DetachMount implements backend.Backend: the disk device mount goes.
@@ -450,7 +456,7 @@ func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
 		// What root inside may have covered. A container that stopped
 		// meanwhile has nothing covered; one that cannot be looked at now
 		// is looked at again next round (and Exec looks for itself).
-		covered, err := b.covered(ctx, out[i].Name, out[i].SocketDir, true)
+		covered, err := b.covered(ctx, out[i].Name, attached(out[i].SocketDir, out[i].ModelDir), true)
 		if errors.Is(err, ErrDaemonDown) {
 			return nil, err
 		}
@@ -469,7 +475,7 @@ type rawInstance struct {
 
 func (r rawInstance) instance() backend.Instance {
 	in := backend.Instance{Name: r.Name, UUID: r.Config[uuidKey], Running: r.Status == "Running",
-		SocketDir: r.Devices[backend.SocketDeviceName]["source"]}
+		SocketDir: r.Devices[backend.SocketDeviceName]["source"], ModelDir: r.Devices[backend.ModelDeviceName]["source"]}
 	for _, dev := range slices.Sorted(maps.Keys(r.Devices)) {
 		// Every disk device with a host path (a pool's volume has none).
 		if d := r.Devices[dev]; d["type"] == "disk" && d["source"] != "" && d["pool"] == "" {

@@ -150,7 +150,7 @@ func TestReattachSameDirKeepsTheSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := backendtest.SocketDir(t, "hello\n")
-	if err := b.AttachSocket(ctx, "s", dir); err != nil {
+	if err := b.AttachSocket(ctx, "s", backend.OrchestrationSocket, dir); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Start(ctx, "s"); err != nil {
@@ -160,7 +160,7 @@ func TestReattachSameDirKeepsTheSocket(t *testing.T) {
 	backendtest.Exec(t, b, "s", backend.ExecOptions{Argv: []string{"sh", "-c",
 		`nohup sh -c 'while :; do test -S /run/jailbee/orchestration/broker.sock || echo gone >> /tmp/watch; done' >/dev/null 2>&1 &`}})
 	for range 3 {
-		if err := b.AttachSocket(ctx, "s", dir); err != nil {
+		if err := b.AttachSocket(ctx, "s", backend.OrchestrationSocket, dir); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -171,7 +173,7 @@ func TestSocketReachableWithClientOnPath(t *testing.T) {
 	f := newFixture(t)
 	x := f.create("sock", testLimits)
 	dir, ops := fakeBrokerDir(t)
-	if err := f.b.AttachSocket(t.Context(), x.name, dir); err != nil {
+	if err := f.b.AttachSocket(t.Context(), x.name, backend.OrchestrationSocket, dir); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.b.Start(t.Context(), x.name); err != nil {
@@ -199,7 +201,7 @@ func TestStateSurvivesReopen(t *testing.T) {
 	f := newFixture(t)
 	x := f.create("reopen", testLimits)
 	dir, _ := fakeBrokerDir(t)
-	if err := f.b.AttachSocket(t.Context(), x.name, dir); err != nil {
+	if err := f.b.AttachSocket(t.Context(), x.name, backend.OrchestrationSocket, dir); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.b.Start(t.Context(), x.name); err != nil {
@@ -300,6 +302,62 @@ func TestExecRefusals(t *testing.T) {
 	} {
 		if _, err := f.b.Exec(t.Context(), x.name, opts); err == nil {
 			t.Errorf("%s: Exec succeeded", what)
+		}
+	}
+}
+
+// TestModelSocketAttachment: the model directory and its socket are given
+// the sandbox's uid, like the orchestration socket's; a running sandbox
+// keeps what it started with and gets the directory from its next start.
+// A sandbox without one writes no model_dir, so its meta.json is as
+// older code wrote it (and older ones load as sandboxes without it).
+func TestModelSocketAttachment(t *testing.T) {
+	f := newFixture(t)
+	x := f.start("model", testLimits)
+	dir := backendtest.KindDir(t, backend.ModelSocket, "model\n")
+	if err := f.b.AttachSocket(t.Context(), x.name, backend.ModelSocket, dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, filepath.Join(dir, "anthropic.sock")} {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err != nil || int(st.Uid) != x.uid || int(st.Gid) != x.uid {
+			t.Fatalf("%s: owner %d:%d, %v; want the sandbox's %d", p, st.Uid, st.Gid, err, x.uid)
+		}
+	}
+	probe := "test -S " + backend.ModelMountPath + "/anthropic.sock && echo there || echo none"
+	if got := mustSh(t, f.b, x.name, probe); got != "none" {
+		t.Fatalf("a running sandbox got the model directory at once: %q", got)
+	}
+	if err := f.b.Stop(t.Context(), x.name); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.b.Start(t.Context(), x.name); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustSh(t, f.b, x.name, probe); got != "there" {
+		t.Fatalf("the model directory after a restart: %q", got)
+	}
+
+	// No model directory: no model_dir key, as in an older meta.json.
+	old := f.create("oldmeta", testLimits)
+	data, err := os.ReadFile(filepath.Join(old.dir, "meta.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m["model_dir"]; ok {
+		t.Fatalf("a sandbox without a model directory records one: %s", data)
+	}
+	list, err := f.b.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range list {
+		if in.Name == old.name && (in.ModelDir != "" || len(in.Mounts) != 0) {
+			t.Fatalf("an older sandbox: %+v", in)
 		}
 	}
 }

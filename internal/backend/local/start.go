@@ -123,7 +123,10 @@ func (b *Backend) launch(ctx context.Context, name, dir string, m meta) (int, ui
 		}
 		spec.CgroupProcs = g.ProcsFiles()
 	}
-	src := b.sources(dir, m)
+	src, err := b.sources(dir, m)
+	if err != nil {
+		return 0, 0, err
+	}
 	if b.asRoot {
 		spec.UID, spec.GID = m.UID, m.GID
 	}
@@ -319,9 +322,10 @@ type sources struct {
 	stage                    []source
 	checkout, home, etc, bin string
 	sockets                  string // "" when no socket dir is attached
+	model                    string // "" when no model dir is attached
 }
 
-func (b *Backend) sources(dir string, m meta) sources {
+func (b *Backend) sources(dir string, m meta) (sources, error) {
 	var s sources
 	add := func(name, host string) string {
 		if !b.asRoot {
@@ -334,12 +338,22 @@ func (b *Backend) sources(dir string, m meta) sources {
 	s.home = add("home", filepath.Join(dir, homeDir))
 	s.etc = add("etc", filepath.Join(dir, etcDir))
 	s.bin = add("jailbee", b.binary)
-	if m.SocketDir != "" {
-		if fi, err := os.Lstat(m.SocketDir); err == nil && fi.IsDir() {
-			s.sockets = add("orchestration", m.SocketDir)
-		}
+	if isDir(m.SocketDir) {
+		s.sockets = add("orchestration", m.SocketDir)
 	}
-	return s
+	if isDir(m.ModelDir) {
+		s.model = add("model", m.ModelDir)
+	}
+	return s, nil
+}
+
+// isDir reports whether p is set and a directory (not a symlink to one).
+func isDir(p string) bool {
+	if p == "" {
+		return false
+	}
+	fi, err := os.Lstat(p)
+	return err == nil && fi.IsDir()
 }
 
 // bwrapArgs builds the bubblewrap invocation of a unit: every namespace
@@ -386,6 +400,9 @@ func (b *Backend) bwrapArgs(name string, s sources) []string {
 	)
 	if s.sockets != "" {
 		args = append(args, "--ro-bind", s.sockets, backend.SocketMountPath)
+	}
+	if s.model != "" {
+		args = append(args, "--ro-bind", s.model, backend.ModelMountPath)
 	}
 	return append(args,
 		"--remount-ro", "/", // the sandbox's own root: no new top-level entries
