@@ -23,6 +23,19 @@ func TestValidateName(t *testing.T) {
 	}
 }
 
+func TestValidateAgentName(t *testing.T) {
+	for _, n := range []string{"claude", "fake-agent", "a1", strings.Repeat("a", 32)} {
+		if err := backend.ValidateAgentName(n); err != nil {
+			t.Errorf("ValidateAgentName(%q) = %v, want nil", n, err)
+		}
+	}
+	for _, n := range []string{"", "jailbee", "-x", "Claude", "a/b", "..", "a.b", "a b", strings.Repeat("a", 33)} {
+		if err := backend.ValidateAgentName(n); err == nil {
+			t.Errorf("ValidateAgentName(%q) = nil, want an error", n)
+		}
+	}
+}
+
 func TestSocketKind(t *testing.T) {
 	for _, tc := range []struct {
 		k                    backend.SocketKind

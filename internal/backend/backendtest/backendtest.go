@@ -100,6 +100,10 @@ type Options struct {
 	// AttachAtStart: AttachSocket on a running sandbox takes effect at its
 	// next start (the local backend), not at once.
 	AttachAtStart bool
+	// WithAgents, if set, returns a backend (as newBackend does) whose
+	// sandboxes get agents (the backend's AgentBinaries option) on their
+	// PATH; without it the agent test is skipped.
+	WithAgents func(t *testing.T, agents map[string]string) backend.Backend
 }
 
 // suite is one subtest's backend and options.
@@ -131,6 +135,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 		{"CheckoutPersistsAcrossStop", testPersistsAcrossStop},
 		{"AttachDetachSocket", testAttachDetach},
 		{"AttachBothSocketKinds", testAttachBothKinds},
+		{"AgentBinaries", testAgentBinaries},
 		{"FillCheckoutFromHost", testFillCheckout},
 		{"TransferBetweenSandboxes", testTransfer},
 		{"TransferBound", testTransferBound},
@@ -689,6 +694,51 @@ func testAttachBothKinds(s *suite) {
 	want("none", "model")
 	if in, _ := s.find(name); in.SocketDir != "" || in.ModelDir != dirs[backend.ModelSocket] {
 		t.Fatalf("List after detaching the orchestration socket: %+v", in)
+	}
+}
+
+// testAgentBinaries: an agent binary given to the backend runs by name
+// on the sandbox's PATH, and the agent user cannot change it.
+func testAgentBinaries(s *suite) {
+	t := s.t
+	if s.opts.WithAgents == nil {
+		t.Skip("no WithAgents for this backend")
+	}
+	script := "#!/bin/sh\necho \"fakeagent ran $*\"\n"
+	// Writable by anyone: only the read-only binding keeps it unchanged.
+	bin := filepath.Join(t.TempDir(), "fakeagent-1.0")
+	if err := os.WriteFile(bin, []byte(script), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(bin, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	s.b = s.opts.WithAgents(t, map[string]string{"fakeagent": bin})
+	b := s.b
+	name := s.started("agents")
+	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"fakeagent", "hello"}}); r.Code != 0 || r.Stdout != "fakeagent ran hello\n" {
+		t.Fatalf("fakeagent by name: %+v", r)
+	}
+	for _, attempt := range []string{
+		`echo 'echo owned' > "$(command -v fakeagent)"`,
+		`: > "$(command -v fakeagent)"`,
+		`echo 'echo owned' >> "$(command -v fakeagent)"`,
+		`chmod 777 "$(command -v fakeagent)"`,
+		`rm -f "$(command -v fakeagent)"`,
+		`mv "$(command -v fakeagent)" /tmp/moved`,
+	} {
+		if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"sh", "-c", attempt}}); r.Code == 0 {
+			t.Errorf("%s succeeded inside", attempt)
+		}
+	}
+	if data, err := os.ReadFile(bin); err != nil || string(data) != script {
+		t.Fatalf("the host file changed: %q, %v", data, err)
+	}
+	if fi, err := os.Stat(bin); err != nil || fi.Mode().Perm() != 0o777 {
+		t.Fatalf("the host file's mode changed: %v, %v", fi.Mode(), err)
+	}
+	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"fakeagent", "again"}}); r.Stdout != "fakeagent ran again\n" {
+		t.Fatalf("fakeagent after the attempts: %+v", r)
 	}
 }
 

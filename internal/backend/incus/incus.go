@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -52,6 +53,8 @@ const (
 	AgentUID      = backend.AgentUID         // the agent user's uid and gid
 	ClientPath    = "/usr/local/bin/jailbee" // the jailbee client, a read-only disk device
 	clientDevice  = "jailbee-client"
+	AgentBinDir   = "/usr/local/bin" // agent binaries, beside the client
+	agentDevice   = "jailbee-agent-" // + the agent's name: its read-only disk device
 )
 
 // Config keys jailbee sets on its containers.
@@ -84,6 +87,9 @@ type Options struct {
 	Client string
 	// NoLimits ignores Create's Limits.
 	NoLimits bool
+	// AgentBinaries are host files bound read-only into every sandbox on
+	// its PATH, by the name they run as (e.g. "claude" -> <state>/agents/claude/2.1.332/bin/claude).
+	AgentBinaries map[string]string
 	// Incus is the incus command (default "incus" on PATH).
 	Incus string
 }
@@ -106,6 +112,25 @@ type Backend struct {
 	inits   map[string]initProc // running containers' inits (mounts.go)
 	pool    string              // the root disks' pool, once known to size them (sizedPool)
 	hostIDs map[string]mountID  // host paths as a container's mount table shows them
+	// agentsOK holds the containers last seen with exactly the agent
+	// devices of Options: Start spares them the look.
+	agentsOK map[string]bool
+}
+
+func (b *Backend) agentsCurrent(name string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.agentsOK[name]
+}
+
+func (b *Backend) setAgentsCurrent(name string, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ok {
+		b.agentsOK[name] = true
+	} else {
+		delete(b.agentsOK, name)
+	}
 }
 
 // seen records a container of this backend and whether it runs.
@@ -125,6 +150,7 @@ func (b *Backend) forget(name string) {
 	defer b.mu.Unlock()
 	delete(b.managed, name)
 	delete(b.inits, name)
+	delete(b.agentsOK, name)
 }
 
 // lastSeen reports whether name was last seen as a container of this
@@ -144,10 +170,22 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.Incus == "" {
 		opts.Incus = "incus"
 	}
+	agents := map[string]string{}
+	for name, p := range opts.AgentBinaries {
+		if err := backend.ValidateAgentName(name); err != nil {
+			return nil, fmt.Errorf("incus backend: %w", err)
+		}
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return nil, err
+		}
+		agents[name] = abs
+	}
+	opts.AgentBinaries = agents
 	if _, err := exec.LookPath(opts.Incus); err != nil {
 		return nil, errors.New("incus not found on PATH: install Incus (see docs/incus.md)")
 	}
-	b := &Backend{opts: opts, managed: map[string]bool{}, inits: map[string]initProc{}, hostIDs: map[string]mountID{}}
+	b := &Backend{opts: opts, managed: map[string]bool{}, inits: map[string]initProc{}, hostIDs: map[string]mountID{}, agentsOK: map[string]bool{}}
 	var server struct {
 		APIStatus string `json:"api_status"`
 	}
@@ -202,6 +240,7 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	if b.opts.Client != "" {
 		devices[clientDevice] = map[string]string{"type": "disk", "source": b.opts.Client, "path": ClientPath, "readonly": "true"}
 	}
+	maps.Copy(devices, b.agentDevices())
 	if b.opts.Pool != "" {
 		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": b.opts.Pool}
 	}
@@ -226,6 +265,7 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 		return backend.Instance{}, fmt.Errorf("create sandbox %s: %w", opts.Name, err)
 	}
 	b.seen(opts.Name, false)
+	b.setAgentsCurrent(opts.Name, true)
 	return rawInstance{Name: opts.Name, Config: config, Devices: devices}.instance(), nil
 }
 
@@ -313,11 +353,32 @@ func limitConfig(l backend.Limits) []string {
 	return out
 }
 
-// Start implements backend.Backend.
+// agentDevices are the disk devices of Options.AgentBinaries, by name.
+func (b *Backend) agentDevices() map[string]map[string]string {
+	out := map[string]map[string]string{}
+	for name, src := range b.opts.AgentBinaries {
+		out[agentDevice+name] = map[string]string{"type": "disk", "source": src, "path": path.Join(AgentBinDir, name), "readonly": "true"}
+	}
+	return out
+}
+
+// Start implements backend.Backend. A container made by an older broker,
+// or with other agent versions, gets the current agent devices first.
 func (b *Backend) Start(ctx context.Context, name string) error {
-	if managed, _ := b.lastSeen(name); !managed {
-		if _, err := b.raw(ctx, name); err != nil {
+	// Incus would refuse the start naming the host path; the agent's name
+	// is what the user installs by.
+	for _, agent := range slices.Sorted(maps.Keys(b.opts.AgentBinaries)) {
+		if fi, err := os.Stat(b.opts.AgentBinaries[agent]); err != nil || !fi.Mode().IsRegular() {
+			return fmt.Errorf("start %s: the %s agent's binary is missing on the host (jailbee agent install %s)", name, agent, agent)
+		}
+	}
+	if managed, _ := b.lastSeen(name); !managed || !b.agentsCurrent(name) {
+		in, err := b.raw(ctx, name)
+		if err != nil {
 			return err
+		}
+		if err := b.syncAgents(ctx, in); err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
 		}
 	}
 	if _, err := b.run(ctx, nil, "start", name); err != nil && !errors.Is(err, errAlreadyRunning) {
@@ -325,6 +386,75 @@ func (b *Backend) Start(ctx context.Context, name string) error {
 	}
 	b.seen(name, true)
 	return nil
+}
+
+// syncAgents gives the container in the agent devices of Options (added,
+// or set to the current source), and removes those of agents it no
+// longer has: a device whose source is gone would keep it from starting.
+func (b *Backend) syncAgents(ctx context.Context, in rawInstance) error {
+	want := b.agentDevices()
+	for _, dev := range slices.Sorted(maps.Keys(want)) {
+		conf, have := want[dev], in.Devices[dev]
+		if sameDevice(have, conf) {
+			continue
+		}
+		if have != nil && have["type"] != conf["type"] {
+			if err := b.retryConfig(ctx, "config", "device", "remove", in.Name, dev); err != nil && !errors.Is(err, errNoDevice) {
+				return err
+			}
+			have = nil
+		}
+		args := []string{"config", "device", "set", in.Name, dev}
+		if have == nil {
+			args = []string{"config", "device", "add", in.Name, dev, conf["type"]}
+		}
+		for _, k := range slices.Sorted(maps.Keys(conf)) {
+			if k != "type" {
+				args = append(args, k+"="+conf[k])
+			}
+		}
+		if err := b.retryConfig(ctx, args...); err != nil {
+			return fmt.Errorf("agent device %s: %w", dev, err)
+		}
+	}
+	for dev := range in.Devices {
+		if _, ok := want[dev]; !ok && strings.HasPrefix(dev, agentDevice) {
+			if err := b.retryConfig(ctx, "config", "device", "remove", in.Name, dev); err != nil && !errors.Is(err, errNoDevice) {
+				return fmt.Errorf("agent device %s: %w", dev, err)
+			}
+		}
+	}
+	b.setAgentsCurrent(in.Name, true)
+	return nil
+}
+
+// sameDevice reports whether have holds every key of want as it is.
+func sameDevice(have, want map[string]string) bool {
+	if have == nil {
+		return false
+	}
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// agentsMatch reports whether in has exactly the agent devices of Options.
+func (b *Backend) agentsMatch(in rawInstance) bool {
+	want := b.agentDevices()
+	for dev := range in.Devices {
+		if strings.HasPrefix(dev, agentDevice) && want[dev] == nil {
+			return false
+		}
+	}
+	for dev, conf := range want {
+		if !sameDevice(in.Devices[dev], conf) {
+			return false
+		}
+	}
+	return true
 }
 
 // Stop implements backend.Backend: a forced stop ends every process of
@@ -434,15 +564,19 @@ func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
 		return nil, err
 	}
 	var out []backend.Instance
-	managed := map[string]bool{}
+	managed, agentsOK := map[string]bool{}, map[string]bool{}
 	for _, in := range all {
 		if in.Config[managedKey] == "true" {
 			out = append(out, in.instance())
 			managed[in.Name] = in.Status == "Running"
+			if b.agentsMatch(in) {
+				agentsOK[in.Name] = true
+			}
 		}
 	}
 	b.mu.Lock()
 	b.managed = managed
+	b.agentsOK = agentsOK
 	for name := range b.inits {
 		if !managed[name] {
 			delete(b.inits, name)
@@ -503,6 +637,7 @@ func (b *Backend) raw(ctx context.Context, name string) (rawInstance, error) {
 		return rawInstance{}, fmt.Errorf("%w: %s (not a jailbee sandbox)", backend.ErrNotFound, name)
 	}
 	b.seen(name, in.Status == "Running")
+	b.setAgentsCurrent(name, b.agentsMatch(in))
 	return in, nil
 }
 

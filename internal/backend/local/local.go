@@ -60,6 +60,9 @@ type Options struct {
 	// Create's Limits are ignored. Without it, New fails where per-sandbox
 	// limits cannot be set.
 	NoLimits bool
+	// AgentBinaries are host files bound read-only into every sandbox on
+	// its PATH, by the name they run as (e.g. "claude" -> <state>/agents/claude/2.1.332/bin/claude).
+	AgentBinaries map[string]string
 }
 
 // Backend runs sandboxes as directories and bubblewrap units.
@@ -67,6 +70,7 @@ type Backend struct {
 	root   string
 	binary string
 	bwrap  string
+	agents map[string]string // name on PATH -> absolute host path
 	cg     *cgroup.Hierarchy // nil with NoLimits
 	// asRoot: the broker runs as root, so each sandbox runs as its own
 	// unprivileged host uid, and the launcher stages its directories.
@@ -100,6 +104,15 @@ func New(opts Options) (*Backend, error) {
 	}
 	if fi, err := os.Stat(b.binary); err != nil || !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("jailbee binary %s is not a regular file", b.binary)
+	}
+	b.agents = map[string]string{}
+	for name, p := range opts.AgentBinaries {
+		if err := backend.ValidateAgentName(name); err != nil {
+			return nil, fmt.Errorf("local backend: %w", err)
+		}
+		if b.agents[name], err = filepath.Abs(p); err != nil {
+			return nil, err
+		}
 	}
 	if !opts.NoLimits {
 		h, err := cgroup.Detect()

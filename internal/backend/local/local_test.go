@@ -34,7 +34,13 @@ var testLimits = backend.Limits{Pids: 256, MemoryBytes: 512 << 20, CPUWeight: 10
 
 func newBackend(t *testing.T) *local.Backend {
 	t.Helper()
-	b, err := local.New(local.Options{Root: filepath.Join(t.TempDir(), "sandboxes"), Binary: testbin.Jailbee(t)})
+	return newBackendWith(t, nil)
+}
+
+// newBackendWith is newBackend with agent binaries on its sandboxes' PATH.
+func newBackendWith(t *testing.T, agents map[string]string) *local.Backend {
+	t.Helper()
+	b, err := local.New(local.Options{Root: filepath.Join(t.TempDir(), "sandboxes"), Binary: testbin.Jailbee(t), AgentBinaries: agents})
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
@@ -54,7 +60,8 @@ func hostUID(t testing.TB) int {
 
 func TestConformance(t *testing.T) {
 	backendtest.Run(t, func(t *testing.T) backend.Backend { return newBackend(t) },
-		backendtest.Options{HostUID: hostUID, Limits: testLimits, AgentOnly: true, AttachAtStart: true})
+		backendtest.Options{HostUID: hostUID, Limits: testLimits, AgentOnly: true, AttachAtStart: true,
+			WithAgents: func(t *testing.T, agents map[string]string) backend.Backend { return newBackendWith(t, agents) }})
 }
 
 // What follows is the sandbox seen from inside and from the host, ported
@@ -359,5 +366,37 @@ func TestModelSocketAttachment(t *testing.T) {
 		if in.Name == old.name && (in.ModelDir != "" || len(in.Mounts) != 0) {
 			t.Fatalf("an older sandbox: %+v", in)
 		}
+	}
+}
+
+// TestAgentBinaryChecks: agent names are plain names (never the client's
+// own), and an agent whose binary is gone fails the start naming the
+// agent, not the host path.
+func TestAgentBinaryChecks(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "secret-host-path-claude")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho ok\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"jailbee", "Claude", "a/b", "..", "-x", ""} {
+		_, err := local.New(local.Options{Root: filepath.Join(t.TempDir(), "sandboxes"), Binary: testbin.Jailbee(t), AgentBinaries: map[string]string{name: bin}})
+		if err == nil {
+			t.Errorf("agent name %q accepted", name)
+		}
+	}
+	b := newBackendWith(t, map[string]string{"claude": bin})
+	name := backendtest.Name(t, "noagent")
+	if _, err := b.Create(t.Context(), backend.CreateOptions{Name: name, HostUID: hostUID(t), Limits: testLimits}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), name) })
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	err := b.Start(t.Context(), name)
+	if err == nil || !strings.Contains(err.Error(), "claude") || strings.Contains(err.Error(), "secret-host-path") {
+		t.Fatalf("start without the agent's binary: %v", err)
+	}
+	if list, _ := b.List(t.Context()); len(list) != 1 || list[0].Running {
+		t.Fatalf("after the failed start: %+v", list)
 	}
 }

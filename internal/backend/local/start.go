@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -321,8 +323,9 @@ type source struct {
 type sources struct {
 	stage                    []source
 	checkout, home, etc, bin string
-	sockets                  string // "" when no socket dir is attached
-	model                    string // "" when no model dir is attached
+	sockets                  string   // "" when no socket dir is attached
+	model                    string   // "" when no model dir is attached
+	agents                   []source // name on PATH, path to bind
 }
 
 func (b *Backend) sources(dir string, m meta) (sources, error) {
@@ -343,6 +346,17 @@ func (b *Backend) sources(dir string, m meta) (sources, error) {
 	}
 	if isDir(m.ModelDir) {
 		s.model = add("model", m.ModelDir)
+	}
+	for _, name := range slices.Sorted(maps.Keys(b.agents)) {
+		host := b.agents[name]
+		// Checked here, not at New: an agent may be removed or upgraded
+		// while the broker runs. The path stays out of the error: the
+		// name is what the user installs by.
+		if fi, err := os.Lstat(host); err != nil || !fi.Mode().IsRegular() {
+			return sources{}, fmt.Errorf("the %s agent's binary is missing on the host (jailbee agent install %s)", name, name)
+		}
+		// "agent-" keeps an agent's staging name apart from the others.
+		s.agents = append(s.agents, source{name: name, host: add("agent-"+name, host)})
 	}
 	return s, nil
 }
@@ -398,6 +412,9 @@ func (b *Backend) bwrapArgs(name string, s sources) []string {
 		"--bind", s.home, HomePath,
 		"--ro-bind", s.bin, path.Join(ClientBinDir, ClientName),
 	)
+	for _, a := range s.agents {
+		args = append(args, "--ro-bind", a.host, path.Join(ClientBinDir, a.name))
+	}
 	if s.sockets != "" {
 		args = append(args, "--ro-bind", s.sockets, backend.SocketMountPath)
 	}
