@@ -21,9 +21,10 @@ func openBackend(o cli.BackendOptions) (backend.Backend, error) {
 			return nil, fmt.Errorf("cannot find the jailbee binary: %w", err)
 		}
 		return local.New(local.Options{
-			Root:     filepath.Join(o.StateDir, "sandboxes"),
-			Binary:   exe,
-			NoLimits: o.NoLimits,
+			Root:          filepath.Join(o.StateDir, "sandboxes"),
+			Binary:        exe,
+			NoLimits:      o.NoLimits,
+			AgentBinaries: o.AgentBinaries,
 		})
 	case incus.Type:
 		exe, err := os.Executable()
@@ -32,6 +33,7 @@ func openBackend(o cli.BackendOptions) (backend.Backend, error) {
 		}
 		return incus.New(context.Background(), incus.Options{
 			Project: o.IncusProject, Pool: o.IncusPool, Image: o.Image, Client: exe, NoLimits: o.NoLimits,
+			AgentBinaries: o.AgentBinaries,
 		})
 	default:
 		return nil, fmt.Errorf("backend %q is not available (this build has: local, incus)", o.Kind)

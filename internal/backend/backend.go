@@ -27,6 +27,60 @@ const SocketMountPath = "/run/jailbee/orchestration"
 // SocketDeviceName is the Incus disk device that carries the socket dir.
 const SocketDeviceName = "jailbee-orchestration"
 
+// ModelMountPath is where a sandbox sees its model-socket directory (the
+// broker serves the model API on anthropic.sock there).
+const ModelMountPath = "/run/jailbee/model"
+
+// ModelDeviceName is the Incus disk device that carries the model dir.
+const ModelDeviceName = "jailbee-model"
+
+// SocketKind names one of the host directories the broker serves a
+// sandbox through.
+type SocketKind int
+
+const (
+	OrchestrationSocket SocketKind = iota // SocketMountPath, SocketDeviceName
+	ModelSocket                           // ModelMountPath, ModelDeviceName
+)
+
+// MountPath is where the sandbox sees a directory of kind k.
+func (k SocketKind) MountPath() string {
+	if k == ModelSocket {
+		return ModelMountPath
+	}
+	return SocketMountPath
+}
+
+// DeviceName is the attachment (Incus disk device) of kind k.
+func (k SocketKind) DeviceName() string {
+	if k == ModelSocket {
+		return ModelDeviceName
+	}
+	return SocketDeviceName
+}
+
+// String is "orchestration" or "model".
+func (k SocketKind) String() string {
+	switch k {
+	case OrchestrationSocket:
+		return "orchestration"
+	case ModelSocket:
+		return "model"
+	}
+	return fmt.Sprintf("SocketKind(%d)", int(k))
+}
+
+// SocketFile is the socket the broker serves in a directory of kind k.
+func (k SocketKind) SocketFile() string {
+	if k == ModelSocket {
+		return "anthropic.sock"
+	}
+	return "broker.sock"
+}
+
+// Valid reports whether k is one of the kinds above.
+func (k SocketKind) Valid() bool { return k == OrchestrationSocket || k == ModelSocket }
+
 // WorkspacePath is the sandbox's checkout as its commands see it.
 const WorkspacePath = "/workspace"
 
@@ -56,14 +110,18 @@ type Instance struct {
 	// ("" for none): the broker's rounds compare it with their records, as
 	// a raw copy of a sandbox carries its original's attachment.
 	SocketDir string
+	// ModelDir is the host directory attached as the sandbox's model
+	// socket ("" for none).
+	ModelDir string
 	// Mounts are every host path attached to the sandbox, the socket
-	// directory (SocketDeviceName) among them: a copy may carry its
-	// original's socket directory under another name.
+	// directory (SocketDeviceName) and the model directory
+	// (ModelDeviceName) among them: a copy may carry its original's socket
+	// directory under another name.
 	Mounts []Mount
 	// Covered names what the backend placed in the running sandbox that
 	// something inside now covers (a mount by root inside over the socket
-	// directory, "socket", or over the jailbee client, "client"): Restore
-	// puts it back.
+	// directory, "socket", the model directory, "model", or the jailbee
+	// client, "client"): Restore puts it back.
 	Covered []string
 }
 
@@ -144,11 +202,12 @@ type Backend interface {
 	// status (128+n when a signal n ended it). Cancelling ctx ends it.
 	Exec(ctx context.Context, name string, opts ExecOptions) (int, error)
 	// AttachSocket binds the host directory dir read-only at
-	// SocketMountPath, replacing any earlier attachment. A backend that
-	// cannot change a running sandbox's mounts applies it at the next Start.
-	AttachSocket(ctx context.Context, name, dir string) error
-	// DetachSocket removes the socket attachment (no error if absent).
-	DetachSocket(ctx context.Context, name string) error
+	// kind.MountPath(), replacing any earlier attachment of that kind. A
+	// backend that cannot change a running sandbox's mounts applies it at
+	// the next Start.
+	AttachSocket(ctx context.Context, name string, kind SocketKind, dir string) error
+	// DetachSocket removes the attachment of kind (no error if absent).
+	DetachSocket(ctx context.Context, name string, kind SocketKind) error
 	// DetachMount removes the attachment mount (an Instance.Mounts name)
 	// of sandbox name; no error if absent.
 	DetachMount(ctx context.Context, name, mount string) error

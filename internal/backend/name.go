@@ -25,3 +25,16 @@ func ValidateName(name string) error {
 	}
 	return nil
 }
+
+// agentNamePattern is the name an agent binary runs as on a sandbox's
+// PATH: a plain file name, safe in a path and an Incus device name.
+var agentNamePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,31}$`)
+
+// ValidateAgentName returns nil for a name an agent binary may run as:
+// a plain name that is not the jailbee client's own.
+func ValidateAgentName(name string) error {
+	if !agentNamePattern.MatchString(name) || name == "jailbee" {
+		return fmt.Errorf("invalid agent binary name %q (a plain name of lowercase letters, digits and dashes, not jailbee)", name)
+	}
+	return nil
+}

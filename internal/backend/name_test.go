@@ -22,3 +22,33 @@ func TestValidateName(t *testing.T) {
 		}
 	}
 }
+
+func TestValidateAgentName(t *testing.T) {
+	for _, n := range []string{"claude", "fake-agent", "a1", strings.Repeat("a", 32)} {
+		if err := backend.ValidateAgentName(n); err != nil {
+			t.Errorf("ValidateAgentName(%q) = %v, want nil", n, err)
+		}
+	}
+	for _, n := range []string{"", "jailbee", "-x", "Claude", "a/b", "..", "a.b", "a b", strings.Repeat("a", 33)} {
+		if err := backend.ValidateAgentName(n); err == nil {
+			t.Errorf("ValidateAgentName(%q) = nil, want an error", n)
+		}
+	}
+}
+
+func TestSocketKind(t *testing.T) {
+	for _, tc := range []struct {
+		k                    backend.SocketKind
+		path, dev, str, sock string
+	}{
+		{backend.OrchestrationSocket, backend.SocketMountPath, backend.SocketDeviceName, "orchestration", "broker.sock"},
+		{backend.ModelSocket, backend.ModelMountPath, backend.ModelDeviceName, "model", "anthropic.sock"},
+	} {
+		if tc.k.MountPath() != tc.path || tc.k.DeviceName() != tc.dev || tc.k.String() != tc.str || tc.k.SocketFile() != tc.sock || !tc.k.Valid() {
+			t.Errorf("%d: %q %q %q %q", tc.k, tc.k.MountPath(), tc.k.DeviceName(), tc.k, tc.k.SocketFile())
+		}
+	}
+	if backend.SocketKind(7).Valid() {
+		t.Error("kind 7 is valid")
+	}
+}

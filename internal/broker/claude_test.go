@@ -16,6 +16,7 @@ import (
 	"agentbox/internal/inbox"
 	"agentbox/internal/modelproxy/modeltest"
 	"agentbox/internal/testutil/agenttest"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -112,6 +113,13 @@ func TestClaudeChildToDone(t *testing.T) {
 	if out := e.mustExec("fix-c", "sh", "-c", search, "sh", agent.PlaceholderKey); !strings.Contains(out, "/environ") {
 		t.Fatalf("the search did not find the placeholder key in the agent's environment (%q): it cannot see what it looks for", out)
 	}
+	// Usage: what the upstream reported, counted for the child.
+	// (The last answer may still be on its way when done arrives.)
+	wait.For(t, "the usage to be recorded", func() bool {
+		r := up.Reported()
+		return usageOf(e, "fix-c").Requests == r.Requests && r.Requests >= 2
+	})
+	wantUsage(t, usageOf(e, "fix-c"), up.Reported())
 	if out := e.mustExec("fix-c", "sh", "-c", `ls "$HOME/.claude/sessions"`); out == "" {
 		t.Fatal("the CLI wrote no session file: did it start past its first-run dialogs?")
 	}

@@ -243,7 +243,7 @@ func TestServeRemovesInterruptedCreate(t *testing.T) {
 	if err := st.ClaimSocketDir(ctx, "half", sockDir); err != nil {
 		t.Fatal(err)
 	}
-	if err := be.AttachSocket(ctx, "half", sockDir); err != nil {
+	if err := be.AttachSocket(ctx, "half", backend.OrchestrationSocket, sockDir); err != nil {
 		t.Fatal(err)
 	}
 	if err := be.Start(ctx, "half"); err != nil {

@@ -63,15 +63,6 @@ type budgetNotes struct {
 // modelRoot is <state>/model.
 func (b *Broker) modelRoot() string { return filepath.Join(b.cfg.StateDir, ModelDir) }
 
-// treeOf names the orchestrator tree sb's usage counts for: a child's
-// orchestrator, else the sandbox itself.
-func treeOf(sb store.Sandbox) string {
-	if sb.Parent != "" {
-		return sb.Parent
-	}
-	return sb.Name
-}
-
 // serveModel gives srv's sandbox its model socket: a fresh directory
 // beside the orchestration one (same name, under <state>/model), attached
 // at backend.ModelMountPath, answered by a modelproxy whose usage is
@@ -141,7 +132,7 @@ func (b *Broker) serveModel(srv *sandboxServer, sb store.Sandbox) error {
 
 // recordUsage adds one response's usage to sb's durable totals.
 func (b *Broker) recordUsage(sb store.Sandbox, u modelproxy.Usage) {
-	err := b.store.AddUsage(context.WithoutCancel(b.ctx), sb.Name, sb.UUID, treeOf(sb), store.Usage{
+	err := b.store.AddUsage(context.WithoutCancel(b.ctx), sb.Name, sb.UUID, sb.Tree(), store.Usage{
 		Requests: u.Requests, InputTokens: u.InputTokens, OutputTokens: u.OutputTokens,
 		CacheReadInputTokens: u.CacheReadInputTokens, CacheCreationInputTokens: u.CacheCreationInputTokens,
 	}, time.Now())
@@ -161,7 +152,7 @@ func (b *Broker) admitModel(sb store.Sandbox) error {
 	if limit <= 0 {
 		return nil
 	}
-	tree, now := treeOf(sb), time.Now()
+	tree, now := sb.Tree(), time.Now()
 	used, err := b.store.TreeOutputSince(b.ctx, tree, now.Add(-BudgetWindow))
 	if err != nil {
 		b.log.Error("cannot read model usage", "tree", tree, "err", err)

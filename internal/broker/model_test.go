@@ -6,11 +6,38 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"agentbox/internal/broker"
 	"agentbox/internal/modelproxy/modeltest"
 	"agentbox/internal/wire"
 )
+
+// usageOf is the usage the broker recorded for sandbox name.
+func usageOf(e *testEnv, name string) wire.Usage {
+	e.t.Helper()
+	var res wire.UsageResult
+	if err := e.admin("usage", wire.UsageArgs{Name: name}, &res); err != nil {
+		e.t.Fatalf("usage %s: %v", name, err)
+	}
+	for _, r := range res.Rows {
+		if r.Name == name && !r.Destroyed {
+			return r.Usage
+		}
+	}
+	return wire.Usage{}
+}
+
+// wantUsage compares what the broker recorded with what the scripted
+// upstream reported.
+func wantUsage(t *testing.T, got wire.Usage, up modeltest.Total) {
+	t.Helper()
+	want := wire.Usage{Requests: up.Requests, InputTokens: up.Input, OutputTokens: up.Output,
+		CacheReadInputTokens: up.CacheRead, CacheCreationInputTokens: up.CacheCreation}
+	if got != want {
+		t.Fatalf("recorded usage %+v, the upstream reported %+v", got, want)
+	}
+}
 
 // newModelEnv is a broker whose model sockets forward to up with hostKey.
 func newModelEnv(t *testing.T, up *modeltest.Server, perHour int64) *testEnv {
@@ -81,10 +108,52 @@ func TestModelSocket(t *testing.T) {
 		t.Fatalf("after a restart:\n%s", out)
 	}
 
+	// Both answers were counted, durably: the figures survived the restart.
+	wantUsage(t, usageOf(e, "lead"), up.Reported())
+	if got := e.info("lead").Tokens; got != up.Reported().Input+up.Reported().Output {
+		t.Fatalf("ls shows %d tokens", got)
+	}
+
 	if err := e.admin("destroy", wire.DestroyArgs{Name: "lead", Force: true}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Lstat(modelDir); !os.IsNotExist(err) {
 		t.Fatalf("the model socket's directory outlived its sandbox: %v", err)
 	}
+}
+
+// TestModelBudget: past model.max_output_tokens_per_hour an orchestrator
+// tree's requests (the orchestrator's and its children's alike) are
+// answered 429 in the API's format, without reaching the upstream, and
+// the orchestrator is told once.
+func TestModelBudget(t *testing.T) {
+	localOnly(t, "the request is sent with the host's curl, which Incus images lack")
+	up := modeltest.Start(t, modeltest.Turn{Text: "spent", Input: 5, Output: 60})
+	e := newModelEnv(t, up, 100)
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	lead := e.client("lead")
+
+	// 60 then 120 output tokens: under the budget before each request.
+	for _, name := range []string{"kid", "lead"} {
+		if out := curlModel(e, name, "POST", "/v1/messages", modeltest.RequestBody("hi", false)); !strings.HasSuffix(out, "\n200") {
+			t.Fatalf("%s under the budget:\n%s", name, out)
+		}
+	}
+	for range 2 {
+		for _, name := range []string{"kid", "lead"} {
+			out := curlModel(e, name, "POST", "/v1/messages", modeltest.RequestBody("more", false))
+			if !strings.HasSuffix(out, "\n429") || !strings.Contains(out, `"type":"rate_limit_error"`) || !strings.Contains(out, "max_output_tokens_per_hour: 100") {
+				t.Fatalf("%s past the budget:\n%s", name, out)
+			}
+		}
+	}
+	if n := up.Reported().Requests; n != 2 {
+		t.Fatalf("the upstream answered %d requests, want the 2 under the budget", n)
+	}
+	note := messageFrom(t, lead, "lead", "note")
+	if !strings.Contains(note.Body, "model requests of lead and its children are refused") {
+		t.Fatalf("note: %q", note.Body)
+	}
+	noMessageFrom(t, lead, "lead", "note", 2*time.Second)
 }

@@ -106,6 +106,9 @@ func planRepairs(records []store.Sandbox, insts []backend.Instance, conflicted m
 				if in.SocketDir != "" {
 					detach(in.Name, backend.SocketDeviceName)
 				}
+				if in.ModelDir != "" {
+					detach(in.Name, backend.ModelDeviceName)
+				}
 			}
 			if !conflicted[sb.Name] {
 				p.conflict = append(p.conflict, sb.Name)

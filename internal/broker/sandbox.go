@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"agentbox/internal/backend"
 	"agentbox/internal/secfs"
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
@@ -170,7 +171,7 @@ func (b *Broker) serveSandbox(sb store.Sandbox) error {
 		ln.Close()
 		return err
 	}
-	if err := b.cfg.Backend.AttachSocket(b.ctx, sb.Name, dir); err != nil {
+	if err := b.cfg.Backend.AttachSocket(b.ctx, sb.Name, backend.OrchestrationSocket, dir); err != nil {
 		ln.Close()
 		return fmt.Errorf("attach socket: %w", err)
 	}

@@ -3,13 +3,16 @@ package cli
 import (
 	"errors"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"syscall"
 
 	"github.com/spf13/cobra"
 
+	"agentbox/internal/agentbin"
 	"agentbox/internal/broker"
 	"agentbox/internal/config"
 	"agentbox/internal/orchestrate"
@@ -39,6 +42,10 @@ sandbox, and the next broker finds them running. A broker run as root gives
 each sandbox its own unprivileged host uid; otherwise sandboxes run as the
 broker's uid. With --backend incus, sandboxes are unprivileged Incus system
 containers made from the image 'jailbee image build' makes (docs/incus.md).
+
+Every sandbox gets the installed agents ('jailbee agent install'; the release
+broker.yaml pins, else the built-in one) read-only on its PATH, from its next
+start; the broker logs each agent that is not installed, which cannot run.
 
 Per-sandbox limits (tasks, memory, CPU weight) and the inbox quota come from
 <state>/broker.yaml (or --config FILE; see docs/broker-config.md), with a
@@ -73,7 +80,8 @@ refuses to start unless --no-limits.`,
 			if model == nil {
 				log.Info("no model key configured (broker.yaml model.api_key_file or api_key_env): sandboxes get no model socket")
 			}
-			be, err := deps.OpenBackend(BackendOptions{Kind: kind, StateDir: dir, NoLimits: noLimits, IncusProject: incusProject, IncusPool: incusPool, Image: image})
+			be, err := deps.OpenBackend(BackendOptions{Kind: kind, StateDir: dir, NoLimits: noLimits, IncusProject: incusProject, IncusPool: incusPool, Image: image,
+				AgentBinaries: agentBinaries(dir, cfg, log)})
 			if err != nil {
 				return exitf(ExitFailed, "%v", err)
 			}
@@ -112,6 +120,26 @@ refuses to start unless --no-limits.`,
 	c.Flags().BoolVar(&noLimits, "no-limits", false, "run sandboxes without per-sandbox resource limits (no cgroups)")
 	c.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return c
+}
+
+// agentBinaries maps each known agent whose pinned release (broker.yaml,
+// else the built-in one) is installed to its binary, for the backend to
+// put on every sandbox's PATH. One not installed is left out and logged:
+// the broker runs without it.
+func agentBinaries(stateDir string, cfg *config.Broker, log *slog.Logger) map[string]string {
+	out := map[string]string{}
+	for _, name := range slices.Sorted(maps.Keys(agentbin.Agents)) {
+		a := agentbin.Agents[name]
+		version := cfg.AgentVersions[name] // "": the built-in default
+		inst, err := agentbin.Find(stateDir, name, version)
+		if err != nil {
+			log.Warn(name+" agents cannot run until `jailbee agent install "+name+"`", "agent", name, "err", err)
+			continue
+		}
+		// From the state dir, not the recorded path: the dir may have moved.
+		out[name] = filepath.Join(agentbin.BinDir(stateDir, name, inst.Version), filepath.Base(a.File))
+	}
+	return out
 }
 
 // loadBrokerConfig reads broker.yaml; a missing file is the defaults.

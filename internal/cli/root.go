@@ -48,6 +48,9 @@ type BackendOptions struct {
 	// IncusProject, IncusPool and Image: the Incus project, storage pool
 	// and image alias ("" = the defaults).
 	IncusProject, IncusPool, Image string
+	// AgentBinaries are the installed agents' binaries by the name they
+	// run as, bound read-only on every sandbox's PATH.
+	AgentBinaries map[string]string
 }
 
 // ImageOptions are `jailbee image build`'s.

@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -99,6 +100,10 @@ type Options struct {
 	// AttachAtStart: AttachSocket on a running sandbox takes effect at its
 	// next start (the local backend), not at once.
 	AttachAtStart bool
+	// WithAgents, if set, returns a backend (as newBackend does) whose
+	// sandboxes get agents (the backend's AgentBinaries option) on their
+	// PATH; without it the agent test is skipped.
+	WithAgents func(t *testing.T, agents map[string]string) backend.Backend
 }
 
 // suite is one subtest's backend and options.
@@ -129,6 +134,8 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 		{"StopEndsEveryProcess", testStopEndsEveryProcess},
 		{"CheckoutPersistsAcrossStop", testPersistsAcrossStop},
 		{"AttachDetachSocket", testAttachDetach},
+		{"AttachBothSocketKinds", testAttachBothKinds},
+		{"AgentBinaries", testAgentBinaries},
 		{"FillCheckoutFromHost", testFillCheckout},
 		{"TransferBetweenSandboxes", testTransfer},
 		{"TransferBound", testTransferBound},
@@ -243,6 +250,13 @@ func Sh(t testing.TB, b backend.Backend, name, script string) string {
 // that writes greeting to every connection, as the broker would serve it.
 func SocketDir(t testing.TB, greeting string) string {
 	t.Helper()
+	return KindDir(t, backend.OrchestrationSocket, greeting)
+}
+
+// KindDir is SocketDir for a directory of kind: its socket is
+// kind.SocketFile().
+func KindDir(t testing.TB, kind backend.SocketKind, greeting string) string {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "bt-sock-") // short: socket paths are bounded
 	if err != nil {
 		t.Fatal(err)
@@ -251,11 +265,12 @@ func SocketDir(t testing.TB, greeting string) string {
 	if err := os.Chmod(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("unix", filepath.Join(dir, "broker.sock"))
+	sock := filepath.Join(dir, kind.SocketFile())
+	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(filepath.Join(dir, "broker.sock"), 0o600); err != nil {
+	if err := os.Chmod(sock, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
@@ -558,7 +573,7 @@ func testAttachDetach(s *suite) {
 	t, b := s.t, s.b
 	name, _ := s.create("sock")
 	probe := backend.ExecOptions{Argv: []string{"sh", "-c", "test -S " + backend.SocketMountPath + "/broker.sock"}}
-	if err := b.AttachSocket(t.Context(), name, SocketDir(t, "one\n")); err != nil {
+	if err := b.AttachSocket(t.Context(), name, backend.OrchestrationSocket, SocketDir(t, "one\n")); err != nil {
 		t.Fatalf("AttachSocket: %v", err)
 	}
 	if err := b.Start(t.Context(), name); err != nil {
@@ -571,10 +586,10 @@ func testAttachDetach(s *suite) {
 	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"sh", "-c", "rm -f " + backend.SocketMountPath + "/broker.sock"}}); r.Code == 0 {
 		t.Fatal("sandbox removed the attached socket")
 	}
-	if err := b.DetachSocket(t.Context(), name); err != nil {
+	if err := b.DetachSocket(t.Context(), name, backend.OrchestrationSocket); err != nil {
 		t.Fatalf("DetachSocket: %v", err)
 	}
-	if err := b.DetachSocket(t.Context(), name); err != nil {
+	if err := b.DetachSocket(t.Context(), name, backend.OrchestrationSocket); err != nil {
 		t.Fatalf("second DetachSocket: %v", err)
 	}
 	restart := func() {
@@ -592,12 +607,138 @@ func testAttachDetach(s *suite) {
 	if r := Exec(t, b, name, probe); r.Code == 0 {
 		t.Fatal("socket still visible after DetachSocket")
 	}
-	if err := b.AttachSocket(t.Context(), name, SocketDir(t, "two\n")); err != nil {
+	if err := b.AttachSocket(t.Context(), name, backend.OrchestrationSocket, SocketDir(t, "two\n")); err != nil {
 		t.Fatal(err)
 	}
 	restart()
 	if r := Exec(t, b, name, probe); r.Code != 0 {
 		t.Fatalf("re-attached socket not visible: %+v", r)
+	}
+}
+
+// restart stops and starts a sandbox where attachments wait for the
+// next start (AttachAtStart); elsewhere they are there at once.
+func (s *suite) restart(name string) {
+	s.t.Helper()
+	if !s.opts.AttachAtStart {
+		return
+	}
+	if err := s.b.Stop(s.t.Context(), name); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := s.b.Start(s.t.Context(), name); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// testAttachBothKinds: the orchestration and model directories are two
+// attachments, each at its own path showing its own directory, reachable
+// by the agent user; detaching one leaves the other.
+func testAttachBothKinds(s *suite) {
+	t, b := s.t, s.b
+	name, _ := s.create("kinds")
+	dirs := map[backend.SocketKind]string{}
+	for _, kind := range []backend.SocketKind{backend.OrchestrationSocket, backend.ModelSocket} {
+		dirs[kind] = KindDir(t, kind, kind.String()+"\n")
+		writeFile(t, filepath.Join(dirs[kind], "which"), kind.String()+"\n")
+		if err := b.AttachSocket(t.Context(), name, kind, dirs[kind]); err != nil {
+			t.Fatalf("AttachSocket(%s): %v", kind, err)
+		}
+	}
+	in, _ := s.find(name)
+	if in.SocketDir != dirs[backend.OrchestrationSocket] || in.ModelDir != dirs[backend.ModelSocket] {
+		t.Fatalf("List: socket dir %q, model dir %q; want %q and %q", in.SocketDir, in.ModelDir, dirs[backend.OrchestrationSocket], dirs[backend.ModelSocket])
+	}
+	for kind, dir := range dirs {
+		if !slices.Contains(in.Mounts, backend.Mount{Name: kind.DeviceName(), Source: dir}) {
+			t.Fatalf("List: mounts %+v lack %s at %s", in.Mounts, kind.DeviceName(), dir)
+		}
+	}
+	if err := b.Start(t.Context(), name); err != nil {
+		t.Fatal(err)
+	}
+	// What each path shows: its directory's marker and socket, or "none".
+	look := func(kind backend.SocketKind) string {
+		t.Helper()
+		p := kind.MountPath()
+		return Sh(t, b, name, "cat "+p+"/which 2>/dev/null && test -S "+p+"/"+kind.SocketFile()+" || echo none")
+	}
+	want := func(orch, model string) {
+		t.Helper()
+		if got := look(backend.OrchestrationSocket); got != orch {
+			t.Fatalf("%s shows %q, want %q", backend.SocketMountPath, got, orch)
+		}
+		if got := look(backend.ModelSocket); got != model {
+			t.Fatalf("%s shows %q, want %q", backend.ModelMountPath, got, model)
+		}
+	}
+	want("orchestration", "model")
+	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"sh", "-c", "touch " + backend.ModelMountPath + "/x"}}); r.Code == 0 {
+		t.Fatal("the model directory is writable inside")
+	}
+	if err := b.DetachSocket(t.Context(), name, backend.ModelSocket); err != nil {
+		t.Fatalf("DetachSocket(model): %v", err)
+	}
+	s.restart(name)
+	want("orchestration", "none")
+	if in, _ := s.find(name); in.SocketDir != dirs[backend.OrchestrationSocket] || in.ModelDir != "" {
+		t.Fatalf("List after detaching the model: %+v", in)
+	}
+	if err := b.AttachSocket(t.Context(), name, backend.ModelSocket, dirs[backend.ModelSocket]); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.DetachSocket(t.Context(), name, backend.OrchestrationSocket); err != nil {
+		t.Fatalf("DetachSocket(orchestration): %v", err)
+	}
+	s.restart(name)
+	want("none", "model")
+	if in, _ := s.find(name); in.SocketDir != "" || in.ModelDir != dirs[backend.ModelSocket] {
+		t.Fatalf("List after detaching the orchestration socket: %+v", in)
+	}
+}
+
+// testAgentBinaries: an agent binary given to the backend runs by name
+// on the sandbox's PATH, and the agent user cannot change it.
+func testAgentBinaries(s *suite) {
+	t := s.t
+	if s.opts.WithAgents == nil {
+		t.Skip("no WithAgents for this backend")
+	}
+	script := "#!/bin/sh\necho \"fakeagent ran $*\"\n"
+	// Writable by anyone: only the read-only binding keeps it unchanged.
+	bin := filepath.Join(t.TempDir(), "fakeagent-1.0")
+	if err := os.WriteFile(bin, []byte(script), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(bin, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	s.b = s.opts.WithAgents(t, map[string]string{"fakeagent": bin})
+	b := s.b
+	name := s.started("agents")
+	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"fakeagent", "hello"}}); r.Code != 0 || r.Stdout != "fakeagent ran hello\n" {
+		t.Fatalf("fakeagent by name: %+v", r)
+	}
+	for _, attempt := range []string{
+		`echo 'echo owned' > "$(command -v fakeagent)"`,
+		`: > "$(command -v fakeagent)"`,
+		`echo 'echo owned' >> "$(command -v fakeagent)"`,
+		`chmod 777 "$(command -v fakeagent)"`,
+		`rm -f "$(command -v fakeagent)"`,
+		`mv "$(command -v fakeagent)" /tmp/moved`,
+	} {
+		if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"sh", "-c", attempt}}); r.Code == 0 {
+			t.Errorf("%s succeeded inside", attempt)
+		}
+	}
+	if data, err := os.ReadFile(bin); err != nil || string(data) != script {
+		t.Fatalf("the host file changed: %q, %v", data, err)
+	}
+	if fi, err := os.Stat(bin); err != nil || fi.Mode().Perm() != 0o777 {
+		t.Fatalf("the host file's mode changed: %v, %v", fi.Mode(), err)
+	}
+	if r := Exec(t, b, name, backend.ExecOptions{Argv: []string{"fakeagent", "again"}}); r.Stdout != "fakeagent ran again\n" {
+		t.Fatalf("fakeagent after the attempts: %+v", r)
 	}
 }
 
@@ -741,8 +882,10 @@ func testUnknown(s *suite) {
 		"Start":        b.Start(ctx, name),
 		"Stop":         b.Stop(ctx, name),
 		"Destroy":      b.Destroy(ctx, name),
-		"AttachSocket": b.AttachSocket(ctx, name, t.TempDir()),
-		"DetachSocket": b.DetachSocket(ctx, name),
+		"AttachSocket": b.AttachSocket(ctx, name, backend.OrchestrationSocket, t.TempDir()),
+		"DetachSocket": b.DetachSocket(ctx, name, backend.OrchestrationSocket),
+		"AttachModel":  b.AttachSocket(ctx, name, backend.ModelSocket, t.TempDir()),
+		"DetachModel":  b.DetachSocket(ctx, name, backend.ModelSocket),
 	}
 	_, checks["Exec"] = b.Exec(ctx, name, backend.ExecOptions{Argv: []string{"true"}})
 	for op, err := range checks {

@@ -41,6 +41,7 @@ func TestHostileReview(t *testing.T) {
 	const name = "hostile"
 	secret := "jbsecret-" + strings.ToLower(rand.Text())
 	sock := backendtest.SocketDir(t, "hello\n")
+	model := backendtest.KindDir(t, backend.ModelSocket, "model\n")
 
 	// Created and run while an unprivileged host user watches every
 	// process's command line: a label holds a host path with the secret.
@@ -50,7 +51,10 @@ func TestHostileReview(t *testing.T) {
 		if _, err := b.Create(ctx, backend.CreateOptions{Name: name, Labels: labels, Limits: backend.Limits{DiskBytes: diskLimit}}); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.AttachSocket(ctx, name, sock); err != nil {
+		if err := b.AttachSocket(ctx, name, backend.OrchestrationSocket, sock); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.AttachSocket(ctx, name, backend.ModelSocket, model); err != nil {
 			t.Fatal(err)
 		}
 		if err := b.Start(ctx, name); err != nil {
@@ -116,31 +120,37 @@ func TestHostileReview(t *testing.T) {
 		})
 	}
 
-	// Root inside covers the socket directory: a round sees it, Restore
-	// puts the socket back, and the agent reaches it again.
-	probe := "test -S " + backend.SocketMountPath + "/broker.sock && echo there"
-	for _, tc := range []struct{ how, script string }{
-		{"a tmpfs", "mount -t tmpfs none " + backend.SocketMountPath},
-		{"a directory bound over it", "mkdir -p /tmp/other && mount --bind /tmp/other " + backend.SocketMountPath},
-	} {
-		t.Run("SocketCovered/"+tc.how, func(t *testing.T) {
-			sh(t, b, name, "root", tc.script)
-			if out := sh(t, b, name, "", probe+" || echo gone"); out != "gone" {
-				t.Fatalf("the socket is still seen inside: %q", out)
-			}
-			if got := covered(t, b, name); !slices.Equal(got, []string{"socket"}) {
-				t.Fatalf("List: covered %q, want the socket", got)
-			}
-			if err := b.Restore(ctx, name); err != nil {
-				t.Fatal(err)
-			}
-			if got := covered(t, b, name); len(got) != 0 {
-				t.Fatalf("List after Restore: covered %q", got)
-			}
-			if out := sh(t, b, name, "", probe); out != "there" {
-				t.Fatalf("the socket after Restore: %q", out)
-			}
-		})
+	// Root inside covers a socket directory (the orchestration one, then
+	// the model one): a round sees it, Restore puts the socket back, the
+	// agent reaches it again, and the other directory is left alone.
+	for _, kind := range []backend.SocketKind{backend.OrchestrationSocket, backend.ModelSocket} {
+		dir := kind.MountPath()
+		probe := "test -S " + dir + "/" + kind.SocketFile() + " && echo there"
+		cover := map[backend.SocketKind]string{backend.OrchestrationSocket: "socket", backend.ModelSocket: "model"}[kind]
+		for _, tc := range []struct{ how, script string }{
+			{"a tmpfs", "mount -t tmpfs none " + dir},
+			{"a directory bound over it", "mkdir -p /tmp/other && mount --bind /tmp/other " + dir},
+		} {
+			t.Run("SocketCovered/"+kind.String()+"/"+tc.how, func(t *testing.T) {
+				sh(t, b, name, "root", tc.script)
+				if out := sh(t, b, name, "", probe+" || echo gone"); out != "gone" {
+					t.Fatalf("the socket is still seen inside: %q", out)
+				}
+				if got := covered(t, b, name); !slices.Equal(got, []string{cover}) {
+					t.Fatalf("List: covered %q, want %s", got, cover)
+				}
+				if err := b.Restore(ctx, name); err != nil {
+					t.Fatal(err)
+				}
+				if got := covered(t, b, name); len(got) != 0 {
+					t.Fatalf("List after Restore: covered %q", got)
+				}
+				both := "test -S " + backend.SocketMountPath + "/broker.sock && test -S " + backend.ModelMountPath + "/anthropic.sock && echo there"
+				if out := sh(t, b, name, "", both); out != "there" {
+					t.Fatalf("the sockets after Restore: %q", out)
+				}
+			})
+		}
 	}
 
 	// Every host path attached, under any device name, is in List: a

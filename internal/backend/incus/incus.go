@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -52,7 +53,8 @@ const (
 	AgentUID      = backend.AgentUID         // the agent user's uid and gid
 	ClientPath    = "/usr/local/bin/jailbee" // the jailbee client, a read-only disk device
 	clientDevice  = "jailbee-client"
-	socketFile    = "broker.sock" // the broker's socket in an attached directory
+	AgentBinDir   = "/usr/local/bin" // agent binaries, beside the client
+	agentDevice   = "jailbee-agent-" // + the agent's name: its read-only disk device
 )
 
 // Config keys jailbee sets on its containers.
@@ -85,6 +87,9 @@ type Options struct {
 	Client string
 	// NoLimits ignores Create's Limits.
 	NoLimits bool
+	// AgentBinaries are host files bound read-only into every sandbox on
+	// its PATH, by the name they run as (e.g. "claude" -> <state>/agents/claude/2.1.332/bin/claude).
+	AgentBinaries map[string]string
 	// Incus is the incus command (default "incus" on PATH).
 	Incus string
 }
@@ -107,6 +112,25 @@ type Backend struct {
 	inits   map[string]initProc // running containers' inits (mounts.go)
 	pool    string              // the root disks' pool, once known to size them (sizedPool)
 	hostIDs map[string]mountID  // host paths as a container's mount table shows them
+	// agentsOK holds the containers last seen with exactly the agent
+	// devices of Options: Start spares them the look.
+	agentsOK map[string]bool
+}
+
+func (b *Backend) agentsCurrent(name string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.agentsOK[name]
+}
+
+func (b *Backend) setAgentsCurrent(name string, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ok {
+		b.agentsOK[name] = true
+	} else {
+		delete(b.agentsOK, name)
+	}
 }
 
 // seen records a container of this backend and whether it runs.
@@ -126,6 +150,7 @@ func (b *Backend) forget(name string) {
 	defer b.mu.Unlock()
 	delete(b.managed, name)
 	delete(b.inits, name)
+	delete(b.agentsOK, name)
 }
 
 // lastSeen reports whether name was last seen as a container of this
@@ -145,10 +170,22 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.Incus == "" {
 		opts.Incus = "incus"
 	}
+	agents := map[string]string{}
+	for name, p := range opts.AgentBinaries {
+		if err := backend.ValidateAgentName(name); err != nil {
+			return nil, fmt.Errorf("incus backend: %w", err)
+		}
+		abs, err := filepath.Abs(p)
+		if err != nil {
+			return nil, err
+		}
+		agents[name] = abs
+	}
+	opts.AgentBinaries = agents
 	if _, err := exec.LookPath(opts.Incus); err != nil {
 		return nil, errors.New("incus not found on PATH: install Incus (see docs/incus.md)")
 	}
-	b := &Backend{opts: opts, managed: map[string]bool{}, inits: map[string]initProc{}, hostIDs: map[string]mountID{}}
+	b := &Backend{opts: opts, managed: map[string]bool{}, inits: map[string]initProc{}, hostIDs: map[string]mountID{}, agentsOK: map[string]bool{}}
 	var server struct {
 		APIStatus string `json:"api_status"`
 	}
@@ -203,6 +240,7 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	if b.opts.Client != "" {
 		devices[clientDevice] = map[string]string{"type": "disk", "source": b.opts.Client, "path": ClientPath, "readonly": "true"}
 	}
+	maps.Copy(devices, b.agentDevices())
 	if b.opts.Pool != "" {
 		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": b.opts.Pool}
 	}
@@ -227,6 +265,7 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 		return backend.Instance{}, fmt.Errorf("create sandbox %s: %w", opts.Name, err)
 	}
 	b.seen(opts.Name, false)
+	b.setAgentsCurrent(opts.Name, true)
 	return rawInstance{Name: opts.Name, Config: config, Devices: devices}.instance(), nil
 }
 
@@ -314,11 +353,32 @@ func limitConfig(l backend.Limits) []string {
 	return out
 }
 
-// Start implements backend.Backend.
+// agentDevices are the disk devices of Options.AgentBinaries, by name.
+func (b *Backend) agentDevices() map[string]map[string]string {
+	out := map[string]map[string]string{}
+	for name, src := range b.opts.AgentBinaries {
+		out[agentDevice+name] = map[string]string{"type": "disk", "source": src, "path": path.Join(AgentBinDir, name), "readonly": "true"}
+	}
+	return out
+}
+
+// Start implements backend.Backend. A container made by an older broker,
+// or with other agent versions, gets the current agent devices first.
 func (b *Backend) Start(ctx context.Context, name string) error {
-	if managed, _ := b.lastSeen(name); !managed {
-		if _, err := b.raw(ctx, name); err != nil {
+	// Incus would refuse the start naming the host path; the agent's name
+	// is what the user installs by.
+	for _, agent := range slices.Sorted(maps.Keys(b.opts.AgentBinaries)) {
+		if fi, err := os.Stat(b.opts.AgentBinaries[agent]); err != nil || !fi.Mode().IsRegular() {
+			return fmt.Errorf("start %s: the %s agent's binary is missing on the host (jailbee agent install %s)", name, agent, agent)
+		}
+	}
+	if managed, _ := b.lastSeen(name); !managed || !b.agentsCurrent(name) {
+		in, err := b.raw(ctx, name)
+		if err != nil {
 			return err
+		}
+		if err := b.syncAgents(ctx, in); err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
 		}
 	}
 	if _, err := b.run(ctx, nil, "start", name); err != nil && !errors.Is(err, errAlreadyRunning) {
@@ -326,6 +386,75 @@ func (b *Backend) Start(ctx context.Context, name string) error {
 	}
 	b.seen(name, true)
 	return nil
+}
+
+// syncAgents gives the container in the agent devices of Options (added,
+// or set to the current source), and removes those of agents it no
+// longer has: a device whose source is gone would keep it from starting.
+func (b *Backend) syncAgents(ctx context.Context, in rawInstance) error {
+	want := b.agentDevices()
+	for _, dev := range slices.Sorted(maps.Keys(want)) {
+		conf, have := want[dev], in.Devices[dev]
+		if sameDevice(have, conf) {
+			continue
+		}
+		if have != nil && have["type"] != conf["type"] {
+			if err := b.retryConfig(ctx, "config", "device", "remove", in.Name, dev); err != nil && !errors.Is(err, errNoDevice) {
+				return err
+			}
+			have = nil
+		}
+		args := []string{"config", "device", "set", in.Name, dev}
+		if have == nil {
+			args = []string{"config", "device", "add", in.Name, dev, conf["type"]}
+		}
+		for _, k := range slices.Sorted(maps.Keys(conf)) {
+			if k != "type" {
+				args = append(args, k+"="+conf[k])
+			}
+		}
+		if err := b.retryConfig(ctx, args...); err != nil {
+			return fmt.Errorf("agent device %s: %w", dev, err)
+		}
+	}
+	for dev := range in.Devices {
+		if _, ok := want[dev]; !ok && strings.HasPrefix(dev, agentDevice) {
+			if err := b.retryConfig(ctx, "config", "device", "remove", in.Name, dev); err != nil && !errors.Is(err, errNoDevice) {
+				return fmt.Errorf("agent device %s: %w", dev, err)
+			}
+		}
+	}
+	b.setAgentsCurrent(in.Name, true)
+	return nil
+}
+
+// sameDevice reports whether have holds every key of want as it is.
+func sameDevice(have, want map[string]string) bool {
+	if have == nil {
+		return false
+	}
+	for k, v := range want {
+		if have[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// agentsMatch reports whether in has exactly the agent devices of Options.
+func (b *Backend) agentsMatch(in rawInstance) bool {
+	want := b.agentDevices()
+	for dev := range in.Devices {
+		if strings.HasPrefix(dev, agentDevice) && want[dev] == nil {
+			return false
+		}
+	}
+	for dev, conf := range want {
+		if !sameDevice(in.Devices[dev], conf) {
+			return false
+		}
+	}
+	return true
 }
 
 // Stop implements backend.Backend: a forced stop ends every process of
@@ -362,10 +491,13 @@ func (b *Backend) Destroy(ctx context.Context, name string) error {
 }
 
 // AttachSocket implements backend.Backend: the directory becomes the
-// read-only, shifted disk device SocketDeviceName at SocketMountPath (so
+// read-only, shifted disk device kind.DeviceName() at kind.MountPath() (so
 // the agent user inside can connect through the idmap), replacing an
 // earlier one. A running container gets it at once.
-func (b *Backend) AttachSocket(ctx context.Context, name, dir string) error {
+func (b *Backend) AttachSocket(ctx context.Context, name string, kind backend.SocketKind, dir string) error {
+	if !kind.Valid() {
+		return fmt.Errorf("attach socket: unknown kind %v", kind)
+	}
 	if managed, _ := b.lastSeen(name); !managed {
 		if _, err := b.raw(ctx, name); err != nil {
 			return err
@@ -375,13 +507,14 @@ func (b *Backend) AttachSocket(ctx context.Context, name, dir string) error {
 	// must belong to the agent's uid to be reachable inside. Their host
 	// parent (the broker's state dir, 0700) keeps any host account of
 	// that uid out.
-	for _, p := range []string{dir, filepath.Join(dir, socketFile)} {
+	for _, p := range []string{dir, filepath.Join(dir, kind.SocketFile())} {
 		if err := unix.Fchownat(unix.AT_FDCWD, p, AgentUID, AgentUID, unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.ENOENT) {
-			return fmt.Errorf("attach the socket to %s: %w", name, err)
+			return fmt.Errorf("attach the %s socket to %s: %w", kind, name, err)
 		}
 	}
-	add := []string{"config", "device", "add", name, backend.SocketDeviceName, "disk",
-		"source=" + dir, "path=" + backend.SocketMountPath, "readonly=true", "shift=true"}
+	dev := kind.DeviceName()
+	add := []string{"config", "device", "add", name, dev, "disk",
+		"source=" + dir, "path=" + kind.MountPath(), "readonly=true", "shift=true"}
 	err := b.retryConfig(ctx, add...)
 	if !errors.Is(err, backend.ErrExists) {
 		return err // a new sandbox has no attachment, and is spared the look
@@ -390,21 +523,24 @@ func (b *Backend) AttachSocket(ctx context.Context, name, dir string) error {
 	if err != nil {
 		return err
 	}
-	if in.Devices[backend.SocketDeviceName]["source"] == dir {
+	if in.Devices[dev]["source"] == dir {
 		// Already there (a restarted broker serving the same directory):
 		// removing and adding it again would leave the container without
 		// its socket for a moment.
 		return nil
 	}
-	if err := b.DetachSocket(ctx, name); err != nil {
+	if err := b.DetachSocket(ctx, name, kind); err != nil {
 		return err
 	}
 	return b.retryConfig(ctx, add...)
 }
 
 // DetachSocket implements backend.Backend.
-func (b *Backend) DetachSocket(ctx context.Context, name string) error {
-	return b.DetachMount(ctx, name, backend.SocketDeviceName)
+func (b *Backend) DetachSocket(ctx context.Context, name string, kind backend.SocketKind) error {
+	if !kind.Valid() {
+		return fmt.Errorf("detach socket: unknown kind %v", kind)
+	}
+	return b.DetachMount(ctx, name, kind.DeviceName())
 }
 
 // DetachMount implements backend.Backend: the disk device mount goes.
@@ -428,15 +564,19 @@ func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
 		return nil, err
 	}
 	var out []backend.Instance
-	managed := map[string]bool{}
+	managed, agentsOK := map[string]bool{}, map[string]bool{}
 	for _, in := range all {
 		if in.Config[managedKey] == "true" {
 			out = append(out, in.instance())
 			managed[in.Name] = in.Status == "Running"
+			if b.agentsMatch(in) {
+				agentsOK[in.Name] = true
+			}
 		}
 	}
 	b.mu.Lock()
 	b.managed = managed
+	b.agentsOK = agentsOK
 	for name := range b.inits {
 		if !managed[name] {
 			delete(b.inits, name)
@@ -450,7 +590,7 @@ func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
 		// What root inside may have covered. A container that stopped
 		// meanwhile has nothing covered; one that cannot be looked at now
 		// is looked at again next round (and Exec looks for itself).
-		covered, err := b.covered(ctx, out[i].Name, out[i].SocketDir, true)
+		covered, err := b.covered(ctx, out[i].Name, attached(out[i].SocketDir, out[i].ModelDir), true)
 		if errors.Is(err, ErrDaemonDown) {
 			return nil, err
 		}
@@ -469,7 +609,7 @@ type rawInstance struct {
 
 func (r rawInstance) instance() backend.Instance {
 	in := backend.Instance{Name: r.Name, UUID: r.Config[uuidKey], Running: r.Status == "Running",
-		SocketDir: r.Devices[backend.SocketDeviceName]["source"]}
+		SocketDir: r.Devices[backend.SocketDeviceName]["source"], ModelDir: r.Devices[backend.ModelDeviceName]["source"]}
 	for _, dev := range slices.Sorted(maps.Keys(r.Devices)) {
 		// Every disk device with a host path (a pool's volume has none).
 		if d := r.Devices[dev]; d["type"] == "disk" && d["source"] != "" && d["pool"] == "" {
@@ -497,6 +637,7 @@ func (b *Backend) raw(ctx context.Context, name string) (rawInstance, error) {
 		return rawInstance{}, fmt.Errorf("%w: %s (not a jailbee sandbox)", backend.ErrNotFound, name)
 	}
 	b.seen(name, in.Status == "Running")
+	b.setAgentsCurrent(name, b.agentsMatch(in))
 	return in, nil
 }
 

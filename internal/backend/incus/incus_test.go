@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -36,16 +37,24 @@ func newBackend(t *testing.T) *incus.Backend {
 func newBackendIn(t *testing.T) (*incus.Backend, string) {
 	t.Helper()
 	project := incustest.Project(t)
-	b, err := incus.New(context.Background(), incus.Options{Project: project, Pool: incustest.Pool(), Client: testbin.Jailbee(t)})
+	return openIn(t, project, nil), project
+}
+
+// openIn is a backend on project with agents on its sandboxes' PATH.
+func openIn(t *testing.T, project string, agents map[string]string) *incus.Backend {
+	t.Helper()
+	b, err := incus.New(context.Background(), incus.Options{Project: project, Pool: incustest.Pool(), Client: testbin.Jailbee(t), AgentBinaries: agents})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b, project
+	return b
 }
 
 func TestConformance(t *testing.T) {
 	backendtest.Run(t, func(t *testing.T) backend.Backend { return newBackend(t) },
-		backendtest.Options{Limits: testLimits})
+		backendtest.Options{Limits: testLimits, WithAgents: func(t *testing.T, agents map[string]string) backend.Backend {
+			return openIn(t, incustest.Project(t), agents)
+		}})
 }
 
 // TestLabelsAndNoGuestAPI: a sandbox carries its labels as user.jailbee.*
@@ -150,7 +159,7 @@ func TestReattachSameDirKeepsTheSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := backendtest.SocketDir(t, "hello\n")
-	if err := b.AttachSocket(ctx, "s", dir); err != nil {
+	if err := b.AttachSocket(ctx, "s", backend.OrchestrationSocket, dir); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.Start(ctx, "s"); err != nil {
@@ -160,7 +169,7 @@ func TestReattachSameDirKeepsTheSocket(t *testing.T) {
 	backendtest.Exec(t, b, "s", backend.ExecOptions{Argv: []string{"sh", "-c",
 		`nohup sh -c 'while :; do test -S /run/jailbee/orchestration/broker.sock || echo gone >> /tmp/watch; done' >/dev/null 2>&1 &`}})
 	for range 3 {
-		if err := b.AttachSocket(ctx, "s", dir); err != nil {
+		if err := b.AttachSocket(ctx, "s", backend.OrchestrationSocket, dir); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -168,5 +177,65 @@ func TestReattachSameDirKeepsTheSocket(t *testing.T) {
 		"cat /tmp/watch 2>/dev/null | wc -l; test -S /run/jailbee/orchestration/broker.sock && echo there"}})
 	if r.Stdout != "0\nthere\n" {
 		t.Fatalf("the socket went missing while the same directory was attached again (times seen missing, then whether it is back): %q", r.Stdout)
+	}
+}
+
+// TestAgentDevicesFollowTheBroker: a sandbox made before the broker had
+// an agent, or with another version of it, runs the broker's current
+// binary from its next start; one whose broker has the agent no more
+// loses the device (whose source may be gone).
+func TestAgentDevicesFollowTheBroker(t *testing.T) {
+	project := incustest.Project(t)
+	ctx := context.Background()
+	dir := t.TempDir()
+	bins := map[string]string{}
+	for _, v := range []string{"1", "2"} {
+		bins[v] = filepath.Join(dir, "fakeagent-"+v)
+		if err := os.WriteFile(bins[v], []byte("#!/bin/sh\necho version "+v+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := func(b *incus.Backend) string {
+		t.Helper()
+		r := backendtest.Exec(t, b, "s", backend.ExecOptions{Argv: []string{"sh", "-c", "fakeagent 2>/dev/null || echo none"}})
+		return strings.TrimSpace(r.Stdout)
+	}
+	restart := func(b *incus.Backend) {
+		t.Helper()
+		if err := b.Stop(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Start(ctx, "s"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := openIn(t, project, nil)
+	if _, err := old.Create(ctx, backend.CreateOptions{Name: "s"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Start(ctx, "s"); err != nil {
+		t.Fatal(err)
+	}
+	if got := run(old); got != "none" {
+		t.Fatalf("without agents: %q", got)
+	}
+	for _, v := range []string{"1", "2"} {
+		b := openIn(t, project, map[string]string{"fakeagent": bins[v]})
+		b.List(ctx) // as a broker's first round: the container is known
+		restart(b)
+		if got := run(b); got != "version "+v {
+			t.Fatalf("after a start by a broker with version %s: %q", v, got)
+		}
+	}
+	if err := os.Remove(bins["2"]); err != nil {
+		t.Fatal(err)
+	}
+	restart(old)
+	if got := run(old); got != "none" {
+		t.Fatalf("after a start by a broker without the agent: %q", got)
+	}
+	out, err := exec.Command("incus", "config", "device", "list", "--project", project, "s").Output()
+	if err != nil || strings.Contains(string(out), "jailbee-agent-") {
+		t.Fatalf("devices after the agent went: %q, %v", out, err)
 	}
 }

@@ -154,12 +154,39 @@ func hostMountID(p string) (mountID, error) {
 const (
 	coveredClient = "client" // the jailbee client at ClientPath
 	coveredSocket = "socket" // the socket directory at SocketMountPath
+	coveredModel  = "model"  // the model socket's directory at ModelMountPath
 )
 
-// covered lists what of the client and the socket directory something
+// coverName is what Instance.Covered calls a directory of kind.
+func coverName(kind backend.SocketKind) string {
+	if kind == backend.ModelSocket {
+		return coveredModel
+	}
+	return coveredSocket
+}
+
+// socketDir is a directory attached to a container as kind.
+type socketDir struct {
+	kind backend.SocketKind
+	dir  string
+}
+
+// attached are the socket directories a container has (each "" for none).
+func attached(socket, model string) []socketDir {
+	var out []socketDir
+	if socket != "" {
+		out = append(out, socketDir{backend.OrchestrationSocket, socket})
+	}
+	if model != "" {
+		out = append(out, socketDir{backend.ModelSocket, model})
+	}
+	return out
+}
+
+// covered lists what of the client and the socket directories something
 // inside the running container covers: client, if the backend places
-// one, and the socket directory socketDir ("" for none).
-func (b *Backend) covered(ctx context.Context, name, socketDir string, client bool) ([]string, error) {
+// one, and each of dirs.
+func (b *Backend) covered(ctx context.Context, name string, dirs []socketDir, client bool) ([]string, error) {
 	mounts, err := b.initMounts(ctx, name)
 	if err != nil {
 		return nil, err
@@ -168,7 +195,7 @@ func (b *Backend) covered(ctx context.Context, name, socketDir string, client bo
 	check := func(what, inside, host string) error {
 		want, err := b.hostID(host, false)
 		if err != nil {
-			if what == coveredSocket {
+			if what != coveredClient {
 				return nil // a directory gone from the host serves nothing to cover
 			}
 			return err
@@ -190,8 +217,8 @@ func (b *Backend) covered(ctx context.Context, name, socketDir string, client bo
 			return nil, err
 		}
 	}
-	if socketDir != "" {
-		if err := check(coveredSocket, backend.SocketMountPath, socketDir); err != nil {
+	for _, d := range dirs {
+		if err := check(coverName(d.kind), d.kind.MountPath(), d.dir); err != nil {
 			return nil, err
 		}
 	}
@@ -229,7 +256,7 @@ func (b *Backend) checkClient(ctx context.Context, name string) error {
 	if b.opts.Client == "" {
 		return nil
 	}
-	covered, err := b.covered(ctx, name, "", true)
+	covered, err := b.covered(ctx, name, nil, true)
 	if err != nil {
 		return err
 	}
@@ -327,15 +354,18 @@ func (b *Backend) Restore(ctx context.Context, name string) error {
 	if in.Status != "Running" {
 		return nil
 	}
-	socketDir := in.Devices[backend.SocketDeviceName]["source"]
-	covered, err := b.covered(ctx, name, socketDir, true)
+	dirs := attached(in.Devices[backend.SocketDeviceName]["source"], in.Devices[backend.ModelDeviceName]["source"])
+	covered, err := b.covered(ctx, name, dirs, true)
 	if err != nil {
 		return err
 	}
 	for _, what := range covered {
 		dev := clientDevice
-		if what == coveredSocket {
+		switch what {
+		case coveredSocket:
 			dev = backend.SocketDeviceName
+		case coveredModel:
+			dev = backend.ModelDeviceName
 		}
 		conf := in.Devices[dev]
 		if conf == nil {
@@ -354,7 +384,7 @@ func (b *Backend) Restore(ctx context.Context, name string) error {
 			return fmt.Errorf("restore %s in %s: %w", what, name, err)
 		}
 	}
-	if covered, err = b.covered(ctx, name, socketDir, true); err != nil {
+	if covered, err = b.covered(ctx, name, dirs, true); err != nil {
 		return err
 	}
 	if len(covered) > 0 {

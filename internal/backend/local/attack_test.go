@@ -718,7 +718,7 @@ func TestAttackNoHostPathsInFiles(t *testing.T) {
 	}
 	sockDir, _ := fakeBrokerDir(t)
 	x := f.create("leak", testLimits)
-	if err := f.b.AttachSocket(t.Context(), x.name, sockDir); err != nil {
+	if err := f.b.AttachSocket(t.Context(), x.name, backend.OrchestrationSocket, sockDir); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.b.Start(t.Context(), x.name); err != nil {

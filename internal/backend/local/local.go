@@ -60,6 +60,9 @@ type Options struct {
 	// Create's Limits are ignored. Without it, New fails where per-sandbox
 	// limits cannot be set.
 	NoLimits bool
+	// AgentBinaries are host files bound read-only into every sandbox on
+	// its PATH, by the name they run as (e.g. "claude" -> <state>/agents/claude/2.1.332/bin/claude).
+	AgentBinaries map[string]string
 }
 
 // Backend runs sandboxes as directories and bubblewrap units.
@@ -67,6 +70,7 @@ type Backend struct {
 	root   string
 	binary string
 	bwrap  string
+	agents map[string]string // name on PATH -> absolute host path
 	cg     *cgroup.Hierarchy // nil with NoLimits
 	// asRoot: the broker runs as root, so each sandbox runs as its own
 	// unprivileged host uid, and the launcher stages its directories.
@@ -100,6 +104,15 @@ func New(opts Options) (*Backend, error) {
 	}
 	if fi, err := os.Stat(b.binary); err != nil || !fi.Mode().IsRegular() {
 		return nil, fmt.Errorf("jailbee binary %s is not a regular file", b.binary)
+	}
+	b.agents = map[string]string{}
+	for name, p := range opts.AgentBinaries {
+		if err := backend.ValidateAgentName(name); err != nil {
+			return nil, fmt.Errorf("local backend: %w", err)
+		}
+		if b.agents[name], err = filepath.Abs(p); err != nil {
+			return nil, err
+		}
 	}
 	if !opts.NoLimits {
 		h, err := cgroup.Detect()
@@ -241,30 +254,37 @@ func (b *Backend) Destroy(ctx context.Context, name string) error {
 	return nil
 }
 
-// AttachSocket records dir as the sandbox's socket directory, owned by the
-// sandbox's uid so its agent can connect. A running sandbox keeps the
-// directory it started with; dir is bound from its next start.
-func (b *Backend) AttachSocket(ctx context.Context, name, dir string) error {
+// AttachSocket records dir as the sandbox's directory of kind, owned by
+// the sandbox's uid (with its socket, when there) so its agent can
+// connect. A running sandbox keeps the directories it started with; dir
+// is bound from its next start.
+func (b *Backend) AttachSocket(ctx context.Context, name string, kind backend.SocketKind, dir string) error {
+	if !kind.Valid() {
+		return fmt.Errorf("attach socket: unknown kind %v", kind)
+	}
 	if !filepath.IsAbs(dir) {
-		return fmt.Errorf("attach socket: %q is not an absolute path", dir)
+		return fmt.Errorf("attach %s socket: %q is not an absolute path", kind, dir)
 	}
 	m, err := b.load(name)
 	if err != nil {
 		return err
 	}
 	if err := secfs.ChownNoFollow(dir, m.UID, m.GID); err != nil {
-		return fmt.Errorf("attach socket: %w", err)
+		return fmt.Errorf("attach %s socket: %w", kind, err)
 	}
-	sock := filepath.Join(dir, SocketFile)
+	sock := filepath.Join(dir, kind.SocketFile())
 	if err := secfs.ChownNoFollow(sock, m.UID, m.GID); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("attach socket: %w", err)
+		return fmt.Errorf("attach %s socket: %w", kind, err)
 	}
-	return b.update(name, func(m *meta) { m.SocketDir = filepath.Clean(dir) })
+	return b.update(name, func(m *meta) { *m.dirOf(kind) = filepath.Clean(dir) })
 }
 
-// DetachSocket forgets the socket directory from the next start on.
-func (b *Backend) DetachSocket(ctx context.Context, name string) error {
-	return b.update(name, func(m *meta) { m.SocketDir = "" })
+// DetachSocket forgets the directory of kind from the next start on.
+func (b *Backend) DetachSocket(ctx context.Context, name string, kind backend.SocketKind) error {
+	if !kind.Valid() {
+		return fmt.Errorf("detach socket: unknown kind %v", kind)
+	}
+	return b.update(name, func(m *meta) { *m.dirOf(kind) = "" })
 }
 
 // List returns every complete sandbox under Root, sorted by name.
@@ -285,9 +305,11 @@ func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
 		if err != nil {
 			return nil, err
 		}
-		in := backend.Instance{Name: e.Name(), UUID: m.UUID, Running: m.running(), SocketDir: m.SocketDir}
-		if m.SocketDir != "" {
-			in.Mounts = []backend.Mount{{Name: backend.SocketDeviceName, Source: m.SocketDir}}
+		in := backend.Instance{Name: e.Name(), UUID: m.UUID, Running: m.running(), SocketDir: m.SocketDir, ModelDir: m.ModelDir}
+		for _, kind := range socketKinds {
+			if dir := *m.dirOf(kind); dir != "" {
+				in.Mounts = append(in.Mounts, backend.Mount{Name: kind.DeviceName(), Source: dir})
+			}
 		}
 		out = append(out, in)
 	}
@@ -347,13 +369,19 @@ func loadSandbox(dir string) (meta, error) {
 	return loadMeta(dir)
 }
 
-// DetachMount implements backend.Backend: a local sandbox's one
-// attachment is its socket directory.
+// socketKinds are the directories a local sandbox may have attached, in
+// the order List reports them.
+var socketKinds = []backend.SocketKind{backend.OrchestrationSocket, backend.ModelSocket}
+
+// DetachMount implements backend.Backend: a local sandbox's attachments
+// are its socket directories.
 func (b *Backend) DetachMount(ctx context.Context, name, mount string) error {
-	if mount != backend.SocketDeviceName {
-		return nil
+	for _, kind := range socketKinds {
+		if mount == kind.DeviceName() {
+			return b.DetachSocket(ctx, name, kind)
+		}
 	}
-	return b.DetachSocket(ctx, name)
+	return nil
 }
 
 // Restore implements backend.Backend: nothing inside a local sandbox can

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,7 +34,13 @@ var testLimits = backend.Limits{Pids: 256, MemoryBytes: 512 << 20, CPUWeight: 10
 
 func newBackend(t *testing.T) *local.Backend {
 	t.Helper()
-	b, err := local.New(local.Options{Root: filepath.Join(t.TempDir(), "sandboxes"), Binary: testbin.Jailbee(t)})
+	return newBackendWith(t, nil)
+}
+
+// newBackendWith is newBackend with agent binaries on its sandboxes' PATH.
+func newBackendWith(t *testing.T, agents map[string]string) *local.Backend {
+	t.Helper()
+	b, err := local.New(local.Options{Root: filepath.Join(t.TempDir(), "sandboxes"), Binary: testbin.Jailbee(t), AgentBinaries: agents})
 	if err != nil {
 		t.Fatalf("local.New: %v", err)
 	}
@@ -52,7 +60,8 @@ func hostUID(t testing.TB) int {
 
 func TestConformance(t *testing.T) {
 	backendtest.Run(t, func(t *testing.T) backend.Backend { return newBackend(t) },
-		backendtest.Options{HostUID: hostUID, Limits: testLimits, AgentOnly: true, AttachAtStart: true})
+		backendtest.Options{HostUID: hostUID, Limits: testLimits, AgentOnly: true, AttachAtStart: true,
+			WithAgents: func(t *testing.T, agents map[string]string) backend.Backend { return newBackendWith(t, agents) }})
 }
 
 // What follows is the sandbox seen from inside and from the host, ported
@@ -171,7 +180,7 @@ func TestSocketReachableWithClientOnPath(t *testing.T) {
 	f := newFixture(t)
 	x := f.create("sock", testLimits)
 	dir, ops := fakeBrokerDir(t)
-	if err := f.b.AttachSocket(t.Context(), x.name, dir); err != nil {
+	if err := f.b.AttachSocket(t.Context(), x.name, backend.OrchestrationSocket, dir); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.b.Start(t.Context(), x.name); err != nil {
@@ -199,7 +208,7 @@ func TestStateSurvivesReopen(t *testing.T) {
 	f := newFixture(t)
 	x := f.create("reopen", testLimits)
 	dir, _ := fakeBrokerDir(t)
-	if err := f.b.AttachSocket(t.Context(), x.name, dir); err != nil {
+	if err := f.b.AttachSocket(t.Context(), x.name, backend.OrchestrationSocket, dir); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.b.Start(t.Context(), x.name); err != nil {
@@ -301,5 +310,93 @@ func TestExecRefusals(t *testing.T) {
 		if _, err := f.b.Exec(t.Context(), x.name, opts); err == nil {
 			t.Errorf("%s: Exec succeeded", what)
 		}
+	}
+}
+
+// TestModelSocketAttachment: the model directory and its socket are given
+// the sandbox's uid, like the orchestration socket's; a running sandbox
+// keeps what it started with and gets the directory from its next start.
+// A sandbox without one writes no model_dir, so its meta.json is as
+// older code wrote it (and older ones load as sandboxes without it).
+func TestModelSocketAttachment(t *testing.T) {
+	f := newFixture(t)
+	x := f.start("model", testLimits)
+	dir := backendtest.KindDir(t, backend.ModelSocket, "model\n")
+	if err := f.b.AttachSocket(t.Context(), x.name, backend.ModelSocket, dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, filepath.Join(dir, "anthropic.sock")} {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err != nil || int(st.Uid) != x.uid || int(st.Gid) != x.uid {
+			t.Fatalf("%s: owner %d:%d, %v; want the sandbox's %d", p, st.Uid, st.Gid, err, x.uid)
+		}
+	}
+	probe := "test -S " + backend.ModelMountPath + "/anthropic.sock && echo there || echo none"
+	if got := mustSh(t, f.b, x.name, probe); got != "none" {
+		t.Fatalf("a running sandbox got the model directory at once: %q", got)
+	}
+	if err := f.b.Stop(t.Context(), x.name); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.b.Start(t.Context(), x.name); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustSh(t, f.b, x.name, probe); got != "there" {
+		t.Fatalf("the model directory after a restart: %q", got)
+	}
+
+	// No model directory: no model_dir key, as in an older meta.json.
+	old := f.create("oldmeta", testLimits)
+	data, err := os.ReadFile(filepath.Join(old.dir, "meta.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m["model_dir"]; ok {
+		t.Fatalf("a sandbox without a model directory records one: %s", data)
+	}
+	list, err := f.b.List(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, in := range list {
+		if in.Name == old.name && (in.ModelDir != "" || len(in.Mounts) != 0) {
+			t.Fatalf("an older sandbox: %+v", in)
+		}
+	}
+}
+
+// TestAgentBinaryChecks: agent names are plain names (never the client's
+// own), and an agent whose binary is gone fails the start naming the
+// agent, not the host path.
+func TestAgentBinaryChecks(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "secret-host-path-claude")
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\necho ok\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"jailbee", "Claude", "a/b", "..", "-x", ""} {
+		_, err := local.New(local.Options{Root: filepath.Join(t.TempDir(), "sandboxes"), Binary: testbin.Jailbee(t), AgentBinaries: map[string]string{name: bin}})
+		if err == nil {
+			t.Errorf("agent name %q accepted", name)
+		}
+	}
+	b := newBackendWith(t, map[string]string{"claude": bin})
+	name := backendtest.Name(t, "noagent")
+	if _, err := b.Create(t.Context(), backend.CreateOptions{Name: name, HostUID: hostUID(t), Limits: testLimits}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), name) })
+	if err := os.Remove(bin); err != nil {
+		t.Fatal(err)
+	}
+	err := b.Start(t.Context(), name)
+	if err == nil || !strings.Contains(err.Error(), "claude") || strings.Contains(err.Error(), "secret-host-path") {
+		t.Fatalf("start without the agent's binary: %v", err)
+	}
+	if list, _ := b.List(t.Context()); len(list) != 1 || list[0].Running {
+		t.Fatalf("after the failed start: %+v", list)
 	}
 }

@@ -35,10 +35,20 @@ type meta struct {
 	GID       int            `json:"gid"`
 	Limits    backend.Limits `json:"limits"`
 	SocketDir string         `json:"socket_dir,omitempty"`
+	// ModelDir is the model socket's directory (absent in older files).
+	ModelDir string `json:"model_dir,omitempty"`
 	// PID and StartTime identify the running unit's supervisor (0: none
 	// started since the last stop).
 	PID       int    `json:"pid,omitempty"`
 	StartTime uint64 `json:"start_time,omitempty"`
+}
+
+// dirOf is the field holding the directory attached as kind.
+func (m *meta) dirOf(kind backend.SocketKind) *string {
+	if kind == backend.ModelSocket {
+		return &m.ModelDir
+	}
+	return &m.SocketDir
 }
 
 // running reports whether the unit m records is alive.

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
@@ -123,7 +125,10 @@ func (b *Backend) launch(ctx context.Context, name, dir string, m meta) (int, ui
 		}
 		spec.CgroupProcs = g.ProcsFiles()
 	}
-	src := b.sources(dir, m)
+	src, err := b.sources(dir, m)
+	if err != nil {
+		return 0, 0, err
+	}
 	if b.asRoot {
 		spec.UID, spec.GID = m.UID, m.GID
 	}
@@ -318,10 +323,12 @@ type source struct {
 type sources struct {
 	stage                    []source
 	checkout, home, etc, bin string
-	sockets                  string // "" when no socket dir is attached
+	sockets                  string   // "" when no socket dir is attached
+	model                    string   // "" when no model dir is attached
+	agents                   []source // name on PATH, path to bind
 }
 
-func (b *Backend) sources(dir string, m meta) sources {
+func (b *Backend) sources(dir string, m meta) (sources, error) {
 	var s sources
 	add := func(name, host string) string {
 		if !b.asRoot {
@@ -334,12 +341,33 @@ func (b *Backend) sources(dir string, m meta) sources {
 	s.home = add("home", filepath.Join(dir, homeDir))
 	s.etc = add("etc", filepath.Join(dir, etcDir))
 	s.bin = add("jailbee", b.binary)
-	if m.SocketDir != "" {
-		if fi, err := os.Lstat(m.SocketDir); err == nil && fi.IsDir() {
-			s.sockets = add("orchestration", m.SocketDir)
-		}
+	if isDir(m.SocketDir) {
+		s.sockets = add("orchestration", m.SocketDir)
 	}
-	return s
+	if isDir(m.ModelDir) {
+		s.model = add("model", m.ModelDir)
+	}
+	for _, name := range slices.Sorted(maps.Keys(b.agents)) {
+		host := b.agents[name]
+		// Checked here, not at New: an agent may be removed or upgraded
+		// while the broker runs. The path stays out of the error: the
+		// name is what the user installs by.
+		if fi, err := os.Lstat(host); err != nil || !fi.Mode().IsRegular() {
+			return sources{}, fmt.Errorf("the %s agent's binary is missing on the host (jailbee agent install %s)", name, name)
+		}
+		// "agent-" keeps an agent's staging name apart from the others.
+		s.agents = append(s.agents, source{name: name, host: add("agent-"+name, host)})
+	}
+	return s, nil
+}
+
+// isDir reports whether p is set and a directory (not a symlink to one).
+func isDir(p string) bool {
+	if p == "" {
+		return false
+	}
+	fi, err := os.Lstat(p)
+	return err == nil && fi.IsDir()
 }
 
 // bwrapArgs builds the bubblewrap invocation of a unit: every namespace
@@ -384,8 +412,14 @@ func (b *Backend) bwrapArgs(name string, s sources) []string {
 		"--bind", s.home, HomePath,
 		"--ro-bind", s.bin, path.Join(ClientBinDir, ClientName),
 	)
+	for _, a := range s.agents {
+		args = append(args, "--ro-bind", a.host, path.Join(ClientBinDir, a.name))
+	}
 	if s.sockets != "" {
 		args = append(args, "--ro-bind", s.sockets, backend.SocketMountPath)
+	}
+	if s.model != "" {
+		args = append(args, "--ro-bind", s.model, backend.ModelMountPath)
 	}
 	return append(args,
 		"--remount-ro", "/", // the sandbox's own root: no new top-level entries
