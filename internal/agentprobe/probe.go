@@ -116,11 +116,9 @@ func bootTime() int64 {
 // sessionIDPattern is the shape of a session id: it becomes a file name.
 var sessionIDPattern = regexp.MustCompile(`^[0-9A-Za-z-]{1,64}$`)
 
-// subagentMarkers are transcript text that only subagent work writes: a
-// sidechain entry, or a call of the tool that starts a subagent (Task,
-// later named Agent). A tool result quoting them counts too: that errs
-// towards "history", which only withholds plain idle reports.
-var subagentMarkers = [][]byte{[]byte(`"isSidechain":true`), []byte(`"name":"Task"`), []byte(`"name":"Agent"`)}
+// maxTranscriptLine bounds one transcript entry the probe reads (an entry
+// holds a whole tool result); a longer one makes the history unknown.
+const maxTranscriptLine = 32 << 20
 
 // subagentHistory tells whether the session's transcript shows subagent
 // work; nil when it cannot be told.
@@ -141,42 +139,59 @@ func subagentHistory(home string, s agent.ClaudeSession) *bool {
 		return nil
 	}
 	defer f.Close()
-	found, err := containsAny(io.LimitReader(f, maxTranscriptBytes+1), subagentMarkers, maxTranscriptBytes)
+	found, err := hasSubagentEntry(f, maxTranscriptBytes, maxTranscriptLine)
 	if err != nil {
 		return nil
 	}
 	return &found
 }
 
-// containsAny scans r (at most limit bytes, else an error) for any marker.
-func containsAny(r io.Reader, markers [][]byte, limit int64) (bool, error) {
-	const overlap = 64 // longer than any marker
-	br := bufio.NewReaderSize(r, 64<<10)
-	buf := make([]byte, 0, 64<<10+overlap)
-	var total int64
-	chunk := make([]byte, 64<<10)
-	for {
-		n, err := br.Read(chunk)
-		total += int64(n)
-		if total > limit {
-			return false, errors.New("transcript too large")
+// hasSubagentEntry reads a transcript (at most limit bytes, lines of at
+// most maxLine, else an error) for an entry of subagent work: a sidechain
+// entry, or a call of the tool that starts a subagent (Task, later named
+// Agent). Tool definitions that name the tool are not calls; a line that
+// is not JSON (one being written) is skipped.
+func hasSubagentEntry(r io.Reader, limit int64, maxLine int) (bool, error) {
+	lr := &io.LimitedReader{R: r, N: limit + 1}
+	sc := bufio.NewScanner(lr)
+	sc.Buffer(make([]byte, 0, min(64<<10, maxLine)), maxLine) // the larger of the two bounds a line
+	for sc.Scan() {
+		line := sc.Bytes()
+		if !bytes.Contains(line, []byte(`"isSidechain":true`)) && !bytes.Contains(line, []byte(`"tool_use"`)) {
+			continue
 		}
-		buf = append(buf, chunk[:n]...)
-		for _, m := range markers {
-			if bytes.Contains(buf, m) {
+		var e struct {
+			IsSidechain bool `json:"isSidechain"`
+			Message     struct {
+				Content json.RawMessage `json:"content"`
+			} `json:"message"`
+		}
+		if json.Unmarshal(line, &e) != nil {
+			continue
+		}
+		if e.IsSidechain {
+			return true, nil
+		}
+		var blocks []struct {
+			Type string `json:"type"`
+			Name string `json:"name"`
+		}
+		if json.Unmarshal(e.Message.Content, &blocks) != nil {
+			continue
+		}
+		for _, b := range blocks {
+			if b.Type == "tool_use" && (b.Name == "Task" || b.Name == "Agent") {
 				return true, nil
 			}
 		}
-		if len(buf) > overlap {
-			buf = append(buf[:0], buf[len(buf)-overlap:]...)
-		}
-		if err == io.EOF {
-			return false, nil
-		}
-		if err != nil {
-			return false, err
-		}
 	}
+	if err := sc.Err(); err != nil {
+		return false, err
+	}
+	if lr.N <= 0 {
+		return false, errors.New("transcript too large")
+	}
+	return false, nil
 }
 
 // openRegular opens path for reading, refusing a symlink as its last

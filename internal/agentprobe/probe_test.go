@@ -1,7 +1,6 @@
 package agentprobe
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -10,7 +9,6 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"testing/iotest"
 	"time"
 
 	"agentbox/internal/agent"
@@ -62,6 +60,7 @@ func TestRun(t *testing.T) {
 		{"plain transcript", ptr(`{"type":"assistant","message":{"stop_reason":"end_turn"}}` + "\n"), new(bool)},
 		{"sidechain", ptr(`{"type":"user","isSidechain":true}` + "\n"), ptr2(true)},
 		{"task tool", ptr(`{"type":"assistant","message":{"content":[{"type":"tool_use","name":"Task","input":{}}]}}` + "\n"), ptr2(true)},
+		{"tool definitions only", ptr(`{"type":"system","tools":[{"name":"Agent"}]}` + "\n"), new(bool)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := Run(pid, fakeHome(t, pid, session(pid, "idle"), tc.transcript))
@@ -132,21 +131,50 @@ func TestRunGoneProcess(t *testing.T) {
 	}
 }
 
-// TestContainsAny: a marker split across reads is found; the limit holds
-// at its value and fails one byte past it.
-func TestContainsAny(t *testing.T) {
-	marker := []byte(`"isSidechain":true`)
-	text := append(bytes.Repeat([]byte("x"), 64<<10-5), marker...)
-	found, err := containsAny(iotest.OneByteReader(bytes.NewReader(text)), [][]byte{marker}, int64(len(text)))
-	if err != nil || !found {
-		t.Fatalf("split marker: %v %v", found, err)
+// TestHasSubagentEntry: a sidechain entry or a call of Task/Agent is
+// subagent work; the tool's definition, or its name in text, is not; the
+// bounds hold at their value and fail one past it.
+func TestHasSubagentEntry(t *testing.T) {
+	const (
+		defs     = `{"type":"system","tools":[{"name":"Agent","description":"Launch a new agent"},{"name":"Task"}]}`
+		text     = `{"type":"assistant","message":{"content":[{"type":"text","text":"\"name\":\"Agent\" and \"tool_use\""}]}}`
+		bash     = `{"type":"assistant","message":{"content":[{"type":"tool_use","id":"t1","name":"Bash","input":{}}]}}`
+		agentUse = `{"type":"assistant","message":{"content":[{"type":"text","text":"x"},{"type":"tool_use","id":"t2","name":"Agent","input":{}}]}}`
+		taskUse  = `{"type":"assistant","message":{"content":[{"type":"tool_use","id":"t3","name":"Task","input":{}}]}}`
+		side     = `{"type":"user","isSidechain":true,"message":{"content":"sub"}}`
+		partial  = `{"type":"assistant","message":{"content":[{"type":"tool_use","name":"Agent"`
+	)
+	for _, tc := range []struct {
+		name  string
+		lines []string
+		want  bool
+	}{
+		{"definitions and text only", []string{defs, text, bash}, false},
+		{"an Agent call", []string{defs, bash, agentUse}, true},
+		{"a Task call", []string{taskUse}, true},
+		{"a sidechain entry", []string{defs, side}, true},
+		{"a line being written", []string{defs, partial}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := strings.Join(tc.lines, "\n") + "\n"
+			got, err := hasSubagentEntry(strings.NewReader(in), int64(len(in)), 1<<20)
+			if err != nil || got != tc.want {
+				t.Fatalf("got %v, %v; want %v", got, err, tc.want)
+			}
+		})
 	}
-	plain := bytes.Repeat([]byte("y"), 1000)
-	if found, err := containsAny(bytes.NewReader(plain), [][]byte{marker}, 1000); err != nil || found {
-		t.Fatalf("at the limit: %v %v", found, err)
+	plain := strings.Repeat(bash+"\n", 10)
+	if _, err := hasSubagentEntry(strings.NewReader(plain), int64(len(plain)), 1<<20); err != nil {
+		t.Fatalf("at the size limit: %v", err)
 	}
-	if _, err := containsAny(bytes.NewReader(plain), [][]byte{marker}, 999); err == nil {
-		t.Fatal("one byte past the limit was read")
+	if _, err := hasSubagentEntry(strings.NewReader(plain), int64(len(plain))-1, 1<<20); err == nil {
+		t.Fatal("one byte past the size limit was read")
+	}
+	if _, err := hasSubagentEntry(strings.NewReader(bash+"\n"), 1<<20, len(bash)+1); err != nil {
+		t.Fatalf("a line at the line limit: %v", err)
+	}
+	if _, err := hasSubagentEntry(strings.NewReader(bash+"\n"), 1<<20, len(bash)-1); err == nil {
+		t.Fatal("a line past the line limit was read")
 	}
 }
 

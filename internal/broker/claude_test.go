@@ -105,12 +105,21 @@ func TestClaudeChildToDone(t *testing.T) {
 	}
 
 	// The key nowhere in the child; the placeholder, as a control that the
-	// search sees what the agent has, in its environment.
-	search := `grep -rlsF -e "$1" /home /tmp /workspace /run/jailbee /etc /proc/[0-9]*/environ /proc/[0-9]*/cmdline; true`
-	if out := e.mustExec("fix-c", "sh", "-c", search, "sh", hostKey); out != "" {
+	// search sees what the agent has, in its environment. (The pattern
+	// comes on stdin: in an argument, grep's own command line would hold
+	// it.)
+	search := func(pattern string) string {
+		r, err := e.execIn("fix-c", pattern+"\n", "sh", "-c",
+			`grep -rlsF -f - /home /tmp /workspace /run/jailbee /etc /proc/[0-9]*/environ /proc/[0-9]*/cmdline; true`)
+		if err != nil || r.exit != 0 {
+			t.Fatalf("search: %v %+v", err, r)
+		}
+		return r.stdout
+	}
+	if out := search(hostKey); out != "" {
 		t.Fatalf("the host's key is in the child:\n%s", out)
 	}
-	if out := e.mustExec("fix-c", "sh", "-c", search, "sh", agent.PlaceholderKey); !strings.Contains(out, "/environ") {
+	if out := search(agent.PlaceholderKey); !strings.Contains(out, "/environ") {
 		t.Fatalf("the search did not find the placeholder key in the agent's environment (%q): it cannot see what it looks for", out)
 	}
 	// Usage: what the upstream reported, counted for the child.

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,11 +61,21 @@ type budgetNotes struct {
 	last map[string]time.Time
 }
 
-// modelRoot is <state>/model.
-func (b *Broker) modelRoot() string { return filepath.Join(b.cfg.StateDir, ModelDir) }
+// modelDirOf is the model socket directory that goes with the
+// orchestration socket directory sockDir (<state>/sock/<uuid>.<random>):
+// <state>/model/<random>. The random part alone keeps the socket's path
+// short (a Unix socket's is at most 107 bytes); it is unique, as
+// broker.db claims every socket directory's name.
+func modelDirOf(sockDir string) string {
+	base := filepath.Base(sockDir)
+	if _, random, ok := strings.Cut(base, "."); ok && random != "" {
+		base = random
+	}
+	return filepath.Join(filepath.Dir(filepath.Dir(sockDir)), ModelDir, base)
+}
 
-// serveModel gives srv's sandbox its model socket: a fresh directory
-// beside the orchestration one (same name, under <state>/model), attached
+// serveModel gives srv's sandbox its model socket: a directory beside
+// the orchestration one (modelDirOf), attached
 // at backend.ModelMountPath, answered by a modelproxy whose usage is
 // recorded for sb. Without a model configured it does nothing.
 func (b *Broker) serveModel(srv *sandboxServer, sb store.Sandbox) error {
@@ -72,7 +83,7 @@ func (b *Broker) serveModel(srv *sandboxServer, sb store.Sandbox) error {
 	if m == nil {
 		return nil
 	}
-	dir := filepath.Join(b.modelRoot(), filepath.Base(srv.dir))
+	dir := modelDirOf(srv.dir)
 	// A directory that is there is kept (a running local sandbox binds
 	// that very directory until its next start, as for the orchestration
 	// socket); anything else at its name goes, by handles.

@@ -92,10 +92,10 @@ func TestModelSocket(t *testing.T) {
 		t.Fatalf("a refused path reached the upstream (%d requests)", n)
 	}
 
-	// On the host: owner-only, under <state>/model, named like the
-	// orchestration socket's directory.
-	sockDir := filepath.Dir(e.b.SocketPath("lead"))
-	modelDir := filepath.Join(e.state, broker.ModelDir, filepath.Base(sockDir))
+	// On the host: owner-only, under <state>/model, named after the
+	// random part of the orchestration socket directory's name.
+	_, random, _ := strings.Cut(filepath.Base(filepath.Dir(e.b.SocketPath("lead"))), ".")
+	modelDir := filepath.Join(e.state, broker.ModelDir, random)
 	fi, err := os.Lstat(filepath.Join(modelDir, broker.ModelSocketName))
 	if err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o600 {
 		t.Fatalf("model socket on the host: %v %v", fi, err)

@@ -96,6 +96,7 @@ func planRepairs(records []store.Sandbox, insts []backend.Instance, conflicted m
 	for _, sb := range records {
 		if sb.SocketDir != "" {
 			owner[sb.SocketDir] = sb
+			owner[modelDirOf(sb.SocketDir)] = sb
 		}
 		if !orchestrate.HasInstance(sb) {
 			continue

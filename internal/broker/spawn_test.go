@@ -90,6 +90,7 @@ func statusOf(t testing.TB, c *inbox.Client, ref string, states ...string) wire.
 	t.Helper()
 	var st wire.StatusItem
 	nextItem(t, c, func(raw json.RawMessage) bool {
+		st = wire.StatusItem{}
 		json.Unmarshal(raw, &st)
 		if st.Type != wire.ItemStatus || st.Ref != ref {
 			return false
@@ -109,6 +110,7 @@ func messageFrom(t testing.TB, c *inbox.Client, from, kind string) wire.MessageI
 	t.Helper()
 	var m wire.MessageItem
 	nextItem(t, c, func(raw json.RawMessage) bool {
+		m = wire.MessageItem{} // absent fields must not keep an earlier item's values
 		json.Unmarshal(raw, &m)
 		return m.Type == wire.ItemMessage && m.From == from && m.Kind == kind
 	})

@@ -83,6 +83,7 @@ func (o *Orchestrator) checkIdle(ctx context.Context, sb store.Sandbox, seen age
 		return
 	}
 	act := o.claudeActivity(ctx, sb.Name, seen.Identity)
+	o.logger().Debug("agent activity", "sandbox", sb.Name, "activity", act)
 	last, err := o.Store.LastChildMessage(ctx, sb.Parent, sb.Name)
 	if err != nil || ctx.Err() != nil {
 		return
@@ -135,12 +136,15 @@ func (o *Orchestrator) claudeActivity(ctx context.Context, name string, id agent
 	var out strings.Builder
 	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.ProbeArgv(id.PID), Stdout: &limitedWriter{w: &out, n: agent.MaxProbeOutput + 1}})
 	if err != nil || code != 0 {
+		o.logger().Debug("agent probe failed", "sandbox", name, "exit", code, "err", err)
 		return agent.Unknown
 	}
 	p, err := agent.ParseProbe([]byte(out.String()))
 	if err != nil {
+		o.logger().Debug("agent probe unreadable", "sandbox", name, "err", err)
 		return agent.Unknown
 	}
+	o.logger().Debug("agent probe", "sandbox", name, "probe", out.String())
 	return agent.ClaudeActivity(p, id, backend.WorkspacePath)
 }
 
