@@ -166,6 +166,7 @@ func noMessageFrom(t *testing.T, c *inbox.Client, from, kind string, d time.Dura
 			if m.Type == wire.ItemMessage && m.From == from && m.Kind == kind {
 				t.Fatalf("unexpected %s message from %s: %q", kind, from, m.Body)
 			}
+			toBacklog(c, raw)
 		}
 	}
 }
