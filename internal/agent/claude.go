@@ -37,6 +37,10 @@ var claudeEnv = map[string]string{
 	"CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
 }
 
+// ClaudeEnv is the environment a Claude Code CLI in a sandbox needs: its
+// model socket, the placeholder key and the quiet switches (no secret).
+func ClaudeEnv() map[string]string { return maps.Clone(claudeEnv) }
+
 // IsClaude reports whether the agent is the Claude Code CLI: its
 // command's first word is `claude`.
 func (s Spec) IsClaude() bool {

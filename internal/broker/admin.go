@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
 	"sync"
 
+	"agentbox/internal/agent"
 	"agentbox/internal/backend"
 	"agentbox/internal/fdpass"
 	"agentbox/internal/grant"
@@ -300,9 +302,16 @@ func (b *Broker) adminExec(ctx context.Context, cc *connCtx, raw json.RawMessage
 	if _, err := b.store.Sandbox(ctx, a.Name); err != nil {
 		return replyErr(wire.Errorf(wire.CodeNotFound, "no sandbox named %s", truncate(a.Name, 64)))
 	}
+	env := a.Env
+	if srv := b.server(a.Name); srv != nil && srv.model != nil {
+		// `claude` run by hand (an orchestrator's own agent) reaches its
+		// model like a child's; the caller's variables win.
+		env = agent.ClaudeEnv()
+		maps.Copy(env, a.Env)
+	}
 	runCtx, stop := cc.watchHangup(ctx)
 	code, err := b.cfg.Backend.Exec(runCtx, a.Name, backend.ExecOptions{
-		Argv: a.Argv, User: a.User, Env: a.Env, Dir: a.Dir, TTY: a.TTY,
+		Argv: a.Argv, User: a.User, Env: env, Dir: a.Dir, TTY: a.TTY,
 		Stdin: files[0], Stdout: files[1], Stderr: files[2],
 	})
 	hungUp := runCtx.Err() != nil && ctx.Err() == nil

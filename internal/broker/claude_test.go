@@ -234,3 +234,25 @@ func TestClaudeIdleReports(t *testing.T) {
 		t.Fatalf("after blocked and a question:\n%s", fourth.Body)
 	}
 }
+
+// TestClaudeInOrchestrator: an orchestrator's own agent, Claude Code run by
+// hand (`jailbee exec lead -- claude ...`), reaches its model through the
+// orchestrator's socket with nothing set by the user: the exec carries
+// the socket's variables and the home was seeded when the sandbox was
+// made; the upstream sees the host's key, and the usage counts for lead.
+func TestClaudeInOrchestrator(t *testing.T) {
+	up := modeltest.Start(t, modeltest.Turn{Text: "pong from the model", Input: 21, Output: 4})
+	e := newClaudeEnv(t, up, claudeConfig)
+	e.orchestrator("lead")
+	r, err := e.execIn("lead", "", "claude", "-p", "Say pong.")
+	if err != nil || r.exit != 0 || strings.TrimSpace(r.stdout) != "pong from the model" {
+		t.Fatalf("claude -p in the orchestrator: %v %+v", err, r)
+	}
+	for _, s := range up.Seen() {
+		if s.Header.Get("X-Api-Key") != hostKey {
+			t.Fatalf("%s %s without the host's key", s.Method, s.Path)
+		}
+	}
+	wait.For(t, "the usage to be recorded", func() bool { return usageOf(e, "lead").Requests == up.Reported().Requests })
+	wantUsage(t, usageOf(e, "lead"), up.Reported())
+}

@@ -69,6 +69,10 @@ type Orchestrator struct {
 	// the socket's directory. Nil: no sockets (tests of this package).
 	Serve   func(sb store.Sandbox) error
 	Unserve func(name string)
+	// ModelSockets: the broker serves every orchestrator and child a model
+	// socket, so their homes are seeded for Claude Code (no first-run
+	// dialog) when they are made.
+	ModelSockets bool
 
 	mu        sync.Mutex
 	grants    map[string]grant.Grant // parsed grant documents by their text

@@ -160,6 +160,11 @@ func (o *Orchestrator) makeSandbox(ctx context.Context, sb *store.Sandbox, fresh
 	if err = fill(ctx); err != nil {
 		return err
 	}
+	if o.ModelSockets && (sb.Role == wire.RoleOrchestrator || sb.Role == wire.RoleChild) {
+		if err = o.seedClaudeHome(ctx, sb.Name); err != nil {
+			return err
+		}
+	}
 	if err = o.Store.SetState(ctx, sb.Name, store.StateRunning); err != nil {
 		return fmt.Errorf("record sandbox: %w", err)
 	}

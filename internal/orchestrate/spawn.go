@@ -337,6 +337,17 @@ func (o *Orchestrator) buildChild(ctx context.Context, sb *store.Sandbox, doc sp
 	})
 }
 
+// seedClaudeHome seeds the agent user's home in sandbox name for Claude
+// Code (agent.ClaudeHomeArgv); files that are there are kept.
+func (o *Orchestrator) seedClaudeHome(ctx context.Context, name string) error {
+	var stderr strings.Builder
+	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.ClaudeHomeArgv(backend.WorkspacePath), Stderr: &limitedWriter{w: &stderr, n: 1024}})
+	if err != nil || code != 0 {
+		return fmt.Errorf("cannot prepare the agent's home (exit %d): %v %q", code, err, stderr.String())
+	}
+	return nil
+}
+
 // startAgent starts the child's agent in its tmux session and waits until
 // it is ready: the same identity seen alive twice, readyGap apart, within
 // agentStartTimeout.
@@ -349,10 +360,8 @@ func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc
 		newSession = err != nil || code != 0
 	}
 	if spec.IsClaude() {
-		var stderr strings.Builder
-		code, err := run.Run(ctx, gitx.Cmd{Argv: agent.ClaudeHomeArgv(backend.WorkspacePath), Stderr: &limitedWriter{w: &stderr, n: 1024}})
-		if err != nil || code != 0 {
-			return agentSeen{}, fmt.Errorf("cannot prepare the agent's home (exit %d): %v %q", code, err, stderr.String())
+		if err := o.seedClaudeHome(ctx, name); err != nil {
+			return agentSeen{}, err
 		}
 	}
 	var stdout, stderr strings.Builder
