@@ -31,6 +31,10 @@ type Spec struct {
 	// Model is the runner's model tier ("" for the agent's own default),
 	// passed as --model to a claude command.
 	Model string
+	// Route is, for a claude-jb runner with a profile and a model, the
+	// LiteLLM route the profile gives that tier: passed as --model in its
+	// place.
+	Route string
 	// Runner is the runner that chose it (nil: the repository's default
 	// agent).
 	Runner *grant.Runner
@@ -62,7 +66,11 @@ func Resolve(explicit *grant.Runner, effective grant.Grant, repo *config.Repo) (
 			a = repo.Agents[name]
 			a.Command = grant.AgentClaudeJB + strings.TrimPrefix(strings.TrimSpace(a.Command), grant.AgentClaude)
 		}
-		return Spec{Name: name, Command: a.Command, PromptArgs: a.PromptArgs, Model: r.Model, Runner: r}, nil
+		s := Spec{Name: name, Command: a.Command, PromptArgs: a.PromptArgs, Model: r.Model, Runner: r}
+		if r.Agent == grant.AgentClaudeJB && r.Profile != "" && r.Model != "" {
+			s.Route = repo.LiteLLM.Profiles[r.Profile].Tiers[grant.BaseTier(r.Model)]
+		}
+		return s, nil
 	}
 	name := repo.DefaultAgent
 	if name == "" {
@@ -85,7 +93,10 @@ func Resolve(explicit *grant.Runner, effective grant.Grant, repo *config.Repo) (
 // execs too, so the pid stays the pane's).
 func (s Spec) Argv(prompt string) []string {
 	args := make([]string, 0, len(s.PromptArgs)+2)
-	if s.Model != "" {
+	switch {
+	case s.Route != "":
+		args = append(args, "--model", s.Route)
+	case s.Model != "":
 		args = append(args, "--model", s.Model)
 	}
 	for _, a := range s.PromptArgs {

@@ -98,6 +98,15 @@ func TestArgv(t *testing.T) {
 			t.Errorf("%s: runs %q", cmd, got)
 		}
 	}
+	// claude-jb: the claude CLI on the profile's socket, the tier's route
+	// as its model.
+	jb := Spec{Name: "claude", Command: "claude-jb --x", PromptArgs: []string{"{prompt}"}, Model: "sonnet", Route: "xai/grok-4",
+		Runner: &grant.Runner{Agent: grant.AgentClaudeJB, Profile: "grok", Model: "sonnet"}}
+	got = jb.Argv(prompt)
+	if got[3] != "ANTHROPIC_UNIX_SOCKET="+ModelSocketDir+"/litellm-grok.sock" || got[len(got)-5] != `exec claude --x --dangerously-skip-permissions "$@"` ||
+		!reflect.DeepEqual(got[len(got)-3:], []string{"--model", "xai/grok-4", prompt}) {
+		t.Fatalf("claude-jb Argv = %q", got)
+	}
 	// The tmux part uses the Claude spec (named claude).
 	// The tmux part: the window named after the agent, the pane's pid
 	// printed, then "--" and the agent's own argv.

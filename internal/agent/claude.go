@@ -9,9 +9,17 @@ import (
 	"agentbox/internal/grant"
 )
 
-// ModelSocketPath is where an agent inside a sandbox reaches its model:
-// the broker's model socket (backend.ModelMountPath).
-const ModelSocketPath = "/run/jailbee/model/anthropic.sock"
+// ModelSocketDir is where a sandbox sees its model sockets
+// (backend.ModelMountPath); ModelSocketPath is the Anthropic API's.
+const (
+	ModelSocketDir  = "/run/jailbee/model"
+	ModelSocketName = "anthropic.sock"
+	ModelSocketPath = ModelSocketDir + "/" + ModelSocketName
+)
+
+// LiteLLMSocketName is the model socket of LiteLLM profile name (its
+// endpoint in broker.yaml's model.litellm), beside the Anthropic one.
+func LiteLLMSocketName(profile string) string { return "litellm-" + profile + ".sock" }
 
 // PlaceholderKey is the API key a Claude agent is given. It is no secret:
 // the broker's model socket drops whatever key a request carries and sends
@@ -41,31 +49,52 @@ var claudeEnv = map[string]string{
 // model socket, the placeholder key and the quiet switches (no secret).
 func ClaudeEnv() map[string]string { return maps.Clone(claudeEnv) }
 
-// IsClaude reports whether the agent is the Claude Code CLI: its
-// command's first word is `claude`.
-func (s Spec) IsClaude() bool {
+// firstWord is the command's first word.
+func (s Spec) firstWord() string {
 	f := strings.Fields(s.Command)
-	return len(f) > 0 && f[0] == grant.AgentClaude
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
+}
+
+// IsClaude reports whether the agent is the Claude Code CLI: its
+// command's first word is `claude`, or `claude-jb` (the same CLI, its
+// model a LiteLLM profile's).
+func (s Spec) IsClaude() bool {
+	w := s.firstWord()
+	return w == grant.AgentClaude || w == grant.AgentClaudeJB
 }
 
 // command is the agent's command line as run: a Claude agent gains the
-// bypass flag unless its command chooses a permission mode itself.
+// bypass flag unless its command chooses a permission mode itself, and
+// claude-jb is the claude CLI (there is no claude-jb binary in a sandbox:
+// the broker points the CLI at the profile's socket instead).
 func (s Spec) command() string {
-	if s.IsClaude() && !strings.Contains(s.Command, bypassFlag) && !strings.Contains(s.Command, "--permission-mode") {
-		return s.Command + " " + bypassFlag
+	cmd := s.Command
+	if s.firstWord() == grant.AgentClaudeJB {
+		cmd = grant.AgentClaude + strings.TrimPrefix(strings.TrimSpace(cmd), grant.AgentClaudeJB)
 	}
-	return s.Command
+	if s.IsClaude() && !strings.Contains(cmd, bypassFlag) && !strings.Contains(cmd, "--permission-mode") {
+		cmd += " " + bypassFlag
+	}
+	return cmd
 }
 
 // env is what `env` sets before the agent's command: the model socket
-// and quiet switches for a Claude agent, nothing for others.
+// and quiet switches for a Claude agent (a claude-jb runner's profile's
+// socket), nothing for others.
 func (s Spec) env() []string {
 	if !s.IsClaude() {
 		return nil
 	}
-	out := make([]string, 0, len(claudeEnv))
-	for _, k := range slices.Sorted(maps.Keys(claudeEnv)) {
-		out = append(out, k+"="+claudeEnv[k])
+	env := ClaudeEnv()
+	if s.firstWord() == grant.AgentClaudeJB && s.Runner != nil && s.Runner.Profile != "" {
+		env["ANTHROPIC_UNIX_SOCKET"] = ModelSocketDir + "/" + LiteLLMSocketName(s.Runner.Profile)
+	}
+	out := make([]string, 0, len(env))
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		out = append(out, k+"="+env[k])
 	}
 	return out
 }

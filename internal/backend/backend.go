@@ -202,9 +202,10 @@ type Backend interface {
 	// status (128+n when a signal n ended it). Cancelling ctx ends it.
 	Exec(ctx context.Context, name string, opts ExecOptions) (int, error)
 	// AttachSocket binds the host directory dir read-only at
-	// kind.MountPath(), replacing any earlier attachment of that kind. A
-	// backend that cannot change a running sandbox's mounts applies it at
-	// the next Start.
+	// kind.MountPath(), replacing any earlier attachment of that kind; the
+	// directory and every socket in it (SocketsIn) become the agent's, so
+	// it can connect. A backend that cannot change a running sandbox's
+	// mounts applies it at the next Start.
 	AttachSocket(ctx context.Context, name string, kind SocketKind, dir string) error
 	// DetachSocket removes the attachment of kind (no error if absent).
 	DetachSocket(ctx context.Context, name string, kind SocketKind) error

@@ -131,7 +131,7 @@ func Open(cfg Config) (*Broker, error) {
 	}
 	b.orchestrator = &orchestrate.Orchestrator{
 		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes, Log: cfg.Logger,
-		Serve: b.serveSandbox, Unserve: b.stopServing, ModelSockets: cfg.Model != nil,
+		Serve: b.serveSandbox, Unserve: b.stopServing, ModelSockets: cfg.Model != nil, LiteLLMProfiles: cfg.Model.profiles(),
 		Go:     func(fn func(context.Context)) { b.goWorker(func() { fn(b.ctx) }) },
 		Serial: func(fn func()) { b.runExec(b.ctx, nil, fn) },
 		LogDir: filepath.Join(cfg.StateDir, LogDir),

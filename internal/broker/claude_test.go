@@ -256,3 +256,55 @@ func TestClaudeInOrchestrator(t *testing.T) {
 	wait.For(t, "the usage to be recorded", func() bool { return usageOf(e, "lead").Requests == up.Reported().Requests })
 	wantUsage(t, usageOf(e, "lead"), up.Reported())
 }
+
+// TestClaudeJBRunnerThroughItsProfile: a claude-jb runner's Claude Code
+// reaches its LiteLLM profile's endpoint (broker.yaml model.litellm) on a
+// socket of its own, with that endpoint's key and the profile's route for
+// the runner's tier as the model; the Anthropic upstream sees nothing. A
+// profile the broker does not serve is refused at spawn.
+func TestClaudeJBRunnerThroughItsProfile(t *testing.T) {
+	const work = `git -c user.name=C -c user.email=c@example.com commit -q --allow-empty -m 'via grok' && ` +
+		`jailbee inbox send message --kind done --wait --text 'done through the profile'`
+	anthropic := modeltest.Start(t, modeltest.Turn{Text: "wrong upstream"})
+	grok := modeltest.Start(t,
+		modeltest.Turn{Text: "Reporting.", Input: 10, Output: 3, Tool: &modeltest.ToolUse{Name: "Bash", Input: map[string]any{"command": work, "description": "Report"}}},
+		modeltest.Turn{Text: "Done.", Input: 12, Output: 2},
+	)
+	const grokKey = "sk-litellm-grok-key-only-on-the-host-0123456789"
+	const litellmConfig = claudeConfig + `litellm:
+  enabled: true
+  profiles:
+    grok: {tiers: {sonnet: xai/grok-4}}
+    other: {tiers: {sonnet: x/y}}
+`
+	e := newClaudeEnv(t, anthropic, litellmConfig)
+	u, err := url.Parse(grok.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.model.LiteLLM = map[string]broker.ModelEndpoint{"grok": {Upstream: u, Key: grokKey}}
+	e.restart()
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	wantStatus(t, spawn(t, lead, "spawn-o", map[string]any{"branch": "fix/o", "prompt": "Report.", "runner": map[string]any{"agent": "claude-jb", "profile": "other"}}),
+		"refused", "LiteLLM profile `other` is not served (configured: grok, other; run `jailbee litellm up`)")
+	wantStatus(t, spawn(t, lead, "spawn-g", map[string]any{"branch": "fix/g", "prompt": "Report.", "on_done": "keep",
+		"runner": map[string]any{"agent": "claude-jb", "profile": "grok", "model": "sonnet"}}),
+		"started", "creation of child `fix-g` started")
+	if done := messageFrom(t, lead, "fix-g", "done"); done.Body != "done through the profile" {
+		t.Fatalf("done: %+v", done)
+	}
+	if n := len(anthropic.Seen()); n != 0 {
+		t.Fatalf("the Anthropic upstream got %d requests from a claude-jb runner", n)
+	}
+	for _, s := range grok.Seen() {
+		if s.Header.Get("X-Api-Key") != grokKey {
+			t.Fatalf("%s %s reached the profile without its key", s.Method, s.Path)
+		}
+		if s.Path == "/v1/messages" && !strings.Contains(string(s.Body), `"model":"xai/grok-4"`) {
+			t.Fatalf("a request for another model than the profile's route: %.300s", s.Body)
+		}
+	}
+	wait.For(t, "the usage to be recorded", func() bool { return usageOf(e, "fix-g").Requests == grok.Reported().Requests })
+	wantUsage(t, usageOf(e, "fix-g"), grok.Reported())
+}

@@ -4,15 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"agentbox/internal/agent"
 	"agentbox/internal/backend"
 	"agentbox/internal/manifest"
 	"agentbox/internal/modelproxy"
@@ -20,11 +23,12 @@ import (
 	"agentbox/internal/store"
 )
 
-// Names of the model sockets on the host: <state>/model/<name of the
-// sandbox's socket directory>/anthropic.sock.
+// Names of the model sockets on the host: <state>/model/<random part of
+// the sandbox's socket directory's name>/anthropic.sock, and
+// litellm-PROFILE.sock beside it for each LiteLLM profile.
 const (
 	ModelDir        = "model"
-	ModelSocketName = "anthropic.sock"
+	ModelSocketName = agent.ModelSocketName
 )
 
 // BudgetWindow is the window model.max_output_tokens_per_hour counts
@@ -36,8 +40,13 @@ const BudgetWindow = time.Hour
 // model socket (see modelproxy): the upstream, the host's key, and the
 // hourly output bound of an orchestrator tree.
 type ModelConfig struct {
+	// Upstream and Key are the Messages API's (anthropic.sock); no Key, no
+	// such socket.
 	Upstream *url.URL
 	Key      string
+	// LiteLLM are the endpoints of LiteLLM profiles, by name: each gets a
+	// socket of its own (agent.LiteLLMSocketName) for claude-jb runners.
+	LiteLLM map[string]ModelEndpoint
 	// MaxOutputTokensPerHour bounds one tree's output tokens in any
 	// BudgetWindow; 0 is no bound.
 	MaxOutputTokensPerHour int64
@@ -48,7 +57,25 @@ type ModelConfig struct {
 	ReadTimeout, StreamIdle time.Duration
 }
 
-// modelServer is one sandbox's served model socket.
+// profiles is the set of LiteLLM profiles served (nil config: none).
+func (m *ModelConfig) profiles() map[string]bool {
+	if m == nil {
+		return nil
+	}
+	out := map[string]bool{}
+	for name := range m.LiteLLM {
+		out[name] = true
+	}
+	return out
+}
+
+// ModelEndpoint is an upstream and its key.
+type ModelEndpoint struct {
+	Upstream *url.URL
+	Key      string
+}
+
+// modelServer is one sandbox's served model sockets.
 type modelServer struct {
 	dir    string
 	cancel context.CancelFunc
@@ -74,9 +101,10 @@ func modelDirOf(sockDir string) string {
 	return filepath.Join(filepath.Dir(filepath.Dir(sockDir)), ModelDir, base)
 }
 
-// serveModel gives srv's sandbox its model socket: a directory beside
-// the orchestration one (modelDirOf), attached
-// at backend.ModelMountPath, answered by a modelproxy whose usage is
+// serveModel gives srv's sandbox its model sockets: a directory beside
+// the orchestration one (modelDirOf), attached at backend.ModelMountPath,
+// holding anthropic.sock (with a key) and litellm-PROFILE.sock for each
+// LiteLLM profile, each answered by a modelproxy to its endpoint, usage
 // recorded for sb. Without a model configured it does nothing.
 func (b *Broker) serveModel(srv *sandboxServer, sb store.Sandbox) error {
 	m := b.cfg.Model
@@ -98,47 +126,76 @@ func (b *Broker) serveModel(srv *sandboxServer, sb store.Sandbox) error {
 			return fmt.Errorf("model socket: %w", err)
 		}
 	}
-	sockPath := filepath.Join(dir, ModelSocketName)
-	if len(sockPath) > maxSocketPathBytes {
-		return fmt.Errorf("model socket path is %d bytes, over the %d a Unix socket allows: use a shorter state dir", len(sockPath), maxSocketPathBytes)
+	endpoints := map[string]ModelEndpoint{}
+	if m.Key != "" {
+		endpoints[ModelSocketName] = ModelEndpoint{Upstream: m.Upstream, Key: m.Key}
 	}
-	if err := os.Remove(sockPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("model socket: %w", err)
+	for name, e := range m.LiteLLM {
+		endpoints[agent.LiteLLMSocketName(name)] = e
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sockPath, Net: "unix"})
-	if err != nil {
-		return fmt.Errorf("model socket: listen: %w", err)
+	var lns []net.Listener
+	var proxies []*modelproxy.Proxy
+	closeAll := func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
 	}
-	// The directory goes as a whole (stopServing); a listener closed late
-	// must not unlink a successor's socket at the same path.
-	ln.SetUnlinkOnClose(false)
-	if err := secfs.Chmod(sockPath, 0o600); err != nil {
-		ln.Close()
-		return err
-	}
-	proxy, err := modelproxy.New(modelproxy.Config{
-		Upstream: m.Upstream, Key: m.Key, Client: m.Client,
-		Record:      func(u modelproxy.Usage) { b.recordUsage(sb, u) },
-		Admit:       func() error { return b.admitModel(sb) },
-		Log:         b.log.With("sandbox", sb.Name, "socket", "model"),
-		ReadTimeout: m.ReadTimeout, StreamIdle: m.StreamIdle,
-	})
-	if err != nil {
-		ln.Close()
-		return err
+	for _, file := range slices.Sorted(maps.Keys(endpoints)) {
+		ln, proxy, err := b.listenModel(sb, filepath.Join(dir, file), endpoints[file])
+		if err != nil {
+			closeAll()
+			return err
+		}
+		lns, proxies = append(lns, ln), append(proxies, proxy)
 	}
 	if err := b.cfg.Backend.AttachSocket(b.ctx, sb.Name, backend.ModelSocket, dir); err != nil {
-		ln.Close()
+		closeAll()
 		return fmt.Errorf("attach model socket: %w", err)
 	}
 	ctx, cancel := context.WithCancel(b.ctx)
 	srv.model = &modelServer{dir: dir, cancel: cancel}
-	b.goWorker(func() {
-		if err := proxy.Serve(ctx, ln); err != nil {
-			b.log.Warn("model socket stopped", "sandbox", sb.Name, "err", err)
-		}
-	})
+	for i, proxy := range proxies {
+		b.goWorker(func() {
+			if err := proxy.Serve(ctx, lns[i]); err != nil {
+				b.log.Warn("model socket stopped", "sandbox", sb.Name, "err", err)
+			}
+		})
+	}
 	return nil
+}
+
+// listenModel listens at sockPath (owner-only; a listener closed late
+// does not unlink a successor's socket at the same path) and makes the
+// proxy that answers there: e's upstream and key, usage recorded for sb.
+func (b *Broker) listenModel(sb store.Sandbox, sockPath string, e ModelEndpoint) (net.Listener, *modelproxy.Proxy, error) {
+	m := b.cfg.Model
+	if len(sockPath) > maxSocketPathBytes {
+		return nil, nil, fmt.Errorf("model socket path is %d bytes, over the %d a Unix socket allows: use a shorter state dir", len(sockPath), maxSocketPathBytes)
+	}
+	if err := os.Remove(sockPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("model socket: %w", err)
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sockPath, Net: "unix"})
+	if err != nil {
+		return nil, nil, fmt.Errorf("model socket: listen: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	if err := secfs.Chmod(sockPath, 0o600); err != nil {
+		ln.Close()
+		return nil, nil, err
+	}
+	proxy, err := modelproxy.New(modelproxy.Config{
+		Upstream: e.Upstream, Key: e.Key, Client: m.Client,
+		Record:      func(u modelproxy.Usage) { b.recordUsage(sb, u) },
+		Admit:       func() error { return b.admitModel(sb) },
+		Log:         b.log.With("sandbox", sb.Name, "socket", filepath.Base(sockPath)),
+		ReadTimeout: m.ReadTimeout, StreamIdle: m.StreamIdle,
+	})
+	if err != nil {
+		ln.Close()
+		return nil, nil, err
+	}
+	return ln, proxy, nil
 }
 
 // recordUsage adds one response's usage to sb's durable totals.

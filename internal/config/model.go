@@ -3,6 +3,7 @@ package config
 import (
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -34,10 +35,31 @@ type Model struct {
 	// tree (the orchestrator and its children) may use in any hour; 0 is
 	// no bound.
 	MaxOutputTokensPerHour int64
+	// LiteLLM are the endpoints of LiteLLM profiles (model.litellm.NAME),
+	// which claude-jb runners reach through a socket of their own.
+	LiteLLM map[string]ModelEndpoint
+}
+
+// ModelEndpoint is one LiteLLM profile's endpoint: where it is and where
+// its key is (exactly one of the two key fields is set).
+type ModelEndpoint struct {
+	Upstream   string
+	APIKeyFile string
+	APIKeyEnv  string
 }
 
 // HasKey reports whether the broker is told where its key is.
 func (m Model) HasKey() bool { return m.APIKeyFile != "" || m.APIKeyEnv != "" }
+
+// MaxLiteLLMProfileName bounds a model.litellm profile name: its socket's
+// name (litellm-NAME.sock) must fit a Unix socket path.
+const MaxLiteLLMProfileName = 32
+
+// endpointKeys are the keys of an endpoint: model's own, and each of
+// model.litellm's.
+var endpointKeys = []string{"upstream", "api_key_file", "api_key_env"}
+
+var litellmProfilePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 
 var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
@@ -65,32 +87,13 @@ func decodeModel(n *yaml.Node, m *Model) error {
 			}
 			return err
 		}
-		if v.Kind != yaml.ScalarNode || v.Tag != "!!str" {
-			return errAt(p, v, "must be a string")
+		if key == "litellm" {
+			return decodeLiteLLMEndpoints(v, m)
 		}
-		switch key {
-		case "upstream":
-			if msg := upstreamProblem(v.Value); msg != "" {
-				return errAt(p, v, "%s", msg)
-			}
-			m.Upstream = strings.TrimSuffix(v.Value, "/")
-		case "api_key_file":
-			if !strings.HasPrefix(v.Value, "/") && !strings.HasPrefix(v.Value, "~/") {
-				return errAt(p, v, "must be an absolute path or start with ~/")
-			}
-			if strings.ContainsRune(v.Value, 0) {
-				return errAt(p, v, "must not hold NUL")
-			}
-			m.APIKeyFile, keyNode = v.Value, k
-		case "api_key_env":
-			if !envNamePattern.MatchString(v.Value) {
-				return errAt(p, v, "must be an environment variable's name (letters, digits, _)")
-			}
-			m.APIKeyEnv, keyNode = v.Value, k
-		default:
-			return errAt(p, k, "unknown key")
+		if key != "upstream" {
+			keyNode = k
 		}
-		return nil
+		return decodeEndpointKey(p, key, k, v, &m.Upstream, &m.APIKeyFile, &m.APIKeyEnv)
 	})
 	if err != nil {
 		return err
@@ -113,4 +116,60 @@ func upstreamProblem(s string) string {
 		return "must not have a query or fragment"
 	}
 	return ""
+}
+
+// decodeLiteLLMEndpoints reads `model.litellm: {NAME: {upstream,
+// api_key_file | api_key_env}}`.
+func decodeLiteLLMEndpoints(n *yaml.Node, m *Model) error {
+	m.LiteLLM = map[string]ModelEndpoint{}
+	return eachKey(n, "model.litellm", func(name string, k, v *yaml.Node) error {
+		p := join("model.litellm", name)
+		if !litellmProfilePattern.MatchString(name) {
+			return errAt(p, k, "a profile name is [a-z0-9][a-z0-9_-], at most %d characters", MaxLiteLLMProfileName)
+		}
+		var e ModelEndpoint
+		err := eachKey(v, p, func(key string, k, v *yaml.Node) error {
+			return decodeEndpointKey(join(p, key), key, k, v, &e.Upstream, &e.APIKeyFile, &e.APIKeyEnv)
+		})
+		if err != nil {
+			return err
+		}
+		switch {
+		case e.Upstream == "":
+			return errAt(p, k, "needs an upstream")
+		case (e.APIKeyFile == "") == (e.APIKeyEnv == ""):
+			return errAt(p, k, "needs api_key_file or api_key_env (one of the two)")
+		}
+		m.LiteLLM[name] = e
+		return nil
+	})
+}
+
+// decodeEndpointKey reads one key of an endpoint (path p) into upstream,
+// keyFile or keyEnv.
+func decodeEndpointKey(p, key string, k, v *yaml.Node, upstream, keyFile, keyEnv *string) error {
+	if !slices.Contains(endpointKeys, key) {
+		return errAt(p, k, "unknown key")
+	}
+	if v.Kind != yaml.ScalarNode || v.Tag != "!!str" {
+		return errAt(p, v, "must be a string")
+	}
+	switch key {
+	case "upstream":
+		if msg := upstreamProblem(v.Value); msg != "" {
+			return errAt(p, v, "%s", msg)
+		}
+		*upstream = strings.TrimSuffix(v.Value, "/")
+	case "api_key_file":
+		if !strings.HasPrefix(v.Value, "/") && !strings.HasPrefix(v.Value, "~/") || strings.ContainsRune(v.Value, 0) {
+			return errAt(p, v, "must be an absolute path or start with ~/")
+		}
+		*keyFile = v.Value
+	case "api_key_env":
+		if !envNamePattern.MatchString(v.Value) {
+			return errAt(p, v, "must be an environment variable's name (letters, digits, _)")
+		}
+		*keyEnv = v.Value
+	}
+	return nil
 }

@@ -2,6 +2,8 @@ package config
 
 import (
 	"fmt"
+	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -22,6 +24,10 @@ func TestParseBrokerModel(t *testing.T) {
 			Model{Upstream: "https://gw.example/anthropic", APIKeyFile: "/etc/k"}},
 		{"budget at min", "model: {max_output_tokens_per_hour: 1}\n",
 			Model{Upstream: DefaultModelUpstream, MaxOutputTokensPerHour: MinOutputTokensPerHour}},
+		{"litellm profiles", "model: {litellm: {grok: {upstream: \"http://127.0.0.1:4000/\", api_key_env: LITELLM_KEY}, " + strings.Repeat("g", MaxLiteLLMProfileName) + ": {upstream: https://h, api_key_file: /k}}}\n",
+			Model{Upstream: DefaultModelUpstream, LiteLLM: map[string]ModelEndpoint{
+				"grok": {Upstream: "http://127.0.0.1:4000", APIKeyEnv: "LITELLM_KEY"},
+				strings.Repeat("g", MaxLiteLLMProfileName): {Upstream: "https://h", APIKeyFile: "/k"}}}},
 		{"budget at max", fmt.Sprintf("model: {max_output_tokens_per_hour: %d}\n", MaxOutputTokensPerHour),
 			Model{Upstream: DefaultModelUpstream, MaxOutputTokensPerHour: MaxOutputTokensPerHour}},
 	} {
@@ -30,7 +36,7 @@ func TestParseBrokerModel(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if b.Model != tc.want {
+			if !reflect.DeepEqual(b.Model, tc.want) {
 				t.Fatalf("got %+v, want %+v", b.Model, tc.want)
 			}
 		})
@@ -50,6 +56,15 @@ func TestParseBrokerModelRefused(t *testing.T) {
 		{"upstream query", "model: {upstream: \"https://h/?k=1\"}\n", "model.upstream: must not have a query or fragment (line 1)"},
 		{"upstream number", "model: {upstream: 8080}\n", "model.upstream: must be a string (line 1)"},
 		{"budget zero", "model: {max_output_tokens_per_hour: 0}\n", fmt.Sprintf("model.max_output_tokens_per_hour: must be 1 to %d (line 1)", MaxOutputTokensPerHour)},
+		{"litellm not a mapping", "model: {litellm: [grok]}\n", "model.litellm: must be a mapping (line 1)"},
+		{"litellm bad name", "model: {litellm: {Grok: {upstream: http://h, api_key_env: K}}}\n", "model.litellm.Grok: a profile name is [a-z0-9][a-z0-9_-], at most 32 characters (line 1)"},
+		{"litellm name past max", "model: {litellm: {" + strings.Repeat("g", MaxLiteLLMProfileName+1) + ": {upstream: http://h, api_key_env: K}}}\n",
+			"model.litellm." + strings.Repeat("g", MaxLiteLLMProfileName+1) + ": a profile name is [a-z0-9][a-z0-9_-], at most 32 characters (line 1)"},
+		{"litellm no upstream", "model: {litellm: {grok: {api_key_env: K}}}\n", "model.litellm.grok: needs an upstream (line 1)"},
+		{"litellm no key", "model: {litellm: {grok: {upstream: http://h}}}\n", "model.litellm.grok: needs api_key_file or api_key_env (one of the two) (line 1)"},
+		{"litellm two keys", "model: {litellm: {grok: {upstream: http://h, api_key_env: K, api_key_file: /k}}}\n", "model.litellm.grok: needs api_key_file or api_key_env (one of the two) (line 1)"},
+		{"litellm unknown key", "model: {litellm: {grok: {upstream: http://h, api_key_env: K, tiers: {}}}}\n", "model.litellm.grok.tiers: unknown key (line 1)"},
+		{"litellm bad upstream", "model: {litellm: {grok: {upstream: \"ftp://h\", api_key_env: K}}}\n", "model.litellm.grok.upstream: must be an http or https URL such as https://api.anthropic.com (line 1)"},
 		{"budget past max", fmt.Sprintf("model: {max_output_tokens_per_hour: %d}\n", MaxOutputTokensPerHour+1), fmt.Sprintf("model.max_output_tokens_per_hour: must be 1 to %d (line 1)", MaxOutputTokensPerHour)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -73,6 +73,10 @@ type Orchestrator struct {
 	// socket, so their homes are seeded for Claude Code (no first-run
 	// dialog) when they are made.
 	ModelSockets bool
+	// LiteLLMProfiles are the LiteLLM profiles the model sockets serve
+	// (broker.yaml model.litellm): a claude-jb runner naming another is
+	// refused as not served.
+	LiteLLMProfiles map[string]bool
 
 	mu        sync.Mutex
 	grants    map[string]grant.Grant // parsed grant documents by their text

@@ -86,6 +86,13 @@ func (o *Orchestrator) sender(ctx context.Context, req wire.Caller) (manifest.Se
 	if err != nil {
 		return manifest.Sender{}, err
 	}
+	if o.ModelSockets {
+		// A claude-jb runner's profile must have a model socket.
+		repo.LiteLLM.Served = o.LiteLLMProfiles
+		if repo.LiteLLM.Served == nil {
+			repo.LiteLLM.Served = map[string]bool{}
+		}
+	}
 	from.Repo = repo
 	return from, nil
 }

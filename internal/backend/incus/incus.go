@@ -507,7 +507,11 @@ func (b *Backend) AttachSocket(ctx context.Context, name string, kind backend.So
 	// must belong to the agent's uid to be reachable inside. Their host
 	// parent (the broker's state dir, 0700) keeps any host account of
 	// that uid out.
-	for _, p := range []string{dir, filepath.Join(dir, kind.SocketFile())} {
+	socks, err := backend.SocketsIn(dir)
+	if err != nil {
+		return fmt.Errorf("attach the %s socket to %s: %w", kind, name, err)
+	}
+	for _, p := range append([]string{dir}, socks...) {
 		if err := unix.Fchownat(unix.AT_FDCWD, p, AgentUID, AgentUID, unix.AT_SYMLINK_NOFOLLOW); err != nil && !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("attach the %s socket to %s: %w", kind, name, err)
 		}
@@ -515,7 +519,7 @@ func (b *Backend) AttachSocket(ctx context.Context, name string, kind backend.So
 	dev := kind.DeviceName()
 	add := []string{"config", "device", "add", name, dev, "disk",
 		"source=" + dir, "path=" + kind.MountPath(), "readonly=true", "shift=true"}
-	err := b.retryConfig(ctx, add...)
+	err = b.retryConfig(ctx, add...)
 	if !errors.Is(err, backend.ErrExists) {
 		return err // a new sandbox has no attachment, and is spared the look
 	}

@@ -272,9 +272,14 @@ func (b *Backend) AttachSocket(ctx context.Context, name string, kind backend.So
 	if err := secfs.ChownNoFollow(dir, m.UID, m.GID); err != nil {
 		return fmt.Errorf("attach %s socket: %w", kind, err)
 	}
-	sock := filepath.Join(dir, kind.SocketFile())
-	if err := secfs.ChownNoFollow(sock, m.UID, m.GID); err != nil && !errors.Is(err, os.ErrNotExist) {
+	socks, err := backend.SocketsIn(dir)
+	if err != nil {
 		return fmt.Errorf("attach %s socket: %w", kind, err)
+	}
+	for _, sock := range socks {
+		if err := secfs.ChownNoFollow(sock, m.UID, m.GID); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("attach %s socket: %w", kind, err)
+		}
 	}
 	return b.update(name, func(m *meta) { *m.dirOf(kind) = filepath.Clean(dir) })
 }
