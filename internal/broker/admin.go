@@ -251,14 +251,13 @@ func (b *Broker) adminUsage(ctx context.Context, raw json.RawMessage) *reply {
 	res := wire.UsageResult{Rows: []wire.UsageRow{}, Trees: []wire.TreeUsage{}}
 	totals := map[string]*wire.TreeUsage{}
 	for _, r := range rows {
-		u := wire.Usage{Requests: r.Requests, InputTokens: r.InputTokens, OutputTokens: r.OutputTokens,
-			CacheReadInputTokens: r.CacheReadInputTokens, CacheCreationInputTokens: r.CacheCreationInputTokens}
+		u := r.Usage
 		t := totals[r.Tree]
 		if t == nil {
 			t = &wire.TreeUsage{Tree: r.Tree}
 			totals[r.Tree] = t
 		}
-		addUsage(&t.Usage, u)
+		t.Usage.Add(u)
 		if a.Name != "" && r.Name != a.Name && (child || r.Tree != a.Name) {
 			continue
 		}
@@ -275,14 +274,6 @@ func (b *Broker) adminUsage(ctx context.Context, raw json.RawMessage) *reply {
 		}
 	}
 	return replyOK(res)
-}
-
-func addUsage(v *wire.Usage, u wire.Usage) {
-	v.Requests += u.Requests
-	v.InputTokens += u.InputTokens
-	v.OutputTokens += u.OutputTokens
-	v.CacheReadInputTokens += u.CacheReadInputTokens
-	v.CacheCreationInputTokens += u.CacheCreationInputTokens
 }
 
 // adminExec runs a command in a sandbox with the caller's descriptors as

@@ -200,10 +200,7 @@ func (b *Broker) listenModel(sb store.Sandbox, sockPath string, e ModelEndpoint)
 
 // recordUsage adds one response's usage to sb's durable totals.
 func (b *Broker) recordUsage(sb store.Sandbox, u modelproxy.Usage) {
-	err := b.store.AddUsage(context.WithoutCancel(b.ctx), sb.Name, sb.UUID, sb.Tree(), store.Usage{
-		Requests: u.Requests, InputTokens: u.InputTokens, OutputTokens: u.OutputTokens,
-		CacheReadInputTokens: u.CacheReadInputTokens, CacheCreationInputTokens: u.CacheCreationInputTokens,
-	}, time.Now())
+	err := b.store.AddUsage(context.WithoutCancel(b.ctx), sb.Name, sb.UUID, sb.Tree(), u, time.Now())
 	if err != nil {
 		b.log.Error("cannot record model usage", "sandbox", sb.Name, "err", err)
 	}

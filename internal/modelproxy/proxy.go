@@ -29,6 +29,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"agentbox/internal/wire"
 )
 
 // Limits of one sandbox's model socket.
@@ -55,23 +57,9 @@ const (
 	maxUsageBody = 8 << 20
 )
 
-// Usage is what one response reported: a request and its tokens.
-type Usage struct {
-	Requests                 int64 `json:"requests"`
-	InputTokens              int64 `json:"input_tokens"`
-	OutputTokens             int64 `json:"output_tokens"`
-	CacheReadInputTokens     int64 `json:"cache_read_input_tokens"`
-	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
-}
-
-// Add adds u's figures to v.
-func (v *Usage) Add(u Usage) {
-	v.Requests += u.Requests
-	v.InputTokens += u.InputTokens
-	v.OutputTokens += u.OutputTokens
-	v.CacheReadInputTokens += u.CacheReadInputTokens
-	v.CacheCreationInputTokens += u.CacheCreationInputTokens
-}
+// Usage is what one response reported: a request and its tokens (the
+// shape the broker records and shows).
+type Usage = wire.Usage
 
 // Config is how one sandbox's model socket reaches its upstream.
 type Config struct {

@@ -4,16 +4,12 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"agentbox/internal/wire"
 )
 
 // Usage is model usage: requests and tokens, as the upstream reported them.
-type Usage struct {
-	Requests                 int64
-	InputTokens              int64
-	OutputTokens             int64
-	CacheReadInputTokens     int64
-	CacheCreationInputTokens int64
-}
+type Usage = wire.Usage
 
 // UsageRow is one sandbox's usage totals. Rows are keyed by UUID: a name
 // reused after a destroy gets a row of its own, and a destroyed sandbox's

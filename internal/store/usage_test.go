@@ -29,17 +29,17 @@ func TestAddUsageTotals(t *testing.T) {
 	}{
 		{
 			name: "one add",
-			adds: []usageAdd{{"o", "u1", "o", Usage{1, 10, 20, 30, 40}, 0}},
-			want: []UsageRow{{Name: "o", UUID: "u1", Tree: "o", Usage: Usage{1, 10, 20, 30, 40}, Updated: t0}},
+			adds: []usageAdd{{"o", "u1", "o", usage(1, 10, 20, 30, 40), 0}},
+			want: []UsageRow{{Name: "o", UUID: "u1", Tree: "o", Usage: usage(1, 10, 20, 30, 40), Updated: t0}},
 		},
 		{
 			name: "adds accumulate",
 			adds: []usageAdd{
-				{"o", "u1", "o", Usage{1, 10, 20, 30, 40}, 0},
-				{"o", "u1", "o", Usage{1, 1, 2, 3, 4}, time.Second},
+				{"o", "u1", "o", usage(1, 10, 20, 30, 40), 0},
+				{"o", "u1", "o", usage(1, 1, 2, 3, 4), time.Second},
 				{"o", "u1", "o", Usage{Requests: 1}, 2 * time.Second},
 			},
-			want: []UsageRow{{Name: "o", UUID: "u1", Tree: "o", Usage: Usage{3, 11, 22, 33, 44}, Updated: t0.Add(2 * time.Second)}},
+			want: []UsageRow{{Name: "o", UUID: "u1", Tree: "o", Usage: usage(3, 11, 22, 33, 44), Updated: t0.Add(2 * time.Second)}},
 		},
 		{
 			name: "two sandboxes of a tree and one of another",
@@ -213,7 +213,7 @@ func TestUsageDurable(t *testing.T) {
 	s, path := openTestStore(t)
 	ctx := context.Background()
 	now := time.Now()
-	if err := s.AddUsage(ctx, "c", "u2", "o", Usage{1, 2, 3, 4, 5}, now); err != nil {
+	if err := s.AddUsage(ctx, "c", "u2", "o", usage(1, 2, 3, 4, 5), now); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
@@ -223,11 +223,17 @@ func TestUsageDurable(t *testing.T) {
 	}
 	defer s.Close()
 	rows, err := s.UsageRows(ctx)
-	want := []UsageRow{{Name: "c", UUID: "u2", Tree: "o", Usage: Usage{1, 2, 3, 4, 5}, Updated: now.Truncate(time.Millisecond)}}
+	want := []UsageRow{{Name: "c", UUID: "u2", Tree: "o", Usage: usage(1, 2, 3, 4, 5), Updated: now.Truncate(time.Millisecond)}}
 	if err != nil || !usageRowsEqual(rows, want) {
 		t.Fatalf("rows after reopening: %+v, %v", rows, err)
 	}
 	if n, err := s.TreeOutputSince(ctx, "o", now.Add(-time.Hour)); err != nil || n != 3 {
 		t.Fatalf("o's output after reopening: %d, %v", n, err)
 	}
+}
+
+// usage is a Usage of requests and the four token counts, in that order.
+func usage(requests, input, output, cacheRead, cacheCreation int64) Usage {
+	return Usage{Requests: requests, InputTokens: input, OutputTokens: output,
+		CacheReadInputTokens: cacheRead, CacheCreationInputTokens: cacheCreation}
 }

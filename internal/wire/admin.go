@@ -75,6 +75,15 @@ type Usage struct {
 	CacheCreationInputTokens int64 `json:"cache_creation_input_tokens"`
 }
 
+// Add adds u's figures to v.
+func (v *Usage) Add(u Usage) {
+	v.Requests += u.Requests
+	v.InputTokens += u.InputTokens
+	v.OutputTokens += u.OutputTokens
+	v.CacheReadInputTokens += u.CacheReadInputTokens
+	v.CacheCreationInputTokens += u.CacheCreationInputTokens
+}
+
 // UsageRow is one sandbox's usage (a row of "usage", and an entry of
 // `jailbee usage --json`). A sandbox keeps its row after it is destroyed,
 // and a name used again gets a row of its own (rows are by UUID).
