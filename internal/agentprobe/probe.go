@@ -2,9 +2,9 @@
 // _agent-probe --pid PID`, run by the broker as the agent user inside a
 // sandbox, prints what agent.ParseProbe reads: the process's start time,
 // its session status file and whether its transcript shows subagent work.
-// Every read is bounded and refuses symlinks, FIFOs and devices (O_NOFOLLOW,
-// O_NONBLOCK, a regular file checked on the handle): the files are the
-// agent's, and the agent is not trusted. Nothing here runs on the host.
+// Every read is bounded and refuses symlinks, FIFOs and devices
+// (secfs.OpenRegularNoFollow): the files are the agent's, and the agent
+// is not trusted. Nothing here runs on the host.
 package agentprobe
 
 import (
@@ -20,9 +20,9 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 
 	"agentbox/internal/agent"
+	"agentbox/internal/secfs"
 )
 
 // Command is the hidden command's name.
@@ -72,7 +72,7 @@ func Run(pid int, home string) agent.Probe {
 	if boot := bootTime(); boot > 0 {
 		p.StartUnixMs = boot*1000 + int64(p.StartTicks)*1000/clockTicks
 	}
-	data, err := readRegular(filepath.Join(home, ".claude", "sessions", strconv.Itoa(pid)+".json"), maxSessionBytes)
+	data, err := secfs.ReadFileNoFollow(filepath.Join(home, ".claude", "sessions", strconv.Itoa(pid)+".json"), maxSessionBytes)
 	if err != nil {
 		return p
 	}
@@ -87,7 +87,7 @@ func Run(pid int, home string) agent.Probe {
 
 // startTicks reads field 22 of /proc/PID/stat; 0 when it cannot.
 func startTicks(pid int) uint64 {
-	data, err := readRegular("/proc/"+strconv.Itoa(pid)+"/stat", maxStatBytes)
+	data, err := secfs.ReadFileNoFollow("/proc/"+strconv.Itoa(pid)+"/stat", maxStatBytes)
 	if err != nil {
 		return 0
 	}
@@ -100,7 +100,7 @@ func startTicks(pid int) uint64 {
 
 // bootTime reads btime (Unix seconds) from /proc/stat; 0 when it cannot.
 func bootTime() int64 {
-	data, err := readRegular("/proc/stat", maxProcStatBytes)
+	data, err := secfs.ReadFileNoFollow("/proc/stat", maxProcStatBytes)
 	if err != nil {
 		return 0
 	}
@@ -131,7 +131,7 @@ func subagentHistory(home string, s agent.ClaudeSession) *bool {
 	if fi, err := os.Lstat(filepath.Join(project, s.SessionID, "subagents")); err == nil && fi.IsDir() {
 		return &yes
 	}
-	f, err := openRegular(filepath.Join(project, s.SessionID+".jsonl"))
+	f, err := secfs.OpenRegularNoFollow(filepath.Join(project, s.SessionID+".jsonl"))
 	if errors.Is(err, os.ErrNotExist) {
 		return &no // no transcript yet: no history
 	}
@@ -192,36 +192,4 @@ func hasSubagentEntry(r io.Reader, limit int64, maxLine int) (bool, error) {
 		return false, errors.New("transcript too large")
 	}
 	return false, nil
-}
-
-// openRegular opens path for reading, refusing a symlink as its last
-// component and anything but a regular file (a FIFO would block).
-func openRegular(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, err
-	}
-	fi, err := f.Stat()
-	if err != nil || !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, errors.New("not a regular file")
-	}
-	return f, nil
-}
-
-// readRegular reads a regular file of at most limit bytes.
-func readRegular(path string, limit int64) ([]byte, error) {
-	f, err := openRegular(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, limit+1))
-	if err != nil {
-		return nil, err
-	}
-	if int64(len(data)) > limit {
-		return nil, errors.New("file too large")
-	}
-	return data, nil
 }

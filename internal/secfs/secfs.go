@@ -103,20 +103,14 @@ func FsyncDir(dir string) error {
 // ReadFileNoFollow reads a regular file, refusing a symlink at the last
 // component and anything that is not a regular file.
 func ReadFileNoFollow(path string, maxBytes int64) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	f, err := OpenRegularNoFollow(path)
 	if err != nil {
-		if errors.Is(err, syscall.ELOOP) {
-			return nil, fmt.Errorf("%w: symlink", ErrUnsafe)
-		}
 		return nil, err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
 		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: not a regular file", ErrUnsafe)
 	}
 	if fi.Size() > maxBytes {
 		return nil, fmt.Errorf("file larger than %d bytes", maxBytes)
@@ -129,6 +123,29 @@ func ReadFileNoFollow(path string, maxBytes int64) ([]byte, error) {
 		return nil, fmt.Errorf("file larger than %d bytes", maxBytes)
 	}
 	return data, nil
+}
+
+// OpenRegularNoFollow opens path for reading when it is a regular file:
+// a symlink as its last component is refused, and a FIFO or device is
+// refused without blocking (O_NONBLOCK, the type checked on the handle).
+func OpenRegularNoFollow(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		if errors.Is(err, syscall.ELOOP) {
+			return nil, fmt.Errorf("%w: symlink", ErrUnsafe)
+		}
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%w: not a regular file", ErrUnsafe)
+	}
+	return f, nil
 }
 
 // MkdirOwned creates dir (which must not exist) with mode 0700 and gives
