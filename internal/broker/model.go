@@ -169,21 +169,11 @@ func (b *Broker) serveModel(srv *sandboxServer, sb store.Sandbox) error {
 // proxy that answers there: e's upstream and key, usage recorded for sb.
 func (b *Broker) listenModel(sb store.Sandbox, sockPath string, e ModelEndpoint) (net.Listener, *modelproxy.Proxy, error) {
 	m := b.cfg.Model
-	if len(sockPath) > maxSocketPathBytes {
-		return nil, nil, fmt.Errorf("model socket path is %d bytes, over the %d a Unix socket allows: use a shorter state dir", len(sockPath), maxSocketPathBytes)
-	}
-	if err := os.Remove(sockPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+	ln, err := listenPrivate(sockPath)
+	if err != nil {
 		return nil, nil, fmt.Errorf("model socket: %w", err)
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sockPath, Net: "unix"})
-	if err != nil {
-		return nil, nil, fmt.Errorf("model socket: listen: %w", err)
-	}
 	ln.SetUnlinkOnClose(false)
-	if err := secfs.Chmod(sockPath, 0o600); err != nil {
-		ln.Close()
-		return nil, nil, err
-	}
 	proxy, err := modelproxy.New(modelproxy.Config{
 		Upstream: e.Upstream, Key: e.Key, Client: m.Client,
 		Record:      func(u modelproxy.Usage) { b.recordUsage(sb, u) },

@@ -156,19 +156,8 @@ func (b *Broker) serveSandbox(sb store.Sandbox) error {
 			return err
 		}
 	}
-	sockPath := filepath.Join(dir, SocketName)
-	if len(sockPath) > maxSocketPathBytes {
-		return fmt.Errorf("socket path is %d bytes, over the %d a Unix socket allows: use a shorter state dir", len(sockPath), maxSocketPathBytes)
-	}
-	if err := os.Remove(sockPath); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sockPath, Net: "unix"})
+	ln, err := listenPrivate(filepath.Join(dir, SocketName))
 	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	if err := secfs.Chmod(sockPath, 0o600); err != nil {
-		ln.Close()
 		return err
 	}
 	if err := b.cfg.Backend.AttachSocket(b.ctx, sb.Name, backend.OrchestrationSocket, dir); err != nil {
@@ -196,6 +185,26 @@ func (b *Broker) serveSandbox(sb store.Sandbox) error {
 	}
 	b.goWorker(func() { b.serveListener(srv) })
 	return nil
+}
+
+// listenPrivate listens at sockPath, owner-only, in place of whatever
+// socket a dead listener left there.
+func listenPrivate(sockPath string) (*net.UnixListener, error) {
+	if len(sockPath) > maxSocketPathBytes {
+		return nil, fmt.Errorf("socket path is %d bytes, over the %d a Unix socket allows: use a shorter state dir", len(sockPath), maxSocketPathBytes)
+	}
+	if err := os.Remove(sockPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: sockPath, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	if err := secfs.Chmod(sockPath, 0o600); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
 }
 
 // removeLegacySocketDir removes <state>/sock/<uuid>/ (the pre-random
