@@ -10,7 +10,6 @@ import (
 	"agentbox/internal/agent"
 	"agentbox/internal/backend"
 	"agentbox/internal/config"
-	"agentbox/internal/gitx"
 	"agentbox/internal/manifest"
 	"agentbox/internal/store"
 )
@@ -131,34 +130,28 @@ func (o *Orchestrator) checkIdle(ctx context.Context, sb store.Sandbox, seen age
 
 // claudeActivity probes the Claude agent id inside the sandbox.
 func (o *Orchestrator) claudeActivity(ctx context.Context, name string, id agent.Identity) agent.Activity {
-	ctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
-	defer cancel()
-	var out strings.Builder
-	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.ProbeArgv(id.PID), Stdout: &limitedWriter{w: &out, n: agent.MaxProbeOutput + 1}})
-	if err != nil || code != 0 {
-		o.logger().Debug("agent probe failed", "sandbox", name, "exit", code, "err", err)
+	out, err := o.lookAt(ctx, name, agent.ProbeArgv(id.PID), agent.MaxProbeOutput+1)
+	if err != nil {
+		o.logger().Debug("agent probe failed", "sandbox", name, "err", err)
 		return agent.Unknown
 	}
-	p, err := agent.ParseProbe([]byte(out.String()))
+	p, err := agent.ParseProbe(out)
 	if err != nil {
 		o.logger().Debug("agent probe unreadable", "sandbox", name, "err", err)
 		return agent.Unknown
 	}
-	o.logger().Debug("agent probe", "sandbox", name, "probe", out.String())
+	o.logger().Debug("agent probe", "sandbox", name, "probe", string(out))
 	return agent.ClaudeActivity(p, id, backend.WorkspacePath)
 }
 
 // paneTail is the agent's pane tail for a report ("" when it cannot be
 // read).
 func (o *Orchestrator) paneTail(ctx context.Context, name, window string) string {
-	ctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
-	defer cancel()
-	var out strings.Builder
-	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.CaptureArgv(window), Stdout: &limitedWriter{w: &out, n: 64 << 10}})
-	if err != nil || code != 0 {
+	out, err := o.lookAt(ctx, name, agent.CaptureArgv(window), 64<<10)
+	if err != nil {
 		return ""
 	}
-	return agent.PaneTail([]byte(out.String()))
+	return agent.PaneTail(out)
 }
 
 // idleBody is an idle report's text: the child, how long it has waited,

@@ -414,14 +414,14 @@ var (
 // observeAgent reads the identity of the process in the agent's tmux
 // window (the sandbox answers: it can only misreport its own agent).
 func (o *Orchestrator) observeAgent(ctx context.Context, name, window string) (agent.Identity, bool) {
+	// One bound for the look and, when it needs one, the stat after it.
 	ctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
 	defer cancel()
-	run := o.Runner(name)
-	var out strings.Builder
-	if code, err := run.Run(ctx, gitx.Cmd{Argv: agent.WithStat(agent.PaneArgv(window)), Stdout: &limitedWriter{w: &out, n: agent.MaxPaneOutput}}); err != nil || code != 0 {
+	out, err := o.lookAt(ctx, name, agent.WithStat(agent.PaneArgv(window)), agent.MaxPaneOutput)
+	if err != nil {
 		return agent.Identity{}, false
 	}
-	pid, id, alive, seen, err := agent.ParsePane([]byte(out.String()))
+	pid, id, alive, seen, err := agent.ParsePane(out)
 	if err != nil {
 		return agent.Identity{}, false
 	}
@@ -433,14 +433,26 @@ func (o *Orchestrator) observeAgent(ctx context.Context, name, window string) (a
 
 // identityOf reads the identity of process pid in the sandbox name.
 func (o *Orchestrator) identityOf(ctx context.Context, name string, pid int) (agent.Identity, bool) {
+	out, err := o.lookAt(ctx, name, agent.IdentityArgv(pid), 4096)
+	if err != nil {
+		return agent.Identity{}, false
+	}
+	id, alive, err := agent.ParseStat(pid, out)
+	return id, err == nil && alive
+}
+
+// lookAt runs argv in sandbox name to look at its agent, within
+// agentCheckTimeout, and returns at most limit bytes of what it printed
+// (sandbox-controlled); an error when it could not run or exited non-zero.
+func (o *Orchestrator) lookAt(ctx context.Context, name string, argv []string, limit int) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
 	defer cancel()
 	var out strings.Builder
-	if code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.IdentityArgv(pid), Stdout: &limitedWriter{w: &out, n: 4096}}); err != nil || code != 0 {
-		return agent.Identity{}, false
+	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: argv, Stdout: &limitedWriter{w: &out, n: limit}})
+	if err == nil && code != 0 {
+		err = fmt.Errorf("exit %d", code)
 	}
-	id, alive, err := agent.ParseStat(pid, []byte(out.String()))
-	return id, err == nil && alive
+	return []byte(out.String()), err
 }
 
 // failChild reports a failed spawn or restart to the orchestrator and
