@@ -97,13 +97,9 @@ func (o *Orchestrator) checkIdle(ctx context.Context, sb store.Sandbox, seen age
 		tail = o.paneTail(ctx, sb.Name, seen.Window)
 	}
 	o.serial(func() {
-		cur, err := o.Store.Sandbox(ctx, sb.Name)
-		if err != nil || cur.State != store.StateReady || cur.DoneHead != "" {
-			return
-		}
-		var curSeen agentSeen
-		if json.Unmarshal([]byte(cur.Agent), &curSeen) != nil || curSeen.Ended || curSeen.Identity != seen.Identity || curSeen.Idle != seen.Idle {
-			return // another agent, or another look, came first
+		_, curSeen, ok := o.watchedAgent(ctx, sb.Name)
+		if !ok || curSeen.Identity != seen.Identity || curSeen.Idle != seen.Idle {
+			return // ended meanwhile, another agent, or another look came first
 		}
 		// A message of the child accepted since the look changes the
 		// episode: the next look sees it.

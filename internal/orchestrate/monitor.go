@@ -31,13 +31,9 @@ func (o *Orchestrator) watchAgent(name string) {
 				return
 			case <-time.After(livenessInterval):
 			}
-			sb, err := o.Store.Sandbox(ctx, name)
-			if err != nil || sb.State != store.StateReady || sb.DoneHead != "" {
-				return // gone, stopped, failed, or done: nothing to watch
-			}
-			var seen agentSeen
-			if json.Unmarshal([]byte(sb.Agent), &seen) != nil || seen.Ended {
-				return
+			sb, seen, ok := o.watchedAgent(ctx, name)
+			if !ok {
+				return // gone, stopped, failed, done, or its agent ended: nothing to watch
 			}
 			id, alive := o.observeAgent(ctx, name, seen.Window)
 			if ctx.Err() != nil {
@@ -56,17 +52,27 @@ func (o *Orchestrator) watchAgent(name string) {
 	})
 }
 
+// watchedAgent reads sandbox name's record and its agent as last seen,
+// when there is one to watch: the child is ready, its done not accepted,
+// and its agent not seen ending.
+func (o *Orchestrator) watchedAgent(ctx context.Context, name string) (store.Sandbox, agentSeen, bool) {
+	sb, err := o.Store.Sandbox(ctx, name)
+	if err != nil || sb.State != store.StateReady || sb.DoneHead != "" {
+		return store.Sandbox{}, agentSeen{}, false
+	}
+	var seen agentSeen
+	if json.Unmarshal([]byte(sb.Agent), &seen) != nil || seen.Ended {
+		return store.Sandbox{}, agentSeen{}, false
+	}
+	return sb, seen, true
+}
+
 // agentEnded records that a child's agent ended and, unless its done was
 // accepted meanwhile, tells its orchestrator: kind blocked.
 func (o *Orchestrator) agentEnded(ctx context.Context, sb store.Sandbox, seen agentSeen) {
 	o.serial(func() {
-		now, err := o.Store.Sandbox(ctx, sb.Name)
-		if err != nil || now.State != store.StateReady || now.DoneHead != "" {
-			return
-		}
 		// Another watch of the same agent (a restarted agent's) told already.
-		var cur agentSeen
-		if json.Unmarshal([]byte(now.Agent), &cur) != nil || cur.Ended || cur.Identity != seen.Identity {
+		if _, cur, ok := o.watchedAgent(ctx, sb.Name); !ok || cur.Identity != seen.Identity {
 			return
 		}
 		seen.Ended = true
