@@ -6,13 +6,14 @@ import (
 	"slices"
 	"strings"
 
+	"agentbox/internal/backend"
 	"agentbox/internal/grant"
 )
 
-// ModelSocketDir is where a sandbox sees its model sockets
-// (backend.ModelMountPath); ModelSocketPath is the Anthropic API's.
+// ModelSocketDir is where a sandbox sees its model sockets;
+// ModelSocketPath is the Anthropic API's.
 const (
-	ModelSocketDir  = "/run/jailbee/model"
+	ModelSocketDir  = backend.ModelMountPath
 	ModelSocketName = "anthropic.sock"
 	ModelSocketPath = ModelSocketDir + "/" + ModelSocketName
 )
