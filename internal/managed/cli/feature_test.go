@@ -12,6 +12,7 @@ import (
 	"agentbox/internal/managed/cli"
 	"agentbox/internal/managed/dockertest"
 	mt "agentbox/internal/managed/managedtest"
+	"agentbox/internal/managed/policy"
 )
 
 // TestFeatureUsageAndRefusals: what is refused before the engine is
@@ -81,6 +82,8 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	doc["workspace_folder"] = "/workspaces/cli-folder"
 	doc["omitted_services"] = []any{"db"}
 	delete(doc["service_images"].(map[string]any), "db")
+	// A shell provider, so one can run while the consumer looks at it.
+	mt.Lease(doc, 0)["executable"] = "/bin/sh"
 	f := mt.New(t, doc)
 	// The trusted endpoint on the assignment's socket (the fixture's is
 	// stale): it answers every request with {"ok":true}.
@@ -128,13 +131,15 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 		t.Fatalf("exec passes the status through: %d", r.code)
 	}
 
-	r = runCLI(t, env, "feature", "exec-provider", "cli", "--provider", mt.Probe, "--inherit-env", "MODEL_ACCESS_TOKEN", "--", "env")
+	provider := []string{"feature", "exec-provider", "cli", "--provider", "/bin/sh", "--inherit-env", "MODEL_ACCESS_TOKEN", "--", "-c"}
+	r = runCLI(t, env, append(provider, "exec "+mt.Probe+" env")...)
 	if r.code != 0 || !strings.Contains(r.stdout, "MODEL_ACCESS_TOKEN=token-") || strings.Contains(r.stdout, "HOME=") {
 		t.Fatalf("exec-provider: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if r = runCLI(t, env, "feature", "exec-provider", "cli", "--provider", mt.Probe, "--", "env"); r.code != cli.ExitRefused {
+	if r = runCLI(t, env, "feature", "exec-provider", "cli", "--provider", "/bin/sh", "--", "-c", "true"); r.code != cli.ExitRefused {
 		t.Fatalf("exec-provider without the signed inherited name: exit %d", r.code)
 	}
+	providerEnvironmentIsPrivate(t, env, provider)
 
 	// dispatch-tool: nothing pending is 75 and retryable; a request the
 	// consumer spools is dispatched; a wait past 300 s is a usage error.
@@ -189,5 +194,38 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	}
 	if r = runCLI(t, env, "feature", "status", "cli"); r.code != cli.ExitRefused {
 		t.Fatalf("status after teardown: exit %d", r.code)
+	}
+}
+
+// providerEnvironmentIsPrivate is the /proc/*/environ attack on a running
+// provider: a consumer process started by `feature exec` reads every
+// process's environment in a loop while the provider and its child run.
+// It must see the provider (so it looked) and be refused its environment.
+// The provider runs as the consumer's uid in a group of its own, with core
+// dumps off.
+func providerEnvironmentIsPrivate(t *testing.T, env, provider []string) {
+	t.Helper()
+	// "$m-marker" keeps the watcher's own command line from matching.
+	watch := `m=hold; while [ ! -e /tmp/watch.stop ]; do
+	for p in /proc/[0-9]*; do
+		tr '\0' '\n' < $p/environ 2>/dev/null | grep '_TOKEN=' >> /tmp/watch.leak
+		if grep -q "$m-marker" $p/cmdline 2>/dev/null; then
+			echo seen >> /tmp/watch.seen
+			cat $p/environ 2>&1 >/dev/null | grep -q 'Permission denied' && echo denied >> /tmp/watch.denied
+		fi
+	done
+done`
+	if r := runCLI(t, env, "feature", "exec", "cli", "--", "sh", "-c",
+		"rm -f /tmp/watch.*; : > /tmp/watch.leak; nohup sh -c \"$0\" >/dev/null 2>&1 &", watch); r.code != 0 {
+		t.Fatalf("start the watcher: exit %d %s", r.code, r.stderr)
+	}
+	r := runCLI(t, env, append(provider, `ulimit -c; ulimit -Hc; id -u; id -g; sleep 3 & wait`, "hold-marker")...)
+	if want := fmt.Sprintf("0\n0\n1000\n%d\n", policy.ProviderGID(1000)); r.code != 0 || r.stdout != want {
+		t.Fatalf("provider: exit %d stdout %q, want %q\n%s", r.code, r.stdout, want, r.stderr)
+	}
+	r = runCLI(t, env, "feature", "exec", "cli", "--", "sh", "-c",
+		"touch /tmp/watch.stop; sleep 1; echo leak; cat /tmp/watch.leak; echo seen; sort -u /tmp/watch.seen; echo denied; sort -u /tmp/watch.denied")
+	if want := "leak\nseen\nseen\ndenied\ndenied\n"; r.code != 0 || r.stdout != want {
+		t.Fatalf("the watcher's record:\n%s%s\nwant:\n%s", r.stdout, r.stderr, want)
 	}
 }

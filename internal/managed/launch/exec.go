@@ -10,6 +10,7 @@ import (
 
 	"agentbox/internal/managed/engine"
 	"agentbox/internal/managed/leasecheck"
+	"agentbox/internal/managed/policy"
 	"agentbox/internal/managed/provider"
 )
 
@@ -41,13 +42,14 @@ func runningRecord(ctx context.Context, cfg Config, name string) (*Record, error
 	return running(ctx, eng, cfg, name)
 }
 
-// providerScript runs as the container's /bin/sh: it sets the umask and
-// starts the provider from an empty environment plus exactly the names
+// providerScript runs as the container's /bin/sh: it sets the umask,
+// turns core dumps off (the consumer may still signal the provider, and a
+// core file in the workspace would hold its environment) and starts the provider from an empty environment plus exactly the names
 // given (each a validated [A-Z_][A-Z0-9_]* name, so safe in the script's
 // text; values stay in the environment, never on a command line).
 func providerScript(names []string) string {
 	var b strings.Builder
-	b.WriteString(`umask 0022; exec /usr/bin/env -i`)
+	b.WriteString(`umask 0022; ulimit -c 0; exec /usr/bin/env -i`)
 	for _, n := range names {
 		fmt.Fprintf(&b, ` %s="$%s"`, n, n)
 	}
@@ -85,7 +87,9 @@ func ExecProvider(ctx context.Context, cfg Config, name string, req provider.Req
 	}
 	argv := append([]string{"/bin/sh", "-c", providerScript(names), plan.Grant().Executable, plan.Path()}, plan.Args()...)
 	// env's PATH is the fixed one: the docker CLI is found the same way.
-	code, err := runDocker(ctx, cfg, execArgs(rec.ContainerID, rec.ContainerUser, rec.WorkspaceFolder, env, true, argv), env, stdin, stdout, stderr)
+	// The consumer's uid in a group of its own: see policy.ProviderGID.
+	user := fmt.Sprintf("%d:%d", rec.Consumer.UID, policy.ProviderGID(rec.Consumer.GID))
+	code, err := runDocker(ctx, cfg, execArgs(rec.ContainerID, user, rec.WorkspaceFolder, env, true, argv), env, stdin, stdout, stderr)
 	clear(env)
 	return code, err
 }

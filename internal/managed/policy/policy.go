@@ -72,3 +72,24 @@ var EngineEnv = []string{
 	"DOCKER_HOST", "DOCKER_CONTEXT", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY",
 	"CONTAINERD_ADDRESS", "CONTAINER_HOST", "BUILDKIT_HOST", "PODMAN_HOST",
 }
+
+// providerGID is the group a container-mode provider runs in. The kernel
+// lets a process read another's /proc/PID/environ (and its memory, or
+// attach to it) without CAP_SYS_PTRACE only when their real, effective and
+// saved uids and gids all match. The provider keeps the consumer's uid
+// (the spool and the workspace are the consumer's) but runs in this group,
+// so the consumer's other processes, which hold the consumer's gid, no
+// capability and no-new-privileges, can never become able to read the
+// signed values; the provider's own children inherit the group and stay
+// out of reach too. It is a group no account uses, so it grants nothing
+// on any file.
+const providerGID = 2147483646
+
+// ProviderGID is the gid a container-mode provider runs with: providerGID,
+// or one below it for the one consumer whose own gid that is.
+func ProviderGID(consumerGID uint32) uint32 {
+	if consumerGID == providerGID {
+		return providerGID - 1
+	}
+	return providerGID
+}

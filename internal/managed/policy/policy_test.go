@@ -29,3 +29,14 @@ func TestAllowed(t *testing.T) {
 		}
 	}
 }
+
+// TestProviderGIDIsNeverTheConsumers: the provider's group must differ
+// from the consumer's, or the consumer's other processes could read the
+// provider's environment.
+func TestProviderGIDIsNeverTheConsumers(t *testing.T) {
+	for _, consumer := range []uint32{1, 1000, 2147483645, 2147483646, 2147483647} {
+		if got := policy.ProviderGID(consumer); got == consumer || got == 0 {
+			t.Errorf("ProviderGID(%d) = %d", consumer, got)
+		}
+	}
+}
