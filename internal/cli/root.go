@@ -15,6 +15,7 @@ import (
 
 	"agentbox/internal/backend"
 	"agentbox/internal/inbox"
+	"agentbox/internal/version"
 	"agentbox/internal/wire"
 )
 
@@ -99,6 +100,7 @@ func NewRoot(name string, deps Deps) *cobra.Command {
 		Long: `jailbee runs coding agents in sandboxes, one per git branch. The broker on the
 host serves one Unix socket per sandbox; agents inside use 'jailbee inbox' to
 message their orchestrator or children. 'jb' is the same program.`,
+		Version:       version.String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}

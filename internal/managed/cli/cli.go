@@ -21,6 +21,7 @@ import (
 	"agentbox/internal/managed/assignment"
 	"agentbox/internal/managed/leasecheck"
 	"agentbox/internal/managed/provider"
+	"agentbox/internal/version"
 )
 
 // Exit statuses.
@@ -119,6 +120,7 @@ Environment:
 
 Exit status: 0 success, 1 refusal, 2 usage error (and 75 from
 'feature dispatch-tool' when nothing was pending).`,
+		Version:       version.String(),
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		Args:          cobra.NoArgs,
