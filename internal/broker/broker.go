@@ -12,6 +12,8 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -140,6 +142,8 @@ func Open(cfg Config) (*Broker, error) {
 	return b, nil
 }
 
+// lockStateDir takes the state dir's lock and writes this process's pid
+// in the lock file, for a second broker to name the holder.
 func lockStateDir(path string) (*os.File, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -152,7 +156,28 @@ func lockStateDir(path string) (*os.File, error) {
 		}
 		return nil, fmt.Errorf("lock state dir: %w", err)
 	}
+	if err := f.Truncate(0); err == nil {
+		f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0) // only for LockHolder: the lock is the flock
+	}
 	return f, nil
+}
+
+// maxPIDBytes bounds the read of the lock file: a pid and a newline.
+const maxPIDBytes = 32
+
+// LockHolder is the pid of the broker that holds the state dir's lock, as
+// it wrote it in the lock file; 0 when it cannot be read (a holder that
+// has not written it yet).
+func LockHolder(stateDir string) int {
+	data, err := secfs.ReadFileNoFollow(filepath.Join(stateDir, LockFile), maxPIDBytes)
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
 }
 
 // Store exposes the broker's store to tests in this module.
@@ -190,7 +215,7 @@ func (b *Broker) Serve() error {
 	b.orchestrator.RecoverManifests(b.ctx, interrupted)
 	b.runRound()
 	b.goWorker(b.roundLoop)
-	b.log.Info("broker serving", "sandboxes", len(sbs), "backend", b.cfg.Backend.Type())
+	b.log.Info("broker serving", "state_dir", b.cfg.StateDir, "pid", os.Getpid(), "sandboxes", len(sbs), "backend", b.cfg.Backend.Type())
 	return nil
 }
 

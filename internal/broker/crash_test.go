@@ -357,6 +357,11 @@ func TestCrashWhileNextParked(t *testing.T) {
 func TestSecondBrokerProcessRefusedUntilFirstKilled(t *testing.T) {
 	bin, state := jailbeeBin(t), shortTempDir(t)
 	first := startProcBroker(t, bin, state)
+	// The start line names the state dir and the broker's pid.
+	wait.For(t, "the start line", func() bool { return strings.Contains(first.stderr.String(), "broker serving") })
+	if line := first.stderr.String(); !strings.Contains(line, "state_dir="+state) || !strings.Contains(line, fmt.Sprintf("pid=%d", first.pid())) {
+		t.Fatalf("the start line names no state dir or pid:\n%s", line)
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -368,7 +373,7 @@ func TestSecondBrokerProcessRefusedUntilFirstKilled(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
 		t.Fatalf("second broker on a held state dir: %v, want exit 1\n%s", err, stderr.String())
 	}
-	if !strings.Contains(stderr.String(), "another broker holds the state dir") {
+	if want := fmt.Sprintf("another broker holds the state dir %s (pid %d)", state, first.pid()); !strings.Contains(stderr.String(), want) {
 		t.Fatalf("second broker's message: %q", stderr.String())
 	}
 	// The refused broker did not disturb the first.

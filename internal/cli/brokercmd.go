@@ -33,8 +33,9 @@ func newBrokerCmd(deps Deps) *cobra.Command {
 
 The broker keeps broker.db (SQLite) in the state dir, serves the host admin
 socket <state>/admin.sock (owner only) for the host commands, and one socket
-per orchestrator or child at <state>/sock/<uuid>.<random>/broker.sock. It
-refuses to start while another broker holds the state dir.
+per orchestrator or child at <state>/sock/<uuid>.<random>/broker.sock. Its
+start line ("broker serving") names the state dir and its pid. It refuses
+to start while another broker holds the state dir, naming that broker's pid.
 
 With --backend local (the default), sandboxes run under bubblewrap as one
 unit each, which outlives the broker: stopping or killing the broker ends no
@@ -95,6 +96,9 @@ refuses to start unless --no-limits.`,
 				Model:      model,
 			})
 			if errors.Is(err, broker.ErrLocked) {
+				if pid := broker.LockHolder(dir); pid > 0 {
+					return exitf(ExitFailed, "another broker holds the state dir %s (pid %d)", dir, pid)
+				}
 				return exitf(ExitFailed, "another broker holds the state dir %s", dir)
 			}
 			if err != nil {
