@@ -101,7 +101,7 @@ run jb exec lead -- jailbee inbox status
 
 step "a child made on the host: messages both ways"
 run jb new fix-lexer --branch fix/lexer --parent lead
-run jb exec lead -- jailbee inbox send message --to fix-lexer --id reply-0004 --wait --text "Use the existing lexer, do not add a new one."
+run jb exec lead -- jailbee inbox send message --child fix-lexer --id reply-0004 --wait --text "Use the existing lexer, do not add a new one."
 run jb exec fix-lexer -- jailbee inbox wait --wake-on msg:note,question --timeout 10s
 id=$(jb exec fix-lexer -- jailbee inbox ls | awk 'NR==1{print $1}')
 run jb exec fix-lexer -- sh -c "echo 'Which lexer do you mean?' | jailbee inbox send message --kind question --reply-to $id --id msg-0002 --wait"

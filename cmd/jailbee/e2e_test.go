@@ -444,7 +444,7 @@ func TestHostCommandsAndInboxInsideSandboxes(t *testing.T) {
 	}
 
 	// A message round trip through the inbox client inside both sandboxes.
-	if out := h.mustJB("exec", "lead", "--", "jailbee", "inbox", "send", "message", "--to", "fix-12", "--id", "reply-0004", "--text", "Use the existing parser.", "--wait"); out != "reply-0004\ndone: delivered to fix-12\n" {
+	if out := h.mustJB("exec", "lead", "--", "jailbee", "inbox", "send", "message", "--child", "fix-12", "--id", "reply-0004", "--text", "Use the existing parser.", "--wait"); out != "reply-0004\ndone: delivered to fix-12\n" {
 		t.Fatalf("send from the orchestrator: %q", out)
 	}
 	var items []map[string]any

@@ -214,14 +214,15 @@ func exclusive(cmd *cobra.Command, names ...string) error {
 func newSendMessageCmd() *cobra.Command {
 	var f sendFlags
 	var src textSource
-	var to, kind, replyTo string
+	var child, kind, replyTo string
 	c := &cobra.Command{
-		Use:   "message [--to C] [--kind K] [--reply-to ID] (--text T | stdin) [--wait] [--timeout DUR|none]",
-		Short: "Send a message to a child (--to) or, from a child, to its orchestrator",
-		Long: `Send a message. An orchestrator names the child with --to; a child omits --to
-and the message goes to its orchestrator. --kind is note (default), question,
-done or blocked. --reply-to takes the id of the inbox message you answer (its
-h- id or its origin_id). The text comes from --text or, without it, stdin.`,
+		Use:   "message [--child C] [--kind K] [--reply-to ID] (--text T | stdin) [--wait] [--timeout DUR|none]",
+		Short: "Send a message to a child (--child) or, from a child, to its orchestrator",
+		Long: `Send a message. An orchestrator names the child with --child (--to, the
+manifest's field name, is the same flag); a child omits it and the message
+goes to its orchestrator. --kind is note (default), question, done or
+blocked. --reply-to takes the id of the inbox message you answer (its h- id
+or its origin_id). The text comes from --text or, without it, stdin.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			text, asBody, err := src.read(cmd)
@@ -231,7 +232,7 @@ h- id or its origin_id). The text comes from --text or, without it, stdin.`,
 			if kind == "" {
 				kind = manifest.MsgNote
 			}
-			msg := &manifest.Message{To: to, Kind: kind, Body: text}
+			msg := &manifest.Message{To: child, Kind: kind, Body: text}
 			if asBody {
 				msg.BodyFile = "-"
 			}
@@ -243,7 +244,9 @@ h- id or its origin_id). The text comes from --text or, without it, stdin.`,
 	}
 	f.add(c)
 	src.add(c, "message text", false)
-	c.Flags().StringVar(&to, "to", "", "the child's short name (orchestrators only)")
+	c.Flags().StringVar(&child, "child", "", "the child's short name (orchestrators only)")
+	// The spec writes this form with --to, the manifest's field name.
+	c.Flags().StringVar(&child, "to", "", "the same as --child")
 	c.Flags().StringVar(&kind, "kind", "", "note, question, done or blocked")
 	c.Flags().StringVar(&replyTo, "reply-to", "", "id of the message you answer")
 	return c

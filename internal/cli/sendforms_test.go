@@ -65,7 +65,9 @@ func TestSendFormsBuildExactManifests(t *testing.T) {
 		args  []string
 		want  string // args of the send op
 	}{
-		{"message to child", "", []string{"message", "--id", "reply-0004", "--to", "fix-issue-12", "--kind", "note", "--reply-to", "h-3fa9c012", "--text", "Use the existing parser."},
+		{"message to child", "", []string{"message", "--id", "reply-0004", "--child", "fix-issue-12", "--kind", "note", "--reply-to", "h-3fa9c012", "--text", "Use the existing parser."},
+			`{"manifest":{"body":"Use the existing parser.","id":"reply-0004","in_reply_to":"h-3fa9c012","kind":"note","to":"fix-issue-12","type":"message","version":1}}`},
+		{"message to child, the spec's --to", "", []string{"message", "--id", "reply-0004", "--to", "fix-issue-12", "--kind", "note", "--reply-to", "h-3fa9c012", "--text", "Use the existing parser."},
 			`{"manifest":{"body":"Use the existing parser.","id":"reply-0004","in_reply_to":"h-3fa9c012","kind":"note","to":"fix-issue-12","type":"message","version":1}}`},
 		{"message from stdin", "Fixed.\n", []string{"message", "--id", "msg-0003", "--kind", "done"},
 			`{"body":"Fixed.\n","manifest":{"body_file":"msg-0003.md","id":"msg-0003","in_reply_to":null,"kind":"done","type":"message","version":1}}`},
