@@ -265,7 +265,7 @@ func (b *Broker) adminUsage(ctx context.Context, raw json.RawMessage) *reply {
 			Destroyed: !live[r.UUID], Updated: r.Updated.UTC()})
 	}
 	if len(res.Rows) == 0 && a.Name != "" && !exists {
-		return replyErr(wire.Errorf(wire.CodeNotFound, "no sandbox named %s", truncate(a.Name, 64)))
+		return b.adminFailure("usage", b.orchestrator.NoSuchSandbox(ctx, a.Name), b.log)
 	}
 	// Rows are sorted by tree: each tree's total follows once.
 	for i, r := range res.Rows {
@@ -291,7 +291,7 @@ func (b *Broker) adminExec(ctx context.Context, cc *connCtx, raw json.RawMessage
 		return replyErr(wire.Errorf(wire.CodeBadRequest, "exec needs a command"))
 	}
 	if _, err := b.store.Sandbox(ctx, a.Name); err != nil {
-		return replyErr(wire.Errorf(wire.CodeNotFound, "no sandbox named %s", truncate(a.Name, 64)))
+		return b.adminFailure("exec", b.orchestrator.NoSuchSandbox(ctx, a.Name), log)
 	}
 	env := a.Env
 	if srv := b.server(a.Name); srv != nil && srv.model != nil {

@@ -255,7 +255,8 @@ func TestMessageRefusals(t *testing.T) {
 	e.child("kid2", "orch2")
 	orch := e.client("orch")
 	st := sendMessage(t, orch, map[string]any{"id": "to-other", "to": "kid2", "body": "x"})
-	if st.State != "refused" || st.Detail != "`kid2` is not a child of this orchestrator" {
+	// The closest of orch's own children is offered, never kid2.
+	if st.State != "refused" || st.Detail != "`kid2` is not a child of this orchestrator (did you mean `kid`?)" {
 		t.Fatalf("message to another orchestrator's child: %+v", st)
 	}
 	if got := unread(t, e.client("kid2")); len(got) != 0 {

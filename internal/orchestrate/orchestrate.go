@@ -32,11 +32,6 @@ func refusef(format string, args ...any) error { return &Refusal{Detail: fmt.Spr
 // ErrNoSuchSandbox marks a refusal that names a sandbox that does not exist.
 var ErrNoSuchSandbox = errors.New("no such sandbox")
 
-// noSuchSandbox is the refusal for a sandbox name that is not recorded.
-func noSuchSandbox(name string) error {
-	return &Refusal{Detail: "no sandbox named " + truncate(name, 80), err: ErrNoSuchSandbox}
-}
-
 // AsRefusal reports whether err is a refusal and returns it.
 func AsRefusal(err error) (*Refusal, bool) {
 	var r *Refusal
@@ -92,11 +87,17 @@ func (o *Orchestrator) notify(names ...string) {
 	}
 }
 
-// childOf returns the requester's child named name, or the spec's refusal.
+// childOf returns the requester's child named name, or the spec's refusal
+// with the closest names among the requester's own children.
 func (o *Orchestrator) childOf(ctx context.Context, req wire.Caller, name string) (store.Sandbox, error) {
 	sb, err := o.Store.Sandbox(ctx, name)
-	if errors.Is(err, store.ErrNotFound) || (err == nil && (sb.Role != wire.RoleChild || sb.Parent != req.Sandbox)) {
-		return store.Sandbox{}, refusef("`%s` is not a child of this orchestrator", name)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && !isChildOf(sb, req.Sandbox)) {
+		hint := o.suggest(ctx, name, func(sb store.Sandbox) bool { return isChildOf(sb, req.Sandbox) })
+		return store.Sandbox{}, refusef("`%s` is not a child of this orchestrator%s", name, hint)
 	}
 	return sb, err
+}
+
+func isChildOf(sb store.Sandbox, orchestrator string) bool {
+	return sb.Role == wire.RoleChild && sb.Parent == orchestrator
 }

@@ -190,7 +190,7 @@ func (o *Orchestrator) checkCreate(ctx context.Context, req *CreateRequest) (sou
 	case wire.RoleChild:
 		parent, err := o.Store.Sandbox(ctx, req.Parent)
 		if errors.Is(err, store.ErrNotFound) {
-			return source{}, noSuchSandbox(req.Parent)
+			return source{}, o.noSuchSandbox(ctx, req.Parent, wire.RoleOrchestrator)
 		}
 		if err != nil {
 			return source{}, err
@@ -363,7 +363,7 @@ func (o *Orchestrator) DestroySandbox(ctx context.Context, name string, force bo
 				return 1, nil
 			}
 		}
-		return 0, noSuchSandbox(name)
+		return 0, o.NoSuchSandbox(ctx, name)
 	}
 	if err != nil {
 		return 0, err
@@ -471,7 +471,7 @@ func (o *Orchestrator) readWork(ctx context.Context, name string) (workState, er
 // StartSandbox starts a stopped sandbox's unit and records it running.
 func (o *Orchestrator) StartSandbox(ctx context.Context, name string) error {
 	if _, err := o.Store.Sandbox(ctx, name); errors.Is(err, store.ErrNotFound) {
-		return noSuchSandbox(name)
+		return o.NoSuchSandbox(ctx, name)
 	}
 	if err := o.Backend.Start(ctx, name); err != nil {
 		return fmt.Errorf("start `%s`: %w", name, err)
@@ -484,7 +484,7 @@ func (o *Orchestrator) StartSandbox(ctx context.Context, name string) error {
 // it stopped. A HEAD that cannot be read is recorded as unknown.
 func (o *Orchestrator) StopSandbox(ctx context.Context, name string) error {
 	if _, err := o.Store.Sandbox(ctx, name); errors.Is(err, store.ErrNotFound) {
-		return noSuchSandbox(name)
+		return o.NoSuchSandbox(ctx, name)
 	}
 	work, readErr := o.readWork(ctx, name)
 	if err := o.Backend.Stop(ctx, name); err != nil {
