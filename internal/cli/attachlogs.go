@@ -23,7 +23,8 @@ func newAttachCmd(deps Deps) *cobra.Command {
 		Long: `Attach your terminal to the tmux session the sandbox's agents run in (one
 window per agent). Detach with tmux's prefix, then d (C-b d): the agents
 keep running. Needs a terminal.`,
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeSandbox(&state, false),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			a := wire.ExecArgs{Name: args[0], TTY: true, Dir: backend.WorkspacePath,
 				Argv: []string{"tmux", "attach-session", "-t", agent.Session}}
@@ -42,7 +43,8 @@ func newLogsCmd(deps Deps) *cobra.Command {
 		Long: `Print the worker log of each spawn of the child NAME, oldest first: the
 steps its creation took (sandbox, checkout, agent start and readiness) and
 what failed. The logs are in <state>/logs/ (owner only).`,
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeSandbox(&state, false),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			dir, err := stateDir(state)
 			if err != nil {

@@ -111,6 +111,8 @@ NAME: lowercase letters, digits and dashes, at most 64, not starting with a dash
 	c.Flags().BoolVar(&orchestrator, "orchestrator", false, "create an orchestrator")
 	c.Flags().StringVar(&grantFile, "grant", "", "grant document for the orchestrator (docs/grants.md)")
 	c.Flags().StringVar(&parent, "parent", "", "create a child of this orchestrator")
+	c.RegisterFlagCompletionFunc("parent", completeOrchestrator(&state))
+	c.ValidArgsFunction = cobra.NoFileCompletions // NAME is new
 	return c
 }
 
@@ -210,7 +212,8 @@ changes, a detached or unreadable HEAD, commits never imported (HEAD is not
 the commit the sandbox started from or was last imported at), a sandbox that
 is not running (its work cannot be checked), or an orchestrator that still
 has children. --force destroys anyway, children included.`,
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeSandbox(&state, false),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var res wire.DestroyResult
 			if err := adminCall(cmd.Context(), state, "destroy", wire.DestroyArgs{Name: args[0], Force: force}, &res); err != nil {
@@ -229,10 +232,11 @@ has children. --force destroys anyway, children included.`,
 func newStartStopCmd(op, done, short, long string) *cobra.Command {
 	var state string
 	c := &cobra.Command{
-		Use:   op + " NAME",
-		Short: short,
-		Long:  long,
-		Args:  cobra.ExactArgs(1),
+		Use:               op + " NAME",
+		Short:             short,
+		Long:              long,
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeSandbox(&state, false),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := adminCall(cmd.Context(), state, op, wire.NameArgs{Name: args[0]}, nil); err != nil {
 				return err

@@ -40,7 +40,8 @@ the command; what the command started in the background keeps running.
 
 Inside, the broker socket is /run/jailbee/orchestration/broker.sock and the
 inbox client is on PATH as 'jailbee'.`,
-		Args: cobra.MinimumNArgs(2),
+		Args:              cobra.MinimumNArgs(2),
+		ValidArgsFunction: completeSandbox(&state, true),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if cmd.ArgsLenAtDash() != 1 {
 				return exitf(ExitUsage, "usage: exec NAME [-t] -- CMD...")

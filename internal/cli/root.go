@@ -99,7 +99,10 @@ func NewRoot(name string, deps Deps) *cobra.Command {
 		Short: "Run coding agents in sandboxes, one per branch, through an orchestration broker",
 		Long: `jailbee runs coding agents in sandboxes, one per git branch. The broker on the
 host serves one Unix socket per sandbox; agents inside use 'jailbee inbox' to
-message their orchestrator or children. 'jb' is the same program.`,
+message their orchestrator or children. 'jb' is the same program.
+
+Shell completion: 'jailbee completion bash|zsh|fish --help' says how to load
+it; sandbox names complete from the running broker.`,
 		Version:       version.String(),
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -137,6 +140,7 @@ func defaultStateDir() string {
 
 func addStateFlag(c *cobra.Command, dst *string) {
 	c.Flags().StringVar(dst, "state", "", "broker state dir (default $"+StateDirEnv+" or ${XDG_STATE_HOME:-~/.local/state}/jailbee)")
+	c.MarkFlagDirname("state")
 }
 
 func stateDir(flag string) (string, error) {

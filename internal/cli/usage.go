@@ -33,7 +33,8 @@ TOTAL line is always the whole tree's.
 --json prints an array of {name, uuid, tree, requests, input_tokens,
 output_tokens, cache_read_input_tokens, cache_creation_input_tokens,
 destroyed, updated}, without the totals.`,
-		Args: cobra.MaximumNArgs(1),
+		Args:              cobra.MaximumNArgs(1),
+		ValidArgsFunction: completeSandbox(&state, false),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var a wire.UsageArgs
 			if len(args) == 1 {
