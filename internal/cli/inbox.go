@@ -190,7 +190,7 @@ func newInboxLsCmd() *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&all, "all", false, "include read items")
-	c.Flags().BoolVar(&asJSON, "json", false, "print the items as JSON")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the items as JSON, bodies and details whole (the list cuts them to one line)")
 	return c
 }
 
@@ -254,7 +254,8 @@ func newInboxStatusCmd() *cobra.Command {
 		Short: "Show the latest status of your manifests (or of REF)",
 		Long: `Show the latest status of each manifest you sent, or of the manifest REF.
 Read from the broker's last completed round, so a status may trail by about a
-second.`,
+second. The list shows the first line of each detail, cut at 80 characters;
+REF, and --json, show details whole.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var a wire.StatusArgs

@@ -22,6 +22,7 @@ import (
 	"agentbox/internal/inbox"
 	"agentbox/internal/orchestrate"
 	"agentbox/internal/testutil/testbin"
+	"agentbox/internal/testutil/wait"
 )
 
 // run runs the jailbee command line in-process with the given stdin.
@@ -335,5 +336,36 @@ func TestInboxOnHostSaysItRunsInASandbox(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestInboxJSONKeepsWholeDetails: ls and status cut a long detail to one
+// short line in their tables; --json always carries it whole.
+func TestInboxJSONKeepsWholeDetails(t *testing.T) {
+	b := realBroker(t)
+	t.Setenv(inbox.SocketEnv, b.SocketPath("orch"))
+	name := strings.Repeat("n", 63)                                // the longest short name
+	detail := "`" + name + "` is not a child of this orchestrator" // longer than a table's line
+	if code, _, stderr := run(t, "", "inbox", "send", "message", "--child", name, "--id", "long-1", "--text", "hi"); code != cli.ExitFailed {
+		t.Fatalf("send: exit %d (%s), want a refusal", code, stderr)
+	}
+	wantJSON := `"detail": "` + detail + `"`
+	// status reads the snapshot of the broker's last round.
+	wait.For(t, "the status in the snapshot", func() bool {
+		_, out, _ := run(t, "", "inbox", "status")
+		return strings.Contains(out, "long-1")
+	})
+	for _, args := range [][]string{{"inbox", "ls", "--all"}, {"inbox", "status"}} {
+		_, table, _ := run(t, "", args...)
+		if !strings.Contains(table, "long-1") || strings.Contains(table, detail) {
+			t.Errorf("%v: the table should show long-1 with its detail cut:\n%s", args, table)
+		}
+		code, stdout, stderr := run(t, "", append(args, "--json")...)
+		if code != 0 || !strings.Contains(stdout, wantJSON) {
+			t.Errorf("%v --json: exit %d (%s), want the whole detail %q in:\n%s", args, code, stderr, detail, stdout)
+		}
+	}
+	if _, stdout, _ := run(t, "", "inbox", "status", "long-1", "--json"); !strings.Contains(stdout, wantJSON) {
+		t.Errorf("status long-1 --json: want the whole detail in:\n%s", stdout)
 	}
 }
