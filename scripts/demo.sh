@@ -24,13 +24,28 @@ cleanup() {
 trap cleanup EXIT
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-run() { printf '$ %s\n' "$*"; "$@"; }
+# shown prints a command as it can be pasted into a shell: each word that
+# needs it in single quotes.
+shown() {
+	local words=() w
+	for w in "$@"; do
+		if [[ $w =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then
+			words+=("$w")
+		else
+			words+=("'${w//\'/\'\\\'\'}'")
+		fi
+	done
+	printf '$ %s\n' "${words[*]}"
+}
+run() { shown "$@"; "$@"; }
 
 step "build jailbee (static: CGO_ENABLED=0)"
 CGO_ENABLED=0 go build -o "$work/bin/jailbee" ./cmd/jailbee
 ln -s jailbee "$work/bin/jb"
 export PATH="$work/bin:$PATH"
 export JAILBEE_STATE_DIR="$work/state"
+# The commands below, pasted into another shell while the demo runs, need:
+printf '$ export PATH=%s:"$PATH" JAILBEE_STATE_DIR=%s\n' "$work/bin" "$work/state"
 
 step "a host repository, whose default agent is the scripted one"
 git init -q -b main "$work/repo"
@@ -63,6 +78,7 @@ if [ "${DEMO_BACKEND:-local}" != local ]; then
 		flags+=(--incus-pool jailbee)
 	fi
 fi
+shown jailbee broker "${flags[@]}"
 jailbee broker "${flags[@]}" >"$work/broker.log" 2>&1 &
 broker_pid=$!
 for _ in $(seq 50); do [ -S "$work/state/admin.sock" ] && break; sleep 0.1; done
