@@ -594,7 +594,7 @@ func TestExecTTYNotHeldBySandboxProcesses(t *testing.T) {
 		t.Skip("no perl in the sandbox")
 	}
 	u := newUserTerminal(t)
-	cmd, exited := u.jb(h, "exec", "-t", "held", "--", "sh", "-c", "sleep 600 & perl -e \"$1\" $PPID; exit 4", "sh", takeFD0)
+	cmd, exited := u.jb(h, "exec", "-t", "held", "--", "sh", "-c", "trap '' HUP; sleep 600 & perl -e \"$1\" $PPID; exit 4", "sh", takeFD0)
 	u.waitExit(cmd, exited, 4)
 	if s := u.output(); !strings.Contains(s, "pidfd_getfd: errno 1\r\n") {
 		t.Errorf("a sandbox process took the relay's terminal, want EPERM; output:\n%q", s)
@@ -602,8 +602,10 @@ func TestExecTTYNotHeldBySandboxProcesses(t *testing.T) {
 }
 
 // takeFD0 (perl, pid as its argument) takes descriptor 0 of the process
-// with pidfd_getfd and, if it got it, keeps it in a background process.
+// with pidfd_getfd and, if it got it, keeps it in a background process
+// (deaf to the SIGHUP the end of the command's session sends).
 const takeFD0 = `
+$SIG{HUP} = "IGNORE";
 my $pidfd = syscall(434, $ARGV[0] + 0, 0);
 die "pidfd_open: $!\n" if $pidfd < 0;
 my $fd = syscall(438, $pidfd, 0, 0);
