@@ -1070,6 +1070,32 @@ func TestSpawnLogsAndAttach(t *testing.T) {
 		t.Fatalf("jb logs of a sandbox made on the host: exit %d %q", code, errs)
 	}
 
+	// The agent's pane, without a terminal; and followed: a new window's
+	// output comes after.
+	if out := h.mustJB("logs", "kid", "--agent"); !strings.HasPrefix(out, "== window scripted\n") || !strings.Contains(out, " agent: prompt: work\n") {
+		t.Fatalf("jb logs kid --agent:\n%s", out)
+	}
+	if code, _, errs := h.jb("", "logs", "lead", "--agent"); code != 1 || !strings.Contains(errs, "no agent session in lead") {
+		t.Fatalf("jb logs --agent of a sandbox with no agent session: exit %d %q", code, errs)
+	}
+	follow := exec.Command(h.bin, "logs", "kid", "--agent", "-f")
+	follow.Env = h.env
+	var followed wait.Buffer
+	follow.Stdout = &followed
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { follow.Process.Kill(); follow.Wait() }()
+	wait.For(t, "jb logs -f to print the agent's pane", func() bool { return strings.Contains(followed.String(), " agent: prompt: work\n") })
+	h.mustJB("exec", "kid", "--", "tmux", "new-window", "-d", "-t", "jailbee:", "-n", "extra", "--", "sh", "-c", "echo a-new-line; exec sleep 600")
+	wait.For(t, "jb logs -f to print the new window", func() bool {
+		return strings.Contains(followed.String(), "== window extra\na-new-line\n")
+	})
+	h.mustJB("exec", "kid", "--", "tmux", "kill-window", "-t", "jailbee:extra")
+	if code, _, errs := h.jb("", "attach", "kid"); code != 2 || !strings.Contains(errs, "attach needs a terminal") {
+		t.Fatalf("jb attach without a terminal: exit %d %q", code, errs)
+	}
+
 	master, slave, err := term.OpenPTY()
 	if err != nil {
 		t.Fatal(err)
