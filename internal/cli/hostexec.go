@@ -33,6 +33,9 @@ processes, limited with them and ended with them by 'jailbee stop' or
 'jailbee destroy'. stdin, stdout and stderr are passed through and the exit
 status is the command's (127: no such command). Ending exec (Ctrl-C) ends
 the command; what the command started in the background keeps running.
+Once the command has ended, exec returns within a few seconds even if what
+it left running still holds its output or its terminal; with -t your
+terminal's mode is restored.
 
   -t          give the command a new terminal, sized like yours, with your
               terminal in raw mode meanwhile (jailbee exec -t NAME -- bash)
