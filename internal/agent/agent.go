@@ -229,9 +229,13 @@ printf '%s\n' "$w" | while read -r id name; do printf '\0%s\n' "$name"; tmux cap
 	return []string{"sh", "-c", script, "sh", Session}
 }
 
-// MaxCaptureOutput bounds what a CaptureAllArgv command may print (tmux
-// keeps 2000 lines of history per pane by default).
-const MaxCaptureOutput = 8 << 20
+// Bounds of a CaptureAllArgv command's output: what it may print, and
+// the lines kept of a pane (the last). tmux keeps 2000 lines of history
+// per pane by default.
+const (
+	MaxCaptureOutput = 8 << 20
+	MaxPaneLines     = 10000
+)
 
 // Pane is one window's captured pane, safe to print (PaneLines).
 type Pane struct {
@@ -246,7 +250,11 @@ func ParsePanes(out []byte) []Pane {
 	sections := bytes.Split(out, []byte{0})
 	for _, sec := range sections[1:] {
 		name, text, _ := bytes.Cut(sec, []byte("\n"))
-		panes = append(panes, Pane{Window: cleanText(name), Lines: PaneLines(text)})
+		lines := PaneLines(text)
+		if len(lines) > MaxPaneLines {
+			lines = lines[len(lines)-MaxPaneLines:]
+		}
+		panes = append(panes, Pane{Window: cleanText(name), Lines: lines})
 	}
 	return panes
 }
