@@ -594,10 +594,10 @@ func TestExecTTYNotHeldBySandboxProcesses(t *testing.T) {
 		t.Skip("no perl in the sandbox")
 	}
 	u := newUserTerminal(t)
-	cmd, exited := u.jb(h, "exec", "-t", "held", "--", "sh", "-c", "trap '' HUP; sleep 600 & perl -e \"$1\" $PPID; exit 4", "sh", takeFD0)
+	cmd, exited := u.jb(h, "exec", "-t", "held", "--", "sh", "-c", "trap '' HUP; sleep 600 & ls /proc/$PPID/fd >/dev/null 2>&1 || echo fd-closed; perl -e \"$1\" $PPID; exit 4", "sh", takeFD0)
 	u.waitExit(cmd, exited, 4)
-	if s := u.output(); !strings.Contains(s, "pidfd_getfd: errno 1\r\n") {
-		t.Errorf("a sandbox process took the relay's terminal, want EPERM; output:\n%q", s)
+	if s := u.output(); !strings.Contains(s, "fd-closed\r\npidfd_getfd: errno 1\r\n") {
+		t.Errorf("a sandbox process listed the relay's descriptors or took its terminal, want both refused (EPERM); output:\n%q", s)
 	}
 }
 
