@@ -552,54 +552,20 @@ func TestExecTTYThroughARealTerminal(t *testing.T) {
 	h := newHostEnv(t)
 	h.newSandbox("tty", "--repo", h.repo, "--orchestrator")
 
-	master, slave, err := term.OpenPTY()
-	if err != nil {
+	u := newUserTerminal(t)
+	if err := unix.IoctlSetWinsize(int(u.slave.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 37, Col: 91}); err != nil {
 		t.Fatal(err)
 	}
-	defer master.Close()
-	defer slave.Close()
-	if err := unix.IoctlSetWinsize(int(slave.Fd()), unix.TIOCSWINSZ, &unix.Winsize{Row: 37, Col: 91}); err != nil {
-		t.Fatal(err)
-	}
-	before, err := unix.IoctlGetTermios(int(slave.Fd()), unix.TCGETS)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd, exited := h.jbOnTerminal(slave, "xterm-jbtest", "exec", "-t", "tty", "--", "sh")
-	var out wait.Buffer
-	readDone := make(chan struct{})
-	go func() {
-		io.Copy(&out, master) // ends with EIO once no one holds the slave
-		close(readDone)
-	}()
+	cmd, exited := u.jb(h, "exec", "-t", "tty", "--", "sh")
 	// Type once jb has the terminal in raw mode (else the outer line
 	// discipline would echo and cook the input).
 	wait.For(t, "raw mode on the outer terminal", func() bool {
-		tm, err := unix.IoctlGetTermios(int(slave.Fd()), unix.TCGETS)
+		tm, err := unix.IoctlGetTermios(int(u.slave.Fd()), unix.TCGETS)
 		return err == nil && tm.Lflag&unix.ICANON == 0
 	})
-	master.Write([]byte(`[ -t 0 ] && [ -t 1 ] && [ -t 2 ] && echo "I:terminal"; echo "S:$(stty size)"; echo "T:$(tty)"; echo "E:$TERM"; exit 5` + "\r"))
-	select {
-	case <-exited:
-	case <-time.After(commandGuard):
-		cmd.Process.Kill()
-		<-exited
-		t.Fatalf("jb exec -t did not end (hang guard); output:\n%s", out.String())
-	}
-	if code := cmd.ProcessState.ExitCode(); code != 5 {
-		t.Errorf("exit %d, want 5", code)
-	}
-	after, err := unix.IoctlGetTermios(int(slave.Fd()), unix.TCGETS)
-	if err != nil || *after != *before {
-		t.Errorf("the outer terminal's mode was not restored:\n%+v\nwas\n%+v", after, before)
-	}
-	slave.Close()
-	select {
-	case <-readDone:
-	case <-time.After(waitGuard):
-		t.Fatal("the outer terminal's output did not end (hang guard)")
-	}
-	s := out.String()
+	u.master.Write([]byte(`[ -t 0 ] && [ -t 1 ] && [ -t 2 ] && echo "I:terminal"; echo "S:$(stty size)"; echo "T:$(tty)"; echo "E:$TERM"; exit 5` + "\r"))
+	u.waitExit(cmd, exited, 5)
+	s := u.output()
 	for _, want := range []string{`I:terminal\r\n`, `S:37 91\r\n`, `E:xterm-jbtest\r\n`} {
 		if !regexp.MustCompile(want).MatchString(s) {
 			t.Errorf("output lacks %s:\n%q", want, s)
@@ -610,6 +576,112 @@ func TestExecTTYThroughARealTerminal(t *testing.T) {
 	if !regexp.MustCompile(`T:/dev/pts/[0-9]+\r\n`).MatchString(s) {
 		t.Errorf("tty did not name a /dev/pts terminal:\n%q", s)
 	}
+}
+
+// TestExecTTYNotHeldBySandboxProcesses: what a terminal's command leaves
+// running cannot hold `jb exec -t` open (the user's terminal raw, Ctrl-C
+// dead): jb returns once the command has ended and restores the
+// terminal. A background process keeps the command's terminal; another
+// tries to take the host terminal from the in-sandbox relay with
+// pidfd_getfd and keep it, which the relay refuses (it is not dumpable).
+func TestExecTTYNotHeldBySandboxProcesses(t *testing.T) {
+	h := newHostEnv(t)
+	if h.incusProject != "" {
+		t.Skip("the pty relay is the local backend's")
+	}
+	h.newSandbox("held", "--repo", h.repo, "--orchestrator")
+	if code, _, _ := h.jb("", "exec", "held", "--", "sh", "-c", "command -v perl"); code != 0 {
+		t.Skip("no perl in the sandbox")
+	}
+	u := newUserTerminal(t)
+	cmd, exited := u.jb(h, "exec", "-t", "held", "--", "sh", "-c", "trap '' HUP; sleep 600 & ls /proc/$PPID/fd >/dev/null 2>&1 || echo fd-closed; perl -e \"$1\" $PPID; exit 4", "sh", takeFD0)
+	u.waitExit(cmd, exited, 4)
+	if s := u.output(); !strings.Contains(s, "fd-closed\r\npidfd_getfd: errno 1\r\n") {
+		t.Errorf("a sandbox process listed the relay's descriptors or took its terminal, want both refused (EPERM); output:\n%q", s)
+	}
+}
+
+// takeFD0 (perl, pid as its argument) takes descriptor 0 of the process
+// with pidfd_getfd and, if it got it, keeps it in a background process
+// (deaf to the SIGHUP the end of the command's session sends).
+const takeFD0 = `
+$SIG{HUP} = "IGNORE";
+my $pidfd = syscall(434, $ARGV[0] + 0, 0);
+die "pidfd_open: $!\n" if $pidfd < 0;
+my $fd = syscall(438, $pidfd, 0, 0);
+if ($fd < 0) { printf "pidfd_getfd: errno %d\n", $! + 0; exit 0 }
+print "pidfd_getfd: took descriptor $fd\n";
+exit 0 if fork();
+open STDIN, "<", "/dev/null"; open STDOUT, ">", "/dev/null"; open STDERR, ">", "/dev/null";
+sleep 600;
+`
+
+// userTerminal is a pseudo-terminal the test holds as a user's: jb runs
+// on its slave, the test reads what jb shows from its master.
+type userTerminal struct {
+	t             *testing.T
+	master, slave *os.File
+	before        *unix.Termios
+	out           wait.Buffer
+	readDone      chan struct{}
+}
+
+func newUserTerminal(t *testing.T) *userTerminal {
+	t.Helper()
+	master, slave, err := term.OpenPTY()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { master.Close(); slave.Close() })
+	u := &userTerminal{t: t, master: master, slave: slave, readDone: make(chan struct{})}
+	go func() {
+		io.Copy(&u.out, master) // ends with EIO once no one holds the slave
+		close(u.readDone)
+	}()
+	return u
+}
+
+// jb starts jb on the terminal, its mode noted first.
+func (u *userTerminal) jb(h *hostEnv, args ...string) (*exec.Cmd, chan error) {
+	u.t.Helper()
+	before, err := unix.IoctlGetTermios(int(u.slave.Fd()), unix.TCGETS)
+	if err != nil {
+		u.t.Fatal(err)
+	}
+	u.before = before
+	return h.jbOnTerminal(u.slave, "xterm-jbtest", args...)
+}
+
+// waitExit waits for jb to exit with code (a hang guard, never a timing)
+// and checks that it restored the terminal's mode.
+func (u *userTerminal) waitExit(cmd *exec.Cmd, exited chan error, code int) {
+	u.t.Helper()
+	select {
+	case <-exited:
+	case <-time.After(commandGuard):
+		cmd.Process.Kill()
+		<-exited
+		u.t.Fatalf("jb %v did not end (hang guard); output:\n%s", cmd.Args[1:], u.out.String())
+	}
+	if got := cmd.ProcessState.ExitCode(); got != code {
+		u.t.Errorf("exit %d, want %d", got, code)
+	}
+	after, err := unix.IoctlGetTermios(int(u.slave.Fd()), unix.TCGETS)
+	if err != nil || *after != *u.before {
+		u.t.Errorf("the outer terminal's mode was not restored:\n%+v\nwas\n%+v", after, u.before)
+	}
+}
+
+// output closes the test's slave and returns all jb showed.
+func (u *userTerminal) output() string {
+	u.t.Helper()
+	u.slave.Close()
+	select {
+	case <-u.readDone:
+	case <-time.After(waitGuard):
+		u.t.Fatal("the outer terminal's output did not end (hang guard)")
+	}
+	return u.out.String()
 }
 
 // TestBackgroundProcessOutlivesExecUntilDestroy: what jb exec leaves in
@@ -996,6 +1068,32 @@ func TestSpawnLogsAndAttach(t *testing.T) {
 	}
 	if code, _, errs := h.jb("", "logs", "lead"); code != 1 || !strings.Contains(errs, "no worker log for lead") {
 		t.Fatalf("jb logs of a sandbox made on the host: exit %d %q", code, errs)
+	}
+
+	// The agent's pane, without a terminal; and followed: a new window's
+	// output comes after.
+	if out := h.mustJB("logs", "kid", "--agent"); !strings.HasPrefix(out, "== window scripted\n") || !strings.Contains(out, " agent: prompt: work\n") {
+		t.Fatalf("jb logs kid --agent:\n%s", out)
+	}
+	if code, _, errs := h.jb("", "logs", "lead", "--agent"); code != 1 || !strings.Contains(errs, "no agent session in lead") {
+		t.Fatalf("jb logs --agent of a sandbox with no agent session: exit %d %q", code, errs)
+	}
+	follow := exec.Command(h.bin, "logs", "kid", "--agent", "-f")
+	follow.Env = h.env
+	var followed wait.Buffer
+	follow.Stdout = &followed
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { follow.Process.Kill(); follow.Wait() }()
+	wait.For(t, "jb logs -f to print the agent's pane", func() bool { return strings.Contains(followed.String(), " agent: prompt: work\n") })
+	h.mustJB("exec", "kid", "--", "tmux", "new-window", "-d", "-t", "jailbee:", "-n", "extra", "--", "sh", "-c", "echo a-new-line; exec sleep 600")
+	wait.For(t, "jb logs -f to print the new window", func() bool {
+		return strings.Contains(followed.String(), "== window extra\na-new-line\n")
+	})
+	h.mustJB("exec", "kid", "--", "tmux", "kill-window", "-t", "jailbee:extra")
+	if code, _, errs := h.jb("", "attach", "kid"); code != 2 || !strings.Contains(errs, "attach needs a terminal") {
+		t.Fatalf("jb attach without a terminal: exit %d %q", code, errs)
 	}
 
 	master, slave, err := term.OpenPTY()

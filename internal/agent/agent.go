@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 
@@ -219,25 +220,82 @@ func CaptureArgv(window string) []string {
 	return []string{"tmux", "capture-pane", "-p", "-J", "-t", Session + ":" + window}
 }
 
+// CaptureAllArgv prints every window of the agents' session: for each, a
+// NUL, the window's name and a newline, then its pane's history and
+// visible text. It fails when there is no session.
+func CaptureAllArgv() []string {
+	const script = `w=$(tmux list-windows -t "$1" -F '#{window_id} #{window_name}') || exit
+printf '%s\n' "$w" | while read -r id name; do printf '\0%s\n' "$name"; tmux capture-pane -p -J -S - -t "$id"; done`
+	return []string{"sh", "-c", script, "sh", Session}
+}
+
+// Bounds of a CaptureAllArgv command's output: what it may print, and
+// the lines kept of a pane (the last). tmux keeps 2000 lines of history
+// per pane by default.
+const (
+	MaxCaptureOutput = 8 << 20
+	MaxPaneLines     = 10000
+)
+
+// Pane is one window's captured pane, safe to print (PaneLines).
+type Pane struct {
+	Window string
+	Lines  []string
+}
+
+// ParsePanes reads what a CaptureAllArgv command printed
+// (sandbox-controlled).
+func ParsePanes(out []byte) []Pane {
+	var panes []Pane
+	sections := bytes.Split(out, []byte{0})
+	for _, sec := range sections[1:] {
+		name, text, _ := bytes.Cut(sec, []byte("\n"))
+		lines := PaneLines(text)
+		if len(lines) > MaxPaneLines {
+			lines = lines[len(lines)-MaxPaneLines:]
+		}
+		panes = append(panes, Pane{Window: cleanText(name), Lines: lines})
+	}
+	return panes
+}
+
 // Bounds of a pane tail in an idle report.
 const (
 	PaneTailLines = 20
 	PaneTailBytes = 2048
 )
 
-// PaneTail is the last non-empty lines of a captured pane
-// (sandbox-controlled): valid UTF-8, no control characters but tabs, at
-// most PaneTailLines lines and PaneTailBytes bytes (the end kept).
-func PaneTail(out []byte) string {
-	clean := strings.Map(func(r rune) rune {
+// cleanText is sandbox-controlled text made safe to print: valid UTF-8,
+// no control characters but newlines and tabs.
+func cleanText(b []byte) string {
+	return strings.Map(func(r rune) rune {
 		if r == '\n' || r == '\t' || (r >= 0x20 && r != 0x7f && !(r >= 0x80 && r < 0xa0)) {
 			return r
 		}
 		return -1
-	}, strings.ToValidUTF8(string(out), "\uFFFD"))
+	}, strings.ToValidUTF8(string(b), "\uFFFD"))
+}
+
+// PaneLines are the lines of a captured pane (sandbox-controlled), clean
+// (cleanText), without trailing blanks or blank lines at the end.
+func PaneLines(out []byte) []string {
+	lines := strings.Split(cleanText(out), "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimRight(l, " \t")
+	}
+	for len(lines) > 0 && lines[len(lines)-1] == "" {
+		lines = lines[:len(lines)-1]
+	}
+	return lines
+}
+
+// PaneTail is the last non-empty lines of a captured pane
+// (sandbox-controlled): clean (PaneLines), at most PaneTailLines lines and
+// PaneTailBytes bytes (the end kept).
+func PaneTail(out []byte) string {
 	var lines []string
-	for _, l := range strings.Split(clean, "\n") {
-		if l = strings.TrimRight(l, " \t"); l != "" {
+	for _, l := range PaneLines(out) {
+		if l != "" {
 			lines = append(lines, l)
 		}
 	}
@@ -249,4 +307,20 @@ func PaneTail(out []byte) string {
 		tail = strings.ToValidUTF8(tail[len(tail)-PaneTailBytes:], "")
 	}
 	return tail
+}
+
+// LimitedWriter keeps the first N bytes written to W and drops the rest
+// (what a command in a sandbox prints is sandbox-controlled).
+type LimitedWriter struct {
+	W io.Writer
+	N int
+}
+
+func (l *LimitedWriter) Write(p []byte) (int, error) {
+	if l.N > 0 {
+		k := min(len(p), l.N)
+		l.W.Write(p[:k])
+		l.N -= k
+	}
+	return len(p), nil
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -207,4 +208,22 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("pane %d %+v", pid, id)
 		}
 	})
+}
+
+// TestParsePanes: one pane per NUL-led section (what comes before the
+// first is no pane's), its window name and lines cleaned, blank lines at
+// the end dropped, at most MaxPaneLines lines (the last).
+func TestParsePanes(t *testing.T) {
+	long := strings.Repeat("l\n", MaxPaneLines+3) + "last\n"
+	out := "stray\n\x00one\x1b\nfirst\x07 \n\n\nsecond\n\n\x00two\n" + long
+	panes := ParsePanes([]byte(out))
+	if len(panes) != 2 || panes[0].Window != "one" || panes[1].Window != "two" {
+		t.Fatalf("panes %+v", panes)
+	}
+	if got := panes[0].Lines; !slices.Equal(got, []string{"first", "", "", "second"}) {
+		t.Errorf("lines %q", got)
+	}
+	if got := panes[1].Lines; len(got) != MaxPaneLines || got[len(got)-1] != "last" {
+		t.Errorf("a long pane kept %d lines ending %q, want %d ending last", len(got), got[len(got)-1], MaxPaneLines)
+	}
 }

@@ -1,11 +1,13 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"sort"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -15,6 +17,10 @@ import (
 	"agentbox/internal/wire"
 )
 
+// followInterval is how often `logs -f` looks for new output: a person
+// reads along, a second late is soon enough.
+const followInterval = time.Second
+
 func newAttachCmd(deps Deps) *cobra.Command {
 	var state string
 	c := &cobra.Command{
@@ -22,10 +28,14 @@ func newAttachCmd(deps Deps) *cobra.Command {
 		Short: "Attach your terminal to a child's agent session (tmux)",
 		Long: `Attach your terminal to the tmux session the sandbox's agents run in (one
 window per agent). Detach with tmux's prefix, then d (C-b d): the agents
-keep running. Needs a terminal.`,
+keep running. Needs a terminal ('jailbee logs NAME --agent' prints the
+agents' panes without one).`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeSandbox(&state, false),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, ok := stdinTerminal(deps); !ok {
+				return exitf(ExitUsage, "attach needs a terminal (to print the agent's pane: jailbee logs %s --agent)", truncateArg(args[0]))
+			}
 			a := wire.ExecArgs{Name: args[0], TTY: true, Dir: backend.WorkspacePath,
 				Argv: []string{"tmux", "attach-session", "-t", agent.Session}}
 			return runExec(cmd.Context(), state, a, deps)
@@ -37,42 +47,102 @@ keep running. Needs a terminal.`,
 
 func newLogsCmd(deps Deps) *cobra.Command {
 	var state string
+	var agentPane, follow bool
 	c := &cobra.Command{
-		Use:   "logs NAME",
-		Short: "Print the worker logs of a child's spawns",
+		Use:   "logs NAME [--agent] [-f]",
+		Short: "Print the worker logs of a child's spawns, or its agent's output",
 		Long: `Print the worker log of each spawn of the child NAME, oldest first: the
 steps its creation took (sandbox, checkout, agent start and readiness) and
-what failed. The logs are in <state>/logs/ (owner only).`,
+what failed. The logs are in <state>/logs/ (owner only).
+
+  --agent   print instead what the sandbox's agents show: each window of
+            its tmux session (one per agent), its scrollback and screen,
+            under a line '== window NAME' (control characters dropped)
+  -f        follow: go on printing what is added until interrupted
+            (Ctrl-C); with --agent, the panes are read every second and
+            the lines that changed since are printed (a line the agent
+            redraws is printed again)`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeSandbox(&state, false),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			dir, err := stateDir(state)
-			if err != nil {
-				return err
-			}
 			if backend.ValidateName(args[0]) != nil {
 				return exitf(ExitUsage, "invalid sandbox name %q", truncateArg(args[0]))
 			}
-			logs, _ := filepath.Glob(filepath.Join(dir, broker.LogDir, args[0]+".*.log"))
-			if len(logs) == 0 {
-				return exitf(ExitFailed, "no worker log for %s in %s (only spawned children have one)", args[0], filepath.Join(dir, broker.LogDir))
-			}
-			sort.Slice(logs, func(i, j int) bool { return modTime(logs[i]) < modTime(logs[j]) })
 			out := cmd.OutOrStdout()
-			for _, l := range logs {
-				fmt.Fprintf(out, "== %s\n", filepath.Base(l))
-				f, err := os.Open(l)
-				if err != nil {
-					return exitf(ExitFailed, "%v", err)
-				}
-				io.Copy(out, f)
-				f.Close()
+			if agentPane {
+				return agentLogs(cmd.Context(), state, args[0], follow, out, deps)
 			}
-			return nil
+			return workerLogs(cmd.Context(), state, args[0], follow, out)
 		},
 	}
 	addStateFlag(c, &state)
+	c.Flags().BoolVar(&agentPane, "agent", false, "print the agents' tmux panes instead of the worker logs")
+	c.Flags().BoolVarP(&follow, "follow", "f", false, "go on printing what is added")
 	return c
+}
+
+// workerLogs prints the worker logs of name's spawns, oldest first, and
+// with follow what is added to them (or a new spawn's) until ctx ends.
+func workerLogs(ctx context.Context, state, name string, follow bool, out io.Writer) error {
+	dir, err := stateDir(state)
+	if err != nil {
+		return err
+	}
+	dir = filepath.Join(dir, broker.LogDir)
+	logs := listLogs(dir, name)
+	if len(logs) == 0 {
+		return exitf(ExitFailed, "no worker log for %s in %s (only spawned children have one)", name, dir)
+	}
+	offsets := map[string]int64{}
+	for _, l := range logs {
+		fmt.Fprintf(out, "== %s\n", filepath.Base(l))
+		if offsets[l], err = copyLog(out, l, 0); err != nil {
+			return exitf(ExitFailed, "%v", err)
+		}
+	}
+	last := logs[len(logs)-1]
+	for follow {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(followInterval):
+		}
+		for _, l := range listLogs(dir, name) {
+			if fi, err := os.Stat(l); err != nil || fi.Size() <= offsets[l] {
+				continue
+			}
+			if l != last {
+				fmt.Fprintf(out, "== %s\n", filepath.Base(l))
+				last = l
+			}
+			if offsets[l], err = copyLog(out, l, offsets[l]); err != nil {
+				return exitf(ExitFailed, "%v", err)
+			}
+		}
+	}
+	return nil
+}
+
+// listLogs lists name's worker logs in dir, oldest first.
+func listLogs(dir, name string) []string {
+	logs, _ := filepath.Glob(filepath.Join(dir, name+".*.log"))
+	sort.Slice(logs, func(i, j int) bool { return modTime(logs[i]) < modTime(logs[j]) })
+	return logs
+}
+
+// copyLog copies the log at path from offset from to its end, and
+// returns the offset it reached.
+func copyLog(out io.Writer, path string, from int64) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return from, err
+	}
+	defer f.Close()
+	if _, err := f.Seek(from, io.SeekStart); err != nil {
+		return from, err
+	}
+	n, err := io.Copy(out, f)
+	return from + n, err
 }
 
 func modTime(path string) int64 {

@@ -663,6 +663,63 @@ func TestExecTTYGivesANewTerminal(t *testing.T) {
 	userMaster.Write([]byte{'\n'})
 }
 
+// TestExecTTYReturnsWhileTheTerminalIsHeld: a process that keeps a copy
+// of the command's terminal (here the broker's side keeps one, as a
+// sandbox process that took it would) cannot hold exec -t open: once the
+// command has ended it returns, with the user's terminal mode restored.
+func TestExecTTYReturnsWhileTheTerminalIsHeld(t *testing.T) {
+	userMaster, userTTY, err := term.OpenPTY()
+	if err != nil {
+		t.Skipf("no pty: %v", err)
+	}
+	defer userMaster.Close()
+	defer userTTY.Close()
+	before, err := unix.IoctlGetTermios(int(userTTY.Fd()), unix.TCGETS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := make(chan int, 1)
+	f := newFakeAdmin(t, func(r adminRequest) *wire.Response {
+		if len(r.Files) != 3 {
+			return okReply(wire.ExecResult{Exit: 1})
+		}
+		fd, err := unix.FcntlInt(r.Files[0].Fd(), unix.F_DUPFD_CLOEXEC, 0)
+		if err == nil {
+			held <- fd
+		}
+		r.Files[1].Write([]byte("before the end\n"))
+		return okReply(wire.ExecResult{Exit: 3})
+	})
+	var out wait.Buffer
+	done := make(chan int, 1)
+	go func() {
+		done <- runWith(t, userTTY, &out, io.Discard, "exec", "--state", f.state, "-t", "kid", "--", "sh")
+	}()
+	select {
+	case code := <-done:
+		if code != 3 {
+			t.Errorf("exit %d, want 3", code)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("exec -t did not return while a copy of its terminal was held (hang guard)")
+	}
+	select {
+	case fd := <-held:
+		defer unix.Close(fd)
+	default:
+		t.Fatal("the broker's side kept no copy of the terminal")
+	}
+	after, err := unix.IoctlGetTermios(int(userTTY.Fd()), unix.TCGETS)
+	if err != nil || *after != *before {
+		t.Errorf("the user's terminal mode was not restored: %+v, was %+v", after, before)
+	}
+	if s := out.String(); !strings.Contains(s, "before the end\r\n") {
+		t.Errorf("output %q", s)
+	}
+	// exec's copy from the user's terminal is still reading it: a byte ends it.
+	userMaster.Write([]byte{'\n'})
+}
+
 // waitFor polls cond until it holds or limit passes (a hang guard).
 func waitFor(limit time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(limit)

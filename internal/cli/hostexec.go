@@ -33,6 +33,9 @@ processes, limited with them and ended with them by 'jailbee stop' or
 'jailbee destroy'. stdin, stdout and stderr are passed through and the exit
 status is the command's (127: no such command). Ending exec (Ctrl-C) ends
 the command; what the command started in the background keeps running.
+Once the command has ended, exec returns within a few seconds even if what
+it left running still holds its output or its terminal; with -t your
+terminal's mode is restored.
 
   -t          give the command a new terminal, sized like yours, with your
               terminal in raw mode meanwhile (jailbee exec -t NAME -- bash)
@@ -72,7 +75,7 @@ inbox client is on PATH as 'jailbee'.`,
 // process's own. The user's own terminal is never passed into a sandbox.
 // The command's exit status other than 0 is an *ExitError with it.
 func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) error {
-	if in, ok := deps.Stdin.(*os.File); a.TTY && (!ok || !term.IsTerminal(in)) {
+	if _, ok := stdinTerminal(deps); a.TTY && !ok {
 		return exitf(ExitUsage, "-t needs a terminal on stdin")
 	}
 	c, err := dialAdmin(ctx, state)
@@ -100,6 +103,12 @@ func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) erro
 		return &ExitError{Code: res.Exit}
 	}
 	return nil
+}
+
+// stdinTerminal returns deps.Stdin when it is a terminal.
+func stdinTerminal(deps Deps) (*os.File, bool) {
+	in, ok := deps.Stdin.(*os.File)
+	return in, ok && term.IsTerminal(in)
 }
 
 // execStreams are the command's descriptors (sent to the broker, closed
@@ -148,8 +157,8 @@ func pipeStreams(deps Deps) (*execStreams, error) {
 // streams, its master is copied to and from this process's terminal, which
 // is in raw mode until restore.
 func ttyStreams(deps Deps, a *wire.ExecArgs) (*execStreams, error) {
-	in, ok := deps.Stdin.(*os.File)
-	if !ok || !term.IsTerminal(in) {
+	in, ok := stdinTerminal(deps)
+	if !ok {
 		return nil, exitf(ExitUsage, "-t needs a terminal on stdin")
 	}
 	master, slave, err := term.OpenPTY()

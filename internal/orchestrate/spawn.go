@@ -341,7 +341,7 @@ func (o *Orchestrator) buildChild(ctx context.Context, sb *store.Sandbox, doc sp
 // Code (agent.ClaudeHomeArgv); files that are there are kept.
 func (o *Orchestrator) seedClaudeHome(ctx context.Context, name string) error {
 	var stderr strings.Builder
-	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.ClaudeHomeArgv(backend.WorkspacePath), Stderr: &limitedWriter{w: &stderr, n: 1024}})
+	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.ClaudeHomeArgv(backend.WorkspacePath), Stderr: &agent.LimitedWriter{W: &stderr, N: 1024}})
 	if err != nil || code != 0 {
 		return fmt.Errorf("cannot prepare the agent's home (exit %d): %v %q", code, err, stderr.String())
 	}
@@ -366,7 +366,7 @@ func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc
 	}
 	var stdout, stderr strings.Builder
 	code, err := run.Run(ctx, gitx.Cmd{Argv: agent.WithStat(agent.StartArgv(spec, doc.Prompt, newSession)), Dir: backend.WorkspacePath,
-		Stdout: &limitedWriter{w: &stdout, n: agent.MaxPaneOutput}, Stderr: &limitedWriter{w: &stderr, n: 1024}})
+		Stdout: &agent.LimitedWriter{W: &stdout, N: agent.MaxPaneOutput}, Stderr: &agent.LimitedWriter{W: &stderr, N: 1024}})
 	if err != nil || code != 0 {
 		return agentSeen{}, fmt.Errorf("tmux exited %d: %v %q", code, err, stderr.String())
 	}
@@ -448,7 +448,7 @@ func (o *Orchestrator) lookAt(ctx context.Context, name string, argv []string, l
 	ctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
 	defer cancel()
 	var out strings.Builder
-	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: argv, Stdout: &limitedWriter{w: &out, n: limit}})
+	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: argv, Stdout: &agent.LimitedWriter{W: &out, N: limit}})
 	if err == nil && code != 0 {
 		err = fmt.Errorf("exit %d", code)
 	}
@@ -627,19 +627,3 @@ func stamp() string { return time.Now().UTC().Format("2006-01-02T15:04:05.000Z07
 type nopCloser struct{ io.Writer }
 
 func (nopCloser) Close() error { return nil }
-
-// limitedWriter keeps the first n bytes written and drops the rest (the
-// output of commands in a sandbox is sandbox-controlled).
-type limitedWriter struct {
-	w io.Writer
-	n int
-}
-
-func (l *limitedWriter) Write(p []byte) (int, error) {
-	if l.n > 0 {
-		k := min(len(p), l.n)
-		l.w.Write(p[:k])
-		l.n -= k
-	}
-	return len(p), nil
-}

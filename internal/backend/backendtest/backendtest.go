@@ -471,8 +471,27 @@ func testExecUsersAndDir(s *suite) {
 }
 
 func testExecTerminal(s *suite) {
-	t, b := s.t, s.b
+	t := s.t
 	name := s.started("tty")
+	data := s.execOnTerminal(name, "test -t 0 && test -t 1 && echo is-a-terminal; exit 3", 3)
+	if !strings.Contains(string(data), "is-a-terminal") {
+		t.Fatalf("terminal output %q", data)
+	}
+	// What the command leaves running with its terminal (deaf to the
+	// hangup at the command's end) does not hold Exec, nor the terminal
+	// handed in, past the command's end.
+	data = s.execOnTerminal(name, "trap '' HUP; sleep 600 & echo left-running; exit 4", 4)
+	if !strings.Contains(string(data), "left-running") {
+		t.Fatalf("terminal output %q", data)
+	}
+}
+
+// execOnTerminal runs script with a new terminal as its streams, checks
+// its exit status, and returns what the terminal showed (hang guards on
+// Exec and on the terminal's end).
+func (s *suite) execOnTerminal(name, script string, want int) []byte {
+	t, b := s.t, s.b
+	t.Helper()
 	master, slave, err := term.OpenPTY()
 	if err != nil {
 		t.Fatal(err)
@@ -483,21 +502,33 @@ func testExecTerminal(s *suite) {
 		data, _ := io.ReadAll(master) // ends with EIO once the slave is closed everywhere
 		out <- data
 	}()
-	code, err := b.Exec(t.Context(), name, backend.ExecOptions{
-		Argv: []string{"sh", "-c", "test -t 0 && test -t 1 && echo is-a-terminal; exit 3"},
-		TTY:  true, Stdin: slave, Stdout: slave, Stderr: slave,
-	})
-	slave.Close()
-	if err != nil || code != 3 {
-		t.Fatalf("Exec with a terminal: %d, %v", code, err)
+	type result struct {
+		code int
+		err  error
 	}
+	ran := make(chan result, 1)
+	go func() {
+		code, err := b.Exec(t.Context(), name, backend.ExecOptions{
+			Argv: []string{"sh", "-c", script},
+			TTY:  true, Stdin: slave, Stdout: slave, Stderr: slave,
+		})
+		ran <- result{code, err}
+	}()
+	select {
+	case r := <-ran:
+		if r.err != nil || r.code != want {
+			t.Fatalf("Exec with a terminal: %d, %v; want %d", r.code, r.err, want)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("Exec with a terminal of %q did not return (hang guard)", script)
+	}
+	slave.Close()
 	select {
 	case data := <-out:
-		if !strings.Contains(string(data), "is-a-terminal") {
-			t.Fatalf("terminal output %q", data)
-		}
+		return data
 	case <-time.After(30 * time.Second):
 		t.Fatal("the terminal never closed")
+		return nil
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"agentbox/internal/term"
 )
 
@@ -34,6 +36,13 @@ func PtyRelayMain(args []string) int {
 	if len(args) < 2 || args[0] != "--" {
 		fmt.Fprintln(os.Stderr, "usage: jailbee _pty-relay -- CMD...")
 		return 2
+	}
+	// Not dumpable: no process of the sandbox (same uid) may take the
+	// host terminal from the relay (pidfd_getfd, /proc/PID/fd) and hold it
+	// after the command ended. The command itself is dumpable again (exec).
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		fmt.Fprintf(os.Stderr, "jailbee: prctl: %v\n", err)
+		return cannotRunStatus
 	}
 	argv := args[1:]
 	outer := os.Stdin
