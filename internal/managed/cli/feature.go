@@ -67,7 +67,7 @@ func newFeature(env *Env) *cobra.Command {
 
   feature start NAME --repo REPO --runtime in-guest --runtime-manifest ABS [--json]
   feature exec-provider NAME --provider EXE [--inherit-env NAME]... -- [ARGS...]
-  feature exec NAME [--json] -- CMD [ARGS...]
+  feature exec NAME [--json] [--] CMD [ARGS...]
   feature status NAME [--json]
   feature dispatch-tool NAME --lease L --request-id R [--wait-seconds N] [--json]
   feature teardown NAME --force [--json]
@@ -198,10 +198,14 @@ fails; 2 on a usage error.`,
 func newFeatureExec(env *Env) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
-		Use:   "exec NAME [--json] -- CMD [ARGS...]",
+		Use:   "exec NAME [--json] [--] CMD [ARGS...]",
 		Short: "Run a command in a feature's container",
 		Long: `Run CMD in feature NAME's container as the workspace consumer, in the
 workspace folder, with the container's own environment.
+
+As with docker exec, the first word after NAME that is not exec's own flag
+starts the command, and everything from it on is the command's; "--" before
+CMD is accepted too (and needed when CMD itself starts with '-').
 
 Without --json the command's stdin, stdout and stderr are this process's and
 its exit status is passed through. With --json stdin is not read and one object
@@ -210,13 +214,13 @@ kept up to 1 MiB); the exit status is then 0 however the command exited.
 
 Exit status: the command's (or 0 with --json); 1 when the feature is not
 running or docker exec fails; 2 on a usage error.`,
-		Args: func(c *cobra.Command, args []string) error {
-			if c.ArgsLenAtDash() != 1 || len(args) < 2 {
-				return fmt.Errorf("exec takes NAME, then -- and the command")
-			}
-			return nil
-		},
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
+			name, cmd, err := execArgs(c, args)
+			if err != nil || cmd == nil {
+				return err
+			}
+			args = append([]string{name}, cmd...)
 			cfg := launchConfig(env)
 			if !asJSON {
 				code, err := launch.Exec(context.Background(), cfg, args[0], args[1:], env.Stdin, env.Stdout, env.Stderr)
@@ -238,7 +242,28 @@ running or docker exec fails; 2 on a usage error.`,
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print {exit_code, stdout, stderr}")
+	// Flags end at NAME; execArgs reads exec's own flags between NAME and
+	// the command.
+	c.Flags().SetInterspersed(false)
 	return c
+}
+
+// execArgs splits exec's arguments (flags before NAME already parsed)
+// into NAME and the command: exec's own flags right after NAME are
+// parsed too, then an optional "--", then the command. A nil command
+// with a nil error means help was asked for and printed.
+func execArgs(c *cobra.Command, args []string) (string, []string, error) {
+	fl := c.Flags()
+	if err := fl.Parse(args[1:]); err != nil {
+		return "", nil, usage("%v", err)
+	}
+	if help, _ := fl.GetBool("help"); help {
+		return "", nil, c.Help()
+	}
+	if fl.NArg() == 0 {
+		return "", nil, usage("exec takes NAME, then the command")
+	}
+	return args[0], fl.Args(), nil
 }
 
 func newFeatureStatus(env *Env) *cobra.Command {

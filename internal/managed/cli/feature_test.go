@@ -30,6 +30,15 @@ func TestFeatureUsageAndRefusals(t *testing.T) {
 		{[]string{"feature", "teardown", "x", "--force", "--json"}, cli.ExitRefused, `"code": "not_found"`},
 		{[]string{"feature", "status", "x", "--json"}, cli.ExitRefused, `"code": "not_found"`},
 		{[]string{"feature", "exec", "x", "--", "true"}, cli.ExitRefused, `no feature "x"`},
+		// The command without "--", as docker exec takes it; flags after NAME
+		// are exec's own, the command's are the command's.
+		{[]string{"feature", "exec", "x", "true"}, cli.ExitRefused, `no feature "x"`},
+		{[]string{"feature", "exec", "x", "ls", "-la", "--json"}, cli.ExitRefused, `no feature "x"`},
+		{[]string{"feature", "exec", "x", "--json", "true"}, cli.ExitRefused, `"code": "not_found"`},
+		{[]string{"feature", "exec", "--json", "x", "true"}, cli.ExitRefused, `"code": "not_found"`},
+		{[]string{"feature", "exec", "x"}, cli.ExitUsage, "the command"},
+		{[]string{"feature", "exec", "x", "--"}, cli.ExitUsage, "the command"},
+		{[]string{"feature", "exec", "x", "--bogus", "true"}, cli.ExitUsage, "bogus"},
 		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "local", "--runtime-manifest", "/m"}, cli.ExitUsage, "--runtime must be in-guest"},
 		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "in-guest"}, cli.ExitUsage, "runtime-manifest"},
 		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "rel/a.json"}, cli.ExitUsage, "absolute"},
