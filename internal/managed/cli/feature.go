@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"agentbox/internal/managed/assignment"
 	"agentbox/internal/managed/engine"
 	"agentbox/internal/managed/launch"
 	"agentbox/internal/managed/provider"
@@ -69,6 +72,7 @@ func newFeature(env *Env) *cobra.Command {
   feature exec-provider NAME --provider EXE [--inherit-env NAME]... -- [ARGS...]
   feature exec NAME [--json] [--] CMD [ARGS...]
   feature status NAME [--json]
+  feature ls [--json]
   feature dispatch-tool NAME --lease L --request-id R [--wait-seconds N] [--json]
   feature teardown NAME --force [--json]
 
@@ -76,11 +80,11 @@ State lives in $` + StateDirEnv + ` (default ` + DefaultStateDir + `): one direc
 per feature with its launch record, generated inputs, ledger and worktree.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return usage("a feature subcommand is required (start, exec-provider, exec, status, dispatch-tool, teardown)")
+			return usage("a feature subcommand is required (start, exec-provider, exec, status, ls, dispatch-tool, teardown)")
 		},
 	}
 	f.AddCommand(newFeatureStart(env), newFeatureExecProvider(env), newFeatureExec(env), newFeatureStatus(env),
-		newFeatureDispatchTool(env), newFeatureTeardown(env))
+		newFeatureList(env), newFeatureDispatchTool(env), newFeatureTeardown(env))
 	return f
 }
 
@@ -299,6 +303,69 @@ Exit status: 0, 1 when there is no such feature, 2 on a usage error.`,
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+func newFeatureList(env *Env) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:     "ls [--json]",
+		Aliases: []string{"list"},
+		Short:   "List the features in the state directory",
+		Long: `List every feature in the state directory, sorted by name, each as
+'feature status' reports it: phase (starting, running, failed; damaged when
+its record cannot be read), the container and its state on the engine, the
+published ports and the branch.
+
+  --json  print an array of 'feature status --json' objects ([] when there
+          is none)
+
+Exit status: 0, 1 when the engine or the state directory cannot be read,
+2 on a usage error.`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			list, err := launch.List(context.Background(), launchConfig(env))
+			if err != nil {
+				return launchFailure(env, asJSON, err)
+			}
+			if asJSON {
+				return writeJSON(env.Stdout, list)
+			}
+			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tPHASE\tCONTAINER\tPORTS\tBRANCH")
+			for _, s := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.Phase, containerCell(s), portsCell(s.PublishedPorts), orDash(s.Branch))
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	return c
+}
+
+// containerCell is a listed feature's short container id and its state.
+func containerCell(s launch.Status) string {
+	if s.ContainerID == "" {
+		return "-"
+	}
+	if s.ContainerState == "" {
+		return engine.ShortID(s.ContainerID)
+	}
+	return engine.ShortID(s.ContainerID) + " (" + s.ContainerState + ")"
+}
+
+func portsCell(ports []assignment.Port) string {
+	var cells []string
+	for _, p := range ports {
+		cells = append(cells, fmt.Sprintf("127.0.0.1:%d->%d", p.Host, p.Runtime))
+	}
+	return orDash(strings.Join(cells, ","))
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func newFeatureTeardown(env *Env) *cobra.Command {
