@@ -164,6 +164,16 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 		t.Fatalf("summary: %s", r.stdout)
 	}
 	noSecrets(t, f, r)
+	// A notice on stderr for each key of the repository's Compose file the
+	// facade replaces; db is omitted, so nothing of its is.
+	for _, key := range []string{"build", "image", "ports", "volumes"} {
+		if !strings.Contains(r.stderr, "branchbox: notice: compose: compose.yaml: services.app."+key+": replaced by the managed launch: ") {
+			t.Errorf("no notice for services.app.%s:\n%s", key, r.stderr)
+		}
+	}
+	if strings.Contains(r.stderr, "services.db.") {
+		t.Errorf("a notice for the omitted db:\n%s", r.stderr)
+	}
 
 	r = runCLI(t, env, "feature", "exec", "cli", "--json", "--", "sh", "-c", "echo out; echo err >&2; exit 3")
 	var raw map[string]any
