@@ -182,10 +182,10 @@ func checkRaw(f File) error {
 			if svc.Kind != yaml.MappingNode {
 				continue
 			}
-			at := "services." + name
+			at := "services." + segment(name)
 			for _, key := range []string{"extends", "provider", "volumes_from"} {
 				if mapValue(svc, key) != nil {
-					return refuse("not allowed in a managed launch", at+"."+key)
+					return refuse("not allowed in a managed launch", at+"."+segment(key))
 				}
 			}
 			if err := checkEnvironment(mapValue(svc, "environment"), func(entry, rule string) error {
@@ -233,7 +233,7 @@ func checkEnvironment(env *yaml.Node, refuse func(entry, rule string) error) err
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(env.Content); i += 2 {
 			if v := env.Content[i+1]; v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
-				return refuse("."+env.Content[i].Value, "a valueless entry "+quoteShort(env.Content[i].Value))
+				return refuse("."+segment(env.Content[i].Value), "a valueless entry "+quoteShort(env.Content[i].Value))
 			}
 		}
 	}
@@ -272,9 +272,9 @@ func walk(n *yaml.Node, file, where string, depth int, fn func(where, s string) 
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			key := n.Content[i].Value
-			at := key
+			at := segment(key)
 			if where != "" {
-				at = where + "." + key
+				at = where + "." + at
 			}
 			if err := fn(at, key); err != nil {
 				return err
@@ -330,6 +330,16 @@ func containsWord(s, w string) bool {
 }
 
 func isWordByte(c byte) bool { return isLetter(c) || c >= '0' && c <= '9' || c == '_' }
+
+// segment is one key of a key path as a message shows it: a key of at
+// most 64 printable ASCII characters as it is, any other quoted and cut
+// short (keys are the repository's bytes: none may forge a line).
+func segment(key string) string {
+	if key == "" || len(key) > 64 || strings.IndexFunc(key, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0 {
+		return quoteShort(key)
+	}
+	return key
+}
 
 // quoteShort quotes s, at most 64 bytes of it.
 func quoteShort(s string) string {

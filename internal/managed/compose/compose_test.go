@@ -90,6 +90,8 @@ func TestCheckRefuses(t *testing.T) {
 		{"valueless list entry", "services:\n  app:\n    image: x\n    environment:\n      - TOKEN\n", "compose.yaml: services.app.environment[0]", `a valueless entry "TOKEN"`},
 		{"valueless map entry", base + "      TOKEN:\n", "compose.yaml: services.app.environment.TOKEN", `a valueless entry "TOKEN"`},
 		{"not a mapping", "- a\n- b\n", "compose.yaml", "not a mapping"},
+		// A key is shown as it is only when it cannot forge a line.
+		{"a key with a newline", base + "    x-note: {\"x\\nbranchbox: docker.sock\": 1}\n", `compose.yaml: services.app.x-note."x\nbranchbox: docker.sock"`, "a container-engine socket (docker.sock)"},
 		{"nested too deep", base + "    x-deep: " + strings.Repeat("[", 70) + strings.Repeat("]", 70) + "\n", "compose.yaml: services.app.x-deep" + strings.Repeat("[0]", 62), "nested too deep"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

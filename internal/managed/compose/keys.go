@@ -79,7 +79,7 @@ type Replacement struct {
 }
 
 func (r Replacement) String() string {
-	return fmt.Sprintf("%s: services.%s.%s: replaced by the managed launch: %s", r.File, r.Service, r.Key, replacedWhy[r.Key])
+	return fmt.Sprintf("%s: services.%s.%s: replaced by the managed launch: %s", r.File, segment(r.Service), r.Key, replacedWhy[r.Key])
 }
 
 // Replaced lists, file by file, service by service and key by key (each
@@ -122,13 +122,13 @@ func isExtension(key string) bool { return strings.HasPrefix(key, "x-") }
 func checkTopKeys(path string, model map[string]any) error {
 	for _, key := range slices.Sorted(maps.Keys(model)) {
 		if !isExtension(key) && !slices.Contains(topKeys, key) {
-			return &Refusal{Rule: "top-level key not allowed in a managed launch", Where: path + ": " + key}
+			return &Refusal{Rule: "top-level key not allowed in a managed launch", Where: path + ": " + segment(key)}
 		}
 	}
 	vols, _ := model["volumes"].(map[string]any)
 	for _, name := range slices.Sorted(maps.Keys(vols)) {
 		if def, ok := vols[name].(map[string]any); vols[name] != nil && (!ok || len(def) > 0) {
-			return &Refusal{Rule: "a volume definition (a managed launch mounts none of the repository's volumes; declare it empty)", Where: path + ": volumes." + name}
+			return &Refusal{Rule: "a volume definition (a managed launch mounts none of the repository's volumes; declare it empty)", Where: path + ": volumes." + segment(name)}
 		}
 	}
 	return nil
@@ -149,7 +149,7 @@ func (p *Project) CheckRunnable() error {
 			}
 			for _, key := range slices.Sorted(maps.Keys(svc)) {
 				if _, ok := serviceKeys[key]; !ok && !isExtension(key) {
-					return &Refusal{Rule: "not allowed in a managed launch", Where: f.Path + ": services." + name + "." + key}
+					return &Refusal{Rule: "not allowed in a managed launch", Where: f.Path + ": services." + segment(name) + "." + segment(key)}
 				}
 			}
 		}
@@ -167,7 +167,7 @@ func (p *Project) CheckRunnable() error {
 // dependsOnAt is where service name's depends_on names dep: the last
 // file that does (later files merge over earlier ones), and the entry.
 func (p *Project) dependsOnAt(name, dep string) string {
-	where := "services." + name + ".depends_on"
+	where := "services." + segment(name) + ".depends_on"
 	for i := len(p.Files) - 1; i >= 0; i-- {
 		services, _ := p.fileModels[i]["services"].(map[string]any)
 		svc, _ := services[name].(map[string]any)
@@ -178,7 +178,7 @@ func (p *Project) dependsOnAt(name, dep string) string {
 			}
 		case map[string]any:
 			if _, ok := deps[dep]; ok {
-				return p.Files[i].Path + ": " + where + "." + dep
+				return p.Files[i].Path + ": " + where + "." + segment(dep)
 			}
 		}
 	}
