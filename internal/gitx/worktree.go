@@ -46,3 +46,16 @@ func DeleteBranch(ctx context.Context, repo, branch, commit string) error {
 	_, err := run(ctx, repo, "update-ref", "-d", "refs/heads/"+branch, commit)
 	return err
 }
+
+// InitCommit makes dir (which must exist) a new repository on branch
+// main holding everything in it in one commit by a fixed author, and
+// returns the commit's id.
+func InitCommit(ctx context.Context, dir, message string) (string, error) {
+	author := []string{"-c", "user.name=branchbox", "-c", "user.email=branchbox@example.invalid"}
+	for _, args := range [][]string{{"init", "-q", "-b", "main"}, {"add", "-A"}, {"commit", "-q", "--no-verify", "-m", message}} {
+		if _, err := runWithConfig(ctx, dir, author, args...); err != nil {
+			return "", err
+		}
+	}
+	return HeadCommit(ctx, dir)
+}

@@ -107,8 +107,9 @@ describes on a Docker engine ('feature start'), starts the coding provider
 with exactly the environment its lease allows ('feature exec-provider', or
 'managed exec-provider' on this host), relays the agent's tool requests to a
 trusted endpoint ('feature dispatch-tool', 'tool-endpoint serve'), and tears
-the launch down ('feature teardown'). 'branchbox managed example DIR' writes a
-run to try the validation with.
+the launch down ('feature teardown'); 'feature ls' lists the launches.
+'branchbox managed example DIR' writes a run to try the validation with
+(with --launchable, one ready for 'feature start').
 
 Environment:
   BRANCHBOX_MANAGED_ROOT  replaces the managed root /run/branchbox/managed

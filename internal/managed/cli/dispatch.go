@@ -64,9 +64,10 @@ A response already recorded for R is returned again without contacting the
 endpoint. A relay interrupted earlier is retried only when the lease signs
 replay_policy exact-digest-replay-v1; without it the claim stays blocked.
 
-  --wait-seconds N  look again every 250 ms for up to N seconds (0-300,
-                    default 0) while R is not pending (and, under the replay
-                    policy, while the relay fails in transport)
+  --wait-seconds N  look again every 250 ms, and once more at the deadline,
+                    for up to N seconds (0-300, default 0) while R is not
+                    pending (and, under the replay policy, while the relay
+                    fails in transport)
   --json            {"status":"dispatched","retryable":false,"result":{run_id,
                     lease_id,consumer,request_id,response,replayed}}; when
                     nothing was pending: {"status":"not-pending",

@@ -1,16 +1,21 @@
 package cli
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"agentbox/internal/managed/assignment"
+	"agentbox/internal/managed/engine"
 	"agentbox/internal/managed/example"
 )
 
@@ -28,11 +33,15 @@ type exampleRefusal struct {
 	Error   string `json:"error"`
 }
 
+// DefaultExampleImage is the image a launchable example binds unless
+// --service-image names another: the one scripts/docker-setup.sh builds.
+const DefaultExampleImage = "agentbox-test/service:1"
+
 func newExample(env *Env) *cobra.Command {
-	var asJSON bool
-	var version string
+	var asJSON, launchable bool
+	var version, serviceImage string
 	c := &cobra.Command{
-		Use:   "example DIR [--version 1|2|3] [--json]",
+		Use:   "example DIR [--version 1|2|3] [--launchable [--service-image REF]] [--json]",
 		Short: "Write a complete, valid example run to try validate and exec-provider",
 		Long: `Write a complete, valid managed run below DIR, for trying branchbox without an
 orchestrator, then print the exact commands that try it:
@@ -59,8 +68,8 @@ workspace consumer whose uid and gid differ from yours. The example provider
 prints its arguments and the NAMES of the environment variables it received,
 never their values. The leases expire 30 days after writing.
 
-It has no service_images (a managed launch needs preloaded images a new user
-does not have), so validate reports managed_launch.ready false. Version 1
+Without --launchable it has no service_images (a managed launch needs
+preloaded images), so validate reports managed_launch.ready false. Version 1
 starts only the fixed providers claude, codex and gemini from the fixed PATH,
 so its example names codex and writes no provider.
 
@@ -72,8 +81,23 @@ refuses a run below it); DIR is longer than ` + strconv.Itoa(example.MaxDirBytes
 provider path is signed as the lease's executable, a label of at most 128
 bytes).
 
-  --version  the assignment version to write (default 3, the newest)
-  --json     print the written files, the next steps and notes as JSON
+With --launchable (version 3 only) the example is ready for 'feature start':
+  DIR/src/                               0700 the assignment's workspace
+  DIR/src/project/                       a Git repository, one commit on main:
+                                         .devcontainer/devcontainer.json and a
+                                         compose.yaml with one service, app
+and the assignment binds app (service_images) to the local content id
+(sha256:...) of the image --service-image names on the Docker engine (default
+` + DefaultExampleImage + `, which scripts/docker-setup.sh builds); it publishes no
+port. The image is looked up, never pulled or built: a missing image, or an
+engine that does not answer, is refused before anything is written. The
+printed steps then start the feature, run a command in it, list it and tear
+it down (feature start runs as root).
+
+  --version        the assignment version to write (default 3, the newest)
+  --launchable     also write a repository and bind a local image (version 3)
+  --service-image  the local image the launchable example's service runs
+  --json           print the written files, the next steps and notes as JSON
 
 Exit status: 0 written, 1 refused or failed (nothing it created is left behind),
 2 usage error (including a --version other than 1, 2 or 3).`,
@@ -82,11 +106,25 @@ Exit status: 0 written, 1 refused or failed (nothing it created is left behind),
 			if !slices.Contains(example.Versions, version) {
 				return usage("--version must be 1, 2 or 3")
 			}
+			if launchable && version != example.DefaultVersion {
+				return usage("--launchable needs --version 3")
+			}
+			if c.Flags().Changed("service-image") && !launchable {
+				return usage("--service-image needs --launchable")
+			}
 			dir, err := absDir(args[0])
 			if err != nil {
 				return reportExampleRefusal(env.Stdout, asJSON, err)
 			}
-			res, err := example.Write(example.Options{Dir: dir, Version: version, Now: env.Now(), Runtime: env.Runtime})
+			opts := example.Options{Dir: dir, Version: version, Now: env.Now(), Runtime: env.Runtime}
+			if launchable {
+				id, err := localImage(serviceImage)
+				if err != nil {
+					return reportExampleRefusal(env.Stdout, asJSON, err)
+				}
+				opts.Launch = &example.Launchable{ServiceImage: id}
+			}
+			res, err := example.Write(opts)
 			if err != nil {
 				return reportExampleRefusal(env.Stdout, asJSON, err)
 			}
@@ -98,9 +136,42 @@ Exit status: 0 written, 1 refused or failed (nothing it created is left behind),
 		},
 	}
 	c.Flags().StringVar(&version, "version", example.DefaultVersion, "assignment version to write: 1, 2 or 3")
+	c.Flags().BoolVar(&launchable, "launchable", false, "write a repository and bind a local image, ready for feature start")
+	c.Flags().StringVar(&serviceImage, "service-image", DefaultExampleImage, "the local image the launchable example runs")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
 	return c
 }
+
+// localImage is the content id of the image ref names on the local
+// engine; a missing image or a silent engine is a refusal that says what
+// to do.
+func localImage(ref string) (string, error) {
+	eng, err := engine.Open()
+	if err != nil {
+		return "", err
+	}
+	defer eng.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), imageLookupTimeout)
+	defer cancel()
+	if err := eng.Ping(ctx); err != nil {
+		return "", fmt.Errorf("--launchable binds a local image: %w", err)
+	}
+	id, err := eng.ImageID(ctx, ref)
+	if errors.Is(err, engine.ErrNotFound) {
+		return "", fmt.Errorf("--launchable: the image %q is not on the local Docker engine, and branchbox never pulls or builds one: "+
+			"build it (sudo bash scripts/docker-setup.sh builds %s) or name a local image with --service-image", ref, DefaultExampleImage)
+	}
+	if err != nil {
+		return "", fmt.Errorf("--launchable: %w", err)
+	}
+	if r := assignment.ImageReferenceReason(id); r != "" {
+		return "", fmt.Errorf("--launchable: the engine's id of image %q %s", ref, r)
+	}
+	return id, nil
+}
+
+// imageLookupTimeout bounds the engine's answers about the image.
+const imageLookupTimeout = 30 * time.Second
 
 // absDir makes DIR absolute against the kernel's working directory
 // (getcwd(2), which holds no symbolic link, unlike $PWD).

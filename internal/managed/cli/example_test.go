@@ -12,8 +12,10 @@ import (
 
 	"agentbox/internal/managed/assignment"
 	"agentbox/internal/managed/cli"
+	"agentbox/internal/managed/dockertest"
 	"agentbox/internal/managed/example"
 	"agentbox/internal/managed/leasecheck"
+	mt "agentbox/internal/managed/managedtest"
 )
 
 type exampleJSON struct {
@@ -390,5 +392,105 @@ func must(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestExampleLaunchableUsage: --launchable is version 3's, and
+// --service-image needs it; both are usage errors, before anything is
+// looked up or written.
+func TestExampleLaunchableUsage(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ex")
+	for _, args := range [][]string{
+		{"managed", "example", dir, "--launchable", "--version", "2"},
+		{"managed", "example", dir, "--service-image", "x/y:1"},
+	} {
+		if r := runCLI(t, nil, args...); r.code != cli.ExitUsage {
+			t.Errorf("%q: exit %d\n%s%s", args, r.code, r.stdout, r.stderr)
+		}
+	}
+	if _, err := os.Lstat(dir); !os.IsNotExist(err) {
+		t.Fatalf("a refused example wrote DIR: %v", err)
+	}
+}
+
+// TestExampleLaunchable writes a launchable example on the real engine
+// and runs every printed step, feature start to feature teardown, as
+// printed (plus a state directory of the test's). A missing image is
+// refused and nothing is written.
+func TestExampleLaunchable(t *testing.T) {
+	mt.RequireRoot(t)
+	image := dockertest.ImageID(t, dockertest.ServiceImageTag)
+	base := t.TempDir()
+
+	missing := filepath.Join(base, "missing")
+	r := runCLI(t, nil, "managed", "example", missing, "--launchable", "--service-image", "agentbox-test/no-such-image:1")
+	if r.code != cli.ExitRefused || !strings.Contains(r.stderr, `the image "agentbox-test/no-such-image:1" is not on the local Docker engine`) {
+		t.Fatalf("a missing image: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if _, err := os.Lstat(missing); !os.IsNotExist(err) {
+		t.Fatalf("a refused example wrote DIR: %v", err)
+	}
+
+	dir := filepath.Join(base, "ex")
+	r, out := runExample(t, "--launchable", dir)
+	if r.code != cli.ExitOK || !out.Written {
+		t.Fatalf("exit %d %+v stderr %q", r.code, out, r.stderr)
+	}
+	data, err := os.ReadFile(out.AssignmentPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		ServiceImages map[string]string `json:"service_images"`
+		Repository    struct{ Path, Revision string }
+	}
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.ServiceImages["app"] != image || len(doc.ServiceImages) != 1 || doc.Repository.Path != filepath.Join(dir, "src", "project") {
+		t.Fatalf("the assignment binds %v at %s, want app on %s", doc.ServiceImages, doc.Repository.Path, image)
+	}
+	if rev, err := mt.Git(doc.Repository.Path, "rev-parse", "HEAD"); err != nil || strings.TrimSpace(rev) != doc.Repository.Revision {
+		t.Fatalf("the assigned revision %s is not the repository's HEAD %q: %v", doc.Repository.Revision, rev, err)
+	}
+
+	state := "BRANCHBOX_STATE_DIR=" + filepath.Join(base, "state")
+	t.Cleanup(func() {
+		if _, err := os.Lstat(filepath.Join(base, "state", "features", example.FeatureName)); err == nil {
+			runCLI(t, []string{state, "BRANCHBOX_MANAGED_ROOT=" + out.ManagedRoot}, "feature", "teardown", example.FeatureName, "--force")
+		}
+	})
+	var ran []string
+	for _, step := range out.NextSteps {
+		words := strings.Fields(step.Command)
+		if !slices.Contains(words, "feature") && !slices.Contains(words, "validate") {
+			continue // exec-provider: TestExampleTryIt runs it
+		}
+		environ := []string{state}
+		for len(words) > 0 && assignmentWord.MatchString(words[0]) {
+			environ, words = append(environ, words[0]), words[1:]
+		}
+		r := runCLI(t, environ, words[1:]...)
+		if r.code != cli.ExitOK {
+			t.Fatalf("%s: exit %d\n%s%s", step.Command, r.code, r.stdout, r.stderr)
+		}
+		ran = append(ran, strings.Join(words[1:3], " "))
+		switch words[2] {
+		case "exec":
+			if r.stdout != "the branchbox example repository\n" {
+				t.Fatalf("exec: %q", r.stdout)
+			}
+		case "ls":
+			if !strings.Contains(r.stdout, "example  running") {
+				t.Fatalf("ls:\n%s", r.stdout)
+			}
+		case "teardown":
+			if !strings.Contains(r.stdout, "residue_free=true") {
+				t.Fatalf("teardown:\n%s", r.stdout)
+			}
+		}
+	}
+	if want := []string{"managed validate", "feature start", "feature exec", "feature ls", "feature teardown"}; !slices.Equal(ran, want) {
+		t.Fatalf("ran %q, want %q", ran, want)
 	}
 }

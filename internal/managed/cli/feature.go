@@ -7,10 +7,13 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
+	"agentbox/internal/managed/assignment"
 	"agentbox/internal/managed/engine"
 	"agentbox/internal/managed/launch"
 	"agentbox/internal/managed/provider"
@@ -67,8 +70,9 @@ func newFeature(env *Env) *cobra.Command {
 
   feature start NAME --repo REPO --runtime in-guest --runtime-manifest ABS [--json]
   feature exec-provider NAME --provider EXE [--inherit-env NAME]... -- [ARGS...]
-  feature exec NAME [--json] -- CMD [ARGS...]
+  feature exec NAME [--json] [--] CMD [ARGS...]
   feature status NAME [--json]
+  feature ls [--json]
   feature dispatch-tool NAME --lease L --request-id R [--wait-seconds N] [--json]
   feature teardown NAME --force [--json]
 
@@ -76,11 +80,11 @@ State lives in $` + StateDirEnv + ` (default ` + DefaultStateDir + `): one direc
 per feature with its launch record, generated inputs, ledger and worktree.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			return usage("a feature subcommand is required (start, exec-provider, exec, status, dispatch-tool, teardown)")
+			return usage("a feature subcommand is required (start, exec-provider, exec, status, ls, dispatch-tool, teardown)")
 		},
 	}
 	f.AddCommand(newFeatureStart(env), newFeatureExecProvider(env), newFeatureExec(env), newFeatureStatus(env),
-		newFeatureDispatchTool(env), newFeatureTeardown(env))
+		newFeatureList(env), newFeatureDispatchTool(env), newFeatureTeardown(env))
 	return f
 }
 
@@ -198,10 +202,14 @@ fails; 2 on a usage error.`,
 func newFeatureExec(env *Env) *cobra.Command {
 	var asJSON bool
 	c := &cobra.Command{
-		Use:   "exec NAME [--json] -- CMD [ARGS...]",
+		Use:   "exec NAME [--json] [--] CMD [ARGS...]",
 		Short: "Run a command in a feature's container",
 		Long: `Run CMD in feature NAME's container as the workspace consumer, in the
 workspace folder, with the container's own environment.
+
+As with docker exec, the first word after NAME that is not exec's own flag
+starts the command, and everything from it on is the command's; "--" before
+CMD is accepted too (and needed when CMD itself starts with '-').
 
 Without --json the command's stdin, stdout and stderr are this process's and
 its exit status is passed through. With --json stdin is not read and one object
@@ -210,13 +218,13 @@ kept up to 1 MiB); the exit status is then 0 however the command exited.
 
 Exit status: the command's (or 0 with --json); 1 when the feature is not
 running or docker exec fails; 2 on a usage error.`,
-		Args: func(c *cobra.Command, args []string) error {
-			if c.ArgsLenAtDash() != 1 || len(args) < 2 {
-				return fmt.Errorf("exec takes NAME, then -- and the command")
-			}
-			return nil
-		},
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
+			name, cmd, err := execArgs(c, args)
+			if err != nil || cmd == nil {
+				return err
+			}
+			args = append([]string{name}, cmd...)
 			cfg := launchConfig(env)
 			if !asJSON {
 				code, err := launch.Exec(context.Background(), cfg, args[0], args[1:], env.Stdin, env.Stdout, env.Stderr)
@@ -238,7 +246,28 @@ running or docker exec fails; 2 on a usage error.`,
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print {exit_code, stdout, stderr}")
+	// Flags end at NAME; execArgs reads exec's own flags between NAME and
+	// the command.
+	c.Flags().SetInterspersed(false)
 	return c
+}
+
+// execArgs splits exec's arguments (flags before NAME already parsed)
+// into NAME and the command: exec's own flags right after NAME are
+// parsed too, then an optional "--", then the command. A nil command
+// with a nil error means help was asked for and printed.
+func execArgs(c *cobra.Command, args []string) (string, []string, error) {
+	fl := c.Flags()
+	if err := fl.Parse(args[1:]); err != nil {
+		return "", nil, usage("%v", err)
+	}
+	if help, _ := fl.GetBool("help"); help {
+		return "", nil, c.Help()
+	}
+	if fl.NArg() == 0 {
+		return "", nil, usage("exec takes NAME, then the command")
+	}
+	return args[0], fl.Args(), nil
 }
 
 func newFeatureStatus(env *Env) *cobra.Command {
@@ -274,6 +303,69 @@ Exit status: 0, 1 when there is no such feature, 2 on a usage error.`,
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
+}
+
+func newFeatureList(env *Env) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:     "ls [--json]",
+		Aliases: []string{"list"},
+		Short:   "List the features in the state directory",
+		Long: `List every feature in the state directory, sorted by name, each as
+'feature status' reports it: phase (starting, running, failed; damaged when
+its record cannot be read), the container and its state on the engine, the
+published ports and the branch.
+
+  --json  print an array of 'feature status --json' objects ([] when there
+          is none)
+
+Exit status: 0, 1 when the engine or the state directory cannot be read,
+2 on a usage error.`,
+		Args: cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			list, err := launch.List(context.Background(), launchConfig(env))
+			if err != nil {
+				return launchFailure(env, asJSON, err)
+			}
+			if asJSON {
+				return writeJSON(env.Stdout, list)
+			}
+			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tPHASE\tCONTAINER\tPORTS\tBRANCH")
+			for _, s := range list {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.Phase, containerCell(s), portsCell(s.PublishedPorts), orDash(s.Branch))
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
+	return c
+}
+
+// containerCell is a listed feature's short container id and its state.
+func containerCell(s launch.Status) string {
+	if s.ContainerID == "" {
+		return "-"
+	}
+	if s.ContainerState == "" {
+		return engine.ShortID(s.ContainerID)
+	}
+	return engine.ShortID(s.ContainerID) + " (" + s.ContainerState + ")"
+}
+
+func portsCell(ports []assignment.Port) string {
+	var cells []string
+	for _, p := range ports {
+		cells = append(cells, fmt.Sprintf("127.0.0.1:%d->%d", p.Host, p.Runtime))
+	}
+	return orDash(strings.Join(cells, ","))
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 func newFeatureTeardown(env *Env) *cobra.Command {

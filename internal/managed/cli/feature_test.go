@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -30,6 +32,15 @@ func TestFeatureUsageAndRefusals(t *testing.T) {
 		{[]string{"feature", "teardown", "x", "--force", "--json"}, cli.ExitRefused, `"code": "not_found"`},
 		{[]string{"feature", "status", "x", "--json"}, cli.ExitRefused, `"code": "not_found"`},
 		{[]string{"feature", "exec", "x", "--", "true"}, cli.ExitRefused, `no feature "x"`},
+		// The command without "--", as docker exec takes it; flags after NAME
+		// are exec's own, the command's are the command's.
+		{[]string{"feature", "exec", "x", "true"}, cli.ExitRefused, `no feature "x"`},
+		{[]string{"feature", "exec", "x", "ls", "-la", "--json"}, cli.ExitRefused, `no feature "x"`},
+		{[]string{"feature", "exec", "x", "--json", "true"}, cli.ExitRefused, `"code": "not_found"`},
+		{[]string{"feature", "exec", "--json", "x", "true"}, cli.ExitRefused, `"code": "not_found"`},
+		{[]string{"feature", "exec", "x"}, cli.ExitUsage, "the command"},
+		{[]string{"feature", "exec", "x", "--"}, cli.ExitUsage, "the command"},
+		{[]string{"feature", "exec", "x", "--bogus", "true"}, cli.ExitUsage, "bogus"},
 		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "local", "--runtime-manifest", "/m"}, cli.ExitUsage, "--runtime must be in-guest"},
 		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "in-guest"}, cli.ExitUsage, "runtime-manifest"},
 		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "rel/a.json"}, cli.ExitUsage, "absolute"},
@@ -41,6 +52,52 @@ func TestFeatureUsageAndRefusals(t *testing.T) {
 		if r.code != tc.code || !strings.Contains(r.stdout+r.stderr, tc.want) {
 			t.Errorf("%q: exit %d, want %d with %q:\n%s%s", tc.args, r.code, tc.code, tc.want, r.stdout, r.stderr)
 		}
+	}
+}
+
+// TestFeatureList: ls lists what the state directory holds, sorted, in
+// status's vocabulary; a directory without a record is not a feature, a
+// record that cannot be read is listed as damaged.
+func TestFeatureList(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "state")
+	state := "BRANCHBOX_STATE_DIR=" + root
+	if r := runCLI(t, []string{state}, "feature", "ls", "--json"); r.code != 0 || strings.TrimSpace(r.stdout) != "[]" {
+		t.Fatalf("no state directory: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	features := filepath.Join(root, "features")
+	for name, record := range map[string]string{
+		"zeta":  `{"version":1,"name":"zeta","phase":"failed","error":"compose: refused","task_branch":"branchbox/zeta","compose_project":"p-zeta"}`,
+		"alpha": `{"version":1,"name":"alpha","phase":"starting","task_branch":"branchbox/alpha","published_ports":[{"host":18080,"runtime":80}]}`,
+		"bad":   `{not json`,
+		"empty": "",
+	} {
+		if err := os.MkdirAll(filepath.Join(features, name), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if record != "" {
+			if err := os.WriteFile(filepath.Join(features, name, "launch.json"), []byte(record), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	r := runCLI(t, []string{state}, "feature", "ls", "--json")
+	var list []map[string]any
+	if err := json.Unmarshal([]byte(r.stdout), &list); err != nil || r.code != 0 {
+		t.Fatalf("ls --json: exit %d %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	}
+	var got []string
+	for _, s := range list {
+		got = append(got, fmt.Sprint(s["name"], " ", s["phase"], " ", s["branch"], " ", s["published_ports"]))
+	}
+	want := []string{"alpha starting branchbox/alpha [map[host:18080 runtime:80]]", "bad damaged  []", "zeta failed branchbox/zeta []"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("ls --json:\n got %q\nwant %q\n%s", got, want, r.stdout)
+	}
+	r = runCLI(t, []string{state}, "feature", "ls")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != 0 || len(lines) != 4 || strings.Join(strings.Fields(lines[0]), " ") != "NAME PHASE CONTAINER PORTS BRANCH" ||
+		strings.Join(strings.Fields(lines[1]), " ") != "alpha starting - 127.0.0.1:18080->80 branchbox/alpha" {
+		t.Fatalf("ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
 
@@ -107,6 +164,16 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 		t.Fatalf("summary: %s", r.stdout)
 	}
 	noSecrets(t, f, r)
+	// A notice on stderr for each key of the repository's Compose file the
+	// facade replaces; db is omitted, so nothing of its is.
+	for _, key := range []string{"build", "image", "ports", "volumes"} {
+		if !strings.Contains(r.stderr, "branchbox: notice: compose: compose.yaml: services.app."+key+": replaced by the managed launch: ") {
+			t.Errorf("no notice for services.app.%s:\n%s", key, r.stderr)
+		}
+	}
+	if strings.Contains(r.stderr, "services.db.") {
+		t.Errorf("a notice for the omitted db:\n%s", r.stderr)
+	}
 
 	r = runCLI(t, env, "feature", "exec", "cli", "--json", "--", "sh", "-c", "echo out; echo err >&2; exit 3")
 	var raw map[string]any
@@ -127,8 +194,8 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 			t.Fatalf("exec --json of %d bytes kept %d", n, len(res.Stdout))
 		}
 	}
-	if r = runCLI(t, env, "feature", "exec", "cli", "--", "sh", "-c", "exit 5"); r.code != 5 {
-		t.Fatalf("exec passes the status through: %d", r.code)
+	if r = runCLI(t, env, "feature", "exec", "cli", "sh", "-c", "exit 5"); r.code != 5 {
+		t.Fatalf("exec (no --) passes the status through: %d", r.code)
 	}
 
 	provider := []string{"feature", "exec-provider", "cli", "--provider", "/bin/sh", "--inherit-env", "MODEL_ACCESS_TOKEN", "--", "-c"}
@@ -174,6 +241,11 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	r = runCLI(t, env, "feature", "status", "cli", "--json")
 	if r.code != 0 || !strings.Contains(r.stdout, `"phase": "running"`) || !strings.Contains(r.stdout, `"container_state": "running"`) {
 		t.Fatalf("status: exit %d\n%s", r.code, r.stdout)
+	}
+
+	r = runCLI(t, env, "feature", "ls", "--json")
+	if r.code != 0 || !strings.Contains(r.stdout, `"name": "cli"`) || !strings.Contains(r.stdout, `"container_state": "running"`) {
+		t.Fatalf("ls: exit %d\n%s", r.code, r.stdout)
 	}
 
 	r = runCLI(t, env, "feature", "teardown", "cli", "--force", "--json")

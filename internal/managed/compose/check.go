@@ -15,7 +15,8 @@ import (
 )
 
 // Refusal is a Compose input the managed launch will not run: Rule names
-// what it breaks, Where the file and service or key.
+// what it breaks, Where the file and the key path in it
+// ("compose.yaml: services.app.ports[0]").
 type Refusal struct {
 	Rule  string
 	Where string
@@ -44,12 +45,13 @@ type Project struct {
 // as it does connectors. Each must be a runnable service, and the primary
 // cannot be omitted.
 func (p *Project) Omit(names []string, primary string) error {
-	for _, name := range names {
+	for i, name := range names {
+		where := fmt.Sprintf("assignment: omitted_services[%d]", i)
 		switch {
 		case name == primary:
-			return &Refusal{Rule: "the primary service cannot be omitted", Where: "omitted_services " + quoteShort(name)}
+			return &Refusal{Rule: quoteShort(name) + " is the primary service, which cannot be omitted", Where: where}
 		case !slices.Contains(p.Runnable, name):
-			return &Refusal{Rule: "not a runnable service of the Compose files", Where: "omitted_services " + quoteShort(name)}
+			return &Refusal{Rule: quoteShort(name) + " is not a runnable service of the Compose files", Where: where}
 		}
 		p.Runnable = slices.DeleteFunc(p.Runnable, func(s string) bool { return s == name })
 		p.Omitted = append(p.Omitted, name)
@@ -172,7 +174,7 @@ func checkRaw(f File) error {
 	}
 	refuse := func(rule, where string) error { return &Refusal{Rule: rule, Where: f.Path + ": " + where} }
 	if mapValue(top, "include") != nil {
-		return refuse("include", "include")
+		return refuse("not allowed in a managed launch (it reads other files)", "include")
 	}
 	if services := mapValue(top, "services"); services != nil && services.Kind == yaml.MappingNode {
 		for i := 0; i+1 < len(services.Content); i += 2 {
@@ -180,19 +182,20 @@ func checkRaw(f File) error {
 			if svc.Kind != yaml.MappingNode {
 				continue
 			}
+			at := "services." + segment(name)
 			for _, key := range []string{"extends", "provider", "volumes_from"} {
 				if mapValue(svc, key) != nil {
-					return refuse(key, "service "+name)
+					return refuse("not allowed in a managed launch", at+"."+segment(key))
 				}
 			}
-			if err := checkEnvironment(mapValue(svc, "environment"), func(rule string) error {
-				return refuse(rule, "service "+name+" environment")
+			if err := checkEnvironment(mapValue(svc, "environment"), func(entry, rule string) error {
+				return refuse(rule, at+".environment"+entry)
 			}); err != nil {
 				return err
 			}
 		}
 	}
-	return walkScalars(top, "", func(where, s string) error {
+	return walkScalars(top, f.Path, func(where, s string) error {
 		if pos := unescapedInterpolation(s); pos >= 0 {
 			return refuse("interpolation (write $$ for a literal $)", where)
 		}
@@ -214,22 +217,23 @@ func checkRaw(f File) error {
 
 // checkEnvironment refuses environment entries without a value: a list
 // item without '=', or a mapping key with a null value (the engine would
-// take the value from wherever Compose runs).
-func checkEnvironment(env *yaml.Node, refuse func(string) error) error {
+// take the value from wherever Compose runs). refuse gets the entry's
+// key path below environment ("[2]", ".NAME").
+func checkEnvironment(env *yaml.Node, refuse func(entry, rule string) error) error {
 	if env == nil {
 		return nil
 	}
 	switch env.Kind {
 	case yaml.SequenceNode:
-		for _, item := range env.Content {
+		for i, item := range env.Content {
 			if item.Kind == yaml.ScalarNode && !strings.Contains(item.Value, "=") {
-				return refuse("a valueless entry " + quoteShort(item.Value))
+				return refuse(fmt.Sprintf("[%d]", i), "a valueless entry "+quoteShort(item.Value))
 			}
 		}
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(env.Content); i += 2 {
 			if v := env.Content[i+1]; v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
-				return refuse("a valueless entry " + quoteShort(env.Content[i].Value))
+				return refuse("."+segment(env.Content[i].Value), "a valueless entry "+quoteShort(env.Content[i].Value))
 			}
 		}
 	}
@@ -250,15 +254,15 @@ func mapValue(m *yaml.Node, key string) *yaml.Node {
 // the stack; Compose files are a few levels deep).
 const maxDepth = 64
 
-// walkScalars calls fn with every scalar (keys too) under n and where it
-// is, as a dotted path of keys.
-func walkScalars(n *yaml.Node, where string, fn func(where, s string) error) error {
-	return walk(n, where, 0, fn)
+// walkScalars calls fn with every scalar (keys too) under n, file's top
+// level, and where it is, as a dotted path of keys.
+func walkScalars(n *yaml.Node, file string, fn func(where, s string) error) error {
+	return walk(n, file, "", 0, fn)
 }
 
-func walk(n *yaml.Node, where string, depth int, fn func(where, s string) error) error {
+func walk(n *yaml.Node, file, where string, depth int, fn func(where, s string) error) error {
 	if depth > maxDepth {
-		return &Refusal{Rule: "nested too deep", Where: where}
+		return &Refusal{Rule: "nested too deep", Where: file + ": " + where}
 	}
 	switch n.Kind {
 	case yaml.ScalarNode:
@@ -268,20 +272,20 @@ func walk(n *yaml.Node, where string, depth int, fn func(where, s string) error)
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			key := n.Content[i].Value
-			at := key
+			at := segment(key)
 			if where != "" {
-				at = where + "." + key
+				at = where + "." + at
 			}
 			if err := fn(at, key); err != nil {
 				return err
 			}
-			if err := walk(n.Content[i+1], at, depth+1, fn); err != nil {
+			if err := walk(n.Content[i+1], file, at, depth+1, fn); err != nil {
 				return err
 			}
 		}
 	default:
 		for i, c := range n.Content {
-			if err := walk(c, fmt.Sprintf("%s[%d]", where, i), depth+1, fn); err != nil {
+			if err := walk(c, file, fmt.Sprintf("%s[%d]", where, i), depth+1, fn); err != nil {
 				return err
 			}
 		}
@@ -326,6 +330,16 @@ func containsWord(s, w string) bool {
 }
 
 func isWordByte(c byte) bool { return isLetter(c) || c >= '0' && c <= '9' || c == '_' }
+
+// segment is one key of a key path as a message shows it: a key of at
+// most 64 printable ASCII characters as it is, any other quoted and cut
+// short (keys are the repository's bytes: none may forge a line).
+func segment(key string) string {
+	if key == "" || len(key) > 64 || strings.IndexFunc(key, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0 {
+		return quoteShort(key)
+	}
+	return key
+}
 
 // quoteShort quotes s, at most 64 bytes of it.
 func quoteShort(s string) string {

@@ -30,68 +30,79 @@ func check(t *testing.T, data string) (*compose.Project, error) {
 	return p, p.CheckRunnable()
 }
 
-// notAllowed is the rule of a key outside the allow-list.
-func notAllowed(key string) string { return `key "` + key + `" is not allowed in a managed launch` }
+// Rules of a service key outside the allow-list and of a top-level key
+// outside topKeys: the refusal's Where names the file and the key path.
+const (
+	notAllowed = "not allowed in a managed launch"
+	topKey     = "top-level key not allowed in a managed launch"
+)
 
 func TestCheckRefuses(t *testing.T) {
 	for _, tc := range []struct {
-		name, yaml, rule string
+		name, yaml, where, rule string
 	}{
-		{"include", "include:\n  - other.yaml\n" + base, "include"},
-		{"extends", base + "  web:\n    extends:\n      file: other.yaml\n      service: app\n", "extends"},
-		{"provider", base + "  ai:\n    provider:\n      type: model\n", "provider"},
-		{"volumes_from", base + "  web:\n    image: x\n    volumes_from: [app]\n", "volumes_from"},
-		{"privileged", base + "    privileged: true\n", notAllowed("privileged")},
-		{"host pid", base + "    pid: host\n", notAllowed("pid")},
-		{"host ipc", base + "    ipc: host\n", notAllowed("ipc")},
-		{"host network", base + "    network_mode: host\n", notAllowed("network_mode")},
-		{"host cgroup", base + "    cgroup: host\n", notAllowed("cgroup")},
-		{"private cgroup", base + "    cgroup: private\n", notAllowed("cgroup")},
-		{"host uts", base + "    uts: host\n", notAllowed("uts")},
-		{"host userns", base + "    userns_mode: host\n", notAllowed("userns_mode")},
-		{"cap_add ALL", base + "    cap_add: [ALL]\n", notAllowed("cap_add")},
-		{"cap_add harmless", base + "    cap_add: [CHOWN, NET_BIND_SERVICE]\n", notAllowed("cap_add")},
-		{"device rules", base + "    device_cgroup_rules: [\"b *:* rwm\"]\n", notAllowed("device_cgroup_rules")},
-		{"devices", base + "    devices: [\"/dev/sda:/dev/sda\"]\n", notAllowed("devices")},
-		{"sysctls", base + "    sysctls: {net.ipv4.ip_forward: 1}\n", notAllowed("sysctls")},
-		{"cgroup_parent", base + "    cgroup_parent: /system.slice\n", notAllowed("cgroup_parent")},
-		{"runtime", base + "    runtime: runsc\n", notAllowed("runtime")},
-		{"security_opt", base + "    security_opt: [seccomp:unconfined]\n", notAllowed("security_opt")},
-		{"network of a service", base + "  side:\n    image: x\n    network_mode: service:app\n", notAllowed("network_mode")},
-		{"pid of a service", base + "  side:\n    image: x\n    pid: service:app\n", notAllowed("pid")},
-		{"labels", base + "    labels: {io.branchbox.project: other}\n", notAllowed("labels")},
-		{"group_add", base + "    group_add: [disk]\n", notAllowed("group_add")},
-		{"post_start hook", base + "    post_start:\n      - command: id\n        user: root\n        privileged: true\n", notAllowed("post_start")},
-		{"container_name", base + "    container_name: fixed\n", notAllowed("container_name")},
-		{"networks", base + "    networks: [default]\n", notAllowed("networks")},
-		{"cap_add by a merge key", "x-evil: &evil\n  cap_add: [SYS_MODULE]\n" + base + "    <<: *evil\n", notAllowed("cap_add")},
-		{"cap_add with !override", base + "    cap_add: !override [SYS_RAWIO]\n", notAllowed("cap_add")},
-		{"depends_on a connector", base + "    depends_on: [tunnel]\n  tunnel:\n    image: x\n", `depends_on "tunnel", which is not a bound service`},
-		{"top-level networks", base + "networks:\n  default:\n    external: true\n", `top-level key "networks" is not allowed in a managed launch`},
-		{"top-level name", "name: other\n" + base, `top-level key "name" is not allowed in a managed launch`},
-		{"service secrets", base + "    secrets: [token]\nsecrets:\n  token:\n    file: ./token\n", `top-level key "secrets" is not allowed in a managed launch`},
-		{"service configs", base + "    configs: [conf]\nconfigs:\n  conf:\n    file: ./conf\n", `top-level key "configs" is not allowed in a managed launch`},
-		{"external volume", base + "volumes:\n  data:\n    external: true\n", "a volume definition (a managed launch mounts none of the repository's volumes; declare it empty)"},
-		{"volume driver options", base + "volumes:\n  data:\n    driver_opts: {type: none, o: bind, device: /}\n", "a volume definition (a managed launch mounts none of the repository's volumes; declare it empty)"},
-		{"docker socket bind", base + "    volumes:\n      - /var/run/docker.sock:/var/run/docker.sock\n", "a container-engine socket (docker.sock)"},
-		{"containerd socket", base + "    volumes:\n      - /run/containerd/containerd.sock:/c.sock\n", "a container-engine socket (containerd.sock)"},
-		{"podman socket in a label", base + "    labels:\n      x: /run/podman/podman.sock\n", "a container-engine socket (podman.sock)"},
-		{"DOCKER_HOST", base + "      DOCKER_HOST: tcp://1.2.3.4:2375\n", "a container-engine variable (DOCKER_HOST)"},
-		{"DOCKER_HOST in a list", "services:\n  app:\n    image: x\n    environment:\n      - DOCKER_HOST=unix:///x\n", "a container-engine variable (DOCKER_HOST)"},
-		{"CONTAINERD_ADDRESS in a command", base + "    command: sh -c 'echo CONTAINERD_ADDRESS'\n", "a container-engine variable (CONTAINERD_ADDRESS)"},
-		{"${VAR}", base + "    image: app:${TAG}\n", "interpolation (write $$ for a literal $)"},
-		{"$VAR", base + "    command: echo $HOME\n", "interpolation (write $$ for a literal $)"},
-		{"$_VAR", base + "    command: echo $_X\n", "interpolation (write $$ for a literal $)"},
-		{"interpolated key", base + "      ${KEY}: v\n", "interpolation (write $$ for a literal $)"},
-		{"valueless list entry", "services:\n  app:\n    image: x\n    environment:\n      - TOKEN\n", `a valueless entry "TOKEN"`},
-		{"valueless map entry", base + "      TOKEN:\n", `a valueless entry "TOKEN"`},
-		{"not a mapping", "- a\n- b\n", "not a mapping"},
+		{"include", "include:\n  - other.yaml\n" + base, "compose.yaml: include", "not allowed in a managed launch (it reads other files)"},
+		{"extends", base + "  web:\n    extends:\n      file: other.yaml\n      service: app\n", "compose.yaml: services.web.extends", notAllowed},
+		{"provider", base + "  ai:\n    provider:\n      type: model\n", "compose.yaml: services.ai.provider", notAllowed},
+		{"volumes_from", base + "  web:\n    image: x\n    volumes_from: [app]\n", "compose.yaml: services.web.volumes_from", notAllowed},
+		{"privileged", base + "    privileged: true\n", "compose.yaml: services.app.privileged", notAllowed},
+		{"host pid", base + "    pid: host\n", "compose.yaml: services.app.pid", notAllowed},
+		{"host ipc", base + "    ipc: host\n", "compose.yaml: services.app.ipc", notAllowed},
+		{"host network", base + "    network_mode: host\n", "compose.yaml: services.app.network_mode", notAllowed},
+		{"host cgroup", base + "    cgroup: host\n", "compose.yaml: services.app.cgroup", notAllowed},
+		{"private cgroup", base + "    cgroup: private\n", "compose.yaml: services.app.cgroup", notAllowed},
+		{"host uts", base + "    uts: host\n", "compose.yaml: services.app.uts", notAllowed},
+		{"host userns", base + "    userns_mode: host\n", "compose.yaml: services.app.userns_mode", notAllowed},
+		{"cap_add ALL", base + "    cap_add: [ALL]\n", "compose.yaml: services.app.cap_add", notAllowed},
+		{"cap_add harmless", base + "    cap_add: [CHOWN, NET_BIND_SERVICE]\n", "compose.yaml: services.app.cap_add", notAllowed},
+		{"device rules", base + "    device_cgroup_rules: [\"b *:* rwm\"]\n", "compose.yaml: services.app.device_cgroup_rules", notAllowed},
+		{"devices", base + "    devices: [\"/dev/sda:/dev/sda\"]\n", "compose.yaml: services.app.devices", notAllowed},
+		{"sysctls", base + "    sysctls: {net.ipv4.ip_forward: 1}\n", "compose.yaml: services.app.sysctls", notAllowed},
+		{"cgroup_parent", base + "    cgroup_parent: /system.slice\n", "compose.yaml: services.app.cgroup_parent", notAllowed},
+		{"runtime", base + "    runtime: runsc\n", "compose.yaml: services.app.runtime", notAllowed},
+		{"security_opt", base + "    security_opt: [seccomp:unconfined]\n", "compose.yaml: services.app.security_opt", notAllowed},
+		{"network of a service", base + "  side:\n    image: x\n    network_mode: service:app\n", "compose.yaml: services.side.network_mode", notAllowed},
+		{"pid of a service", base + "  side:\n    image: x\n    pid: service:app\n", "compose.yaml: services.side.pid", notAllowed},
+		{"labels", base + "    labels: {io.branchbox.project: other}\n", "compose.yaml: services.app.labels", notAllowed},
+		{"group_add", base + "    group_add: [disk]\n", "compose.yaml: services.app.group_add", notAllowed},
+		{"post_start hook", base + "    post_start:\n      - command: id\n        user: root\n        privileged: true\n", "compose.yaml: services.app.post_start", notAllowed},
+		{"container_name", base + "    container_name: fixed\n", "compose.yaml: services.app.container_name", notAllowed},
+		{"networks", base + "    networks: [default]\n", "compose.yaml: services.app.networks", notAllowed},
+		{"cap_add by a merge key", "x-evil: &evil\n  cap_add: [SYS_MODULE]\n" + base + "    <<: *evil\n", "compose.yaml: services.app.cap_add", notAllowed},
+		{"cap_add with !override", base + "    cap_add: !override [SYS_RAWIO]\n", "compose.yaml: services.app.cap_add", notAllowed},
+		{"depends_on a connector", base + "    depends_on: [tunnel]\n  tunnel:\n    image: x\n", "compose.yaml: services.app.depends_on.tunnel", `"tunnel" is not a bound service`},
+		{"top-level networks", base + "networks:\n  default:\n    external: true\n", "compose.yaml: networks", topKey},
+		{"top-level name", "name: other\n" + base, "compose.yaml: name", topKey},
+		{"service secrets", base + "    secrets: [token]\nsecrets:\n  token:\n    file: ./token\n", "compose.yaml: secrets", topKey},
+		{"service configs", base + "    configs: [conf]\nconfigs:\n  conf:\n    file: ./conf\n", "compose.yaml: configs", topKey},
+		{"external volume", base + "volumes:\n  data:\n    external: true\n", "compose.yaml: volumes.data", "a volume definition (a managed launch mounts none of the repository's volumes; declare it empty)"},
+		{"volume driver options", base + "volumes:\n  data:\n    driver_opts: {type: none, o: bind, device: /}\n", "compose.yaml: volumes.data", "a volume definition (a managed launch mounts none of the repository's volumes; declare it empty)"},
+		{"docker socket bind", base + "    volumes:\n      - /var/run/docker.sock:/var/run/docker.sock\n", "compose.yaml: services.app.volumes[0]", "a container-engine socket (docker.sock)"},
+		{"containerd socket", base + "    volumes:\n      - /run/containerd/containerd.sock:/c.sock\n", "compose.yaml: services.app.volumes[0]", "a container-engine socket (containerd.sock)"},
+		{"podman socket in a label", base + "    labels:\n      x: /run/podman/podman.sock\n", "compose.yaml: services.app.labels.x", "a container-engine socket (podman.sock)"},
+		{"DOCKER_HOST", base + "      DOCKER_HOST: tcp://1.2.3.4:2375\n", "compose.yaml: services.app.environment.DOCKER_HOST", "a container-engine variable (DOCKER_HOST)"},
+		{"DOCKER_HOST in a list", "services:\n  app:\n    image: x\n    environment:\n      - DOCKER_HOST=unix:///x\n", "compose.yaml: services.app.environment[0]", "a container-engine variable (DOCKER_HOST)"},
+		{"CONTAINERD_ADDRESS in a command", base + "    command: sh -c 'echo CONTAINERD_ADDRESS'\n", "compose.yaml: services.app.command", "a container-engine variable (CONTAINERD_ADDRESS)"},
+		{"${VAR}", base + "    image: app:${TAG}\n", "compose.yaml: services.app.image", "interpolation (write $$ for a literal $)"},
+		{"$VAR", base + "    command: echo $HOME\n", "compose.yaml: services.app.command", "interpolation (write $$ for a literal $)"},
+		{"$_VAR", base + "    command: echo $_X\n", "compose.yaml: services.app.command", "interpolation (write $$ for a literal $)"},
+		{"interpolated key", base + "      ${KEY}: v\n", "compose.yaml: services.app.environment.${KEY}", "interpolation (write $$ for a literal $)"},
+		{"valueless list entry", "services:\n  app:\n    image: x\n    environment:\n      - TOKEN\n", "compose.yaml: services.app.environment[0]", `a valueless entry "TOKEN"`},
+		{"valueless map entry", base + "      TOKEN:\n", "compose.yaml: services.app.environment.TOKEN", `a valueless entry "TOKEN"`},
+		{"not a mapping", "- a\n- b\n", "compose.yaml", "not a mapping"},
+		// A key is shown as it is only when it cannot forge a line.
+		{"a key with a newline", base + "    x-note: {\"x\\nbranchbox: docker.sock\": 1}\n", `compose.yaml: services.app.x-note."x\nbranchbox: docker.sock"`, "a container-engine socket (docker.sock)"},
+		{"nested too deep", base + "    x-deep: " + strings.Repeat("[", 70) + strings.Repeat("]", 70) + "\n", "compose.yaml: services.app.x-deep" + strings.Repeat("[0]", 62), "nested too deep"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := check(t, tc.yaml)
 			var r *compose.Refusal
-			if !errors.As(err, &r) || r.Rule != tc.rule {
-				t.Fatalf("Check = %v, want the refusal %q", err, tc.rule)
+			if !errors.As(err, &r) || r.Where != tc.where || r.Rule != tc.rule {
+				t.Fatalf("Check = %v, want the refusal %q at %q", err, tc.rule, tc.where)
+			}
+			// The message names the file and the key path, then the rule.
+			if want := "compose: " + tc.where + ": " + tc.rule; err.Error() != want {
+				t.Fatalf("message %q, want %q", err, want)
 			}
 		})
 	}
@@ -168,8 +179,24 @@ func TestLaterFilesMerge(t *testing.T) {
 		t.Fatal(err)
 	}
 	var r *compose.Refusal
-	if err := p.CheckRunnable(); !errors.As(err, &r) || r.Rule != notAllowed("privileged") || r.Where != "compose.override.yaml: service app" {
-		t.Fatalf("a refused key in a later file: %v, want it named with its file and service", err)
+	if err := p.CheckRunnable(); !errors.As(err, &r) || r.Rule != notAllowed || r.Where != "compose.override.yaml: services.app.privileged" {
+		t.Fatalf("a refused key in a later file: %v, want it named with its file and key path", err)
+	}
+	// A dependency on a connector, named in a later file, in the long
+	// form: that file and that entry.
+	files[1].Data = []byte("services:\n  app:\n    depends_on:\n      tunnel: {condition: service_started}\n  tunnel:\n    image: cloudflare/cloudflared\n")
+	if p, err = compose.Check(context.Background(), t.TempDir(), files); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.CheckRunnable(); err == nil || err.Error() != `compose: compose.override.yaml: services.app.depends_on.tunnel: "tunnel" is not a bound service` {
+		t.Fatalf("a dependency on a connector in a later file: %v", err)
+	}
+	// Omitted services are the assignment's: its field and entry.
+	if p, err = compose.Check(context.Background(), t.TempDir(), files[:1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Omit([]string{"app"}, "app"); err == nil || err.Error() != `compose: assignment: omitted_services[0]: "app" is the primary service, which cannot be omitted` {
+		t.Fatalf("omitting the primary: %v", err)
 	}
 }
 
@@ -208,8 +235,9 @@ func TestInputs(t *testing.T) {
 		setup func()
 		want  string
 	}{
-		{"an explicit empty list", compose.DevcontainerFiles{Set: true}, nil, "empty list"},
-		{"an absolute path", compose.DevcontainerFiles{Set: true, Files: []string{"/etc/passwd"}}, nil, "relative"},
+		{"an explicit empty list", compose.DevcontainerFiles{Set: true, Config: ".devcontainer.json"}, nil, "devcontainer: .devcontainer.json: dockerComposeFile: an empty list"},
+		{"an absolute path", compose.DevcontainerFiles{Set: true, Files: []string{"a.yaml", "/etc/passwd"}, Config: ".devcontainer.json"}, nil,
+			`devcontainer: .devcontainer.json: dockerComposeFile[1]: "/etc/passwd" must be a path relative`},
 		{"outside by ..", compose.DevcontainerFiles{Set: true, Dir: ".devcontainer", Files: []string{"../../x.yaml"}}, nil, "outside the worktree"},
 		{"a symlink out", compose.DevcontainerFiles{Set: true, Files: []string{"out.yaml"}}, func() {
 			os.Symlink("/etc/hostname", filepath.Join(wt, "out.yaml"))

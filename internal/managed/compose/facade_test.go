@@ -191,7 +191,7 @@ func TestOmittedServices(t *testing.T) {
 		t.Fatal(err)
 	}
 	var r *compose.Refusal
-	if err := p.CheckRunnable(); !errors.As(err, &r) || !strings.Contains(r.Rule, `depends_on "db"`) {
+	if err := p.CheckRunnable(); !errors.As(err, &r) || r.Where != "compose.yaml: services.app.depends_on.db" || r.Rule != `"db" is not a bound service` {
 		t.Fatalf("app depends on the omitted db: %v", err)
 	}
 	// The rest without the dependency.
@@ -235,5 +235,43 @@ func TestOmittedServices(t *testing.T) {
 	}
 	if db, ok := model.DisabledServices["db"]; !ok || len(db.Ports)+len(db.Volumes) != 0 {
 		t.Fatalf("the omitted service: %+v", db)
+	}
+}
+
+// TestReplacedKeys: every key of the source the facade replaces is
+// listed, file by file, with what runs instead; the primary's user is,
+// db's is kept; the connector's keys are never run and not listed.
+func TestReplacedKeys(t *testing.T) {
+	files := []compose.File{{Path: "compose.yaml", Data: []byte(source)},
+		{Path: ".devcontainer/compose.dev.yaml", Data: []byte("services:\n  db:\n    build: ./db\n")}}
+	p, err := compose.Check(context.Background(), t.TempDir(), files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range p.Replaced("app") {
+		got = append(got, r.String())
+	}
+	why := func(file, path, because string) string {
+		return file + ": services." + path + ": replaced by the managed launch: " + because
+	}
+	ports := "no port is published but the assignment's published_ports, through loopback proxies"
+	mounts := "no mount of the repository's (the primary gets exactly the workspace, the signed leases and the spools)"
+	want := []string{
+		why("compose.yaml", "app.build", "nothing is built"),
+		why("compose.yaml", "app.cap_drop", "every capability is dropped but the policy's"),
+		why("compose.yaml", "app.env_file", "no host file is read"),
+		why("compose.yaml", "app.expose", ports),
+		why("compose.yaml", "app.image", "the service runs the image service_images binds"),
+		why("compose.yaml", "app.ports", ports),
+		why("compose.yaml", "app.user", "the primary service runs as the workspace consumer"),
+		why("compose.yaml", "app.volumes", mounts),
+		why("compose.yaml", "db.image", "the service runs the image service_images binds"),
+		why("compose.yaml", "db.ports", ports),
+		why("compose.yaml", "db.volumes", mounts),
+		why(".devcontainer/compose.dev.yaml", "db.build", "nothing is built"),
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("Replaced:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }

@@ -36,11 +36,13 @@ type File struct {
 
 // DevcontainerFiles is what the devcontainer config says of Compose:
 // Set when it has a dockerComposeFile key, Files its entries (relative to
-// Dir, the config's directory relative to the worktree).
+// Dir, the config's directory relative to the worktree). Config is the
+// config's path, for messages.
 type DevcontainerFiles struct {
-	Set   bool
-	Dir   string
-	Files []string
+	Set    bool
+	Dir    string
+	Files  []string
+	Config string
 }
 
 // Inputs reads the Compose files of worktree: those the devcontainer
@@ -56,11 +58,11 @@ func Inputs(worktree string, dc DevcontainerFiles) ([]File, error) {
 	var names []string
 	switch {
 	case dc.Set && len(dc.Files) == 0:
-		return nil, errors.New("compose: dockerComposeFile is an empty list")
+		return nil, fmt.Errorf("devcontainer: %s: dockerComposeFile: an empty list", dc.Config)
 	case dc.Set:
-		for _, f := range dc.Files {
+		for i, f := range dc.Files {
 			if f == "" || filepath.IsAbs(f) {
-				return nil, fmt.Errorf("compose: dockerComposeFile %q must be a path relative to the devcontainer config", f)
+				return nil, fmt.Errorf("devcontainer: %s: dockerComposeFile[%d]: %q must be a path relative to the devcontainer config", dc.Config, i, f)
 			}
 			names = append(names, path.Clean(path.Join(filepath.ToSlash(dc.Dir), filepath.ToSlash(f))))
 		}

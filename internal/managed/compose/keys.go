@@ -58,6 +58,49 @@ var serviceKeys = map[string]keyUse{
 	"cap_drop":    keyReplaced, // always ALL
 }
 
+// replacedWhy says, for each key the facade replaces, what runs instead:
+// the notice a launch prints for each one the repository sets.
+var replacedWhy = map[string]string{
+	"image":       "the service runs the image service_images binds",
+	"build":       "nothing is built",
+	"pull_policy": "nothing is pulled",
+	"volumes":     "no mount of the repository's (the primary gets exactly the workspace, the signed leases and the spools)",
+	"ports":       "no port is published but the assignment's published_ports, through loopback proxies",
+	"expose":      "no port is published but the assignment's published_ports, through loopback proxies",
+	"env_file":    "no host file is read",
+	"cap_drop":    "every capability is dropped but the policy's",
+	"user":        "the primary service runs as the workspace consumer",
+}
+
+// Replacement is a key one of the repository's Compose files sets on a
+// runnable service and the facade replaces.
+type Replacement struct {
+	File, Service, Key string
+}
+
+func (r Replacement) String() string {
+	return fmt.Sprintf("%s: services.%s.%s: replaced by the managed launch: %s", r.File, segment(r.Service), r.Key, replacedWhy[r.Key])
+}
+
+// Replaced lists, file by file, service by service and key by key (each
+// sorted), the keys of runnable services whose values the facade
+// replaces: keyReplaced ones, and keyKeptButPrimary ones on primary.
+func (p *Project) Replaced(primary string) []Replacement {
+	var out []Replacement
+	for i, f := range p.Files {
+		services, _ := p.fileModels[i]["services"].(map[string]any)
+		for _, name := range p.Runnable {
+			svc, _ := services[name].(map[string]any)
+			for _, key := range slices.Sorted(maps.Keys(svc)) {
+				if use := serviceKeys[key]; use == keyReplaced || use == keyKeptButPrimary && name == primary {
+					out = append(out, Replacement{File: f.Path, Service: name, Key: key})
+				}
+			}
+		}
+	}
+	return out
+}
+
 // topKeys are the only top-level keys a Compose file of the launch may
 // have (besides x- extensions).
 var topKeys = []string{"services", "volumes", "version"}
@@ -79,13 +122,13 @@ func isExtension(key string) bool { return strings.HasPrefix(key, "x-") }
 func checkTopKeys(path string, model map[string]any) error {
 	for _, key := range slices.Sorted(maps.Keys(model)) {
 		if !isExtension(key) && !slices.Contains(topKeys, key) {
-			return &Refusal{Rule: fmt.Sprintf("top-level key %s is not allowed in a managed launch", quoteShort(key)), Where: path}
+			return &Refusal{Rule: "top-level key not allowed in a managed launch", Where: path + ": " + segment(key)}
 		}
 	}
 	vols, _ := model["volumes"].(map[string]any)
 	for _, name := range slices.Sorted(maps.Keys(vols)) {
 		if def, ok := vols[name].(map[string]any); vols[name] != nil && (!ok || len(def) > 0) {
-			return &Refusal{Rule: "a volume definition (a managed launch mounts none of the repository's volumes; declare it empty)", Where: path + ": volume " + quoteShort(name)}
+			return &Refusal{Rule: "a volume definition (a managed launch mounts none of the repository's volumes; declare it empty)", Where: path + ": volumes." + segment(name)}
 		}
 	}
 	return nil
@@ -106,7 +149,7 @@ func (p *Project) CheckRunnable() error {
 			}
 			for _, key := range slices.Sorted(maps.Keys(svc)) {
 				if _, ok := serviceKeys[key]; !ok && !isExtension(key) {
-					return &Refusal{Rule: fmt.Sprintf("key %s is not allowed in a managed launch", quoteShort(key)), Where: f.Path + ": service " + name}
+					return &Refusal{Rule: "not allowed in a managed launch", Where: f.Path + ": services." + segment(name) + "." + segment(key)}
 				}
 			}
 		}
@@ -114,9 +157,30 @@ func (p *Project) CheckRunnable() error {
 	for _, name := range p.Runnable {
 		for _, dep := range slices.Sorted(maps.Keys(p.Model.Services[name].DependsOn)) {
 			if !slices.Contains(p.Runnable, dep) {
-				return &Refusal{Rule: fmt.Sprintf("depends_on %s, which is not a bound service", quoteShort(dep)), Where: "service " + name}
+				return &Refusal{Rule: fmt.Sprintf("%s is not a bound service", quoteShort(dep)), Where: p.dependsOnAt(name, dep)}
 			}
 		}
 	}
 	return nil
+}
+
+// dependsOnAt is where service name's depends_on names dep: the last
+// file that does (later files merge over earlier ones), and the entry.
+func (p *Project) dependsOnAt(name, dep string) string {
+	where := "services." + segment(name) + ".depends_on"
+	for i := len(p.Files) - 1; i >= 0; i-- {
+		services, _ := p.fileModels[i]["services"].(map[string]any)
+		svc, _ := services[name].(map[string]any)
+		switch deps := svc["depends_on"].(type) {
+		case []any:
+			if j := slices.Index(deps, any(dep)); j >= 0 {
+				return fmt.Sprintf("%s: %s[%d]", p.Files[i].Path, where, j)
+			}
+		case map[string]any:
+			if _, ok := deps[dep]; ok {
+				return p.Files[i].Path + ": " + where + "." + segment(dep)
+			}
+		}
+	}
+	return where
 }

@@ -23,7 +23,21 @@ var Paths = []string{".devcontainer/devcontainer.json", ".devcontainer.json"}
 
 // Config is a parsed devcontainer config: its keys as decoded JSON.
 type Config struct {
-	raw map[string]any
+	path string
+	raw  map[string]any
+}
+
+// Path is the config's path relative to the worktree, as given to Parse.
+func (c *Config) Path() string { return c.path }
+
+// Refuse is an error naming the config's file and the key path at: every
+// refusal of the config is worded so.
+func (c *Config) Refuse(at, format string, args ...any) error {
+	return refusal(c.path, at, format, args...)
+}
+
+func refusal(path, at, format string, args ...any) error {
+	return fmt.Errorf("devcontainer: %s: %s: %s", path, at, fmt.Sprintf(format, args...))
 }
 
 // Service is the Compose service the devcontainer runs in.
@@ -40,16 +54,16 @@ func (c *Config) ComposeFiles() (files []string, set bool, err error) {
 	case string:
 		return []string{v}, true, nil
 	case []any:
-		for _, e := range v {
+		for i, e := range v {
 			s, ok := e.(string)
 			if !ok {
-				return nil, true, errors.New("devcontainer: dockerComposeFile holds a value that is not a string")
+				return nil, true, c.Refuse(fmt.Sprintf("dockerComposeFile[%d]", i), "not a string")
 			}
 			files = append(files, s)
 		}
 		return files, true, nil
 	}
-	return nil, true, errors.New("devcontainer: dockerComposeFile is neither a string nor a list")
+	return nil, true, c.Refuse("dockerComposeFile", "neither a string nor a list")
 }
 
 // User is the user the config asks its processes to run as: remoteUser,
@@ -57,55 +71,63 @@ func (c *Config) ComposeFiles() (files []string, set bool, err error) {
 // workspace consumer whatever it says, and refuses a config whose user is
 // not the consumer.
 func (c *Config) User() string {
+	_, user := c.UserKey()
+	return user
+}
+
+// UserKey is the key User comes from, and its value ("", "" when
+// neither is set).
+func (c *Config) UserKey() (key, user string) {
 	for _, k := range []string{"remoteUser", "containerUser"} {
 		if s, ok := c.raw[k].(string); ok && s != "" {
-			return s
+			return k, s
 		}
 	}
-	return ""
+	return "", ""
 }
 
 // imageKeys make a config image- or Dockerfile-based; a managed launch
 // runs Compose services only.
 var imageKeys = []string{"image", "dockerFile", "build"}
 
-// Parse reads a devcontainer config: JSON with comments and trailing
-// commas. It refuses, naming the key:
+// Parse reads the devcontainer config at path (relative to the worktree,
+// for messages): JSON with comments and trailing commas. It refuses,
+// naming the file and the key:
 //   - a config that is not Compose-based (image, dockerFile, build) or
 //     names no service;
 //   - initializeCommand (it runs on the host);
 //   - any `${localEnv:` reference (a host environment variable).
-func Parse(data []byte) (*Config, error) {
+func Parse(path string, data []byte) (*Config, error) {
 	if len(data) > MaxConfigBytes {
-		return nil, fmt.Errorf("devcontainer: the config is over %d bytes", MaxConfigBytes)
+		return nil, fmt.Errorf("devcontainer: %s: the config is over %d bytes", path, MaxConfigBytes)
 	}
 	plain, err := StripJSONC(data)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("devcontainer: %s: %s", path, strings.TrimPrefix(err.Error(), "devcontainer: "))
 	}
 	dec := json.NewDecoder(bytes.NewReader(plain))
 	dec.UseNumber()
 	var raw map[string]any
 	if err := dec.Decode(&raw); err != nil {
-		return nil, fmt.Errorf("devcontainer: %w", err)
+		return nil, fmt.Errorf("devcontainer: %s: %w", path, err)
 	}
 	if dec.More() {
-		return nil, errors.New("devcontainer: data after the config")
+		return nil, fmt.Errorf("devcontainer: %s: data after the config", path)
 	}
+	c := &Config{path: path, raw: raw}
 	for _, k := range imageKeys {
 		if _, ok := raw[k]; ok {
-			return nil, fmt.Errorf("devcontainer: %q: a managed launch runs Compose services only (dockerComposeFile and service)", k)
+			return nil, c.Refuse(k, "a managed launch runs Compose services only (dockerComposeFile and service)")
 		}
 	}
 	if _, ok := raw["initializeCommand"]; ok {
-		return nil, errors.New(`devcontainer: "initializeCommand" runs on the host`)
+		return nil, c.Refuse("initializeCommand", "runs on the host")
 	}
 	if where := findString(raw, "", func(s string) bool { return strings.Contains(s, "${localEnv:") }); where != "" {
-		return nil, fmt.Errorf("devcontainer: %s: ${localEnv:...} reads the host's environment", where)
+		return nil, c.Refuse(where, "${localEnv:...} reads the host's environment")
 	}
-	c := &Config{raw: raw}
 	if c.Service() == "" {
-		return nil, errors.New(`devcontainer: "service" names no Compose service`)
+		return nil, c.Refuse("service", "names no Compose service")
 	}
 	return c, nil
 }

@@ -37,8 +37,11 @@ const source = `// The repository's devcontainer
 }
 `
 
+// cfgPath is where the configs of these tests are, for messages.
+const cfgPath = ".devcontainer/devcontainer.json"
+
 func TestParseAndGenerate(t *testing.T) {
-	c, err := devcontainer.Parse([]byte(source))
+	c, err := devcontainer.Parse(cfgPath, []byte(source))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,30 +88,32 @@ func TestParseAndGenerate(t *testing.T) {
 }
 
 func TestParseRefuses(t *testing.T) {
+	// Every refusal names the file, then the key path.
+	const at = "devcontainer: " + cfgPath + ": "
 	for _, tc := range []struct{ name, config, want string }{
-		{"image based", `{"image": "debian", "service": "app"}`, `"image": a managed launch runs Compose services only`},
-		{"dockerfile based", `{"dockerFile": "Dockerfile", "service": "app"}`, `"dockerFile"`},
-		{"build", `{"build": {"dockerfile": "D"}, "service": "app"}`, `"build"`},
-		{"initializeCommand", `{"service": "app", "initializeCommand": "curl x | sh"}`, `"initializeCommand" runs on the host`},
-		{"localEnv in a value", `{"service": "app", "containerEnv": {"A": "${localEnv:HOME}"}}`, `containerEnv.A: ${localEnv:...}`},
-		{"localEnv in a list", `{"service": "app", "postStartCommand": ["echo", "${localEnv:TOKEN}"]}`, `postStartCommand[1]`},
-		{"localEnv in a key", `{"service": "app", "x": {"${localEnv:K}": 1}}`, `x.${localEnv:K}`},
-		{"no service", `{"dockerComposeFile": "compose.yaml"}`, `"service" names no Compose service`},
-		{"not an object", `["service"]`, `cannot unmarshal array`},
-		{"data after", `{"service": "app"} {}`, `data after the config`},
-		{"an unclosed comment", `{"service": "app"} /* x`, `a comment is not closed`},
-		{"an unclosed string", `{"service": "app}`, `a string is not closed`},
-		{"one byte over the limit", `{"service": "app"}` + strings.Repeat(" ", devcontainer.MaxConfigBytes-17), "over 1048576 bytes"},
+		{"image based", `{"image": "debian", "service": "app"}`, at + `image: a managed launch runs Compose services only`},
+		{"dockerfile based", `{"dockerFile": "Dockerfile", "service": "app"}`, at + `dockerFile: a managed`},
+		{"build", `{"build": {"dockerfile": "D"}, "service": "app"}`, at + `build: a managed`},
+		{"initializeCommand", `{"service": "app", "initializeCommand": "curl x | sh"}`, at + `initializeCommand: runs on the host`},
+		{"localEnv in a value", `{"service": "app", "containerEnv": {"A": "${localEnv:HOME}"}}`, at + `containerEnv.A: ${localEnv:...}`},
+		{"localEnv in a list", `{"service": "app", "postStartCommand": ["echo", "${localEnv:TOKEN}"]}`, at + `postStartCommand[1]: `},
+		{"localEnv in a key", `{"service": "app", "x": {"${localEnv:K}": 1}}`, at + `x.${localEnv:K}: `},
+		{"no service", `{"dockerComposeFile": "compose.yaml"}`, at + `service: names no Compose service`},
+		{"not an object", `["service"]`, at + `json: cannot unmarshal array`},
+		{"data after", `{"service": "app"} {}`, at + `data after the config`},
+		{"an unclosed comment", `{"service": "app"} /* x`, at + `a comment is not closed`},
+		{"an unclosed string", `{"service": "app}`, at + `a string is not closed`},
+		{"one byte over the limit", `{"service": "app"}` + strings.Repeat(" ", devcontainer.MaxConfigBytes-17), at + "the config is over 1048576 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if _, err := devcontainer.Parse([]byte(tc.config)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			if _, err := devcontainer.Parse(cfgPath, []byte(tc.config)); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Parse = %v, want an error with %q", err, tc.want)
 			}
 		})
 	}
 	// At the limit it is read.
 	atLimit := `{"service": "app"}` + strings.Repeat(" ", devcontainer.MaxConfigBytes-18)
-	if _, err := devcontainer.Parse([]byte(atLimit)); err != nil {
+	if _, err := devcontainer.Parse(cfgPath, []byte(atLimit)); err != nil {
 		t.Fatalf("a config of exactly %d bytes: %v", devcontainer.MaxConfigBytes, err)
 	}
 }
@@ -126,11 +131,14 @@ func TestComposeFilesShapes(t *testing.T) {
 		{`{"service": "a", "dockerComposeFile": [1]}`, nil, true, true},
 		{`{"service": "a", "dockerComposeFile": {"x": 1}}`, nil, true, true},
 	} {
-		c, err := devcontainer.Parse([]byte(tc.config))
+		c, err := devcontainer.Parse(cfgPath, []byte(tc.config))
 		if err != nil {
 			t.Fatal(err)
 		}
 		files, set, err := c.ComposeFiles()
+		if tc.bad && (err == nil || !strings.HasPrefix(err.Error(), "devcontainer: "+cfgPath+": dockerComposeFile")) {
+			t.Errorf("%s: %v, want a refusal naming the file and dockerComposeFile", tc.config, err)
+		}
 		if (err != nil) != tc.bad || set != tc.set || !reflect.DeepEqual(files, tc.files) {
 			t.Errorf("%s: %q %v %v", tc.config, files, set, err)
 		}
@@ -144,7 +152,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte(`{"service": "a", "x": "/* no */", "y": [1,],}`))
 	f.Add([]byte(`{"a":"\"//"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		devcontainer.Parse(data)
+		devcontainer.Parse(cfgPath, data)
 		if json.Valid(data) && !bytes.Contains(data, []byte("/")) {
 			out, err := devcontainer.StripJSONC(data)
 			if err != nil || !bytes.Equal(out, data) {

@@ -33,6 +33,23 @@ import (
 // PollInterval is how often Dispatch looks again while it waits.
 const PollInterval = 250 * time.Millisecond
 
+// now and pause are the clock Dispatch waits on; a test replaces them
+// (SetClockForTest) to decide where a request appears relative to the
+// deadline.
+var (
+	now   = time.Now
+	pause = func(ctx context.Context, d time.Duration) error {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+			return nil
+		}
+	}
+)
+
 // ErrNotPending reports a request id with no request in the spool: the
 // consumer has not finished writing it. Retryable.
 var ErrNotPending = errors.New("the request is not pending")
@@ -69,25 +86,25 @@ type Outcome struct {
 	Cached   bool
 }
 
-// Dispatch dispatches request id, looking again every PollInterval until
-// wait has passed while the request is not pending (and, under the replay
+// Dispatch dispatches request id, looking again every PollInterval, and
+// once more at the deadline, until wait has passed while the request is not pending (and, under the replay
 // policy, while the relay fails in transport). Any other failure is
 // terminal and returned at once.
 func (s *Spool) Dispatch(ctx context.Context, id string, wait time.Duration) (*Outcome, error) {
 	if err := spool.ValidRequestID(id); err != nil {
 		return nil, fmt.Errorf("request id: %w", err)
 	}
-	deadline := time.Now().Add(wait)
+	deadline := now().Add(wait)
 	for {
 		out, err := s.attempt(ctx, id, deadline)
 		var re *RetryableError
-		if err == nil || !(errors.Is(err, ErrNotPending) || errors.As(err, &re)) || !time.Now().Add(PollInterval).Before(deadline) {
+		left := deadline.Sub(now())
+		if err == nil || !(errors.Is(err, ErrNotPending) || errors.As(err, &re)) || left <= 0 {
 			return out, err
 		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(PollInterval):
+		// The last pause ends at the deadline, for one last look.
+		if err := pause(ctx, min(PollInterval, left)); err != nil {
+			return nil, err
 		}
 	}
 }

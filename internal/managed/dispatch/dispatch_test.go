@@ -193,6 +193,34 @@ func TestDispatchNotPendingAndWait(t *testing.T) {
 	}
 }
 
+// TestDispatchLooksAtTheDeadline: a request finalised after the last
+// regular look, in the last quarter second of the wait, is still
+// dispatched: the wait looks once more at the deadline. The clock is the
+// test's, so where the request appears is decided, not raced.
+func TestDispatchLooksAtTheDeadline(t *testing.T) {
+	w := newWorld(t, false)
+	w.serve()
+	clock := time.Unix(1_000_000, 0)
+	const wait = 600 * time.Millisecond
+	deadline := clock.Add(wait)
+	put := false
+	dispatch.SetClockForTest(t, func() time.Time { return clock }, func(_ context.Context, d time.Duration) error {
+		if !put && !clock.Add(dispatch.PollInterval).Before(deadline) {
+			w.put("last.json", envelope("last", `{}`)) // after the last regular look
+			put = true
+		}
+		clock = clock.Add(d)
+		return nil
+	})
+	out, err := w.dispatch("last", wait)
+	if err != nil || out.Cached {
+		t.Fatalf("a request finalised in the last quarter second: %+v %v", out, err)
+	}
+	if clock.After(deadline) {
+		t.Fatalf("the wait slept %v past its deadline", clock.Sub(deadline))
+	}
+}
+
 // TestDispatchRefusesHostileFiles: every rule a request file breaks is
 // terminal, and the endpoint sees nothing.
 func TestDispatchRefusesHostileFiles(t *testing.T) {

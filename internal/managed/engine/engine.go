@@ -78,6 +78,20 @@ func (e *Engine) ImagePresent(ctx context.Context, ref string) (bool, error) {
 	return err == nil, err
 }
 
+// ImageID is the local content id ("sha256:<64 hex>") of the image ref
+// names on the engine; ErrNotFound when the engine has no such image. It
+// never pulls.
+func (e *Engine) ImageID(ctx context.Context, ref string) (string, error) {
+	img, err := e.c.ImageInspect(ctx, ref)
+	if client.IsErrNotFound(err) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("docker engine: inspect image: %w", err)
+	}
+	return img.ID, nil
+}
+
 // Inspect returns the engine's view of container id.
 func (e *Engine) Inspect(ctx context.Context, id string) (container.InspectResponse, error) {
 	c, err := e.c.ContainerInspect(ctx, id)

@@ -26,8 +26,9 @@
 // under: one model-identity lease (the example provider as its executable,
 // one inherited name) and one provider-environment lease (one value file).
 // Version 3 adds the mandatory workspace consumer. It carries no
-// service_images: a managed launch needs preloaded images a new user does
-// not have, so validate reports managed_launch.ready false. Version 1 keeps
+// service_images unless Options.Launch binds a local image (and adds a
+// repository, launchable.go); without, validate reports
+// managed_launch.ready false. Version 1 keeps
 // its fixed provider allowlist (claude, codex, gemini looked up in the
 // fixed PATH), so its example names codex and writes no provider.
 package example
@@ -149,6 +150,9 @@ type Paths struct {
 	// Provider is empty in version 1 (no provider is written).
 	Provider string `json:"provider,omitempty"`
 	Value    string `json:"-"`
+	// Workspace and Repository are set in a launchable example only.
+	Workspace  string `json:"workspace,omitempty"`
+	Repository string `json:"repository_path,omitempty"`
 }
 
 // PathsFor returns the locations below dir (absolute and clean).
@@ -235,6 +239,9 @@ type Options struct {
 	// Runtime is the uid and gid of the runtime that will validate the
 	// example: this process's effective ids (the files are its own).
 	Runtime assignment.Identity
+	// Launch, when set, makes a version 3 example launchable: a
+	// repository below DIR and service_images.
+	Launch *Launchable
 }
 
 // File is one entry Write created (or DIR, when it existed).
@@ -257,6 +264,8 @@ type Result struct {
 	ExpiresAt  string               `json:"expires_at"`
 	Consumer   *assignment.Identity `json:"workspace_consumer,omitempty"`
 	Files      []File               `json:"files"`
+	// Launchable: the example is ready for `feature start`.
+	Launchable bool `json:"launchable"`
 }
 
 // Write lays the example out below opts.Dir and checks it as validate
@@ -283,10 +292,17 @@ func Write(opts Options) (*Result, error) {
 	if dir == "/" {
 		return nil, fmt.Errorf("DIR must not be /")
 	}
+	if opts.Launch != nil && opts.Version != assignment.Version3 {
+		return nil, fmt.Errorf("a launchable example needs version 3")
+	}
 	p := PathsFor(dir, opts.Version)
 	doc, err := Document(p, opts.Version, opts.Now, opts.Runtime)
 	if err != nil {
 		return nil, err
+	}
+	if opts.Launch != nil {
+		launchPaths(&p)
+		addLaunch(doc, p, Revision, opts.Launch)
 	}
 	if err := checkDocument(doc, p, opts); err != nil {
 		return nil, err
@@ -297,9 +313,11 @@ func Write(opts Options) (*Result, error) {
 	}
 
 	var created []string
+	// Everything here was created fresh in a directory no other uid can
+	// write (checkDir), so removing it whole removes only what Write made.
 	fail := func(err error) (*Result, error) {
 		for i := len(created) - 1; i >= 0; i-- {
-			_ = os.Remove(created[i])
+			_ = os.RemoveAll(created[i])
 		}
 		return nil, err
 	}
@@ -320,6 +338,13 @@ func Write(opts Options) (*Result, error) {
 		}
 		created = append(created, p.Provider)
 	}
+	if opts.Launch != nil {
+		rev, err := writeRepository(p, &created)
+		if err != nil {
+			return fail(err)
+		}
+		addLaunch(doc, p, rev, opts.Launch)
+	}
 	if err := secfs.MkdirFresh(p.ManagedRoot); err != nil {
 		return fail(fmt.Errorf("%s cannot be created: %w", p.ManagedRoot, unwrapPath(err)))
 	}
@@ -331,12 +356,18 @@ func Write(opts Options) (*Result, error) {
 	if err != nil {
 		return fail(fmt.Errorf("the run directory cannot be written: %w", unwrapPath(err)))
 	}
-	if _, err := check(p.Assignment, leasecheck.Options{ManagedRoot: p.ManagedRoot, Now: opts.Now, Runtime: opts.Runtime}); err != nil {
+	checked, err := check(p.Assignment, leasecheck.Options{ManagedRoot: p.ManagedRoot, Now: opts.Now, Runtime: opts.Runtime})
+	if err != nil {
 		return fail(fmt.Errorf("the example failed validation, so it was removed again: %w", err))
+	}
+	if opts.Launch != nil {
+		if err := checkLaunchable(checked.Assignment, opts.Runtime); err != nil {
+			return fail(err)
+		}
 	}
 
 	res := &Result{Paths: p, Version: opts.Version, RunID: RunID, DirCreated: !existed,
-		ExpiresAt: ExpiresAt(opts.Now)}
+		ExpiresAt: ExpiresAt(opts.Now), Launchable: opts.Launch != nil}
 	if opts.Version == assignment.Version3 {
 		id := ConsumerID(opts.Runtime)
 		res.Consumer = &assignment.Identity{UID: id, GID: id}
@@ -472,6 +503,10 @@ func role(name string, p Paths, existed bool) string {
 		return "the " + ValueName + " value of the provider-environment lease (its sha256 is in the assignment)"
 	case p.Assignment:
 		return "the assignment"
+	case p.Workspace:
+		return "the assignment's workspace"
+	case p.Repository:
+		return "the example repository: a devcontainer config and a Compose file, in one commit on main"
 	}
 	return ""
 }
@@ -489,9 +524,13 @@ func (r *Result) NextSteps() []Step {
 	if r.ManagedRoot != assignment.DefaultManagedRoot {
 		env = leasecheck.ManagedRootEnv + "=" + ShellQuote(r.ManagedRoot) + " "
 	}
+	validate := " --json"
+	if r.Launchable {
+		validate = " --require-launch"
+	}
 	steps := []Step{{
 		Purpose: "validate the assignment and every file it names",
-		Command: env + ProgramName + " managed validate " + ShellQuote(r.Assignment) + " --json",
+		Command: env + ProgramName + " managed validate " + ShellQuote(r.Assignment) + validate,
 	}}
 	if r.Provider != "" {
 		steps = append(steps, Step{
@@ -501,23 +540,31 @@ func (r *Result) NextSteps() []Step {
 				" --provider " + ShellQuote(r.Provider) + " --inherit-env " + InheritedName + " -- hello",
 		})
 	}
+	if r.Launchable {
+		steps = append(steps, r.launchSteps(env)...)
+	}
 	return steps
 }
 
 // Notes explain what the example cannot show.
 func (r *Result) Notes() []string {
 	var notes []string
-	switch r.Version {
-	case assignment.Version1:
+	switch {
+	case r.Version == assignment.Version1:
 		notes = append(notes, fmt.Sprintf("version 1 starts only the fixed providers claude, codex and gemini, looked up in PATH=%s; "+
 			"this example's model-identity lease names %s, so exec-provider can start it only where %s is installed there "+
 			"(--provider %s --inherit-env %s), and no example provider is written", provider.SafePATH, V1Provider, V1Provider, V1Provider,
 			assignment.V1Providers[V1Provider]))
-	case assignment.Version2:
+	case r.Version == assignment.Version2:
 		notes = append(notes, "validate reports managed_launch.ready false: a managed Dev Containers launch needs version 3")
+	case r.Launchable:
+		notes = append(notes, "the assignment is launchable: feature start needs root, the Docker engine with the Compose v2 plugin "+
+			"and the Dev Containers CLI, and runs the service as the workspace consumer",
+			"the model-identity lease's executable is the example provider on this host: managed exec-provider starts it, "+
+				"feature exec-provider would look for it in the container, where it is not")
 	default:
 		notes = append(notes, "validate reports managed_launch.ready false: a managed Dev Containers launch also needs preloaded "+
-			"service_images, which a new user does not have; exec-provider needs no launch")
+			"service_images (--launchable binds local ones); exec-provider needs no launch")
 	}
 	notes = append(notes,
 		fmt.Sprintf("the files are owner-only: run the steps as uid %d", r.ownerUID()),

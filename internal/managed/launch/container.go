@@ -17,6 +17,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 
 	"agentbox/internal/crashpoint"
+	"agentbox/internal/managed/devcontainer"
 	"agentbox/internal/managed/engine"
 	"agentbox/internal/managed/inspect"
 	"agentbox/internal/managed/provider"
@@ -74,9 +75,10 @@ func (l *launcher) devcontainerUp(ctx context.Context) (string, error) {
 
 // refuseRootUser refuses, before any container exists, a devcontainer
 // config whose user is root by name or number.
-func refuseRootUser(configUser string) error {
-	if configUser == "root" || configUser == "0" || strings.HasPrefix(configUser, "0:") || strings.HasPrefix(configUser, "root:") {
-		return fail(CodeUser, "the container user is root: set remoteUser or containerUser to the workspace consumer, or leave them out")
+func refuseRootUser(dc *devcontainer.Config) error {
+	key, user := dc.UserKey()
+	if user == "root" || user == "0" || strings.HasPrefix(user, "0:") || strings.HasPrefix(user, "root:") {
+		return &Error{Code: CodeUser, Message: dc.Refuse(key, "the container user is root: set remoteUser or containerUser to the workspace consumer, or leave them out").Error()}
 	}
 	return nil
 }
@@ -85,9 +87,10 @@ func refuseRootUser(configUser string) error {
 // workspace consumer ("uid:gid", the user every exec of the launch uses)
 // and refuses anything but the consumer's ids: the engine, not the
 // config, says who the processes are. A user the devcontainer config
-// names (configUser) must be the consumer too; it is resolved in the
+// names (remoteUser, else containerUser) must be the consumer too; it is resolved in the
 // container by the consumer, never run as.
-func (l *launcher) checkUser(ctx context.Context, configUser string) (string, error) {
+func (l *launcher) checkUser(ctx context.Context, dc *devcontainer.Config) (string, error) {
+	key, configUser := dc.UserKey()
 	user := consumerUser(l.rec.Consumer)
 	uid, gid, err := userIDs(ctx, l.eng, l.rec.ContainerID, user)
 	if err != nil {
@@ -102,10 +105,10 @@ func (l *launcher) checkUser(ctx context.Context, configUser string) (string, er
 	name, _, _ := strings.Cut(configUser, ":")
 	uid, gid, err = userIDs(ctx, l.eng, l.rec.ContainerID, user, name)
 	if err != nil {
-		return "", fail(CodeUser, "the devcontainer config's user %q is not a user of the container", name)
+		return "", &Error{Code: CodeUser, Message: dc.Refuse(key, "%q is not a user of the container", name).Error()}
 	}
 	if uid != l.rec.Consumer.UID || gid != l.rec.Consumer.GID {
-		return "", fail(CodeUser, "the devcontainer config's user %q has uid %d gid %d, not the workspace consumer's %s", name, uid, gid, user)
+		return "", &Error{Code: CodeUser, Message: dc.Refuse(key, "%q has uid %d gid %d, not the workspace consumer's %s", name, uid, gid, user).Error()}
 	}
 	return user, nil
 }

@@ -272,9 +272,9 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 		return nil, err
 	}
 	if !slices.Contains(project.Runnable, dc.Service()) {
-		return nil, fail(CodeCompose, "devcontainer: service %q is not a runnable Compose service", dc.Service())
+		return nil, &Error{Code: CodeCompose, Message: dc.Refuse("service", "%q is not a runnable Compose service", dc.Service()).Error()}
 	}
-	if err := refuseRootUser(dc.User()); err != nil {
+	if err := refuseRootUser(dc); err != nil {
 		return nil, err
 	}
 	if keys := dc.NotApplied(); len(keys) > 0 {
@@ -285,6 +285,9 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 	}
 	if err := project.CheckRunnable(); err != nil {
 		return nil, &Error{Code: CodeCompose, Message: err.Error()}
+	}
+	for _, r := range project.Replaced(dc.Service()) {
+		l.logf("notice: compose: %s", r)
 	}
 	if err := assignment.CheckServiceImagesComplete(a.ServiceImages, project.Runnable); err != nil {
 		return nil, &Error{Code: CodeCompose, Message: err.Error()}
@@ -355,7 +358,7 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 	if !maps.Equal(running, created) {
 		return nil, fail(CodeInspection, "final inspection: the project's containers are not the ones inspected before start")
 	}
-	user, err := l.checkUser(ctx, dc.User())
+	user, err := l.checkUser(ctx, dc)
 	if err != nil {
 		return nil, err
 	}
@@ -419,7 +422,7 @@ func readInputs(ctx context.Context, worktree string) (*compose.Project, *devcon
 	if err != nil {
 		return nil, nil, &Error{Code: CodeCompose, Message: strings.Replace(err.Error(), "compose:", "devcontainer:", 1)}
 	}
-	dc, err := devcontainer.Parse(data)
+	dc, err := devcontainer.Parse(cfgPath, data)
 	if err != nil {
 		return nil, nil, &Error{Code: CodeCompose, Message: err.Error()}
 	}
@@ -427,7 +430,7 @@ func readInputs(ctx context.Context, worktree string) (*compose.Project, *devcon
 	if err != nil {
 		return nil, nil, &Error{Code: CodeCompose, Message: err.Error()}
 	}
-	inputs, err := compose.Inputs(worktree, compose.DevcontainerFiles{Set: set, Dir: filepath.Dir(cfgPath), Files: files})
+	inputs, err := compose.Inputs(worktree, compose.DevcontainerFiles{Set: set, Dir: filepath.Dir(cfgPath), Files: files, Config: cfgPath})
 	if err != nil {
 		return nil, nil, &Error{Code: CodeCompose, Message: err.Error()}
 	}

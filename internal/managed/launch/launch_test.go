@@ -269,25 +269,25 @@ func TestHostileComposeRefusedBeforeAnyContainer(t *testing.T) {
 		ghost               bool // service_images also binds "ghost"
 		db                  bool // service_images also binds "db"
 	}{
-		{name: "include", compose: "include:\n  - other.yaml\n" + app, want: "include"},
-		{name: "extends", compose: app + "  db:\n    extends:\n      service: app\n", want: "extends"},
-		{name: "privileged", compose: app + "    privileged: true\n", want: `compose.yaml: service app: key "privileged" is not allowed`},
-		{name: "host-network", compose: app + "    network_mode: host\n", want: `key "network_mode" is not allowed`},
+		{name: "include", compose: "include:\n  - other.yaml\n" + app, want: "compose.yaml: include: not allowed"},
+		{name: "extends", compose: app + "  db:\n    extends:\n      service: app\n", want: "compose.yaml: services.db.extends: not allowed"},
+		{name: "privileged", compose: app + "    privileged: true\n", want: `compose.yaml: services.app.privileged: not allowed`},
+		{name: "host-network", compose: app + "    network_mode: host\n", want: `compose.yaml: services.app.network_mode: not allowed`},
 		// The review's hostile db: root, capabilities that read and write
 		// the host's disks and kernel, every device, started by the
 		// primary's dependency.
 		{name: "hostile-db", compose: app + "    depends_on: [db]\n  db:\n    image: y\n    user: \"0\"\n" +
 			"    cap_add: [DAC_READ_SEARCH, SYS_MODULE, SYS_RAWIO]\n    device_cgroup_rules: [\"b *:* rwm\", \"c *:* rwm\"]\n",
-			want: `compose.yaml: service db: key "cap_add" is not allowed`, db: true},
+			want: `compose.yaml: services.db.cap_add: not allowed`, db: true},
 		{name: "hostile-db-devices-only", compose: app + "    depends_on: [db]\n  db:\n    image: y\n    device_cgroup_rules: [\"c 1:11 rwm\"]\n",
-			want: `service db: key "device_cgroup_rules" is not allowed`, db: true},
+			want: `compose.yaml: services.db.device_cgroup_rules: not allowed`, db: true},
 		{name: "db-in-the-primary-pid-namespace", compose: app + "  db:\n    image: y\n    pid: service:app\n",
-			want: `service db: key "pid" is not allowed`, db: true},
+			want: `compose.yaml: services.db.pid: not allowed`, db: true},
 		{name: "depends-on-a-connector", compose: app + "    depends_on: [tunnel]\n  tunnel:\n    image: z\n    privileged: true\n",
-			want: `depends_on "tunnel", which is not a bound service`},
-		{name: "docker-socket", compose: app + "    volumes:\n      - /var/run/docker.sock:/var/run/docker.sock\n", want: "docker.sock"},
-		{name: "interpolation", compose: app + "    command: [\"echo\", \"${SECRET}\"]\n", want: "interpolation"},
-		{name: "valueless-env", compose: app + "    environment:\n      - HOME\n", want: "environment"},
+			want: `compose.yaml: services.app.depends_on.tunnel: "tunnel" is not a bound service`},
+		{name: "docker-socket", compose: app + "    volumes:\n      - /var/run/docker.sock:/var/run/docker.sock\n", want: "compose.yaml: services.app.volumes[0]: a container-engine socket (docker.sock)"},
+		{name: "interpolation", compose: app + "    command: [\"echo\", \"${SECRET}\"]\n", want: "compose.yaml: services.app.command[1]: interpolation"},
+		{name: "valueless-env", compose: app + "    environment:\n      - HOME\n", want: `compose.yaml: services.app.environment[0]: a valueless entry "HOME"`},
 		{name: "unbound-service", compose: app + "  worker:\n    image: y\n", want: `"worker"`},
 		{name: "extra-image", compose: app, want: `"ghost"`, ghost: true},
 	} {
@@ -525,7 +525,7 @@ func TestLaunchRefusals(t *testing.T) {
 		files[".devcontainer/devcontainer.json"] = strings.Replace(managedtest.DevcontainerJSON, `"dev"`, `"root"`, 1)
 		s := newSetup(t, files)
 		_, err := s.start("r")
-		if !isCode(err, launch.CodeUser) {
+		if !isCode(err, launch.CodeUser) || !strings.Contains(err.Error(), "devcontainer: .devcontainer/devcontainer.json: remoteUser: the container user is root") {
 			t.Fatalf("start: %v", err)
 		}
 		if o := s.owned(s.project("r")); !o.Empty() {
@@ -537,7 +537,7 @@ func TestLaunchRefusals(t *testing.T) {
 		files[".devcontainer/devcontainer.json"] = strings.Replace(managedtest.DevcontainerJSON, `"dev"`, `"nobody"`, 1)
 		s := newSetup(t, files)
 		_, err := s.start("n")
-		if !isCode(err, launch.CodeUser) || !strings.Contains(err.Error(), "65534") {
+		if !isCode(err, launch.CodeUser) || !strings.Contains(err.Error(), `devcontainer: .devcontainer/devcontainer.json: remoteUser: "nobody" has uid 65534`) {
 			t.Fatalf("start: %v", err)
 		}
 		if o := s.owned(s.project("n")); !o.Empty() {
@@ -549,7 +549,7 @@ func TestLaunchRefusals(t *testing.T) {
 			doc["workspace_folder"] = "/workspaces/o"
 			doc["omitted_services"] = []any{"app"}
 		})
-		if _, err := s.start("o"); !isCode(err, launch.CodeCompose) || !strings.Contains(err.Error(), "primary") {
+		if _, err := s.start("o"); !isCode(err, launch.CodeCompose) || !strings.Contains(err.Error(), `assignment: omitted_services[0]: "app" is the primary service`) {
 			t.Fatalf("start: %v", err)
 		}
 	})

@@ -2,6 +2,10 @@ package launch
 
 import (
 	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"time"
 
 	"agentbox/internal/managed/assignment"
@@ -107,6 +111,70 @@ func GetStatus(ctx context.Context, cfg Config, name string) (*Status, error) {
 	if err != nil {
 		return nil, err
 	}
+	eng, err := openEngine()
+	if err != nil {
+		return nil, err
+	}
+	defer eng.Close()
+	return status(ctx, eng, cfg.StateRoot, rec)
+}
+
+// PhaseDamaged is what List reports for a feature whose record cannot be
+// read; Error says why.
+const PhaseDamaged = "damaged"
+
+// List reports every feature of the state directory, sorted by name, as
+// GetStatus does; a directory with no record (nothing was launched under
+// its name) is left out, and a record that cannot be read is listed as
+// damaged.
+func List(ctx context.Context, cfg Config) ([]Status, error) {
+	entries, err := os.ReadDir(filepath.Join(cfg.StateRoot, "features"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return []Status{}, nil
+	}
+	if err != nil {
+		return nil, fail(CodeInternal, "read the state directory: %v", err)
+	}
+	eng, err := openEngine()
+	if err != nil {
+		return nil, err
+	}
+	defer eng.Close()
+	out := []Status{}
+	for _, e := range entries { // sorted by name
+		if !e.IsDir() || CheckName(e.Name()) != nil {
+			continue
+		}
+		rec, err := Load(cfg.StateRoot, e.Name())
+		var le *Error
+		if errors.As(err, &le) && le.Code == CodeNotFound {
+			continue
+		}
+		if err != nil {
+			out = append(out, Status{Name: e.Name(), Phase: PhaseDamaged, Error: err.Error(),
+				PublishedPorts: []assignment.Port{}, StatePath: RecordPath(cfg.StateRoot, e.Name())})
+			continue
+		}
+		s, err := status(ctx, eng, cfg.StateRoot, rec)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, *s)
+	}
+	return out, nil
+}
+
+func openEngine() (*engine.Engine, error) {
+	eng, err := engine.Open()
+	if err != nil {
+		return nil, &Error{Code: CodeEngine, Message: err.Error()}
+	}
+	return eng, nil
+}
+
+// status is rec's Status, with its container's state on the engine while
+// the launch runs.
+func status(ctx context.Context, eng *engine.Engine, stateRoot string, rec *Record) (*Status, error) {
 	ports := rec.PublishedPorts
 	if ports == nil {
 		ports = []assignment.Port{}
@@ -115,23 +183,19 @@ func GetStatus(ctx context.Context, cfg Config, name string) (*Status, error) {
 		Name: rec.Name, Phase: rec.Phase, Error: rec.Error, ComposeProject: rec.ComposeProject,
 		Branch: rec.TaskBranch, Worktree: rec.Worktree, WorkspaceFolder: rec.WorkspaceFolder,
 		ContainerID: rec.ContainerID, ContainerUser: rec.ContainerUser,
-		PublishedPorts: ports, Proxies: len(rec.Proxies), StatePath: RecordPath(cfg.StateRoot, name),
+		PublishedPorts: ports, Proxies: len(rec.Proxies), StatePath: RecordPath(stateRoot, rec.Name),
 	}
-	if rec.ContainerID != "" && rec.Phase == PhaseRunning {
-		eng, err := engine.Open()
-		if err != nil {
-			return nil, &Error{Code: CodeEngine, Message: err.Error()}
-		}
-		defer eng.Close()
-		c, err := eng.Inspect(ctx, rec.ContainerID)
-		switch {
-		case err == engine.ErrNotFound:
-			s.ContainerState = "missing"
-		case err != nil:
-			return nil, &Error{Code: CodeEngine, Message: err.Error()}
-		case c.State != nil:
-			s.ContainerState = c.State.Status
-		}
+	if rec.ContainerID == "" || rec.Phase != PhaseRunning {
+		return s, nil
+	}
+	c, err := eng.Inspect(ctx, rec.ContainerID)
+	switch {
+	case err == engine.ErrNotFound:
+		s.ContainerState = "missing"
+	case err != nil:
+		return nil, &Error{Code: CodeEngine, Message: err.Error()}
+	case c.State != nil:
+		s.ContainerState = c.State.Status
 	}
 	return s, nil
 }
