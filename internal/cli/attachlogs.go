@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
@@ -22,9 +23,14 @@ func newAttachCmd(deps Deps) *cobra.Command {
 		Short: "Attach your terminal to a child's agent session (tmux)",
 		Long: `Attach your terminal to the tmux session the sandbox's agents run in (one
 window per agent). Detach with tmux's prefix, then d (C-b d): the agents
-keep running. Needs a terminal.`,
+keep running. Needs a terminal. A sandbox with no agent session (one
+started again with 'jailbee start': its agent is not) is refused, with
+how to start one.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := hasAgentSession(cmd.Context(), state, args[0]); err != nil {
+				return err
+			}
 			a := wire.ExecArgs{Name: args[0], TTY: true, Dir: backend.WorkspacePath,
 				Argv: []string{"tmux", "attach-session", "-t", agent.Session}}
 			return runExec(cmd.Context(), state, a, deps)
@@ -32,6 +38,30 @@ keep running. Needs a terminal.`,
 	}
 	addStateFlag(c, &state)
 	return c
+}
+
+// hasAgentSession refuses to attach to a sandbox whose agents' tmux
+// session does not exist (tmux would only say "no sessions").
+func hasAgentSession(ctx context.Context, state, name string) error {
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return exitf(ExitFailed, "%v", err)
+	}
+	defer null.Close()
+	c, err := dialAdmin(ctx, state)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var res wire.ExecResult
+	a := wire.ExecArgs{Name: name, Dir: backend.WorkspacePath, Argv: agent.HasSessionArgv()}
+	if err := c.CallFiles(ctx, "exec", a, []*os.File{null, null, null}, &res); err != nil {
+		return protocolExit(err)
+	}
+	if res.Exit != 0 {
+		return exitf(ExitFailed, "%s has no agent session: no agent runs in it. A spawned child's agent is started by its orchestrator with a restart (`jailbee inbox send restart --child %s --agent-only` while it runs); `jailbee start` starts none", name, name)
+	}
+	return nil
 }
 
 func newLogsCmd(deps Deps) *cobra.Command {
