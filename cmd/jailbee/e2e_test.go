@@ -1046,4 +1046,10 @@ func TestSpawnLogsAndAttach(t *testing.T) {
 	if code := cmd.ProcessState.ExitCode(); code != 1 {
 		t.Fatalf("jb attach to a child with no agent exited %d; output:\n%q", code, out.String())
 	}
+	// The restart the hint names gives it one.
+	h.mustJB("exec", "lead", "--", "jailbee", "inbox", "send", "restart", "--child", "kid", "--agent-only", "--text", "again", "--wait")
+	wait.For(t, "the restarted agent's session", func() bool {
+		code, _, _ := h.jb("", "exec", "kid", "--", "tmux", "has-session", "-t", "jailbee")
+		return code == 0
+	})
 }
