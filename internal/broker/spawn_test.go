@@ -454,3 +454,22 @@ func readFile(t testing.TB, path string) string {
 	data, _ := os.ReadFile(path)
 	return string(data)
 }
+
+// TestStartOfARunningChild: starting a child that runs changes nothing: no
+// note that its agent was not started, and it stays ready (its agent
+// watched).
+func TestStartOfARunningChild(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	spawn(t, lead, "s-1", map[string]any{"branch": "busy", "prompt": "stay-busy", "on_done": "keep"})
+	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "child `busy` is ready")
+	var res wire.StartResult
+	if err := e.admin("start", wire.NameArgs{Name: "busy"}, &res); err != nil || res.Note != "" {
+		t.Fatalf("start of a running child: %v %+v", err, res)
+	}
+	if info := e.info("busy"); info.State != "ready" || !info.Running {
+		t.Fatalf("the child after its start: %+v", info)
+	}
+}

@@ -482,18 +482,21 @@ func (o *Orchestrator) StartSandbox(ctx context.Context, name string) (note stri
 	if err := o.Backend.Start(ctx, name); err != nil {
 		return "", fmt.Errorf("start `%s`: %w", name, err)
 	}
+	if sb.State == store.StateRunning || sb.State == store.StateReady {
+		return "", nil // it ran: a ready child's agent stays watched
+	}
 	if err := o.Store.SetState(ctx, name, store.StateRunning); err != nil {
 		return "", err
 	}
 	if sb.Role == wire.RoleChild && LastManifest(sb) != "" {
-		note = AgentNotStarted(name, sb.Parent)
+		note = agentNotStarted(name, sb.Parent)
 	}
 	return note, nil
 }
 
-// AgentNotStarted says that a started child runs no agent and how its
+// agentNotStarted says that a started child runs no agent and how its
 // orchestrator gives it one.
-func AgentNotStarted(child, parent string) string {
+func agentNotStarted(child, parent string) string {
 	return fmt.Sprintf("its agent was not started again: its orchestrator `%s` starts one with a restart (`jailbee inbox send restart --child %s --agent-only`; without --agent-only once it is stopped)", parent, child)
 }
 
