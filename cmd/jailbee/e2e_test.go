@@ -1122,4 +1122,32 @@ func TestSpawnLogsAndAttach(t *testing.T) {
 	if got := h.mustJB("exec", "kid", "--", "tmux", "list-windows", "-t", "jailbee", "-F", "#{window_name}"); got != "scripted\n" {
 		t.Fatalf("after the detach the agent's session has windows %q", got)
 	}
+
+	// Stopped and started again, the child runs no agent: start says so
+	// and who starts one, and attach says it instead of tmux's bare "no
+	// sessions".
+	h.mustJB("stop", "kid")
+	hint := "its orchestrator `lead` starts one with a restart (`jailbee inbox send restart --child kid --agent-only`; without --agent-only once it is stopped)"
+	if out := h.mustJB("start", "kid"); out != "started kid\nkid: its agent was not started again: "+hint+"\n" {
+		t.Fatalf("jb start of a spawned child:\n%s", out)
+	}
+	cmd, exited = h.jbOnTerminal(slave, "xterm", "attach", "kid")
+	select {
+	case <-exited:
+	case <-time.After(commandGuard):
+		cmd.Process.Kill()
+		<-exited
+		t.Fatalf("jb attach to a child with no agent did not end; output:\n%q", out.String())
+	}
+	want := "jailbee: kid has no agent session: no agent runs in it. A spawned child's agent is started by its orchestrator with a restart (`jailbee inbox send restart --child kid --agent-only` while it runs); `jailbee start` starts none"
+	wait.For(t, "attach's refusal on the terminal", func() bool { return strings.Contains(out.String(), want) })
+	if code := cmd.ProcessState.ExitCode(); code != 1 {
+		t.Fatalf("jb attach to a child with no agent exited %d; output:\n%q", code, out.String())
+	}
+	// The restart the hint names gives it one.
+	h.mustJB("exec", "lead", "--", "jailbee", "inbox", "send", "restart", "--child", "kid", "--agent-only", "--text", "again", "--wait")
+	wait.For(t, "the restarted agent's session", func() bool {
+		code, _, _ := h.jb("", "exec", "kid", "--", "tmux", "has-session", "-t", "jailbee")
+		return code == 0
+	})
 }

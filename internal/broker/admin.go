@@ -122,12 +122,14 @@ func (b *Broker) adminMutation(ctx context.Context, op string, raw json.RawMessa
 		if werr := decodeArgs(raw, &a); werr != nil {
 			return replyErr(werr)
 		}
+		result = map[string]any{}
 		if op == "start" {
-			err = b.orchestrator.StartSandbox(ctx, a.Name)
+			var note string
+			note, err = b.orchestrator.StartSandbox(ctx, a.Name)
+			result = wire.StartResult{Note: note}
 		} else {
 			err = b.orchestrator.StopSandbox(ctx, a.Name)
 		}
-		result = map[string]any{}
 	}
 	b.runRound()
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"agentbox/internal/backend"
@@ -128,4 +129,41 @@ func (e *testEnv) tasks(name string) int {
 		e.t.Fatalf("pids.current of %s: %q", name, cur)
 	}
 	return n
+}
+
+// TestUnitEndedIsRecordedStopped: a child whose supervisor is killed (as
+// the OOM killer does to it in a sandbox whose memory fills with tmpfs
+// pages, which belong to no process) ends with every process in it. The
+// broker's round sees the unit down: the child is recorded stopped, and
+// its orchestrator is told, kind blocked, instead of the agent's end
+// with "the child keeps running".
+func TestUnitEndedIsRecordedStopped(t *testing.T) {
+	e := newTestEnv(t)
+	if e.incusProject != "" {
+		t.Skip("the local backend's unit supervisor")
+	}
+	e.withAgent()
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	spawn(t, lead, "s-1", map[string]any{"branch": "fill", "prompt": "stay-busy", "on_done": "keep"})
+	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "child `fill` is ready")
+	var meta struct{ PID int }
+	if err := json.Unmarshal([]byte(readFile(t, filepath.Join(e.state, "sandboxes", "fill", "meta.json"))), &meta); err != nil || meta.PID <= 0 {
+		t.Fatalf("the child's supervisor: %v %+v", err, meta)
+	}
+	if err := syscall.Kill(meta.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	blocked := messageFrom(t, lead, "fill", "blocked")
+	if want := "`fill` stopped on its own (its sandbox's supervisor ended: out of memory?), with every process in it, before it reported done: it is recorded stopped; restart, import or destroy it"; blocked.Body != want {
+		t.Fatalf("blocked message: %q, want %q", blocked.Body, want)
+	}
+	if info := e.info("fill"); info.State != "stopped" || info.Running {
+		t.Fatalf("the child whose unit ended: %+v", info)
+	}
+	// It restarts like any stopped child.
+	wantStatus(t, sendManifest(t, lead, restart("r-1", "fill", "after the kill", nil)), "started", "restart of child `fill` started")
+	if done := messageFrom(t, lead, "fill", "done"); done.Body != "done: after the kill" {
+		t.Fatalf("done after the restart: %+v", done)
+	}
 }

@@ -33,6 +33,9 @@ import (
 //   - A sandbox whose instance is gone (deleted outside jailbee, or
 //     replaced by another instance of its name) loses its record; a
 //     child's orchestrator is told.
+//   - A sandbox recorded running whose instance is not (its unit ended
+//     with no stop: the OOM killer took its supervisor, say) is recorded
+//     stopped; the orchestrator of a child whose agent was at work is told.
 //
 // A round only plans; the repair re-plans from a fresh look at the
 // records and the backend in order with the broker's other mutations, so
@@ -47,13 +50,14 @@ type repairPlan struct {
 	resolved []string     // sandboxes whose uuid conflict is over: serve afresh
 	vanished []string     // sandboxes whose instance is gone: forget
 	restore  []string     // sandboxes something inside covers: put back what the backend placed
+	ended    []string     // sandboxes recorded running whose instance is not: record them stopped
 }
 
 // detachment is one attachment to remove.
 type detachment struct{ instance, mount string }
 
 func (p repairPlan) empty() bool {
-	return len(p.detach)+len(p.reserve)+len(p.conflict)+len(p.resolved)+len(p.vanished)+len(p.restore) == 0
+	return len(p.detach)+len(p.reserve)+len(p.conflict)+len(p.resolved)+len(p.vanished)+len(p.restore)+len(p.ended) == 0
 }
 
 // mountsOf is every host path attached to in, its socket directory
@@ -132,6 +136,9 @@ func planRepairs(records []store.Sandbox, insts []backend.Instance, conflicted m
 		}
 		if in := byName[sb.Name]; len(in.Covered) > 0 {
 			p.restore = append(p.restore, sb.Name)
+		}
+		if !byName[sb.Name].Running && sb.Phase == "" && (sb.State == store.StateRunning || sb.State == store.StateReady) {
+			p.ended = append(p.ended, sb.Name) // a worker at it (Phase) fails on its own
 		}
 	}
 	// Only a directory a record claims counts: a round may read the
@@ -223,6 +230,13 @@ func (b *Broker) carryOut(ctx context.Context, p repairPlan, records []store.San
 		b.log.Warn("something inside a sandbox covers what the broker placed there (a mount by root inside?): putting it back", "sandbox", name)
 		if err := b.cfg.Backend.Restore(ctx, name); err != nil {
 			b.log.Warn("put back what the broker placed in a sandbox", "sandbox", name, "err", err)
+		}
+	}
+	for _, name := range p.ended {
+		if sb, ok := record(name); ok {
+			if err := b.orchestrator.RecordEnded(ctx, sb); err != nil {
+				b.log.Error("record stopped a sandbox whose unit ended", "sandbox", name, "err", err)
+			}
 		}
 	}
 	for _, name := range p.vanished {

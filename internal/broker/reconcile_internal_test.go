@@ -17,8 +17,8 @@ func TestPlanRepairs(t *testing.T) {
 		{Name: "new", UUID: "pending-x", State: store.StateCreating}, // not yet claimed a directory
 		{Name: "old", UUID: "u3", State: store.StateStopped},
 	}
-	lead := backend.Instance{Name: "lead", UUID: "u1", SocketDir: "/s/sock/u1.aa"}
-	kid := backend.Instance{Name: "kid", UUID: "u2", SocketDir: "/s/sock/u2.bb"}
+	lead := backend.Instance{Name: "lead", UUID: "u1", Running: true, SocketDir: "/s/sock/u1.aa"}
+	kid := backend.Instance{Name: "kid", UUID: "u2", Running: true, SocketDir: "/s/sock/u2.bb"}
 	old := backend.Instance{Name: "old", UUID: "u3"}
 	for _, tc := range []struct {
 		name       string
@@ -45,9 +45,9 @@ func TestPlanRepairs(t *testing.T) {
 			{Name: "y", UUID: "u8", Mounts: []backend.Mount{{Name: "all", Source: "/s/sock/"}}}},
 			want: repairPlan{detach: []detachment{{"x", "f"}, {"y", "all"}}, reserve: []string{"kid", "lead"}}},
 		{name: "lead's own directory under a second name, and a neighbour's name that only starts alike: left alone", insts: []backend.Instance{kid, old,
-			{Name: "lead", UUID: "u1", SocketDir: "/s/sock/u1.aa", Mounts: []backend.Mount{{Name: backend.SocketDeviceName, Source: "/s/sock/u1.aa"}, {Name: "again", Source: "/s/sock/u1.aa"}}},
+			{Name: "lead", UUID: "u1", Running: true, SocketDir: "/s/sock/u1.aa", Mounts: []backend.Mount{{Name: backend.SocketDeviceName, Source: "/s/sock/u1.aa"}, {Name: "again", Source: "/s/sock/u1.aa"}}},
 			{Name: "z", UUID: "u7", Mounts: []backend.Mount{{Name: "near", Source: "/s/sock/u1.aaa"}}}}},
-		{name: "covered inside: put back", insts: []backend.Instance{{Name: "lead", UUID: "u1", SocketDir: "/s/sock/u1.aa", Covered: []string{"socket"}}, kid, old},
+		{name: "covered inside: put back", insts: []backend.Instance{{Name: "lead", UUID: "u1", Running: true, SocketDir: "/s/sock/u1.aa", Covered: []string{"socket"}}, kid, old},
 			want: repairPlan{restore: []string{"lead"}}},
 		{name: "a directory no record claims (yet): left alone", insts: []backend.Instance{lead, kid, old,
 			{Name: "new", UUID: "u5", SocketDir: "/s/sock/u5.cc"}}},
@@ -55,19 +55,19 @@ func TestPlanRepairs(t *testing.T) {
 			{Name: "lead-twin", UUID: "u1", SocketDir: "/s/sock/u1.aa"}},
 			want: repairPlan{detach: []detachment{{"lead", sockDev}, {"lead-twin", sockDev}}, conflict: []string{"lead"}}},
 		{name: "an import beside lead, with model sockets: every socket device detached", insts: []backend.Instance{kid, old,
-			{Name: "lead", UUID: "u1", SocketDir: "/s/sock/u1.aa", ModelDir: "/s/model/u1.aa"},
+			{Name: "lead", UUID: "u1", Running: true, SocketDir: "/s/sock/u1.aa", ModelDir: "/s/model/u1.aa"},
 			{Name: "lead-twin", UUID: "u1", SocketDir: "/s/sock/u1.aa", ModelDir: "/s/model/u1.aa"}},
 			want: repairPlan{detach: []detachment{{"lead", sockDev}, {"lead", backend.ModelDeviceName}, {"lead-twin", sockDev}, {"lead-twin", backend.ModelDeviceName}}, conflict: []string{"lead"}}},
 		{name: "a copy carrying lead's model socket directory, or the model root", insts: []backend.Instance{lead, kid, old,
 			{Name: "lead-copy", UUID: "u9", ModelDir: "/s/model/aa", Mounts: []backend.Mount{{Name: backend.ModelDeviceName, Source: "/s/model/aa"}}},
 			{Name: "y", UUID: "u8", Mounts: []backend.Mount{{Name: "models", Source: "/s/model"}}}},
 			want: repairPlan{detach: []detachment{{"lead-copy", backend.ModelDeviceName}, {"y", "models"}}, reserve: []string{"lead", "kid"}}},
-		{name: "the model directory covered inside: put back", insts: []backend.Instance{{Name: "lead", UUID: "u1", SocketDir: "/s/sock/u1.aa", Covered: []string{"model"}}, kid, old},
+		{name: "the model directory covered inside: put back", insts: []backend.Instance{{Name: "lead", UUID: "u1", Running: true, SocketDir: "/s/sock/u1.aa", Covered: []string{"model"}}, kid, old},
 			want: repairPlan{restore: []string{"lead"}}},
 		{name: "the conflict goes on: nothing new", conflicted: map[string]bool{"lead": true},
-			insts: []backend.Instance{{Name: "lead", UUID: "u1"}, kid, old, {Name: "lead-twin", UUID: "u1"}}},
+			insts: []backend.Instance{{Name: "lead", UUID: "u1", Running: true}, kid, old, {Name: "lead-twin", UUID: "u1"}}},
 		{name: "the import deleted: lead served afresh", conflicted: map[string]bool{"lead": true},
-			insts: []backend.Instance{{Name: "lead", UUID: "u1"}, kid, old},
+			insts: []backend.Instance{{Name: "lead", UUID: "u1", Running: true}, kid, old},
 			want:  repairPlan{resolved: []string{"lead"}}},
 		{name: "the original deleted, its import left: forgotten", conflicted: map[string]bool{"lead": true},
 			insts: []backend.Instance{{Name: "lead-twin", UUID: "u1"}, kid, old},
@@ -77,6 +77,10 @@ func TestPlanRepairs(t *testing.T) {
 		{name: "replaced by another instance of its name", insts: []backend.Instance{lead, kid, {Name: "old", UUID: "u8"}},
 			want: repairPlan{vanished: []string{"old"}}},
 		{name: "a worker at it: its own failure says why", insts: []backend.Instance{lead, old},
+			records: []store.Sandbox{records[0], {Name: "kid", UUID: "u2", State: store.StateRunning, Phase: "agent"}, records[3]}},
+		{name: "recorded running or ready, its unit down: recorded stopped", insts: []backend.Instance{{Name: "lead", UUID: "u1", SocketDir: "/s/sock/u1.aa"}, {Name: "kid", UUID: "u2", SocketDir: "/s/sock/u2.bb"}, old},
+			want: repairPlan{ended: []string{"lead", "kid"}}},
+		{name: "a worker at it, its unit down: left to the worker", insts: []backend.Instance{lead, {Name: "kid", UUID: "u2"}, old},
 			records: []store.Sandbox{records[0], {Name: "kid", UUID: "u2", State: store.StateRunning, Phase: "agent"}, records[3]}},
 		{name: "queued, creating and destroying have no instance to miss", insts: nil,
 			records: []store.Sandbox{{Name: "q", State: store.StateQueued}, {Name: "c", UUID: "pending-y", State: store.StateCreating}, {Name: "d", UUID: "u4", State: store.StateDestroying}}},

@@ -388,6 +388,33 @@ func TestAgentEndsEarlyOrWithoutDone(t *testing.T) {
 	}
 }
 
+// TestAgentEndsAfterDone: an agent that reports done (accepted) and then
+// exits, before the broker has seen it ready, is a finished child, not a
+// failed one: the spawn's final status says it already reported done, no
+// blocked message follows, and the child is what its done status said
+// (kept running, or destroyed).
+func TestAgentEndsAfterDone(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	for _, c := range []struct{ ref, child, onDone string }{{"s-keep", "kept", "keep"}, {"s-gone", "gone", "destroy"}} {
+		spawn(t, lead, c.ref, map[string]any{"branch": c.child, "prompt": "end-after-done", "on_done": c.onDone})
+		if done := messageFrom(t, lead, c.child, "done"); done.Body != "done: end-after-done" || done.OnDone != c.onDone {
+			t.Fatalf("%s's report: %+v", c.child, done)
+		}
+		// Its report (with nothing to commit first) is accepted well
+		// before its readiness (two looks two seconds apart) can be.
+		wantStatus(t, statusOf(t, lead, c.ref, "done", "failed"), "done", "child `"+c.child+"` is ready; it already reported done")
+	}
+	if info := e.info("kept"); info.State != "done" || !info.Running {
+		t.Fatalf("the kept child: %+v", info)
+	}
+	wait.For(t, "the other child to be destroyed", func() bool {
+		return !slices.ContainsFunc(e.list(), func(sb wire.SandboxInfo) bool { return sb.Name == "gone" })
+	})
+}
+
 // TestSpawnWorkerStoppedByBrokerKill: a broker killed while a spawn's
 // worker waits for its agent leaves the spawn creating; the next broker
 // reports it failed, names the phase, and removes the child.
@@ -426,4 +453,23 @@ func TestSpawnWorkerStoppedByBrokerKill(t *testing.T) {
 func readFile(t testing.TB, path string) string {
 	data, _ := os.ReadFile(path)
 	return string(data)
+}
+
+// TestStartOfARunningChild: starting a child that runs changes nothing: no
+// note that its agent was not started, and it stays ready (its agent
+// watched).
+func TestStartOfARunningChild(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	spawn(t, lead, "s-1", map[string]any{"branch": "busy", "prompt": "stay-busy", "on_done": "keep"})
+	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "child `busy` is ready")
+	var res wire.StartResult
+	if err := e.admin("start", wire.NameArgs{Name: "busy"}, &res); err != nil || res.Note != "" {
+		t.Fatalf("start of a running child: %v %+v", err, res)
+	}
+	if info := e.info("busy"); info.State != "ready" || !info.Running {
+		t.Fatalf("the child after its start: %+v", info)
+	}
 }

@@ -29,12 +29,17 @@ func newAttachCmd(deps Deps) *cobra.Command {
 		Long: `Attach your terminal to the tmux session the sandbox's agents run in (one
 window per agent). Detach with tmux's prefix, then d (C-b d): the agents
 keep running. Needs a terminal ('jailbee logs NAME --agent' prints the
-agents' panes without one).`,
+agents' panes without one). A sandbox with no agent session (one started
+again with 'jailbee start': its agent is not) is refused, with how to
+start one.`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeSandbox(&state, false),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if _, ok := stdinTerminal(deps); !ok {
 				return exitf(ExitUsage, "attach needs a terminal (to print the agent's pane: jailbee logs %s --agent)", truncateArg(args[0]))
+			}
+			if err := hasAgentSession(cmd.Context(), state, args[0]); err != nil {
+				return err
 			}
 			a := wire.ExecArgs{Name: args[0], TTY: true, Dir: backend.WorkspacePath,
 				Argv: []string{"tmux", "attach-session", "-t", agent.Session}}
@@ -43,6 +48,30 @@ agents' panes without one).`,
 	}
 	addStateFlag(c, &state)
 	return c
+}
+
+// hasAgentSession refuses to attach to a sandbox whose agents' tmux
+// session does not exist (tmux would only say "no sessions").
+func hasAgentSession(ctx context.Context, state, name string) error {
+	null, err := os.Open(os.DevNull)
+	if err != nil {
+		return exitf(ExitFailed, "%v", err)
+	}
+	defer null.Close()
+	c, err := dialAdmin(ctx, state)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	var res wire.ExecResult
+	a := wire.ExecArgs{Name: name, Dir: backend.WorkspacePath, Argv: agent.HasSessionArgv()}
+	if err := c.CallFiles(ctx, "exec", a, []*os.File{null, null, null}, &res); err != nil {
+		return protocolExit(err)
+	}
+	if res.Exit != 0 {
+		return exitf(ExitFailed, "%s has no agent session: no agent runs in it. A spawned child's agent is started by its orchestrator with a restart (`jailbee inbox send restart --child %s --agent-only` while it runs); `jailbee start` starts none", name, name)
+	}
+	return nil
 }
 
 func newLogsCmd(deps Deps) *cobra.Command {

@@ -238,10 +238,14 @@ func newStartStopCmd(op, done, short, long string) *cobra.Command {
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeSandbox(&state, false),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := adminCall(cmd.Context(), state, op, wire.NameArgs{Name: args[0]}, nil); err != nil {
+			var res wire.StartResult // stop's is empty
+			if err := adminCall(cmd.Context(), state, op, wire.NameArgs{Name: args[0]}, &res); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", done, args[0])
+			if res.Note != "" {
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: %s\n", args[0], res.Note)
+			}
 			return nil
 		},
 	}
@@ -251,7 +255,11 @@ func newStartStopCmd(op, done, short, long string) *cobra.Command {
 
 func newStartCmd(Deps) *cobra.Command {
 	return newStartStopCmd("start", "started", "Start a stopped sandbox",
-		"Start a stopped sandbox's processes again (its checkout and home are as it left them).")
+		`Start a stopped sandbox again (its checkout and home are as it left them,
+its /tmp empty). Only the sandbox starts: none of the processes it ran
+before its stop does. A spawned child's agent is started by its
+orchestrator with a restart (--agent-only while the child runs), as the
+output says.`)
 }
 
 func newStopCmd(Deps) *cobra.Command {

@@ -222,7 +222,9 @@ func newSendMessageCmd() *cobra.Command {
 manifest's field name, is the same flag); a child omits it and the message
 goes to its orchestrator. --kind is note (default), question, done or
 blocked. --reply-to takes the id of the inbox message you answer (its h- id
-or its origin_id). The text comes from --text or, without it, stdin.`,
+or its origin_id). The text comes from --text or, without it, stdin.
+A child's agent may exit once its done is accepted (send it with --wait):
+the child is finished. An agent that exits before is reported blocked.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			text, asBody, err := src.read(cmd)

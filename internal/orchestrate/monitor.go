@@ -46,6 +46,11 @@ func (o *Orchestrator) watchAgent(name string) {
 				o.checkIdle(ctx, sb, seen, after)
 				continue
 			}
+			if !o.answers(ctx, name) {
+				// Its sandbox is down (the broker's round records it
+				// stopped and tells), or did not answer now: look again.
+				continue
+			}
 			o.agentEnded(ctx, sb, seen)
 			return
 		}

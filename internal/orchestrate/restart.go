@@ -157,10 +157,15 @@ func (o *Orchestrator) agentAlive(ctx context.Context, name, window string) (id 
 	if id, alive := o.observeAgent(ctx, name, window); alive {
 		return id, true, true
 	}
+	return agent.Identity{}, false, o.answers(ctx, name)
+}
+
+// answers says whether sandbox name runs a command at all.
+func (o *Orchestrator) answers(ctx context.Context, name string) bool {
 	ctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
 	defer cancel()
 	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: []string{"true"}})
-	return agent.Identity{}, false, err == nil && code == 0
+	return err == nil && code == 0
 }
 
 // restartQueued: a stopped child waiting for a slot to restart in.

@@ -469,14 +469,35 @@ func (o *Orchestrator) readWork(ctx context.Context, name string) (workState, er
 }
 
 // StartSandbox starts a stopped sandbox's unit and records it running.
-func (o *Orchestrator) StartSandbox(ctx context.Context, name string) error {
-	if _, err := o.Store.Sandbox(ctx, name); errors.Is(err, store.ErrNotFound) {
-		return o.NoSuchSandbox(ctx, name)
+// Only the unit starts: for a spawned child the note says that its agent
+// did not, and who starts one.
+func (o *Orchestrator) StartSandbox(ctx context.Context, name string) (note string, err error) {
+	sb, err := o.Store.Sandbox(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", o.NoSuchSandbox(ctx, name)
+	}
+	if err != nil {
+		return "", err
 	}
 	if err := o.Backend.Start(ctx, name); err != nil {
-		return fmt.Errorf("start `%s`: %w", name, err)
+		return "", fmt.Errorf("start `%s`: %w", name, err)
 	}
-	return o.Store.SetState(ctx, name, store.StateRunning)
+	if sb.State == store.StateRunning || sb.State == store.StateReady {
+		return "", nil // it ran: a ready child's agent stays watched
+	}
+	if err := o.Store.SetState(ctx, name, store.StateRunning); err != nil {
+		return "", err
+	}
+	if sb.Role == wire.RoleChild && LastManifest(sb) != "" {
+		note = agentNotStarted(name, sb.Parent)
+	}
+	return note, nil
+}
+
+// agentNotStarted says that a started child runs no agent and how its
+// orchestrator gives it one.
+func agentNotStarted(child, parent string) string {
+	return fmt.Sprintf("its agent was not started again: its orchestrator `%s` starts one with a restart (`jailbee inbox send restart --child %s --agent-only`; without --agent-only once it is stopped)", parent, child)
 }
 
 // StopSandbox records a running sandbox's HEAD and dirtiness (destroy

@@ -281,7 +281,11 @@ func (o *Orchestrator) runAgent(ctx context.Context, sb store.Sandbox, doc spawn
 		fail(reason)
 		return
 	}
-	fmt.Fprintf(log, "%s agent %s ready (pid %d)\n", stamp(), doc.Agent.Name, seen.Identity.PID)
+	if seen.Ended {
+		fmt.Fprintf(log, "%s agent %s reported done and ended\n", stamp(), doc.Agent.Name)
+	} else {
+		fmt.Fprintf(log, "%s agent %s ready (pid %d)\n", stamp(), doc.Agent.Name, seen.Identity.PID)
+	}
 	raw, _ := json.Marshal(seen)
 	if err := o.Store.SetAgent(ctx, name, string(raw)); err != nil {
 		fail("its record could not be written")
@@ -293,7 +297,7 @@ func (o *Orchestrator) runAgent(ctx context.Context, sb store.Sandbox, doc spawn
 	}
 	o.Store.SetPhase(ctx, name, "")
 	detail := fmt.Sprintf("child `%s` is ready", name)
-	if now, err := o.Store.Sandbox(ctx, name); err == nil && now.DoneHead != "" {
+	if o.doneAccepted(ctx, name) {
 		detail += "; it already reported done"
 	} else if doc.Restart {
 		detail += "; agent is alive"
@@ -387,6 +391,10 @@ func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc
 			id, alive = o.observeAgent(ctx, name, spec.Name)
 		}
 		switch {
+		case !alive && o.doneAccepted(ctx, name):
+			// Its done report was accepted before it ended: a finished
+			// child, not a failed one.
+			return agentSeen{Window: spec.Name, Identity: first, Ended: true}, nil
 		case !alive && first != (agent.Identity{}):
 			return agentSeen{}, errAgentEnded
 		case !alive:
@@ -403,6 +411,13 @@ func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc
 		}
 	}
 	return agentSeen{}, errNoAgentSeen
+}
+
+// doneAccepted says whether child name's done report (of its current
+// agent: a restart clears the last one) was accepted.
+func (o *Orchestrator) doneAccepted(ctx context.Context, name string) bool {
+	sb, err := o.Store.Sandbox(ctx, name)
+	return err == nil && sb.DoneHead != ""
 }
 
 // Why an agent did not become ready.

@@ -31,6 +31,13 @@ type NameArgs struct {
 	Name string `json:"name"`
 }
 
+// StartResult is the result of "start".
+type StartResult struct {
+	// Note is what the start did not do (a spawned child's agent is not
+	// started with its sandbox), for the user.
+	Note string `json:"note,omitempty"`
+}
+
 // DestroyArgs are the arguments of "destroy".
 type DestroyArgs struct {
 	Name  string `json:"name"`

@@ -11,9 +11,12 @@
 #   report-later start the work after three seconds (once ready)
 #   dirty        report done with an uncommitted file first (refused), then
 #                commit it and report again
+#   end-after-done  report done at once (nothing to commit), then exit 0:
+#                a finished child
 #   (otherwise)  write agent-work.txt, commit it, report done
 #
-# After its report it stays alive, as an interactive agent would.
+# After its report it stays alive, as an interactive agent would (unless
+# end-after-done).
 prompt="$1"
 say() { printf '%s agent: %s\n' "$(date +%T)" "$*"; }
 say "prompt: $prompt"
@@ -26,6 +29,11 @@ case "$prompt" in
 *exit-later*)
 	sleep 4
 	say "exiting without a report"
+	exit 0
+	;;
+*end-after-done*)
+	jailbee inbox send message --kind done --wait --text "done: $prompt"
+	say "reported done (exit $?), ending"
 	exit 0
 	;;
 *stay-busy*)

@@ -309,6 +309,32 @@ func TestAttackMemoryHog(t *testing.T) {
 	}
 }
 
+// TestAttackTmpFill: a sandbox filling its tmpfs /tmp gets "no space
+// left" at half its memory limit; the OOM killer, which the tmpfs's
+// pages would leave only the sandbox's processes to pick from (the
+// supervisor first), is not called, and the sandbox goes on.
+func TestAttackTmpFill(t *testing.T) {
+	f := newFixture(t)
+	x := f.start("filler", backend.Limits{Pids: 256, MemoryBytes: 64 << 20, CPUWeight: 100})
+	supervisor := readMeta(t, x.dir).PID
+	r, err := run(t, f.b, x.name, backend.ExecOptions{Argv: []string{"sh", "-c", "head -c 200000000 /dev/zero > /tmp/fill; echo $?"}})
+	if err != nil {
+		t.Fatalf("filling /tmp ended the sandbox: %v", err)
+	}
+	if strings.TrimSpace(r.Stdout) == "0" || !strings.Contains(r.Stderr, "No space left on device") {
+		t.Fatalf("200 MB into /tmp under 64 MiB: %q %q, want no space left", r.Stdout, r.Stderr)
+	}
+	if m := readMeta(t, x.dir); m.PID != supervisor || procStatus(supervisor) == nil {
+		t.Fatalf("the supervisor %d did not survive (meta pid now %d)", supervisor, m.PID)
+	}
+	if got := mustSh(t, f.b, x.name, "du -m /tmp/fill | cut -f1"); got != "32" {
+		t.Fatalf("/tmp holds %s MiB, want half the memory limit (32)", got)
+	}
+	if kills := oomKills(t, x.uuid); kills != 0 {
+		t.Errorf("oom_kill %d in the sandbox's memory cgroup", kills)
+	}
+}
+
 // TestAttackStopAndDestroyEndEverything: whoever started a process (a
 // loop put in the background by Exec, in a session of its own), Stop ends
 // it and removes the cgroups, and Destroy also removes the directory.

@@ -326,6 +326,7 @@ type sources struct {
 	sockets                  string   // "" when no socket dir is attached
 	model                    string   // "" when no model dir is attached
 	agents                   []source // name on PATH, path to bind
+	tmpBytes                 int64    // the size of /tmp; 0: tmpfs's default
 }
 
 func (b *Backend) sources(dir string, m meta) (sources, error) {
@@ -336,6 +337,13 @@ func (b *Backend) sources(dir string, m meta) (sources, error) {
 		}
 		s.stage = append(s.stage, source{name: name, host: host})
 		return path.Join(unit.StageDir, name)
+	}
+	if b.cg != nil && m.Limits.MemoryBytes > 0 {
+		// /tmp's pages count against the memory limit but belong to no
+		// process: a full one would leave the OOM killer only the
+		// processes, the supervisor among them. Half the limit leaves
+		// the other half to them.
+		s.tmpBytes = m.Limits.MemoryBytes / 2
 	}
 	s.checkout = add("checkout", filepath.Join(dir, checkoutDir))
 	s.home = add("home", filepath.Join(dir, homeDir))
@@ -405,8 +413,11 @@ func (b *Backend) bwrapArgs(name string, s sources) []string {
 	for _, p := range readOnlyProc {
 		args = append(args, "--ro-bind-try", p, p)
 	}
+	args = append(args, "--dev", "/dev")
+	if s.tmpBytes > 0 {
+		args = append(args, "--size", strconv.FormatInt(s.tmpBytes, 10))
+	}
 	args = append(args,
-		"--dev", "/dev",
 		"--tmpfs", "/tmp",
 		"--bind", s.checkout, WorkspacePath,
 		"--bind", s.home, HomePath,
