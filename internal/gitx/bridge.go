@@ -3,6 +3,8 @@ package gitx
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -254,7 +256,7 @@ type TransferOptions struct {
 // the jailbee client's ext:: relay, FetchMain) are joined by pipes the
 // caller's process holds: neither repository's config runs anywhere but
 // where that repository lives. The source serves only what commit reaches
-// (its refs are hidden). dst must be a sandbox repository.
+// (uploadPack), and no name of its refs. dst must be a sandbox repository.
 func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef string, opts TransferOptions) error {
 	if dst.run == nil {
 		return errors.New("gitx: Transfer writes only into a sandbox repository")
@@ -318,11 +320,11 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 		defer wg.Done()
 		// Once a command holds its ends, ours are closed: each side then
 		// sees the end of the other's stream when the other closes it.
-		srcErr = src.uploadPack(ctx, srcIn, srcOut, &srcStderr, func() { closeFiles(srcIn, srcOut) })
+		// A source that fails stops sending: the destination sees the end
+		// of its stream. Not cancelled here: a destination that needed
+		// nothing hangs up without a word, and upload-pack then fails.
+		srcErr = src.uploadPack(ctx, commit, srcIn, srcOut, &srcStderr, func() { closeFiles(srcIn, srcOut) })
 		closeFiles(srcIn, srcOut)
-		if srcErr != nil {
-			cancel()
-		}
 	}()
 	go func() {
 		defer wg.Done()
@@ -345,60 +347,85 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	switch {
 	case errors.Is(copyErr, ErrTransferTooLarge):
 		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, copyErr)
+	case dstErr != nil && srcErr != nil:
+		return fmt.Errorf("transfer from %s to %s: %w (the source: %v)", src.name, dst.name, dstErr, srcErr)
 	case dstErr != nil:
 		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, dstErr)
-	case srcErr != nil:
-		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, srcErr)
 	}
+	// The destination checked that its ref names the commit: whatever the
+	// source said of the way it ended, the transfer is done.
 	return nil
 }
 
-// uploadArgs serve only objects asked for by id: every ref (HEAD too) is
-// hidden, so a destination learns no branch name of the source and can
-// fetch only what the commit it was given reaches.
+// serveRef is the one ref a source's upload-pack advertises: the commit
+// sent, set for the transfer's length in a namespace of its own
+// (GIT_NAMESPACE), so upload-pack sees no other ref. It speaks protocol
+// version 0, which serves only what an advertised tip reaches: whatever
+// object ids a destination knows, it gets that commit's history and
+// nothing else of the source (version 2 serves any object asked for by id).
+const serveRef = "refs/jailbee/transfer"
+
+// uploadArgs make upload-pack serve serveRef alone, whatever the source's
+// config allows: no object by id, every other ref (HEAD too) hidden, so a
+// destination learns no branch name of the source.
 var uploadArgs = []string{
-	"-c", "uploadpack.allowAnySHA1InWant=true",
+	"-c", "uploadpack.allowAnySHA1InWant=false",
+	"-c", "uploadpack.allowTipSHA1InWant=false",
+	"-c", "uploadpack.allowReachableSHA1InWant=false",
 	"-c", "uploadpack.hideRefs=refs/",
 	"-c", "uploadpack.hideRefs=HEAD",
+	"-c", "uploadpack.hideRefs=!" + serveRef,
 	"upload-pack",
 }
 
-// uploadProtocol makes upload-pack speak protocol version 2, whose fetch
-// asks for objects by id without matching them against advertised refs
-// (version 0 refuses a fetch from a source that advertises none). The
-// ext:: transport cannot pass it from the fetching side.
-const uploadProtocol = "version=2"
+// serveNamespace is a fresh namespace for one transfer's serveRef and the
+// ref's full name in the repository.
+func serveNamespace() (ns, full string, err error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", err
+	}
+	ns = "jailbee-transfer-" + hex.EncodeToString(b[:])
+	return ns, "refs/namespaces/" + ns + "/" + serveRef, nil
+}
 
-// uploadPack runs `git upload-pack` on r with the given streams.
-func (r Repo) uploadPack(ctx context.Context, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
-	if r.run == nil {
-		args := append(append(append([]string{}, safeConfig...), uploadArgs...), "--", r.dir)
-		cmd := exec.CommandContext(ctx, "git", args...)
-		cmd.Env = append(gitEnv(), "GIT_PROTOCOL="+uploadProtocol)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
-		if err := cmd.Start(); err != nil {
-			return commandError(ctx, []string{"upload-pack"}, nil, err)
+// uploadPack serves commit from r with the given streams: on the host,
+// upload-pack on the user's repository with serveRef set for the
+// transfer; in a sandbox, the jailbee client does the same there
+// (serveMain).
+func (r Repo) uploadPack(ctx context.Context, commit string, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+	if r.run != nil {
+		code, err := r.run.Run(ctx, Cmd{
+			Argv: []string{ClientName, serveCommand, commit},
+			Dir:  r.dir, Env: sandboxEnv,
+			Stdin: stdin, Stdout: stdout, Stderr: stderr, Started: started,
+		})
+		if err != nil {
+			return fmt.Errorf("git upload-pack in %s: %w", r.name, err)
 		}
-		started()
-		if err := cmd.Wait(); err != nil {
-			return commandError(ctx, []string{"upload-pack"}, []byte(stderr.text()), err)
+		if code != 0 {
+			return &SandboxGitError{Sub: "upload-pack", Where: r.name, Code: code, Stderr: stderr.text()}
 		}
 		return nil
 	}
-	env := map[string]string{"GIT_PROTOCOL": uploadProtocol}
-	for k, v := range sandboxEnv {
-		env[k] = v
-	}
-	code, err := r.run.Run(ctx, Cmd{
-		Argv: append(append([]string{"git"}, uploadArgs...), "--", r.dir),
-		Dir:  r.dir, Env: env,
-		Stdin: stdin, Stdout: stdout, Stderr: stderr, Started: started,
-	})
+	ns, ref, err := serveNamespace()
 	if err != nil {
-		return fmt.Errorf("git upload-pack in %s: %w", r.name, err)
+		return err
 	}
-	if code != 0 {
-		return &SandboxGitError{Sub: "upload-pack", Where: r.name, Code: code, Stderr: stderr.text()}
+	if _, err := run(ctx, r.dir, "update-ref", "--no-deref", ref, commit, ""); err != nil {
+		return err
+	}
+	defer run(context.WithoutCancel(ctx), r.dir, "update-ref", "--no-deref", "-d", ref, commit)
+	args := append(append(append([]string{}, safeConfig...), uploadArgs...), "--", r.dir)
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Env = append(gitEnv(), "GIT_NAMESPACE="+ns)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	if err := cmd.Start(); err != nil {
+		return commandError(ctx, []string{"upload-pack"}, nil, err)
+	}
+	started()
+	if err := cmd.Wait(); err != nil {
+		return commandError(ctx, []string{"upload-pack"}, []byte(stderr.text()), err)
 	}
 	return nil
 }

@@ -329,8 +329,8 @@ func uidHasProcesses(uid int) bool {
 
 // fillCheckout fills a new sandbox's empty checkout with src, every git
 // command inside the sandbox: objects through the broker's pipe from the
-// host repository's upload-pack (which serves only what the commit
-// reaches), then the branch checked out at the commit.
+// host repository's upload-pack (which serves only the commit's
+// history), then the branch checked out at the commit.
 func (o *Orchestrator) fillCheckout(ctx context.Context, name string, src source) error {
 	return o.fillFrom(ctx, name, gitx.HostRepo(src.repo), src.branch, src.commit)
 }
