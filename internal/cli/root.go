@@ -109,7 +109,7 @@ message their orchestrator or children. 'jb' is the same program.`,
 		return exitf(ExitUsage, "%v (see '%s --help')", err, c.CommandPath())
 	})
 	root.AddCommand(newBrokerCmd(deps), newNewCmd(deps), newLsCmd(deps), newUsageCmd(deps), newExecCmd(deps),
-		newStartCmd(deps), newStopCmd(deps), newDestroyCmd(deps), newAttachCmd(deps), newLogsCmd(deps), newInboxCmd(deps),
+		newStartCmd(deps), newStopCmd(deps), newDestroyCmd(deps), newFetchCmd(deps), newAttachCmd(deps), newLogsCmd(deps), newInboxCmd(deps),
 		newImageCmd(deps), newAgentCmd(deps))
 	return root
 }

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"unicode"
 )
 
@@ -249,6 +250,10 @@ type TransferOptions struct {
 	// instead of three (on Incus each costs 70-80 ms).
 	Init     bool
 	Checkout string
+	// Common, for a transfer into the user's repository: commits (or
+	// refs) the source already has; only their history is offered to it
+	// as common ground, and those the repository lacks are left out.
+	Common []string
 }
 
 // Transfer makes commit (with its history) available in dst at dstRef. The
@@ -256,10 +261,11 @@ type TransferOptions struct {
 // the jailbee client's ext:: relay, FetchMain) are joined by pipes the
 // caller's process holds: neither repository's config runs anywhere but
 // where that repository lives. The source serves only what commit reaches
-// (uploadPack), and no name of its refs. dst must be a sandbox repository.
+// (uploadPack), and no name of its refs. The source or the destination
+// may be the user's repository (fetchHost), not both.
 func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef string, opts TransferOptions) error {
-	if dst.run == nil {
-		return errors.New("gitx: Transfer writes only into a sandbox repository")
+	if src.run == nil && dst.run == nil {
+		return errors.New("gitx: Transfer joins a sandbox's repository to another")
 	}
 	if !shaPattern.MatchString(commit) {
 		return fmt.Errorf("%w: commit %q is not a full object id", ErrInvalidArgument, commit)
@@ -267,17 +273,10 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	if err := checkFullRef(ctx, "destination ref", dstRef); err != nil {
 		return err
 	}
-	fetchArgv := []string{ClientName, fetchCommand}
-	if opts.Init {
-		fetchArgv = append(fetchArgv, "--init")
+	fetch, err := dst.fetcher(ctx, commit, dstRef, opts)
+	if err != nil {
+		return err
 	}
-	if opts.Checkout != "" {
-		if err := CheckBranchName(ctx, opts.Checkout); err != nil {
-			return err
-		}
-		fetchArgv = append(fetchArgv, "--checkout", opts.Checkout)
-	}
-	fetchArgv = append(fetchArgv, commit, dstRef)
 	limit := opts.MaxBytes
 	if limit <= 0 {
 		limit = MaxTransferBytes
@@ -328,16 +327,7 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	}()
 	go func() {
 		defer wg.Done()
-		var code int
-		code, dstErr = dst.run.Run(ctx, Cmd{
-			Argv: fetchArgv,
-			Dir:  dst.dir, Env: sandboxEnv,
-			Stdin: dstIn, Stdout: dstOut, Stderr: &dstStderr,
-			Started: func() { closeFiles(dstIn, dstOut) },
-		})
-		if dstErr == nil && code != 0 {
-			dstErr = &SandboxGitError{Sub: "fetch", Where: dst.name, Code: code, Stderr: dstStderr.text()}
-		}
+		dstErr = fetch(ctx, dstIn, dstOut, &dstStderr, func() { closeFiles(dstIn, dstOut) })
 		closeFiles(dstIn, dstOut)
 		if dstErr != nil {
 			cancel()
@@ -355,6 +345,98 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	// The destination checked that its ref names the commit: whatever the
 	// source said of the way it ended, the transfer is done.
 	return nil
+}
+
+// fetchFunc runs the destination side of a Transfer on the given streams
+// (started: as uploadPack's).
+type fetchFunc func(ctx context.Context, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error
+
+// fetcher checks a Transfer's options for r and returns its destination
+// side: `jailbee _git-fetch` in a sandbox, or host git (fetchHost).
+func (r Repo) fetcher(ctx context.Context, commit, ref string, opts TransferOptions) (fetchFunc, error) {
+	if r.run == nil {
+		if opts.Init || opts.Checkout != "" {
+			return nil, errors.New("gitx: a transfer to the host neither inits nor checks out")
+		}
+		return func(ctx context.Context, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+			return r.fetchHost(ctx, commit, ref, opts.Common, stdin, stdout, stderr, started)
+		}, nil
+	}
+	argv := []string{ClientName, fetchCommand}
+	if opts.Init {
+		argv = append(argv, "--init")
+	}
+	if opts.Checkout != "" {
+		if err := CheckBranchName(ctx, opts.Checkout); err != nil {
+			return nil, err
+		}
+		argv = append(argv, "--checkout", opts.Checkout)
+	}
+	argv = append(argv, commit, ref)
+	return func(ctx context.Context, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+		code, err := r.run.Run(ctx, Cmd{
+			Argv: argv, Dir: r.dir, Env: sandboxEnv,
+			Stdin: stdin, Stdout: stdout, Stderr: stderr, Started: started,
+		})
+		if err == nil && code != 0 {
+			err = &SandboxGitError{Sub: "fetch", Where: r.name, Code: code, Stderr: stderr.text()}
+		}
+		return err
+	}, nil
+}
+
+// fetchHost is the destination side of a Transfer into the user's
+// repository: host git fetches commit to ref through fd:: on the pipe to
+// the source, a sandbox whose bytes are checked as git checks an untrusted
+// remote's. Nothing but ref is written (no tag, no FETCH_HEAD), the
+// source is offered as common ground only the history of the commits in
+// common that the repository has (none: no negotiation), so it learns no
+// other commit of the user's, and git runs as the repository's owner.
+func (r Repo) fetchHost(ctx context.Context, commit, ref string, common []string, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+	args := append(append([]string{}, safeConfig...),
+		"-c", "protocol.fd.allow=always", "-c", "protocol.version=0",
+		"-c", "fetch.fsckObjects=true", "-c", "fetch.unpackLimit=1")
+	var tips []string
+	for _, c := range common {
+		if id, err := ResolveCommit(ctx, r.dir, c); err == nil {
+			tips = append(tips, "--negotiation-tip="+id)
+		}
+	}
+	if len(tips) == 0 {
+		args = append(args, "-c", "fetch.negotiationAlgorithm=noop")
+	}
+	args = append(args, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--no-auto-maintenance")
+	args = append(append(args, tips...), "fd::3,4", "+"+commit+":"+ref)
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Dir, cmd.Env = r.dir, gitEnv()
+	cmd.ExtraFiles = []*os.File{stdin, stdout}
+	cmd.Stderr = stderr
+	cmd.SysProcAttr = ownerCredential(r.dir)
+	if err := cmd.Start(); err != nil {
+		return commandError(ctx, []string{"fetch"}, nil, err)
+	}
+	started()
+	if err := cmd.Wait(); err != nil {
+		return commandError(ctx, []string{"fetch"}, []byte(stderr.text()), err)
+	}
+	if got, err := ResolveCommit(ctx, r.dir, ref); err != nil || got != commit {
+		return fmt.Errorf("git fetch: %s does not name the commit fetched", ref)
+	}
+	return nil
+}
+
+// ownerCredential makes a root process run as the owner of dir (the
+// files git writes there stay the user's), when that is another user.
+func ownerCredential(dir string) *syscall.SysProcAttr {
+	fi, err := os.Stat(dir)
+	if err != nil || os.Geteuid() != 0 {
+		return nil
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || st.Uid == 0 {
+		return nil
+	}
+	return &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: st.Uid, Gid: st.Gid, NoSetGroups: true}}
 }
 
 // serveRef is the one ref a source's upload-pack advertises: the commit
@@ -412,10 +494,10 @@ func (r Repo) uploadPack(ctx context.Context, commit string, stdin, stdout *os.F
 	if err != nil {
 		return err
 	}
-	if _, err := run(ctx, r.dir, "update-ref", "--no-deref", ref, commit, ""); err != nil {
+	if _, err := runAsOwner(ctx, r.dir, "update-ref", "--no-deref", ref, commit, ""); err != nil {
 		return err
 	}
-	defer run(context.WithoutCancel(ctx), r.dir, "update-ref", "--no-deref", "-d", ref, commit)
+	defer runAsOwner(context.WithoutCancel(ctx), r.dir, "update-ref", "--no-deref", "-d", ref, commit)
 	args := append(append(append([]string{}, safeConfig...), uploadArgs...), "--", r.dir)
 	cmd := exec.CommandContext(ctx, "git", args...)
 	cmd.Env = append(gitEnv(), "GIT_NAMESPACE="+ns)
