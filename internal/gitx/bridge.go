@@ -257,8 +257,9 @@ type TransferOptions struct {
 }
 
 // Transfer makes commit (with its history) available in dst at dstRef. The
-// source's `git upload-pack` and the destination's `git fetch` (through
-// the jailbee client's ext:: relay, FetchMain) are joined by pipes the
+// source's `git upload-pack` and the destination's `git fetch` (in a
+// sandbox through the jailbee client's ext:: relay, FetchMain; on the
+// host through fd::) are joined by pipes the
 // caller's process holds: neither repository's config runs anywhere but
 // where that repository lives. The source serves only what commit reaches
 // (uploadPack), and no name of its refs. The source or the destination
