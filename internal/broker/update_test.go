@@ -153,8 +153,11 @@ func TestUpdateMerge(t *testing.T) {
 
 // evilRelay is a child's git config that rewrites the relay URL of every
 // fetch into it: the rewritten command asks the source, through the same
-// relay, for the object named in $HOME/want, into $HOME/loot.
+// relay, for the object named in $HOME/want, into $HOME/loot; or, when
+// $HOME/raw exists, sends its bytes as the request and keeps the answer
+// in $HOME/raw.out (no git client's checks in the way).
 const evilRelay = `cat > "$HOME/evil.sh" <<X
+if [ -f $HOME/raw ]; then cat $HOME/raw >&3; cat <&3 > $HOME/raw.out; exit 1; fi
 env -u GIT_DIR -u GIT_WORK_TREE git -C $HOME/loot -c protocol.ext.allow=always -c protocol.version=2 fetch -q "ext::\$1 \$2" "\$(cat $HOME/want):refs/loot" 2>>$HOME/loot.err
 exit 1
 X
@@ -199,7 +202,17 @@ func TestUpdateServesOnlyItsCommit(t *testing.T) {
 		}
 	}
 
-	e.mustExec("kid", "sh", "-c", `git config --remove-section "url.ext::sh $HOME/evil.sh "`)
+	// The source itself refuses an object it did not advertise.
+	req := fmt.Sprintf("%04xwant %s\n00000009done\n", 4+len("want \n")+len(hostBlob), hostBlob)
+	if _, err := e.execIn("kid", req, "sh", "-c", `cat > "$HOME/raw"`); err != nil {
+		t.Fatal(err)
+	}
+	sendManifest(t, orch, map[string]any{"id": "evil-raw", "type": "update", "child": "kid", "base": "main"})
+	if out := e.mustExec("kid", "sh", "-c", `cat "$HOME/raw.out"`); strings.Contains(out, "PACK") || !strings.Contains(out, "not our ref "+hostBlob) {
+		t.Fatalf("the source's answer to a want of an object it did not advertise: %q", out)
+	}
+
+	e.mustExec("kid", "sh", "-c", `rm "$HOME/raw" && git config --remove-section "url.ext::sh $HOME/evil.sh "`)
 	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-base", "type": "update", "child": "kid", "base": "main"}),
 		"done", "delivered to kid: refs/jailbee/update/orch/up-base at "+hostGit(t, e.repo, "rev-parse", "main")[:12])
 	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-orch", "type": "update", "child": "kid", "ref": "refs/heads/side"}),
