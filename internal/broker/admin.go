@@ -85,7 +85,7 @@ func (b *Broker) dispatchAdmin(ctx context.Context, cc *connCtx, req *wire.Reque
 		rep = b.adminUsage(ctx, req.Args)
 	case "exec":
 		rep = b.adminExec(ctx, cc, req.Args, files, log)
-	case "new", "destroy", "start", "stop":
+	case "new", "destroy", "start", "stop", "fetch":
 		// Mutations run on the executor, in order with sends.
 		var r *reply
 		err := b.runExec(ctx, nil, func() { r = b.adminMutation(ctx, req.Op, req.Args, log) })
@@ -102,7 +102,7 @@ func (b *Broker) dispatchAdmin(ctx context.Context, cc *connCtx, req *wire.Reque
 	return rep
 }
 
-// adminMutation runs new, destroy, start or stop.
+// adminMutation runs new, destroy, start, stop or fetch.
 func (b *Broker) adminMutation(ctx context.Context, op string, raw json.RawMessage, log *slog.Logger) *reply {
 	var result any
 	var err error
@@ -117,6 +117,14 @@ func (b *Broker) adminMutation(ctx context.Context, op string, raw json.RawMessa
 		var n int
 		n, err = b.orchestrator.DestroySandbox(ctx, a.Name, a.Force)
 		result = wire.DestroyResult{Destroyed: n}
+	case "fetch":
+		var a wire.FetchArgs
+		if werr := decodeArgs(raw, &a); werr != nil {
+			return replyErr(werr)
+		}
+		var res orchestrate.FetchResult
+		res, err = b.orchestrator.FetchSandbox(ctx, orchestrate.FetchRequest{Name: a.Name, Repo: a.Repo, Branch: a.Branch})
+		result = wire.FetchResult{Ref: res.Ref, SHA: res.SHA}
 	case "start", "stop":
 		var a wire.NameArgs
 		if werr := decodeArgs(raw, &a); werr != nil {

@@ -109,7 +109,7 @@ func TestStopImportDestroyManifests(t *testing.T) {
 
 	// Commits never imported: destroy refused, by the HEAD recorded at stop.
 	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "del-1", "type": "destroy", "child": "kid"}),
-		"refused", "`kid` has commits that were never imported (HEAD "+kidHead[:12]+", last imported "+e.row("kid").Imported[:12]+"): import them, or use --force")
+		"refused", "`kid` has commits that were never imported (HEAD "+kidHead[:12]+", last imported "+e.row("kid").Imported[:12]+"): import them, or fetch them into the host repository with 'jailbee fetch kid', or use --force")
 
 	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "imp-1", "type": "import", "child": "kid"}),
 		"done", "imported as refs/jailbee/from/kid/work/kid at "+kidHead[:12])

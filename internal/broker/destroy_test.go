@@ -115,7 +115,7 @@ func TestAdminDestroyGuard(t *testing.T) {
 		{"committed", func(e *testEnv, name string) { e.mustExec(name, "sh", "-c", commit+" --allow-empty -m work") },
 			func(e *testEnv, name string) string {
 				head := e.mustExec(name, "git", "rev-parse", "HEAD")
-				return "`" + name + "` has commits that were never imported (HEAD " + head[:12] + ", last imported " + start[:12] + "): import them, or use --force"
+				return "`" + name + "` has commits that were never imported (HEAD " + head[:12] + ", last imported " + start[:12] + "): import them, or fetch them into the host repository with 'jailbee fetch " + name + "', or use --force"
 			}},
 		{"detached", func(e *testEnv, name string) { e.mustExec(name, "git", "checkout", "-q", "--detach") },
 			func(e *testEnv, name string) string {
@@ -134,7 +134,7 @@ func TestAdminDestroyGuard(t *testing.T) {
 			e.stopByBroker(name)
 		}, func(e *testEnv, name string) string {
 			head := e.row(name).StopHead
-			return "`" + name + "` has commits that were never imported (HEAD " + head[:12] + ", last imported " + start[:12] + "): import them, or use --force"
+			return "`" + name + "` has commits that were never imported (HEAD " + head[:12] + ", last imported " + start[:12] + "): import them, or fetch them into the host repository with 'jailbee fetch " + name + "', or use --force"
 		}},
 		// Stopped behind the broker's back: nothing was recorded.
 		{"stopped-otherwise", func(e *testEnv, name string) {

@@ -1,6 +1,9 @@
 package broker_test
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -146,4 +149,72 @@ func TestUpdateMerge(t *testing.T) {
 	if got := kidHead(); got != before {
 		t.Fatalf("refused merges moved the child from %s to %s", before, got)
 	}
+}
+
+// evilRelay is a child's git config that rewrites the relay URL of every
+// fetch into it: the rewritten command asks the source, through the same
+// relay, for the object named in $HOME/want, into $HOME/loot; or, when
+// $HOME/raw exists, sends its bytes as the request and keeps the answer
+// in $HOME/raw.out (no git client's checks in the way).
+const evilRelay = `cat > "$HOME/evil.sh" <<X
+if [ -f $HOME/raw ]; then cat $HOME/raw >&3; cat <&3 > $HOME/raw.out; exit 1; fi
+env -u GIT_DIR -u GIT_WORK_TREE git -C $HOME/loot -c protocol.ext.allow=always -c protocol.version=2 fetch -q "ext::\$1 \$2" "\$(cat $HOME/want):refs/loot" 2>>$HOME/loot.err
+exit 1
+X
+rm -rf "$HOME/loot" && git init -q "$HOME/loot" && git config "url.ext::sh $HOME/evil.sh .insteadOf" ext::`
+
+// TestUpdateServesOnlyItsCommit: a child that rewrites its relay URL
+// during an update cannot fetch an object of the source it was not sent,
+// neither from the host repository (an update with a base) nor from its
+// orchestrator's; the same updates work once it stops.
+func TestUpdateServesOnlyItsCommit(t *testing.T) {
+	e := newTestEnv(t)
+	hostGit(t, e.repo, "checkout", "-q", "-b", "secret")
+	if err := os.WriteFile(filepath.Join(e.repo, "secret.txt"), []byte("host secret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hostGit(t, e.repo, "add", "secret.txt")
+	hostGit(t, e.repo, "commit", "-q", "-m", "secret")
+	hostBlob := hostGit(t, e.repo, "rev-parse", "secret:secret.txt")
+	hostGit(t, e.repo, "checkout", "-q", "main")
+	e.orchestrator("orch")
+	e.child("kid", "orch")
+	orch := e.client("orch")
+	e.mustExec("orch", "sh", "-c", "git checkout -q -b side && echo orch secret > s.txt && git add s.txt && "+commitCmd+" -m s && git checkout -q -")
+	orchBlob := e.mustExec("orch", "git", "rev-parse", "side:s.txt")
+	e.mustExec("kid", "sh", "-c", evilRelay)
+	// Commits the child does not have, so that its fetches connect.
+	hostGit(t, e.repo, "commit", "-q", "--allow-empty", "-m", "new on main")
+	e.mustExec("orch", "sh", "-c", commitCmd+" --allow-empty -m new")
+
+	for i, c := range []struct {
+		blob     string
+		manifest map[string]any
+	}{
+		{hostBlob, map[string]any{"type": "update", "child": "kid", "base": "main"}},
+		{orchBlob, map[string]any{"type": "update", "child": "kid"}},
+	} {
+		e.mustExec("kid", "sh", "-c", `echo `+c.blob+` > "$HOME/want"`)
+		c.manifest["id"] = fmt.Sprintf("evil-%d", i)
+		sendManifest(t, orch, c.manifest)
+		if res, _ := e.execIn("kid", "", "sh", "-c", `git -C "$HOME/loot" cat-file -e `+c.blob); res.exit == 0 {
+			t.Fatalf("the child fetched an object it was not sent (%v)", c.manifest)
+		}
+	}
+
+	// The source itself refuses an object it did not advertise.
+	req := fmt.Sprintf("%04xwant %s\n00000009done\n", 4+len("want \n")+len(hostBlob), hostBlob)
+	if _, err := e.execIn("kid", req, "sh", "-c", `cat > "$HOME/raw"`); err != nil {
+		t.Fatal(err)
+	}
+	sendManifest(t, orch, map[string]any{"id": "evil-raw", "type": "update", "child": "kid", "base": "main"})
+	if out := e.mustExec("kid", "sh", "-c", `cat "$HOME/raw.out"`); strings.Contains(out, "PACK") || !strings.Contains(out, "not our ref "+hostBlob) {
+		t.Fatalf("the source's answer to a want of an object it did not advertise: %q", out)
+	}
+
+	e.mustExec("kid", "sh", "-c", `rm "$HOME/raw" && git config --remove-section "url.ext::sh $HOME/evil.sh "`)
+	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-base", "type": "update", "child": "kid", "base": "main"}),
+		"done", "delivered to kid: refs/jailbee/update/orch/up-base at "+hostGit(t, e.repo, "rev-parse", "main")[:12])
+	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-orch", "type": "update", "child": "kid", "ref": "refs/heads/side"}),
+		"done", "delivered to kid: refs/jailbee/update/orch/up-orch at "+e.mustExec("orch", "git", "rev-parse", "side")[:12])
 }

@@ -209,7 +209,8 @@ func newDestroyCmd(deps Deps) *cobra.Command {
 		Long: `Destroy a sandbox: every process in it, its socket directory, checkout, home
 and inbox. Without --force it is refused when work could be lost: uncommitted
 changes, a detached or unreadable HEAD, commits never imported (HEAD is not
-the commit the sandbox started from or was last imported at), a sandbox that
+the commit the sandbox started from or was last imported at: 'jailbee fetch
+NAME' imports them into your repository), a sandbox that
 is not running (its work cannot be checked), or an orchestrator that still
 has children. --force destroys anyway, children included.`,
 		Args:              cobra.ExactArgs(1),
@@ -225,6 +226,46 @@ has children. --force destroys anyway, children included.`,
 	}
 	addStateFlag(c, &state)
 	c.Flags().BoolVar(&force, "force", false, "destroy despite unsaved work or children")
+	return c
+}
+
+func newFetchCmd(Deps) *cobra.Command {
+	var state, repo, branch string
+	c := &cobra.Command{
+		Use:   "fetch NAME [--repo DIR] [--branch B]",
+		Short: "Bring a sandbox's branch into your repository",
+		Long: `Bring a sandbox's branch (default: the branch it was made for) into your
+repository (default: the one it was made from) at
+refs/jailbee/sandboxes/NAME/BRANCH, and print that ref and its commit.
+Nothing else in your repository moves: merge or check out the ref yourself.
+
+The commits come through the broker from git upload-pack inside the sandbox;
+git on the host reads nothing the sandbox controls but the objects, checked
+as from any untrusted remote (at most 4 GiB). A stopped sandbox is started
+for the fetch and stopped again. When the commit fetched is the sandbox's
+HEAD, it counts as imported: 'jailbee destroy NAME' no longer refuses for
+unimported commits.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			a := wire.FetchArgs{Name: args[0], Branch: branch}
+			if repo != "" {
+				abs, err := filepath.Abs(repo)
+				if err != nil {
+					return exitf(ExitUsage, "bad --repo")
+				}
+				a.Repo = abs
+			}
+			var res wire.FetchResult
+			if err := adminCall(cmd.Context(), state, "fetch", a, &res); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s %s\n", res.Ref, res.SHA)
+			return nil
+		},
+	}
+	addStateFlag(c, &state)
+	c.Flags().StringVar(&repo, "repo", "", "host repository to fetch into (default: the one the sandbox was made from)")
+	c.Flags().StringVar(&branch, "branch", "", "the sandbox's branch to fetch (default: the branch it was made for)")
 	return c
 }
 

@@ -203,6 +203,7 @@ func TestHostUsageErrors(t *testing.T) {
 		{[]string{"ls", "extra"}, "unknown command"},
 		{[]string{"ls", "--bogus"}, "unknown flag: --bogus"},
 		{[]string{"destroy"}, "accepts 1 arg(s)"},
+		{[]string{"fetch"}, "accepts 1 arg(s)"},
 		{[]string{"start", "a", "b"}, "accepts 1 arg(s)"},
 		{[]string{"stop"}, "accepts 1 arg(s)"},
 		{[]string{"usage", "a", "b"}, "accepts at most 1 arg(s)"},
@@ -408,6 +409,8 @@ func TestHostCommandsSendTheirRequests(t *testing.T) {
 			return okReply(wire.NewResult{Name: a.Name, UUID: "u-1", Branch: "b-" + a.Name})
 		case "destroy":
 			return okReply(wire.DestroyResult{Destroyed: 2})
+		case "fetch":
+			return okReply(wire.FetchResult{Ref: "refs/jailbee/sandboxes/kid/main", SHA: strings.Repeat("a", 40)})
 		}
 		return okReply(map[string]any{})
 	})
@@ -427,6 +430,8 @@ func TestHostCommandsSendTheirRequests(t *testing.T) {
 		{[]string{"destroy", "lead", "--force"}, "destroy", `{"name":"lead","force":true}`, "destroyed lead\n"},
 		{[]string{"start", "kid"}, "start", `{"name":"kid"}`, "started kid\n"},
 		{[]string{"stop", "kid"}, "stop", `{"name":"kid"}`, "stopped kid\n"},
+		{[]string{"fetch", "kid"}, "fetch", `{"name":"kid"}`, "refs/jailbee/sandboxes/kid/main " + strings.Repeat("a", 40) + "\n"},
+		{[]string{"fetch", "kid", "--repo", repo, "--branch", "fix/x"}, "fetch", `{"name":"kid","repo":"` + repo + `","branch":"fix/x"}`, "refs/jailbee/sandboxes/kid/main " + strings.Repeat("a", 40) + "\n"},
 	} {
 		before := len(f.requests())
 		var out, errb bytes.Buffer

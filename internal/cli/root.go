@@ -114,7 +114,7 @@ it; sandbox names complete from the running broker.`,
 		return exitf(ExitUsage, "%v (see '%s --help')", err, c.CommandPath())
 	})
 	root.AddCommand(newBrokerCmd(deps), newNewCmd(deps), newLsCmd(deps), newUsageCmd(deps), newExecCmd(deps),
-		newStartCmd(deps), newStopCmd(deps), newDestroyCmd(deps), newAttachCmd(deps), newLogsCmd(deps), newInboxCmd(deps),
+		newStartCmd(deps), newStopCmd(deps), newDestroyCmd(deps), newFetchCmd(deps), newAttachCmd(deps), newLogsCmd(deps), newInboxCmd(deps),
 		newImageCmd(deps), newAgentCmd(deps))
 	return root
 }

@@ -3,6 +3,8 @@ package gitx
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -10,6 +12,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"syscall"
 	"unicode"
 )
 
@@ -247,17 +250,23 @@ type TransferOptions struct {
 	// instead of three (on Incus each costs 70-80 ms).
 	Init     bool
 	Checkout string
+	// Common, for a transfer into the user's repository: commits (or
+	// refs) the source already has; only their history is offered to it
+	// as common ground, and those the repository lacks are left out.
+	Common []string
 }
 
 // Transfer makes commit (with its history) available in dst at dstRef. The
-// source's `git upload-pack` and the destination's `git fetch` (through
-// the jailbee client's ext:: relay, FetchMain) are joined by pipes the
+// source's `git upload-pack` and the destination's `git fetch` (in a
+// sandbox through the jailbee client's ext:: relay, FetchMain; on the
+// host through fd::) are joined by pipes the
 // caller's process holds: neither repository's config runs anywhere but
 // where that repository lives. The source serves only what commit reaches
-// (its refs are hidden). dst must be a sandbox repository.
+// (uploadPack), and no name of its refs. The source or the destination
+// may be the user's repository (fetchHost), not both.
 func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef string, opts TransferOptions) error {
-	if dst.run == nil {
-		return errors.New("gitx: Transfer writes only into a sandbox repository")
+	if src.run == nil && dst.run == nil {
+		return errors.New("gitx: Transfer joins a sandbox's repository to another")
 	}
 	if !shaPattern.MatchString(commit) {
 		return fmt.Errorf("%w: commit %q is not a full object id", ErrInvalidArgument, commit)
@@ -265,17 +274,10 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	if err := checkFullRef(ctx, "destination ref", dstRef); err != nil {
 		return err
 	}
-	fetchArgv := []string{ClientName, fetchCommand}
-	if opts.Init {
-		fetchArgv = append(fetchArgv, "--init")
+	fetch, err := dst.fetcher(ctx, commit, dstRef, opts)
+	if err != nil {
+		return err
 	}
-	if opts.Checkout != "" {
-		if err := CheckBranchName(ctx, opts.Checkout); err != nil {
-			return err
-		}
-		fetchArgv = append(fetchArgv, "--checkout", opts.Checkout)
-	}
-	fetchArgv = append(fetchArgv, commit, dstRef)
 	limit := opts.MaxBytes
 	if limit <= 0 {
 		limit = MaxTransferBytes
@@ -318,24 +320,15 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 		defer wg.Done()
 		// Once a command holds its ends, ours are closed: each side then
 		// sees the end of the other's stream when the other closes it.
-		srcErr = src.uploadPack(ctx, srcIn, srcOut, &srcStderr, func() { closeFiles(srcIn, srcOut) })
+		// A source that fails stops sending: the destination sees the end
+		// of its stream. Not cancelled here: a destination that needed
+		// nothing hangs up without a word, and upload-pack then fails.
+		srcErr = src.uploadPack(ctx, commit, srcIn, srcOut, &srcStderr, func() { closeFiles(srcIn, srcOut) })
 		closeFiles(srcIn, srcOut)
-		if srcErr != nil {
-			cancel()
-		}
 	}()
 	go func() {
 		defer wg.Done()
-		var code int
-		code, dstErr = dst.run.Run(ctx, Cmd{
-			Argv: fetchArgv,
-			Dir:  dst.dir, Env: sandboxEnv,
-			Stdin: dstIn, Stdout: dstOut, Stderr: &dstStderr,
-			Started: func() { closeFiles(dstIn, dstOut) },
-		})
-		if dstErr == nil && code != 0 {
-			dstErr = &SandboxGitError{Sub: "fetch", Where: dst.name, Code: code, Stderr: dstStderr.text()}
-		}
+		dstErr = fetch(ctx, dstIn, dstOut, &dstStderr, func() { closeFiles(dstIn, dstOut) })
 		closeFiles(dstIn, dstOut)
 		if dstErr != nil {
 			cancel()
@@ -345,60 +338,177 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	switch {
 	case errors.Is(copyErr, ErrTransferTooLarge):
 		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, copyErr)
+	case dstErr != nil && srcErr != nil:
+		return fmt.Errorf("transfer from %s to %s: %w (the source: %v)", src.name, dst.name, dstErr, srcErr)
 	case dstErr != nil:
 		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, dstErr)
-	case srcErr != nil:
-		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, srcErr)
+	}
+	// The destination checked that its ref names the commit: whatever the
+	// source said of the way it ended, the transfer is done.
+	return nil
+}
+
+// fetchFunc runs the destination side of a Transfer on the given streams
+// (started: as uploadPack's).
+type fetchFunc func(ctx context.Context, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error
+
+// fetcher checks a Transfer's options for r and returns its destination
+// side: `jailbee _git-fetch` in a sandbox, or host git (fetchHost).
+func (r Repo) fetcher(ctx context.Context, commit, ref string, opts TransferOptions) (fetchFunc, error) {
+	if r.run == nil {
+		if opts.Init || opts.Checkout != "" {
+			return nil, errors.New("gitx: a transfer to the host neither inits nor checks out")
+		}
+		return func(ctx context.Context, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+			return r.fetchHost(ctx, commit, ref, opts.Common, stdin, stdout, stderr, started)
+		}, nil
+	}
+	argv := []string{ClientName, fetchCommand}
+	if opts.Init {
+		argv = append(argv, "--init")
+	}
+	if opts.Checkout != "" {
+		if err := CheckBranchName(ctx, opts.Checkout); err != nil {
+			return nil, err
+		}
+		argv = append(argv, "--checkout", opts.Checkout)
+	}
+	argv = append(argv, commit, ref)
+	return func(ctx context.Context, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+		code, err := r.run.Run(ctx, Cmd{
+			Argv: argv, Dir: r.dir, Env: sandboxEnv,
+			Stdin: stdin, Stdout: stdout, Stderr: stderr, Started: started,
+		})
+		if err == nil && code != 0 {
+			err = &SandboxGitError{Sub: "fetch", Where: r.name, Code: code, Stderr: stderr.text()}
+		}
+		return err
+	}, nil
+}
+
+// fetchHost is the destination side of a Transfer into the user's
+// repository: host git fetches commit to ref through fd:: on the pipe to
+// the source, a sandbox whose bytes are checked as git checks an untrusted
+// remote's. Nothing but ref is written (no tag, no FETCH_HEAD), the
+// source is offered as common ground only the history of the commits in
+// common that the repository has (none: no negotiation), so it learns no
+// other commit of the user's, and git runs as the repository's owner.
+func (r Repo) fetchHost(ctx context.Context, commit, ref string, common []string, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+	args := append(append([]string{}, safeConfig...),
+		"-c", "protocol.fd.allow=always", "-c", "protocol.version=0",
+		"-c", "fetch.fsckObjects=true", "-c", "fetch.unpackLimit=1")
+	var tips []string
+	for _, c := range common {
+		if id, err := ResolveCommit(ctx, r.dir, c); err == nil {
+			tips = append(tips, "--negotiation-tip="+id)
+		}
+	}
+	if len(tips) == 0 {
+		args = append(args, "-c", "fetch.negotiationAlgorithm=noop")
+	}
+	args = append(args, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--no-auto-maintenance")
+	args = append(append(args, tips...), "fd::3,4", "+"+commit+":"+ref)
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Dir, cmd.Env = r.dir, gitEnv()
+	cmd.ExtraFiles = []*os.File{stdin, stdout}
+	cmd.Stderr = stderr
+	cmd.SysProcAttr = ownerCredential(r.dir)
+	if err := cmd.Start(); err != nil {
+		return commandError(ctx, []string{"fetch"}, nil, err)
+	}
+	started()
+	if err := cmd.Wait(); err != nil {
+		return commandError(ctx, []string{"fetch"}, []byte(stderr.text()), err)
+	}
+	if got, err := ResolveCommit(ctx, r.dir, ref); err != nil || got != commit {
+		return fmt.Errorf("git fetch: %s does not name the commit fetched", ref)
 	}
 	return nil
 }
 
-// uploadArgs serve only objects asked for by id: every ref (HEAD too) is
-// hidden, so a destination learns no branch name of the source and can
-// fetch only what the commit it was given reaches.
+// ownerCredential makes a root process run as the owner of dir (the
+// files git writes there stay the user's), when that is another user.
+func ownerCredential(dir string) *syscall.SysProcAttr {
+	fi, err := os.Stat(dir)
+	if err != nil || os.Geteuid() != 0 {
+		return nil
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || st.Uid == 0 {
+		return nil
+	}
+	return &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: st.Uid, Gid: st.Gid, NoSetGroups: true}}
+}
+
+// serveRef is the one ref a source's upload-pack advertises: the commit
+// sent, set for the transfer's length in a namespace of its own
+// (GIT_NAMESPACE), so upload-pack sees no other ref. It speaks protocol
+// version 0, which serves only what an advertised tip reaches: whatever
+// object ids a destination knows, it gets that commit's history and
+// nothing else of the source (version 2 serves any object asked for by id).
+const serveRef = "refs/jailbee/transfer"
+
+// uploadArgs make upload-pack serve serveRef alone, whatever the source's
+// config allows: no object by id, every other ref (HEAD too) hidden, so a
+// destination learns no branch name of the source.
 var uploadArgs = []string{
-	"-c", "uploadpack.allowAnySHA1InWant=true",
+	"-c", "uploadpack.allowAnySHA1InWant=false",
+	"-c", "uploadpack.allowTipSHA1InWant=false",
+	"-c", "uploadpack.allowReachableSHA1InWant=false",
 	"-c", "uploadpack.hideRefs=refs/",
 	"-c", "uploadpack.hideRefs=HEAD",
+	"-c", "uploadpack.hideRefs=!" + serveRef,
 	"upload-pack",
 }
 
-// uploadProtocol makes upload-pack speak protocol version 2, whose fetch
-// asks for objects by id without matching them against advertised refs
-// (version 0 refuses a fetch from a source that advertises none). The
-// ext:: transport cannot pass it from the fetching side.
-const uploadProtocol = "version=2"
+// serveNamespace is a fresh namespace for one transfer's serveRef and the
+// ref's full name in the repository.
+func serveNamespace() (ns, full string, err error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", err
+	}
+	ns = "jailbee-transfer-" + hex.EncodeToString(b[:])
+	return ns, "refs/namespaces/" + ns + "/" + serveRef, nil
+}
 
-// uploadPack runs `git upload-pack` on r with the given streams.
-func (r Repo) uploadPack(ctx context.Context, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
-	if r.run == nil {
-		args := append(append(append([]string{}, safeConfig...), uploadArgs...), "--", r.dir)
-		cmd := exec.CommandContext(ctx, "git", args...)
-		cmd.Env = append(gitEnv(), "GIT_PROTOCOL="+uploadProtocol)
-		cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
-		if err := cmd.Start(); err != nil {
-			return commandError(ctx, []string{"upload-pack"}, nil, err)
+// uploadPack serves commit from r with the given streams: on the host,
+// upload-pack on the user's repository with serveRef set for the
+// transfer; in a sandbox, the jailbee client does the same there
+// (serveMain).
+func (r Repo) uploadPack(ctx context.Context, commit string, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+	if r.run != nil {
+		code, err := r.run.Run(ctx, Cmd{
+			Argv: []string{ClientName, serveCommand, commit},
+			Dir:  r.dir, Env: sandboxEnv,
+			Stdin: stdin, Stdout: stdout, Stderr: stderr, Started: started,
+		})
+		if err != nil {
+			return fmt.Errorf("git upload-pack in %s: %w", r.name, err)
 		}
-		started()
-		if err := cmd.Wait(); err != nil {
-			return commandError(ctx, []string{"upload-pack"}, []byte(stderr.text()), err)
+		if code != 0 {
+			return &SandboxGitError{Sub: "upload-pack", Where: r.name, Code: code, Stderr: stderr.text()}
 		}
 		return nil
 	}
-	env := map[string]string{"GIT_PROTOCOL": uploadProtocol}
-	for k, v := range sandboxEnv {
-		env[k] = v
-	}
-	code, err := r.run.Run(ctx, Cmd{
-		Argv: append(append([]string{"git"}, uploadArgs...), "--", r.dir),
-		Dir:  r.dir, Env: env,
-		Stdin: stdin, Stdout: stdout, Stderr: stderr, Started: started,
-	})
+	ns, ref, err := serveNamespace()
 	if err != nil {
-		return fmt.Errorf("git upload-pack in %s: %w", r.name, err)
+		return err
 	}
-	if code != 0 {
-		return &SandboxGitError{Sub: "upload-pack", Where: r.name, Code: code, Stderr: stderr.text()}
+	if _, err := runAsOwner(ctx, r.dir, "update-ref", "--no-deref", ref, commit, ""); err != nil {
+		return err
+	}
+	defer runAsOwner(context.WithoutCancel(ctx), r.dir, "update-ref", "--no-deref", "-d", ref, commit)
+	args := append(append(append([]string{}, safeConfig...), uploadArgs...), "--", r.dir)
+	cmd := exec.CommandContext(ctx, "git", args...)
+	cmd.Env = append(gitEnv(), "GIT_NAMESPACE="+ns)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	if err := cmd.Start(); err != nil {
+		return commandError(ctx, []string{"upload-pack"}, nil, err)
+	}
+	started()
+	if err := cmd.Wait(); err != nil {
+		return commandError(ctx, []string{"upload-pack"}, []byte(stderr.text()), err)
 	}
 	return nil
 }

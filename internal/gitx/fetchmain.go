@@ -26,13 +26,20 @@ import (
 const (
 	fetchCommand = "_git-fetch"
 	extCommand   = "_git-ext"
+	// serveCommand is the source side, `jailbee _git-serve COMMIT`:
+	// upload-pack on the repository in the working directory, serving
+	// COMMIT alone (see serveRef); its stdin and stdout are the pipe to
+	// the destination.
+	serveCommand = "_git-serve"
 	// extFD is the relay's socket, as the ext:: command inherits it.
 	extFD = 3
 )
 
 // IsHelperCommand reports whether a program's first argument names one of
 // the in-sandbox helpers HelperMain runs.
-func IsHelperCommand(arg string) bool { return arg == fetchCommand || arg == extCommand }
+func IsHelperCommand(arg string) bool {
+	return arg == fetchCommand || arg == extCommand || arg == serveCommand
+}
 
 // HelperMain runs the helper args[0] names with its arguments and returns
 // its exit status.
@@ -42,6 +49,8 @@ func HelperMain(args []string) int {
 		return fetchMain(args[1:])
 	case extCommand:
 		return extMain()
+	case serveCommand:
+		return serveMain(args[1:])
 	}
 	return 2
 }
@@ -72,7 +81,7 @@ func fetchMain(args []string) int {
 	}
 	defer ours.Close()
 	cmd := exec.Command("git",
-		"-c", "protocol.ext.allow=always", "-c", "protocol.version=2",
+		"-c", "protocol.ext.allow=always", "-c", "protocol.version=0",
 		"fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules",
 		"ext::"+self+" "+extCommand, "+"+commit+":"+ref)
 	// stdout is the pipe to the source: git's own output goes to stderr.
@@ -108,6 +117,41 @@ func fetchMain(args []string) int {
 			fmt.Fprintf(os.Stderr, "jailbee _git-fetch: git checkout: %v: %s\n", err, out)
 			return 1
 		}
+	}
+	return 0
+}
+
+// serveMain is `jailbee _git-serve COMMIT`: COMMIT set at serveRef in a
+// namespace of its own for the length of one upload-pack, which serves
+// nothing else.
+func serveMain(args []string) int {
+	if len(args) != 1 || !shaPattern.MatchString(args[0]) {
+		fmt.Fprintln(os.Stderr, "usage: jailbee _git-serve COMMIT")
+		return 2
+	}
+	commit := args[0]
+	ns, ref, err := serveNamespace()
+	if err != nil {
+		return fail(err)
+	}
+	if out, err := exec.Command("git", "update-ref", "--no-deref", ref, commit, "").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "jailbee _git-serve: git update-ref: %v: %s\n", err, out)
+		return 1
+	}
+	defer exec.Command("git", "update-ref", "--no-deref", "-d", ref, commit).Run()
+	cmd := exec.Command("git", append(append([]string{}, uploadArgs...), ".")...)
+	// No GIT_PROTOCOL: version 0 (serveRef).
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GIT_PROTOCOL=") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = append(env, "GIT_NAMESPACE="+ns)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := cmd.Run(); err != nil {
+		fmt.Fprintf(os.Stderr, "jailbee _git-serve: %v\n", err)
+		return 1
 	}
 	return 0
 }

@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"syscall"
 )
 
 // maxStderrBytes bounds how much of git's stderr an error carries: enough
@@ -84,11 +85,23 @@ func run(ctx context.Context, dir string, args ...string) (string, error) {
 
 // runWithConfig is run with extra "-c key=value" settings for this call.
 func runWithConfig(ctx context.Context, dir string, config []string, args ...string) (string, error) {
+	return runAs(ctx, nil, dir, config, args...)
+}
+
+// runAsOwner is run as the owner of the repository at dir
+// (ownerCredential): what it writes there stays the user's.
+func runAsOwner(ctx context.Context, dir string, args ...string) (string, error) {
+	return runAs(ctx, ownerCredential(dir), dir, nil, args...)
+}
+
+// runAs is runWithConfig with the process's attributes (nil: the broker's).
+func runAs(ctx context.Context, attr *syscall.SysProcAttr, dir string, config []string, args ...string) (string, error) {
 	full := append(append([]string{}, safeConfig...), config...)
 	full = append(full, args...)
 	cmd := exec.CommandContext(ctx, "git", full...)
 	cmd.Dir = dir
 	cmd.Env = gitEnv()
+	cmd.SysProcAttr = attr
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"os/user"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -204,17 +203,9 @@ func (o *Orchestrator) checkCreate(ctx context.Context, req *CreateRequest) (sou
 	default:
 		return source{}, refusef("role must be orchestrator or child")
 	}
-	if !filepath.IsAbs(req.Repo) {
-		return source{}, refusef("the repository must be an absolute path")
-	}
-	repo, err := gitx.RepoRoot(ctx, req.Repo)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return source{}, refusef("no such directory: %s", req.Repo)
-	case errors.Is(err, gitx.ErrNotRepository):
-		return source{}, refusef("not a git repository: %s", req.Repo)
-	case err != nil:
-		return source{}, refusef("cannot read the repository %s: %v", req.Repo, err)
+	repo, err := hostRepoRoot(ctx, req.Repo)
+	if err != nil {
+		return source{}, err
 	}
 	src := source{repo: repo, branch: req.Branch}
 	if src.branch == "" {
@@ -329,8 +320,8 @@ func uidHasProcesses(uid int) bool {
 
 // fillCheckout fills a new sandbox's empty checkout with src, every git
 // command inside the sandbox: objects through the broker's pipe from the
-// host repository's upload-pack (which serves only what the commit
-// reaches), then the branch checked out at the commit.
+// host repository's upload-pack (which serves only the commit's
+// history), then the branch checked out at the commit.
 func (o *Orchestrator) fillCheckout(ctx context.Context, name string, src source) error {
 	return o.fillFrom(ctx, name, gitx.HostRepo(src.repo), src.branch, src.commit)
 }
@@ -421,7 +412,7 @@ func (o *Orchestrator) checkWorkSaved(ctx context.Context, sb store.Sandbox) err
 		return err
 	}
 	if head != sb.Imported {
-		return refusef("`%s` has commits that were never imported (HEAD %s, last imported %s): import them, or use --force", sb.Name, short(head), short(sb.Imported))
+		return refusef("`%s` has commits that were never imported (HEAD %s, last imported %s): import them, or fetch them into the host repository with 'jailbee fetch %s', or use --force", sb.Name, short(head), short(sb.Imported), sb.Name)
 	}
 	return nil
 }

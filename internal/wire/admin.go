@@ -49,6 +49,21 @@ type DestroyResult struct {
 	Destroyed int `json:"destroyed"`
 }
 
+// FetchArgs are the arguments of "fetch": Repo "" is the repository the
+// sandbox was made from, Branch "" its branch.
+type FetchArgs struct {
+	Name   string `json:"name"`
+	Repo   string `json:"repo,omitempty"`
+	Branch string `json:"branch,omitempty"`
+}
+
+// FetchResult is the result of "fetch": the ref written in the host
+// repository and the full commit id it names.
+type FetchResult struct {
+	Ref string `json:"ref"`
+	SHA string `json:"sha"`
+}
+
 // SandboxInfo is one entry of "ls" (and of `jailbee ls --json`).
 type SandboxInfo struct {
 	Name    string  `json:"name"`
