@@ -209,7 +209,9 @@ and inbox. Without --force it is refused when work could be lost: uncommitted
 changes, a detached or unreadable HEAD, commits never imported (HEAD is not
 the commit the sandbox started from or was last imported at), a sandbox that
 is not running (its work cannot be checked), or an orchestrator that still
-has children. --force destroys anyway, children included.`,
+has children. --force destroys anyway, children included. A child queued for
+a slot has no work (no --force needed): its orchestrator gets its spawn's (or
+restart's) final status, failed, and a child's slot goes to the queue.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var res wire.DestroyResult
@@ -252,7 +254,7 @@ func newStartCmd(Deps) *cobra.Command {
 
 func newStopCmd(Deps) *cobra.Command {
 	return newStartStopCmd("stop", "stopped", "Stop a sandbox: end every process in it",
-		"Stop a sandbox: every process in it ends, whoever started it (agents, services,\ncommands from 'jailbee exec'). Its checkout, home and inbox stay.")
+		"Stop a sandbox: every process in it ends, whoever started it (agents, services,\ncommands from 'jailbee exec'). Its checkout, home and inbox stay; a child's\nslot goes to its orchestrator's queue.")
 }
 
 func writeJSON(w interface{ Write([]byte) (int, error) }, v any) error {

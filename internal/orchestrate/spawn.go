@@ -69,6 +69,14 @@ type spawnDoc struct {
 	AgentOnly bool `json:"agent_only,omitempty"`
 }
 
+// what names the work of the spawn or restart in its statuses.
+func (d spawnDoc) what() string {
+	if d.Restart {
+		return "restart"
+	}
+	return "creation"
+}
+
 // agentSeen is a child's agent as last seen (store.Sandbox.Agent).
 type agentSeen struct {
 	Window   string         `json:"window"`
@@ -503,12 +511,8 @@ func (o *Orchestrator) failChild(ctx context.Context, sb store.Sandbox, doc spaw
 		}
 		o.Store.DeleteSandbox(ctx, sb.Name)
 	}
-	what := "creation"
-	if doc.Restart {
-		what = "restart"
-	}
 	o.appendStatus(ctx, sb.Parent, doc.Ref, wire.StateFailed,
-		fmt.Sprintf("%s of child `%s` failed: %s during %s — %s", what, sb.Name, reason, phase, outcome))
+		fmt.Sprintf("%s of child `%s` failed: %s during %s — %s", doc.what(), sb.Name, reason, phase, outcome))
 }
 
 // appendStatus records a later status of an orchestrator's manifest,
@@ -547,7 +551,7 @@ func (o *Orchestrator) startQueued(ctx context.Context, orch string) {
 		if doc.Restart {
 			phase, detail = PhaseStarting, fmt.Sprintf("restart of child `%s` started", next.Name)
 		}
-		claimed, err := o.Store.ClaimQueued(ctx, next.Name, next.QueuedSeq, phase)
+		claimed, err := o.Store.ClaimQueued(ctx, next.Name, next.QueuedSeq, store.StateCreating, phase)
 		if err != nil {
 			return
 		}

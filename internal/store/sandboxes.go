@@ -171,19 +171,19 @@ func (s *Store) SetRestart(ctx context.Context, name, spawnDoc, state, phase str
 		spawnDoc, state, phase, queuedSeq, name)
 }
 
-// ClaimQueued takes a queued spawn or restart for its worker: the row that
-// still waits at place seq of the queue (state queued, or stopped for a
-// restart) becomes creating at phase, out of the queue. False when no row
-// changed (another worker took it, or it was destroyed): no worker may
-// start for it then.
-func (s *Store) ClaimQueued(ctx context.Context, name string, seq int64, phase string) (bool, error) {
+// ClaimQueued takes a queued spawn or restart out of the queue, for its
+// worker (state creating at its first phase) or its destroy (state
+// destroying): only the row that still waits at place seq (state queued,
+// or stopped for a restart) changes. False when none did (a worker took
+// it, or it was destroyed): the caller must not act on it then.
+func (s *Store) ClaimQueued(ctx context.Context, name string, seq int64, state, phase string) (bool, error) {
 	if seq == 0 {
 		return false, nil
 	}
 	claimed := false
 	err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
 		res, err := w.conn.ExecContext(ctx, `UPDATE sandboxes SET state = ?, phase = ?, queued_seq = 0
-			WHERE name = ? AND queued_seq = ? AND state IN (?, ?)`, StateCreating, phase, name, seq, StateQueued, StateStopped)
+			WHERE name = ? AND queued_seq = ? AND state IN (?, ?)`, state, phase, name, seq, StateQueued, StateStopped)
 		if err != nil {
 			return err
 		}
