@@ -403,11 +403,15 @@ func (o *Orchestrator) destroy(ctx context.Context, name string, force bool, by 
 	}
 	victims = append(victims, sb)
 	for _, v := range victims {
-		// Recorded first: a broker that dies from here on finishes the
-		// destroy at its start, so no record outlives its sandbox.
+		// Recorded first, for every victim: a broker that dies from here
+		// on finishes the destroy at its start, so no record outlives its
+		// sandbox, and no queued child of a destroyed orchestrator can be
+		// claimed for a worker meanwhile.
 		if err := o.Store.SetState(ctx, v.Name, store.StateDestroying); err != nil {
 			return 0, err
 		}
+	}
+	for _, v := range victims {
 		if o.Unserve != nil {
 			o.Unserve(v.Name)
 		}

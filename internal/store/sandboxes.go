@@ -177,13 +177,11 @@ func (s *Store) SetRestart(ctx context.Context, name, spawnDoc, state, phase str
 // or stopped for a restart) changes. False when none did (a worker took
 // it, or it was destroyed): the caller must not act on it then.
 func (s *Store) ClaimQueued(ctx context.Context, name string, seq int64, state, phase string) (bool, error) {
-	if seq == 0 {
-		return false, nil
-	}
 	claimed := false
 	err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
 		res, err := w.conn.ExecContext(ctx, `UPDATE sandboxes SET state = ?, phase = ?, queued_seq = 0
-			WHERE name = ? AND queued_seq = ? AND state IN (?, ?)`, state, phase, name, seq, StateQueued, StateStopped)
+			WHERE name = ? AND queued_seq = ? AND (state = ? OR (state = ? AND queued_seq > 0))`,
+			state, phase, name, seq, StateQueued, StateStopped)
 		if err != nil {
 			return err
 		}
