@@ -231,3 +231,50 @@ func (e *testEnv) stopByBroker(name string) {
 		e.t.Fatal(err)
 	}
 }
+
+// TestAdminDestroyQueuedChild: a queued child has no work, so the host
+// destroys it without --force, and its orchestrator gets its spawn's (or
+// restart's) final failed status naming the destroy, not queued for ever.
+// A child stopped on the host frees its slot for the queue.
+func TestAdminDestroyQueuedChild(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	e.orchestratorOneSlot("lead")
+	lead := e.client("lead")
+	spawn(t, lead, "s-1", map[string]any{"branch": "one", "prompt": "stay-busy", "on_done": "keep"})
+	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "child `one` is ready")
+
+	wantStatus(t, spawn(t, lead, "s-2", map[string]any{"branch": "two", "prompt": "stay-busy"}), "queued",
+		"queued at position 1: 1 of 1 slots are used by `one`")
+	if err := e.admin("destroy", wire.DestroyArgs{Name: "two"}, nil); err != nil {
+		t.Fatalf("destroy the queued child without --force: %v", err)
+	}
+	wantStatus(t, statusOf(t, lead, "s-2", "done", "failed"), "failed",
+		"creation of child `two` failed: it was destroyed on the host before it started")
+
+	wantStatus(t, spawn(t, lead, "s-3", map[string]any{"branch": "three", "prompt": "stay-busy", "on_done": "keep"}), "queued",
+		"queued at position 1: 1 of 1 slots are used by `one`")
+	if err := e.admin("stop", wire.NameArgs{Name: "one"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, statusOf(t, lead, "s-3", "done", "failed"), "done", "child `three` is ready")
+
+	// The orchestrator's own destroy manifest, without force, likewise.
+	spawn(t, lead, "s-4", map[string]any{"branch": "four", "prompt": "stay-busy"})
+	wantStatus(t, sendManifest(t, lead, map[string]any{"id": "d-4", "type": "destroy", "child": "four"}), "done", "child `four` destroyed")
+	wantStatus(t, statusOf(t, lead, "s-4", "done", "failed"), "failed",
+		"creation of child `four` failed: it was destroyed by your destroy `d-4` before it started")
+
+	wantStatus(t, sendManifest(t, lead, restart("r-1", "one", "stay-busy", nil)), "queued",
+		"queued at position 1: 1 of 1 slots are used by `three`")
+	if err := e.admin("destroy", wire.DestroyArgs{Name: "one"}, nil); err != nil {
+		t.Fatalf("destroy the child whose restart is queued (its work imported): %v", err)
+	}
+	wantStatus(t, statusOf(t, lead, "r-1", "done", "failed"), "failed",
+		"restart of child `one` failed: it was destroyed on the host before it started")
+	for _, s := range e.list() {
+		if s.Name == "one" || s.Name == "two" || s.Name == "four" {
+			t.Errorf("destroyed child still listed: %+v", s)
+		}
+	}
+}

@@ -92,7 +92,7 @@ func TestRestartQueuedUntilASlotFrees(t *testing.T) {
 	spawn(t, lead, "s-2", map[string]any{"branch": "two", "prompt": "stay-busy", "on_done": "keep"})
 	wantStatus(t, statusOf(t, lead, "s-2", "done", "failed"), "done", "child `two` is ready")
 
-	wantStatus(t, sendManifest(t, lead, restart("r-1", "one", "stay-busy", nil)), "queued", "queued at position 1")
+	wantStatus(t, sendManifest(t, lead, restart("r-1", "one", "stay-busy", nil)), "queued", "queued at position 1: 1 of 1 slots are used by `two`")
 	wantStatus(t, sendManifest(t, lead, restart("r-2", "one", "stay-busy", nil)), "refused", "`one` already has a restart queued")
 	if info := e.info("one"); info.State != "queued" || info.Running || info.LastStatus == nil ||
 		info.LastStatus.Ref != "r-1" || info.LastStatus.State != "queued" {

@@ -3,6 +3,7 @@ package broker_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -207,7 +208,8 @@ func TestSpawnForkToDoneAndImport(t *testing.T) {
 }
 
 // TestSpawnQueuedUntilASlotFrees: with max_running_children 1 a second
-// spawn is queued at position 1 and starts when the first child stops.
+// spawn is queued at position 1, its status naming the child that holds
+// the slot, and starts when the first child stops.
 func TestSpawnQueuedUntilASlotFrees(t *testing.T) {
 	e := newTestEnv(t)
 	e.withAgent()
@@ -216,9 +218,9 @@ func TestSpawnQueuedUntilASlotFrees(t *testing.T) {
 	wantStatus(t, spawn(t, lead, "spawn-1", map[string]any{"branch": "one", "prompt": "one", "on_done": "keep"}),
 		"started", "creation of child `one` started")
 	wantStatus(t, spawn(t, lead, "spawn-2", map[string]any{"branch": "two", "prompt": "two", "on_done": "keep"}),
-		"queued", "queued at position 1")
+		"queued", "queued at position 1: 1 of 1 slots are used by `one`")
 	wantStatus(t, spawn(t, lead, "spawn-3", map[string]any{"branch": "three", "prompt": "three", "on_done": "keep"}),
-		"queued", "queued at position 2")
+		"queued", "queued at position 2: 1 of 1 slots are used by `one`")
 	if st := statusOf(t, lead, "spawn-1", "done", "failed"); st.State != "done" {
 		t.Fatalf("spawn-1: %+v", st)
 	}
@@ -471,5 +473,57 @@ func TestStartOfARunningChild(t *testing.T) {
 	}
 	if info := e.info("busy"); info.State != "ready" || !info.Running {
 		t.Fatalf("the child after its start: %+v", info)
+	}
+}
+
+// TestSpawnQueueDrainsUnderConcurrentSlotFrees: ten queued spawns through
+// two slots, each child's agent ending at once, so two workers fail and
+// start the queue together in every round. Each child gets one worker:
+// one started status and one final status per spawn, one host uid per
+// sandbox made, and no socket directory left once all are destroyed.
+func TestSpawnQueueDrainsUnderConcurrentSlotFrees(t *testing.T) {
+	localOnly(t, "host uids")
+	const children = 10
+	e := newTestEnv(t)
+	e.withAgent()
+	e.orchestrator("lead") // the default grant: two slots
+	lead := e.client("lead")
+	for i := range children {
+		spawn(t, lead, fmt.Sprintf("q-%d", i), map[string]any{"branch": fmt.Sprintf("q%d", i), "prompt": "exit-early", "on_done": "keep"})
+	}
+	for i := range children {
+		ref, name := fmt.Sprintf("q-%d", i), fmt.Sprintf("q%d", i)
+		wantStatus(t, statusOf(t, lead, ref, "done", "failed"), "failed",
+			"creation of child `"+name+"` failed: the agent ended before it was ready during agent start — the child was kept, stopped")
+	}
+	var res wire.ListResult
+	if err := lead.Call(context.Background(), "list", wire.ListArgs{All: true}, &res); err != nil {
+		t.Fatal(err)
+	}
+	started := map[string]int{}
+	for _, raw := range res.Items {
+		var st wire.StatusItem
+		json.Unmarshal(raw, &st)
+		if st.Type == wire.ItemStatus && st.State == "started" {
+			started[st.Ref]++
+		}
+	}
+	for i := range children {
+		if ref := fmt.Sprintf("q-%d", i); started[ref] != 1 {
+			t.Errorf("%s: %d started statuses, want 1 (all: %v)", ref, started[ref], started)
+		}
+	}
+	if uids := claimedHostUIDs(t, e.state); len(uids) != children+1 {
+		t.Errorf("%d host uids claimed for %d sandboxes", len(uids), children+1)
+	}
+	if err := e.admin("destroy", wire.DestroyArgs{Name: "lead", Force: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if list := e.list(); len(list) != 0 {
+		t.Errorf("sandboxes left: %+v", list)
+	}
+	left, err := os.ReadDir(filepath.Join(e.state, broker.SockDir))
+	if err != nil || len(left) != 0 {
+		t.Errorf("socket directories left after every sandbox was destroyed: %v %v", left, err)
 	}
 }

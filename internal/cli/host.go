@@ -212,7 +212,9 @@ changes, a detached or unreadable HEAD, commits never imported (HEAD is not
 the commit the sandbox started from or was last imported at: 'jailbee fetch
 NAME' imports them into your repository), a sandbox that
 is not running (its work cannot be checked), or an orchestrator that still
-has children. --force destroys anyway, children included.`,
+has children. --force destroys anyway, children included. A child queued for
+a slot has no work (no --force needed): its orchestrator gets its spawn's (or
+restart's) final status, failed, and a child's slot goes to the queue.`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeSandbox(&state, false),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -305,7 +307,7 @@ output says.`)
 
 func newStopCmd(Deps) *cobra.Command {
 	return newStartStopCmd("stop", "stopped", "Stop a sandbox: end every process in it",
-		"Stop a sandbox: every process in it ends, whoever started it (agents, services,\ncommands from 'jailbee exec'). Its checkout, home and inbox stay.")
+		"Stop a sandbox: every process in it ends, whoever started it (agents, services,\ncommands from 'jailbee exec'). Its checkout, home and inbox stay; a child's\nslot goes to its orchestrator's queue.")
 }
 
 func writeJSON(w interface{ Write([]byte) (int, error) }, v any) error {

@@ -170,12 +170,28 @@ func destroyAll(t *testing.T, be backend.Backend) {
 	}
 }
 
+// repoConfig gives the test repository a default agent, so spawns are
+// admitted (the tests here never let one start).
+const repoConfig = `agents:
+  waiter:
+    command: "sleep 600"
+    prompt_args: ["{prompt}"]
+default_agent: waiter
+`
+
 // realBroker starts a broker with an orchestrator "orch" and child "kid".
 func realBroker(t *testing.T) *broker.Broker {
 	t.Helper()
 	state := filepath.Join(shortDir(t), "state")
 	repo := filepath.Join(t.TempDir(), "repo")
-	for _, a := range [][]string{{"init", "-q", "-b", "main", repo}, {"-C", repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "--allow-empty", "-m", "i"}} {
+	if err := os.MkdirAll(filepath.Join(repo, ".jailbee"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(repo, ".jailbee", "config.yaml"), []byte(repoConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range [][]string{{"init", "-q", "-b", "main", repo}, {"-C", repo, "add", "."},
+		{"-C", repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "-m", "i"}} {
 		if out, err := exec.Command("git", a...).CombinedOutput(); err != nil {
 			t.Fatalf("git: %v %s", err, out)
 		}
@@ -231,6 +247,25 @@ func TestSendMessageOutputAndExitStatuses(t *testing.T) {
 	code, stdout, _ = run(t, "", "inbox", "ls", "--json")
 	if code != 0 || !strings.Contains(stdout, `"body": "line one\nline two\n"`) || !strings.Contains(stdout, `"origin_id": "up-1"`) {
 		t.Fatalf("orchestrator inbox: exit %d %s", code, stdout)
+	}
+}
+
+// TestSendSpawnWaitReturnsOnQueued: with both slots of the default grant
+// held, send spawn --wait answers at once: the id, then the queued status
+// naming its place and the children that hold the slots, exit 0.
+func TestSendSpawnWaitReturnsOnQueued(t *testing.T) {
+	b := realBroker(t)
+	if code, _, stderr := run(t, "", "new", "kid2", "--branch", "k2", "--parent", "orch"); code != 0 {
+		t.Fatalf("new kid2: %s", stderr)
+	}
+	t.Setenv(inbox.SocketEnv, b.SocketPath("orch"))
+	code, stdout, stderr := run(t, "", "inbox", "send", "spawn", "--branch", "fix/q", "--id", "spawn-q", "--text", "fix q", "--wait", "--timeout", "60s")
+	if code != 0 || stdout != "spawn-q\nqueued: queued at position 1: 2 of 2 slots are used by `kid`, `kid2`\n" {
+		t.Fatalf("send spawn --wait: exit %d stdout %q stderr %q", code, stdout, stderr)
+	}
+	// Its child waits in the queue; destroying it ends the spawn.
+	if code, _, stderr := run(t, "", "destroy", "fix-q"); code != 0 {
+		t.Fatalf("destroy the queued child: %s", stderr)
 	}
 }
 

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -9,7 +8,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"agentbox/internal/inbox"
 	"agentbox/internal/manifest"
 	"agentbox/internal/wire"
 )
@@ -25,8 +23,11 @@ The text of message, spawn and restart (--text, --file or stdin) is at most
 65536 bytes of UTF-8, whatever its source: longer text, or text that is not
 UTF-8, exits 2 before any id is printed or the broker is contacted.
 
-  --wait             wait for this manifest's status: exit 0 on done, queued or
-                     started, 1 on refused or failed
+  --wait             print this manifest's first status after the id (state:
+                     detail): exit 0 on done, queued or started, 1 on refused or
+                     failed; later statuses come to the inbox. A queued spawn
+                     or restart returns at once: its detail names its place
+                     and the children that hold the slots
   --timeout DUR|none with --wait (default 30m): exit 3 when no answer came in time`,
 		RunE: groupUsage,
 	}
@@ -45,7 +46,7 @@ type sendFlags struct {
 
 func (f *sendFlags) add(c *cobra.Command) {
 	c.Flags().StringVar(&f.id, "id", "", "manifest id (default: a new random id)")
-	c.Flags().BoolVar(&f.wait, "wait", false, "wait for the manifest's status")
+	c.Flags().BoolVar(&f.wait, "wait", false, "print the manifest's first status (exit 0 on done, queued, started)")
 	c.Flags().StringVar(&f.timeout, "timeout", DefaultTimeout.String(), "with --wait: give up after this long (exit 3), or none")
 }
 
@@ -105,33 +106,11 @@ func runSend(cmd *cobra.Command, f sendFlags, m *manifest.Manifest) error {
 	if !f.wait {
 		return nil
 	}
-	for st.State == wire.StateQueued {
-		next, err := waitStatus(ctx, c, id)
-		if err != nil {
-			return err
-		}
-		st = next
-	}
+	// The first status is the answer, queued too: a queued spawn may wait
+	// for a slot as long as a child holds it, and its detail says which.
 	fmt.Fprintf(out, "%s: %s\n", st.State, st.Detail)
 	if st.State == wire.StateFailed {
 		return &ExitError{Code: ExitFailed}
 	}
 	return nil
-}
-
-// waitStatus consumes the next status for ref.
-func waitStatus(ctx context.Context, c *inbox.Client, ref string) (wire.StatusItem, error) {
-	var res wire.NextResult
-	// wire.NextArgs's fields; a map keeps the request's keys sorted.
-	if err := c.Call(ctx, "next", map[string]any{"ref": ref, "ack": true}, &res); err != nil {
-		if ctx.Err() != nil {
-			return wire.StatusItem{}, exitf(ExitTimeout, "timed out waiting for the status of %s", ref)
-		}
-		return wire.StatusItem{}, protocolExit(err)
-	}
-	var st wire.StatusItem
-	if err := json.Unmarshal(res.Item, &st); err != nil {
-		return wire.StatusItem{}, protocolExit(inbox.ErrUnreachable)
-	}
-	return st, nil
 }

@@ -130,7 +130,6 @@ func (o *Orchestrator) StopChild(ctx context.Context, req wire.Caller, m *manife
 		if err := o.StopSandbox(ctx, sb.Name); err != nil {
 			return "", err
 		}
-		defer o.startQueued(ctx, req.Sandbox) // its slot is free
 		return fmt.Sprintf("child `%s` stopped", sb.Name), nil
 	})
 }
@@ -139,13 +138,7 @@ func (o *Orchestrator) StopChild(ctx context.Context, req wire.Caller, m *manife
 // child's work could be lost (as host destroy).
 func (o *Orchestrator) DestroyChild(ctx context.Context, req wire.Caller, m *manifest.Manifest) (store.Sent, error) {
 	return o.childManifest(ctx, req, m, m.Destroy.Child, func(sb store.Sandbox) (string, error) {
-		defer o.startQueued(ctx, req.Sandbox) // its slot, if it had one, is free
-		if !m.Destroy.Force && sb.State != store.StateQueued {
-			if err := o.checkWorkSaved(ctx, sb); err != nil {
-				return "", err
-			}
-		}
-		if _, err := o.DestroySandbox(ctx, sb.Name, true); err != nil {
+		if _, err := o.destroy(ctx, sb.Name, m.Destroy.Force, fmt.Sprintf("by your destroy `%s`", m.ID)); err != nil {
 			return "", err
 		}
 		return fmt.Sprintf("child `%s` destroyed", sb.Name), nil

@@ -189,7 +189,6 @@ func (o *Orchestrator) cleanUpDone(ctx context.Context, name, head string) (wait
 		return false
 	}
 	o.logger().Info("done child destroyed", "sandbox", name)
-	o.startQueued(ctx, sb.Parent)
 	return false
 }
 

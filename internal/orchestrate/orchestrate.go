@@ -73,7 +73,10 @@ type Orchestrator struct {
 	// refused as not served.
 	LiteLLMProfiles map[string]bool
 
-	mu        sync.Mutex
+	mu sync.Mutex
+	// queueMu makes counting an orchestrator's slots and taking one (a
+	// queued child's claim, an admission) one step.
+	queueMu   sync.Mutex
 	grants    map[string]grant.Grant // parsed grant documents by their text
 	finishing map[string]bool        // orchestrators whose pending finishes run (ScheduleFinishes)
 }

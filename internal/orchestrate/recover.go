@@ -3,7 +3,6 @@ package orchestrate
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
@@ -30,7 +29,9 @@ func (o *Orchestrator) RecoverManifests(ctx context.Context, in []store.Interrup
 	for _, m := range in {
 		state, detail := wire.StateFailed, InterruptedDetail
 		if pos := queuePosition(all, m); pos > 0 {
-			state, detail = wire.StateQueued, fmt.Sprintf("queued at position %d", pos)
+			active, _, _ := o.slots(ctx, m.Sandbox)
+			max, _ := o.maxRunning(ctx, m.Sandbox)
+			state, detail = wire.StateQueued, queuedDetail(pos, active, max)
 		}
 		ok, err := o.Store.FinishInterrupted(ctx, m, state, detail)
 		if err != nil {

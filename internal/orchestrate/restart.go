@@ -100,15 +100,17 @@ func (o *Orchestrator) admitRestart(ctx context.Context, req wire.Caller, m *man
 	if err != nil {
 		return "", "", "", err
 	}
+	o.queueMu.Lock() // the count and the record are one step (startQueued)
+	defer o.queueMu.Unlock()
 	active, queued, err := o.slots(ctx, sb.Parent)
 	if err != nil {
 		return "", "", "", err
 	}
-	if active >= effective.MaxRunningChildren || queued > 0 {
+	if max := effective.MaxRunningChildren; len(active) >= max || queued > 0 {
 		if err := o.Store.SetRestart(ctx, name, string(raw), store.StateStopped, "", time.Now().UnixNano()); err != nil {
 			return "", "", "", err
 		}
-		return wire.StateQueued, fmt.Sprintf("queued at position %d", queued+1), name, nil
+		return wire.StateQueued, queuedDetail(queued+1, active, max), name, nil
 	}
 	if err := o.Store.SetRestart(ctx, name, string(raw), store.StateCreating, PhaseStarting, 0); err != nil {
 		return "", "", "", err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -345,6 +346,13 @@ func (o *Orchestrator) fillFrom(ctx context.Context, name string, src gitx.Repo,
 // commits never imported (HEAD is not the commit it started from or was
 // last imported at).
 func (o *Orchestrator) DestroySandbox(ctx context.Context, name string, force bool) (int, error) {
+	return o.destroy(ctx, name, force, "on the host")
+}
+
+// destroy is DestroySandbox; by says who destroyed a queued child in its
+// spawn's or restart's final status. A queued spawn has no work: it needs
+// no force. A destroyed child's slot, if it had one, goes to the queue.
+func (o *Orchestrator) destroy(ctx context.Context, name string, force bool, by string) (int, error) {
 	sb, err := o.Store.Sandbox(ctx, name)
 	if errors.Is(err, store.ErrNotFound) {
 		if force && backend.ValidateName(name) == nil {
@@ -374,18 +382,27 @@ func (o *Orchestrator) DestroySandbox(ctx context.Context, name string, force bo
 			return 0, refusef("`%s` has %d children: destroy them first, or use --force to destroy them too", sb.Name, len(victims))
 		}
 	}
-	if !force && sb.State != store.StateDestroying { // decided before
+	if !force && sb.State != store.StateDestroying && sb.State != store.StateQueued { // decided before, or no work
 		if err := o.checkWorkSaved(ctx, sb); err != nil {
+			return 0, err
+		}
+	}
+	if waitsForSlot(sb) {
+		if err := o.dequeue(ctx, sb, by); err != nil {
 			return 0, err
 		}
 	}
 	victims = append(victims, sb)
 	for _, v := range victims {
-		// Recorded first: a broker that dies from here on finishes the
-		// destroy at its start, so no record outlives its sandbox.
+		// Recorded first, for every victim: a broker that dies from here
+		// on finishes the destroy at its start, so no record outlives its
+		// sandbox, and no queued child of a destroyed orchestrator can be
+		// claimed for a worker meanwhile.
 		if err := o.Store.SetState(ctx, v.Name, store.StateDestroying); err != nil {
 			return 0, err
 		}
+	}
+	for _, v := range victims {
 		if o.Unserve != nil {
 			o.Unserve(v.Name)
 		}
@@ -397,7 +414,28 @@ func (o *Orchestrator) DestroySandbox(ctx context.Context, name string, force bo
 			return 0, err
 		}
 	}
+	if sb.Role == wire.RoleChild {
+		o.startQueued(ctx, sb.Parent)
+	}
 	return len(victims), nil
+}
+
+// dequeue takes a queued child out of its orchestrator's queue for its
+// destroy, so no worker starts for it, and gives its spawn or restart
+// its final status: it never started.
+func (o *Orchestrator) dequeue(ctx context.Context, sb store.Sandbox, by string) error {
+	ok, err := o.Store.ClaimQueued(ctx, sb.Name, sb.QueuedSeq, store.StateDestroying, "")
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return refusef("`%s` has just left the queue (its worker started): destroy it again", sb.Name)
+	}
+	var doc spawnDoc
+	json.Unmarshal([]byte(sb.SpawnDoc), &doc)
+	o.appendStatus(ctx, sb.Parent, doc.Ref, wire.StateFailed,
+		fmt.Sprintf("%s of child `%s` failed: it was destroyed %s before it started", doc.what(), sb.Name, by))
+	return nil
 }
 
 // checkWorkSaved refuses when destroying sb could lose work: uncommitted
@@ -493,11 +531,24 @@ func agentNotStarted(child, parent string) string {
 
 // StopSandbox records a running sandbox's HEAD and dirtiness (destroy
 // checks them while it is stopped), ends every process of it, and records
-// it stopped. A HEAD that cannot be read is recorded as unknown.
+// it stopped. A HEAD that cannot be read is recorded as unknown. A
+// stopped child's slot goes to the queue.
 func (o *Orchestrator) StopSandbox(ctx context.Context, name string) error {
-	if _, err := o.Store.Sandbox(ctx, name); errors.Is(err, store.ErrNotFound) {
+	sb, err := o.Store.Sandbox(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
 		return o.NoSuchSandbox(ctx, name)
 	}
+	if err := o.stop(ctx, name); err != nil {
+		return err
+	}
+	if sb.Role == wire.RoleChild {
+		o.startQueued(ctx, sb.Parent)
+	}
+	return nil
+}
+
+// stop is StopSandbox's stop.
+func (o *Orchestrator) stop(ctx context.Context, name string) error {
 	work, readErr := o.readWork(ctx, name)
 	if err := o.Backend.Stop(ctx, name); err != nil {
 		return fmt.Errorf("stop `%s`: %w", name, err)

@@ -69,6 +69,14 @@ type spawnDoc struct {
 	AgentOnly bool `json:"agent_only,omitempty"`
 }
 
+// what names the work of the spawn or restart in its statuses.
+func (d spawnDoc) what() string {
+	if d.Restart {
+		return "restart"
+	}
+	return "creation"
+}
+
 // agentSeen is a child's agent as last seen (store.Sandbox.Agent).
 type agentSeen struct {
 	Window   string         `json:"window"`
@@ -129,16 +137,18 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req wire.Caller, m *manif
 	}
 	row := store.Sandbox{Name: name, UUID: "pending-" + orch.UUID + "-" + m.ID, Role: wire.RoleChild, Parent: orch.Name,
 		Branch: branch, Repo: orch.Repo, State: store.StateCreating, Phase: PhaseCreating, Imported: doc.Commit, SpawnDoc: string(raw)}
+	o.queueMu.Lock() // the count and the record are one step (startQueued)
+	defer o.queueMu.Unlock()
 	active, queued, err := o.slots(ctx, orch.Name)
 	if err != nil {
 		return "", "", "", err
 	}
-	if active >= effective.MaxRunningChildren || queued > 0 {
+	if max := effective.MaxRunningChildren; len(active) >= max || queued > 0 {
 		row.State, row.Phase, row.QueuedSeq = store.StateQueued, "", time.Now().UnixNano()
 		if err := o.Store.CreateSandbox(ctx, row); err != nil {
 			return "", "", "", err
 		}
-		return wire.StateQueued, fmt.Sprintf("queued at position %d", queued+1), name, nil
+		return wire.StateQueued, queuedDetail(queued+1, active, max), name, nil
 	}
 	if err := o.Store.CreateSandbox(ctx, row); err != nil {
 		return "", "", "", err
@@ -191,12 +201,13 @@ func hostBase(ctx context.Context, repo, base string) (string, error) {
 	return commit, nil
 }
 
-// slots counts an orchestrator's children that take a running slot
-// (created and not stopped, or being created) and those queued.
-func (o *Orchestrator) slots(ctx context.Context, orch string) (active, queued int, err error) {
+// slots names an orchestrator's children that take a running slot
+// (created and not stopped, or being created), by name, and counts those
+// queued.
+func (o *Orchestrator) slots(ctx context.Context, orch string) (active []string, queued int, err error) {
 	all, err := o.Store.Sandboxes(ctx)
 	if err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
 	for _, c := range all {
 		if c.Parent != orch {
@@ -206,10 +217,29 @@ func (o *Orchestrator) slots(ctx context.Context, orch string) (active, queued i
 		case waitsForSlot(c):
 			queued++
 		case c.State == store.StateCreating, c.State == store.StateRunning, c.State == store.StateReady:
-			active++
+			active = append(active, c.Name)
 		}
 	}
 	return active, queued, nil
+}
+
+// maxHoldersNamed bounds the children a queued status names.
+const maxHoldersNamed = 8
+
+// queuedDetail is the detail of a queued spawn or restart: its place in
+// the queue, and why it waits: the slots and the children that hold them
+// (stopping or destroying one frees its slot).
+func queuedDetail(pos int, holders []string, max int) string {
+	d := fmt.Sprintf("queued at position %d: %d of %d slots are used", pos, len(holders), max)
+	if len(holders) == 0 {
+		return d
+	}
+	named := holders[:min(len(holders), maxHoldersNamed)]
+	d += " by `" + strings.Join(named, "`, `") + "`"
+	if more := len(holders) - len(named); more > 0 {
+		d += fmt.Sprintf(" and %d more", more)
+	}
+	return d
 }
 
 // startWorker runs a child's creation in the background.
@@ -246,12 +276,6 @@ func (o *Orchestrator) createChild(ctx context.Context, name string) {
 	fail := func(reason string, keep bool) {
 		fmt.Fprintf(log, "%s failed during %s: %s\n", stamp(), phase, reason)
 		o.failChild(context.WithoutCancel(ctx), sb, doc, phase, reason, keep)
-	}
-	if sb.Phase != phase { // a queued spawn's record has none yet
-		if err := o.Store.SetPhase(ctx, name, phase); err != nil {
-			fail("its record could not be written", false)
-			return
-		}
 	}
 	if err := o.buildChild(ctx, &sb, doc, log, &phase); err != nil {
 		fmt.Fprintf(log, "%s error: %v\n", stamp(), err)
@@ -502,12 +526,8 @@ func (o *Orchestrator) failChild(ctx context.Context, sb store.Sandbox, doc spaw
 		}
 		o.Store.DeleteSandbox(ctx, sb.Name)
 	}
-	what := "creation"
-	if doc.Restart {
-		what = "restart"
-	}
 	o.appendStatus(ctx, sb.Parent, doc.Ref, wire.StateFailed,
-		fmt.Sprintf("%s of child `%s` failed: %s during %s — %s", what, sb.Name, reason, phase, outcome))
+		fmt.Sprintf("%s of child `%s` failed: %s during %s — %s", doc.what(), sb.Name, reason, phase, outcome))
 }
 
 // appendStatus records a later status of an orchestrator's manifest,
@@ -521,24 +541,19 @@ func (o *Orchestrator) appendStatus(ctx context.Context, sandbox, ref, state, de
 }
 
 // startQueued starts queued spawns of orch while it has free slots,
-// oldest first.
+// oldest first. Finished workers and stop or destroy manifests call it at
+// once: queueMu makes counting the slots and taking one a single step, and
+// a worker starts only for a child whose claim changed its row.
 func (o *Orchestrator) startQueued(ctx context.Context, orch string) {
-	sb, err := o.Store.Sandbox(ctx, orch)
-	if err != nil || sb.Grant == "" {
+	max, ok := o.maxRunning(ctx, orch)
+	if !ok {
 		return
 	}
-	g, err := o.parsedGrant(sb.Grant)
-	if err != nil {
-		return
-	}
-	repo, err := LoadRepoConfig(sb.Repo)
-	if err != nil {
-		return
-	}
-	max := g.Capped(repo.Orchestration.Cap).MaxRunningChildren
+	o.queueMu.Lock()
+	defer o.queueMu.Unlock()
 	for {
 		active, _, err := o.slots(ctx, orch)
-		if err != nil || active >= max {
+		if err != nil || len(active) >= max {
 			return
 		}
 		next, ok := o.oldestQueued(ctx, orch)
@@ -547,19 +562,38 @@ func (o *Orchestrator) startQueued(ctx context.Context, orch string) {
 		}
 		var doc spawnDoc
 		json.Unmarshal([]byte(next.SpawnDoc), &doc)
-		detail := fmt.Sprintf("creation of child `%s` started", next.Name)
+		phase, detail := PhaseCreating, fmt.Sprintf("creation of child `%s` started", next.Name)
 		if doc.Restart {
-			detail = fmt.Sprintf("restart of child `%s` started", next.Name)
-			err = o.Store.SetRestart(ctx, next.Name, next.SpawnDoc, store.StateCreating, PhaseStarting, 0)
-		} else {
-			err = o.Store.SetState(ctx, next.Name, store.StateCreating)
+			phase, detail = PhaseStarting, fmt.Sprintf("restart of child `%s` started", next.Name)
 		}
+		claimed, err := o.Store.ClaimQueued(ctx, next.Name, next.QueuedSeq, store.StateCreating, phase)
 		if err != nil {
 			return
+		}
+		if !claimed {
+			continue // it left the queue meanwhile (destroyed): look again
 		}
 		o.appendStatus(ctx, orch, doc.Ref, wire.StateStarted, detail)
 		o.startWorker(next.Name)
 	}
+}
+
+// maxRunning is orch's max_running_children, its grant capped by its
+// repository's config; false when orch has none to read.
+func (o *Orchestrator) maxRunning(ctx context.Context, orch string) (int, bool) {
+	sb, err := o.Store.Sandbox(ctx, orch)
+	if err != nil || sb.Grant == "" {
+		return 0, false
+	}
+	g, err := o.parsedGrant(sb.Grant)
+	if err != nil {
+		return 0, false
+	}
+	repo, err := LoadRepoConfig(sb.Repo)
+	if err != nil {
+		return 0, false
+	}
+	return g.Capped(repo.Orchestration.Cap).MaxRunningChildren, true
 }
 
 func (o *Orchestrator) oldestQueued(ctx context.Context, orch string) (store.Sandbox, bool) {

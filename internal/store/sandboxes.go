@@ -171,6 +171,28 @@ func (s *Store) SetRestart(ctx context.Context, name, spawnDoc, state, phase str
 		spawnDoc, state, phase, queuedSeq, name)
 }
 
+// ClaimQueued takes a queued spawn or restart out of the queue, for its
+// worker (state creating at its first phase) or its destroy (state
+// destroying): only the row that still waits at place seq (state queued,
+// or stopped for a restart) changes. False when none did (a worker took
+// it, or it was destroyed): the caller must not act on it then.
+func (s *Store) ClaimQueued(ctx context.Context, name string, seq int64, state, phase string) (bool, error) {
+	claimed := false
+	err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		res, err := w.conn.ExecContext(ctx, `UPDATE sandboxes SET state = ?, phase = ?, queued_seq = 0
+			WHERE name = ? AND queued_seq = ? AND (state = ? OR (state = ? AND queued_seq > 0))`,
+			state, phase, name, seq, StateQueued, StateStopped)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		claimed = n == 1
+		cu.sandboxesChanged = claimed
+		return err
+	})
+	return claimed && err == nil, err
+}
+
 // SetRestarted records a restarted child's sandbox running again: out of
 // the queue, the marks of its last stop cleared.
 func (s *Store) SetRestarted(ctx context.Context, name string) error {
