@@ -4,7 +4,9 @@
 # agent (testdata/agent/agent.sh) that commits and reports done; the
 # reports arrive with the children's commits imported into the
 # orchestrator's repository, and the children are destroyed. Then an
-# orchestrator and a child made on the host exchange messages.
+# orchestrator and a child made on the host exchange messages, and the
+# orchestrator's branch, with a child's work merged, comes back into the
+# host repository with jailbee fetch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PATH:/usr/local/go/bin"
@@ -125,6 +127,11 @@ qid=$(jb exec lead -- jailbee inbox ls | awk '/question/{print $1}')
 run jb exec lead -- jailbee inbox read --json "$qid"
 run jb exec lead -- jailbee inbox children
 run jb exec lead -- jailbee inbox grant
+
+step "the work back in the host repository: the orchestrator takes a child's commits, jailbee fetch brings its branch home"
+run jb exec lead -- git merge --ff-only refs/jailbee/from/fix-parser/fix/parser
+run jb fetch lead
+run git -C "$work/repo" log --oneline refs/jailbee/sandboxes/lead/main
 
 step "clean up"
 run jb destroy lead --force
