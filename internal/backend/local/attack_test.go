@@ -330,6 +330,20 @@ func TestAttackTmpFill(t *testing.T) {
 	if got := mustSh(t, f.b, x.name, "du -m /tmp/fill | cut -f1"); got != "32" {
 		t.Fatalf("/tmp holds %s MiB, want half the memory limit (32)", got)
 	}
+	// /dev/shm, the agent's other tmpfs, is bounded too (an eighth).
+	r, err = run(t, f.b, x.name, backend.ExecOptions{Argv: []string{"sh", "-c", "head -c 200000000 /dev/zero > /dev/shm/fill; echo $?"}})
+	if err != nil {
+		t.Fatalf("filling /dev/shm ended the sandbox: %v", err)
+	}
+	if strings.TrimSpace(r.Stdout) == "0" || !strings.Contains(r.Stderr, "No space left on device") {
+		t.Fatalf("200 MB into /dev/shm under 64 MiB: %q %q, want no space left", r.Stdout, r.Stderr)
+	}
+	if got := mustSh(t, f.b, x.name, "du -m /dev/shm/fill | cut -f1"); got != "8" {
+		t.Fatalf("/dev/shm holds %s MiB, want an eighth of the memory limit (8)", got)
+	}
+	if m := readMeta(t, x.dir); m.PID != supervisor || procStatus(supervisor) == nil {
+		t.Fatalf("the supervisor %d did not survive /dev/shm (meta pid now %d)", supervisor, m.PID)
+	}
 	if kills := oomKills(t, x.uuid); kills != 0 {
 		t.Errorf("oom_kill %d in the sandbox's memory cgroup", kills)
 	}

@@ -326,7 +326,17 @@ type sources struct {
 	sockets                  string   // "" when no socket dir is attached
 	model                    string   // "" when no model dir is attached
 	agents                   []source // name on PATH, path to bind
-	tmpBytes                 int64    // the size of /tmp; 0: tmpfs's default
+	tmpBytes, shmBytes       int64    // the sizes of /tmp and /dev/shm; 0: tmpfs's default
+}
+
+// sizedTmpfs is bubblewrap's tmpfs at dir, of size bytes (0: tmpfs's
+// default). bubblewrap makes /dev/shm a directory of /dev's own tmpfs,
+// which the agent may write: a tmpfs of its own bounds it.
+func sizedTmpfs(size int64, dir string) []string {
+	if size > 0 {
+		return []string{"--size", strconv.FormatInt(size, 10), "--tmpfs", dir}
+	}
+	return []string{"--tmpfs", dir}
 }
 
 func (b *Backend) sources(dir string, m meta) (sources, error) {
@@ -339,11 +349,13 @@ func (b *Backend) sources(dir string, m meta) (sources, error) {
 		return path.Join(unit.StageDir, name)
 	}
 	if b.cg != nil && m.Limits.MemoryBytes > 0 {
-		// /tmp's pages count against the memory limit but belong to no
-		// process: a full one would leave the OOM killer only the
-		// processes, the supervisor among them. Half the limit leaves
-		// the other half to them.
+		// The pages of /tmp and /dev/shm (both writable by the agent)
+		// count against the memory limit but belong to no process: full
+		// ones would leave the OOM killer only the processes, the
+		// supervisor among them. Half the limit for /tmp and an eighth
+		// for /dev/shm leave the rest to the processes.
 		s.tmpBytes = m.Limits.MemoryBytes / 2
+		s.shmBytes = m.Limits.MemoryBytes / 8
 	}
 	s.checkout = add("checkout", filepath.Join(dir, checkoutDir))
 	s.home = add("home", filepath.Join(dir, homeDir))
@@ -414,11 +426,9 @@ func (b *Backend) bwrapArgs(name string, s sources) []string {
 		args = append(args, "--ro-bind-try", p, p)
 	}
 	args = append(args, "--dev", "/dev")
-	if s.tmpBytes > 0 {
-		args = append(args, "--size", strconv.FormatInt(s.tmpBytes, 10))
-	}
+	args = append(args, sizedTmpfs(s.shmBytes, "/dev/shm")...)
+	args = append(args, sizedTmpfs(s.tmpBytes, "/tmp")...)
 	args = append(args,
-		"--tmpfs", "/tmp",
 		"--bind", s.checkout, WorkspacePath,
 		"--bind", s.home, HomePath,
 		"--ro-bind", s.bin, path.Join(ClientBinDir, ClientName),
