@@ -105,6 +105,8 @@ type Broker struct {
 	AgentVersions map[string]string
 	// Model is how model sockets reach the Messages API.
 	Model Model
+	// Mounts are the host directories a sandbox may be given, by name.
+	Mounts map[string]MountDir
 }
 
 // PinnableAgents are the agents `agents:` may pin.
@@ -256,6 +258,9 @@ func ParseBroker(data []byte) (*Broker, error) {
 			return decodeAgents(v, b.AgentVersions)
 		case "model":
 			return decodeModel(v, &b.Model)
+		case "mounts":
+			b.Mounts = map[string]MountDir{}
+			return decodeMounts(v, b.Mounts)
 		}
 		fields, ok := sections[key]
 		if !ok {
