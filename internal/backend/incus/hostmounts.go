@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"strconv"
 	"strings"
 
@@ -48,34 +49,81 @@ func (b *Backend) AttachMount(ctx context.Context, name string, m backend.HostMo
 	return nil
 }
 
+// ErrMountCopied: root inside the container mounted a named mount
+// elsewhere (or over its mount point), which no device removal undoes;
+// the host directory stays reachable in the container until it stops.
+var ErrMountCopied = errors.New("root inside the sandbox mounted it elsewhere: it stays reachable there until the sandbox stops")
+
 // detachHostMount removes the device of a named host mount, then ends
 // the processes of the container that still hold the unmounted mount
-// (Incus unmounts it lazily).
+// (Incus unmounts it lazily). A mount of the directory that no device
+// explains (root inside bound it elsewhere) fails it: before the removal,
+// so the device stays and a retry looks again, and after it.
 func (b *Backend) detachHostMount(ctx context.Context, name string, m backend.HostMount) error {
-	if managed, _ := b.lastSeen(name); !managed {
-		if _, err := b.raw(ctx, name); err != nil {
-			return err
-		}
-	}
-	var id uint64
-	var initPID int
-	if mounts, err := b.initMounts(ctx, name); err == nil {
-		if e, ok := visibleMount(mounts, m.Path()); ok && e.point == m.Path() {
-			id = uint64(e.id)
-			b.mu.Lock()
-			initPID = b.inits[name].pid
-			b.mu.Unlock()
-		}
-	}
-	err := b.retryConfig(ctx, "config", "device", "remove", name, m.Device())
-	if err != nil && !errors.Is(err, errNoDevice) {
+	in, err := b.raw(ctx, name)
+	if err != nil {
 		return err
 	}
-	if id == 0 || initPID == 0 {
+	source := in.Devices[m.Device()]["source"]
+	if source == "" {
 		return nil
 	}
-	if err := holders.Kill(ctx, initPID, id); err != nil {
-		return fmt.Errorf("detach mount %s from %s: %w", m.Name, name, err)
+	fail := func(err error) error { return fmt.Errorf("detach mount %s from %s: %w", m.Name, name, err) }
+	want, wantErr := hostMountID(source)
+	var id uint64
+	var initPID int
+	if mounts, err := b.initMounts(ctx, name); err == nil && wantErr == nil {
+		if leftover(mounts, want, source, in.Devices) {
+			return fail(ErrMountCopied)
+		}
+		for _, e := range mounts {
+			if e.point == m.Path() && e.ident() == want {
+				id = uint64(e.id)
+			}
+		}
+		b.mu.Lock()
+		initPID = b.inits[name].pid
+		b.mu.Unlock()
+	}
+	if err := b.retryConfig(ctx, "config", "device", "remove", name, m.Device()); err != nil && !errors.Is(err, errNoDevice) {
+		return fail(err)
+	}
+	if id != 0 && initPID != 0 {
+		if err := holders.Kill(ctx, initPID, id); err != nil {
+			return fail(err)
+		}
+	}
+	mounts, err := b.initMounts(ctx, name)
+	if err != nil || wantErr != nil {
+		return nil // not running (a start mounts only its devices), or gone from the host
+	}
+	delete(in.Devices, m.Device())
+	if leftover(mounts, want, source, in.Devices) {
+		return fail(ErrMountCopied)
 	}
 	return nil
+}
+
+// leftover reports whether mounts hold a mount of the host directory want
+// (host path source, or a directory below it) that none of devices
+// explains: each device of source or of a directory below it accounts for
+// one mount on its own path.
+func leftover(mounts []mountEntry, want mountID, source string, devices map[string]map[string]string) bool {
+	explained := map[string]bool{}
+	for _, d := range devices {
+		src := d["source"]
+		if d["type"] == "disk" && d["path"] != "" && (src == source || strings.HasPrefix(src, source+"/")) {
+			explained[path.Clean(d["path"])] = true
+		}
+	}
+	for _, e := range mounts {
+		if e.dev != want.dev || (e.root != want.root && !strings.HasPrefix(e.root, want.root+"/")) {
+			continue
+		}
+		if !explained[e.point] {
+			return true
+		}
+		delete(explained, e.point) // one mount per device
+	}
+	return false
 }
