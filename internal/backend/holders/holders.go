@@ -99,26 +99,44 @@ func inNamespace(pid int, ns unix.Stat_t) bool {
 }
 
 // holds reports whether process pid has its working directory, root, an
-// open file or a mapping on the mount mntID.
+// open file or a mapping on the mount mntID. Each thread is looked at: a
+// thread may have a working directory and a descriptor table of its own
+// (unshare CLONE_FS, CLONE_FILES).
 func holds(pid int, mntID uint64) bool {
 	proc := "/proc/" + strconv.Itoa(pid)
-	on := func(p string) bool {
-		var stx unix.Statx_t
-		return unix.Statx(unix.AT_FDCWD, p, 0, unix.STATX_MNT_ID, &stx) == nil && stx.Mnt_id == mntID
-	}
-	if on(proc+"/cwd") || on(proc+"/root") {
+	if mapsOn(proc, mntID) {
 		return true
 	}
-	if names, err := readNames(proc + "/map_files"); err == nil {
-		for _, n := range names {
-			if on(proc + "/map_files/" + n) {
+	tids, err := readNames(proc + "/task")
+	if err != nil {
+		return false // gone
+	}
+	for _, tid := range tids {
+		task := proc + "/task/" + tid
+		if on(task+"/cwd", mntID) || on(task+"/root", mntID) {
+			return true
+		}
+		fds, _ := readNames(task + "/fdinfo")
+		for _, n := range fds {
+			if fdMountID(task+"/fdinfo/"+n) == mntID {
 				return true
 			}
 		}
 	}
-	names, _ := readNames(proc + "/fdinfo")
+	return false
+}
+
+// on reports whether the file the magic link p names is on mount mntID.
+func on(p string, mntID uint64) bool {
+	var stx unix.Statx_t
+	return unix.Statx(unix.AT_FDCWD, p, 0, unix.STATX_MNT_ID, &stx) == nil && stx.Mnt_id == mntID
+}
+
+// mapsOn reports whether a file mapped into the process is on mntID.
+func mapsOn(proc string, mntID uint64) bool {
+	names, _ := readNames(proc + "/map_files")
 	for _, n := range names {
-		if fdMountID(proc+"/fdinfo/"+n) == mntID {
+		if on(proc+"/map_files/"+n, mntID) {
 			return true
 		}
 	}

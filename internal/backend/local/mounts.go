@@ -53,10 +53,14 @@ func (b *Backend) AttachMount(ctx context.Context, name string, hm backend.HostM
 	}
 	defer unix.Close(tree)
 	point := filepath.Join(dir, mountsDir, hm.Name)
-	if err := os.Mkdir(point, 0o755); errors.Is(err, os.ErrExist) {
+	// unix calls, not os: their errors name no host path.
+	switch err := unix.Mkdir(point, 0o755); {
+	case errors.Is(err, unix.EEXIST):
 		return fail(errors.New("already attached"))
-	} else if err != nil {
-		return fail(err)
+	case errors.Is(err, unix.ENOENT):
+		return fail(errors.New("the sandbox has no mount points (restart the sandbox)"))
+	case err != nil:
+		return fail(fmt.Errorf("make the mount point: %w", err))
 	}
 	var want unix.Stat_t
 	err = unix.Lstat(point, &want)
@@ -71,7 +75,7 @@ func (b *Backend) AttachMount(ctx context.Context, name string, hm backend.HostM
 		})
 	}
 	if err != nil {
-		os.Remove(point)
+		unix.Rmdir(point)
 		return fail(err)
 	}
 	return nil
@@ -153,8 +157,8 @@ func (b *Backend) detachHostMount(ctx context.Context, name, mount string) error
 			}
 		}
 	}
-	if err := os.Remove(point); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fail(err)
+	if err := unix.Rmdir(point); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fail(fmt.Errorf("remove the mount point: %w", err))
 	}
 	return nil
 }
