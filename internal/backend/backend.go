@@ -12,6 +12,8 @@ package backend
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -100,9 +102,21 @@ type HostMount struct {
 // Path is where the sandbox sees the mount.
 func (m HostMount) Path() string { return HostMountDir + "/" + m.Name }
 
+// maxDeviceName bounds an attachment's name (Incus refuses a disk device
+// whose name is longer).
+const maxDeviceName = 63
+
 // Device is the mount's attachment (Incus: the disk device), which
-// DetachMount takes.
-func (m HostMount) Device() string { return hostMountDevicePrefix + m.Name }
+// DetachMount takes: jailbee-mount-NAME, or for a name too long for that,
+// its start and a hash of it (always 63 long, so never a short one's).
+func (m HostMount) Device() string {
+	if len(hostMountDevicePrefix)+len(m.Name) < maxDeviceName {
+		return hostMountDevicePrefix + m.Name
+	}
+	sum := sha256.Sum256([]byte(m.Name))
+	tail := "-" + hex.EncodeToString(sum[:8])
+	return hostMountDevicePrefix + m.Name[:maxDeviceName-len(hostMountDevicePrefix)-len(tail)] + tail
+}
 
 // Validate checks the name and the form of the source (not the host).
 func (m HostMount) Validate() error {
@@ -115,11 +129,10 @@ func (m HostMount) Validate() error {
 	return nil
 }
 
-// HostMountName is the mount name of attachment device, ok false for an
-// attachment that is not a named host mount.
-func HostMountName(device string) (string, bool) {
-	name, ok := strings.CutPrefix(device, hostMountDevicePrefix)
-	return name, ok && grant.ValidMount(name)
+// IsHostMountDevice reports whether the attachment device is a named
+// host mount's (HostMount.Device).
+func IsHostMountDevice(device string) bool {
+	return strings.HasPrefix(device, hostMountDevicePrefix) && len(device) <= maxDeviceName
 }
 
 // WorkspacePath is the sandbox's checkout as its commands see it.

@@ -8,6 +8,9 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"agentbox/internal/grant"
+	"agentbox/internal/secfs"
 )
 
 // Broker config bounds and defaults. The orchestration protocol says
@@ -303,6 +306,14 @@ func (b *Broker) Validate() error {
 	}
 	if msg := b.SandboxUIDs.rangeProblem(); msg != "" {
 		return &Error{Path: "sandbox_uids", Msg: msg}
+	}
+	for name, m := range b.Mounts {
+		if !grant.ValidMount(name) {
+			return &Error{Path: "mounts." + name, Msg: "invalid mount name"}
+		}
+		if !secfs.IsAbsClean(m.Path) || m.Path == "/" {
+			return &Error{Path: "mounts." + name + ".path", Msg: "must be an absolute, clean path of a directory (not /)"}
+		}
 	}
 	return nil
 }

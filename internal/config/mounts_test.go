@@ -64,3 +64,27 @@ func TestParseBrokerMounts(t *testing.T) {
 		})
 	}
 }
+
+// TestBrokerValidateMounts: a Broker built in code is held to the same
+// form of mount names and paths.
+func TestBrokerValidateMounts(t *testing.T) {
+	for _, tt := range []struct {
+		mounts map[string]MountDir
+		want   string
+	}{
+		{map[string]MountDir{"ok": {Path: "/srv/data"}}, ""},
+		{map[string]MountDir{"../x": {Path: "/srv/data"}}, "mounts.../x: invalid mount name"},
+		{map[string]MountDir{"d": {Path: "srv"}}, "mounts.d.path: must be an absolute, clean path of a directory (not /)"},
+		{map[string]MountDir{"d": {Path: "/"}}, "mounts.d.path: must be an absolute, clean path of a directory (not /)"},
+	} {
+		b := DefaultBroker()
+		b.Mounts = tt.mounts
+		got := ""
+		if err := b.Validate(); err != nil {
+			got = err.Error()
+		}
+		if got != tt.want {
+			t.Errorf("%v: %q, want %q", tt.mounts, got, tt.want)
+		}
+	}
+}

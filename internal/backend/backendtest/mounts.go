@@ -45,7 +45,8 @@ func testHostMountReadWrite(s *suite) {
 	name := s.started("hostmount")
 	dir := HostDir(t)
 	rw := backend.HostMount{Name: "data", Source: dir}
-	ro := backend.HostMount{Name: "data.ro", Source: dir, ReadOnly: true}
+	// The longest name: its device name is longer still.
+	ro := backend.HostMount{Name: "data.ro_" + strings.Repeat("x", 56), Source: dir, ReadOnly: true}
 	s.attach(name, rw)
 	s.attach(name, ro)
 	if got := Sh(t, b, name, "cat "+rw.Path()+"/hello "+ro.Path()+"/hello"); got != "hi\nhi" {

@@ -59,16 +59,16 @@ var ErrMountCopied = errors.New("root inside the sandbox mounted it elsewhere: i
 // (Incus unmounts it lazily). A mount of the directory that no device
 // explains (root inside bound it elsewhere) fails it: before the removal,
 // so the device stays and a retry looks again, and after it.
-func (b *Backend) detachHostMount(ctx context.Context, name string, m backend.HostMount) error {
+func (b *Backend) detachHostMount(ctx context.Context, name, device string) error {
 	in, err := b.raw(ctx, name)
 	if err != nil {
 		return err
 	}
-	source := in.Devices[m.Device()]["source"]
+	source, point := in.Devices[device]["source"], path.Clean("/"+in.Devices[device]["path"])
 	if source == "" {
 		return nil
 	}
-	fail := func(err error) error { return fmt.Errorf("detach mount %s from %s: %w", m.Name, name, err) }
+	fail := func(err error) error { return fmt.Errorf("detach mount %s from %s: %w", path.Base(point), name, err) }
 	want, wantErr := hostMountID(source)
 	var id uint64
 	var initPID int
@@ -77,7 +77,7 @@ func (b *Backend) detachHostMount(ctx context.Context, name string, m backend.Ho
 			return fail(ErrMountCopied)
 		}
 		for _, e := range mounts {
-			if e.point == m.Path() && e.ident() == want {
+			if e.point == point && e.ident() == want {
 				id = uint64(e.id)
 			}
 		}
@@ -85,7 +85,7 @@ func (b *Backend) detachHostMount(ctx context.Context, name string, m backend.Ho
 		initPID = b.inits[name].pid
 		b.mu.Unlock()
 	}
-	if err := b.retryConfig(ctx, "config", "device", "remove", name, m.Device()); err != nil && !errors.Is(err, errNoDevice) {
+	if err := b.retryConfig(ctx, "config", "device", "remove", name, device); err != nil && !errors.Is(err, errNoDevice) {
 		return fail(err)
 	}
 	if id != 0 && initPID != 0 {
@@ -97,7 +97,7 @@ func (b *Backend) detachHostMount(ctx context.Context, name string, m backend.Ho
 	if err != nil || wantErr != nil {
 		return nil // not running (a start mounts only its devices), or gone from the host
 	}
-	delete(in.Devices, m.Device())
+	delete(in.Devices, device)
 	if leftover(mounts, want, source, in.Devices) {
 		return fail(ErrMountCopied)
 	}

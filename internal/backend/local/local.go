@@ -381,8 +381,8 @@ var socketKinds = []backend.SocketKind{backend.OrchestrationSocket, backend.Mode
 // DetachMount implements backend.Backend: a local sandbox's attachments
 // are its socket directories and its named host mounts.
 func (b *Backend) DetachMount(ctx context.Context, name, mount string) error {
-	if hm, ok := backend.HostMountName(mount); ok {
-		return b.detachHostMount(ctx, name, hm)
+	if backend.IsHostMountDevice(mount) {
+		return b.detachHostMount(ctx, name, mount)
 	}
 	for _, kind := range socketKinds {
 		if mount == kind.DeviceName() {

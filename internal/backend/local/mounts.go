@@ -127,11 +127,15 @@ func openPoint(name string, want unix.Stat_t) (int, error) {
 
 // detachHostMount unmounts the named mount inside the running sandbox,
 // ends the processes still holding it and removes its mount point.
-func (b *Backend) detachHostMount(ctx context.Context, name, mount string) error {
+func (b *Backend) detachHostMount(ctx context.Context, name, device string) error {
 	dir, m, unlock, err := b.lockLoad(name)
 	defer unlock()
 	if err != nil {
 		return err
+	}
+	mount, ok := attachedName(dir, device)
+	if !ok {
+		return nil
 	}
 	fail := func(err error) error { return fmt.Errorf("detach mount %s from %s: %w", mount, name, err) }
 	point := filepath.Join(dir, mountsDir, mount)
@@ -161,6 +165,21 @@ func (b *Backend) detachHostMount(ctx context.Context, name, mount string) error
 		return fail(fmt.Errorf("remove the mount point: %w", err))
 	}
 	return nil
+}
+
+// attachedName is the name of the attached mount whose device is device
+// (a long name's device holds only a hash of its end), ok false if none.
+func attachedName(dir, device string) (string, bool) {
+	names, err := os.ReadDir(filepath.Join(dir, mountsDir))
+	if err != nil {
+		return "", false
+	}
+	for _, e := range names {
+		if (backend.HostMount{Name: e.Name()}).Device() == device {
+			return e.Name(), true
+		}
+	}
+	return "", false
 }
 
 // unmountPoint detaches what is mounted on the mount point of name (the
