@@ -138,6 +138,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 		{"HostMountReadWrite", testHostMountReadWrite},
 		{"HostMountDetachWhileReading", testHostMountDetachWhileReading},
 		{"HostMountSymlinks", testHostMountSymlinks},
+		{"HostMountDestroy", testHostMountDestroy},
 		{"AgentBinaries", testAgentBinaries},
 		{"FillCheckoutFromHost", testFillCheckout},
 		{"TransferBetweenSandboxes", testTransfer},

@@ -167,3 +167,24 @@ func testHostMountSymlinks(s *suite) {
 		t.Fatalf("after the agent's redirects the mount shows %q", got)
 	}
 }
+
+// testHostMountDestroy: destroying a sandbox with a read-write mount
+// attached leaves the host directory and its files alone.
+func testHostMountDestroy(s *suite) {
+	t, b := s.t, s.b
+	name := s.started("mountdestroy")
+	dir := HostDir(t)
+	m := backend.HostMount{Name: "keep", Source: dir}
+	if err := b.AttachMount(t.Context(), name, m); err != nil {
+		t.Fatal(err)
+	}
+	Sh(t, b, name, "mkdir "+m.Path()+"/sub && echo x > "+m.Path()+"/sub/f && chmod 0500 "+m.Path()+"/sub")
+	if err := b.Destroy(t.Context(), name); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"hello", "sub/f"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Fatalf("after Destroy the host directory lost %s: %v", f, err)
+		}
+	}
+}

@@ -2,6 +2,8 @@ package incus_test
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"agentbox/internal/backend"
@@ -48,5 +50,34 @@ func TestHostMountCopiedByRoot(t *testing.T) {
 	}
 	if r := backendtest.Exec(t, b, name, backend.ExecOptions{Argv: []string{"cat", m.Path() + "/hello"}}); r.Code == 0 {
 		t.Fatal("the mount is still there after the detach")
+	}
+}
+
+// TestHostMountReadOnlyForRoot: root inside cannot make a read-only
+// named mount writable (the mount came from a more privileged namespace,
+// so its read-only flag is locked).
+func TestHostMountReadOnlyForRoot(t *testing.T) {
+	b := newBackend(t)
+	ctx := t.Context()
+	const name = "rootro"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(t.Context(), name) })
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	dir := backendtest.HostDir(t)
+	m := backend.HostMount{Name: "d", Source: dir, ReadOnly: true}
+	if err := b.AttachMount(ctx, name, m); err != nil {
+		t.Fatal(err)
+	}
+	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
+		"mount -o remount,rw,bind " + m.Path() + " 2>/dev/null; mount -o remount,rw " + m.Path() + " 2>/dev/null; echo pwned > " + m.Path() + "/hello"}})
+	if r.Code == 0 {
+		t.Fatal("root inside wrote to a read-only mount")
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, "hello")); err != nil || string(data) != "hi\n" {
+		t.Fatalf("the host file holds %q, %v", data, err)
 	}
 }
