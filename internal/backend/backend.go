@@ -12,6 +12,8 @@ package backend
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -19,6 +21,8 @@ import (
 	"path"
 	"slices"
 	"strings"
+
+	"agentbox/internal/grant"
 )
 
 // SocketMountPath is where a sandbox sees its broker-socket directory.
@@ -80,6 +84,56 @@ func (k SocketKind) SocketFile() string {
 
 // Valid reports whether k is one of the kinds above.
 func (k SocketKind) Valid() bool { return k == OrchestrationSocket || k == ModelSocket }
+
+// HostMountDir is where a sandbox sees the named host directories
+// attached to it (broker.yaml `mounts`): HostMountDir/NAME.
+const HostMountDir = "/mnt/jailbee"
+
+// hostMountDevicePrefix starts the attachment name of a named host mount.
+const hostMountDevicePrefix = "jailbee-mount-"
+
+// HostMount is a named host directory to attach to a running sandbox.
+type HostMount struct {
+	Name     string // the mount name (grant.ValidMount)
+	Source   string // the host directory: absolute, clean, no symlink on the way
+	ReadOnly bool
+}
+
+// Path is where the sandbox sees the mount.
+func (m HostMount) Path() string { return HostMountDir + "/" + m.Name }
+
+// maxDeviceName bounds an attachment's name (Incus refuses a disk device
+// whose name is longer).
+const maxDeviceName = 63
+
+// Device is the mount's attachment (Incus: the disk device), which
+// DetachMount takes: jailbee-mount-NAME, or for a name too long for that,
+// its start and a hash of it (always 63 long, so never a short one's).
+func (m HostMount) Device() string {
+	if len(hostMountDevicePrefix)+len(m.Name) < maxDeviceName {
+		return hostMountDevicePrefix + m.Name
+	}
+	sum := sha256.Sum256([]byte(m.Name))
+	tail := "-" + hex.EncodeToString(sum[:8])
+	return hostMountDevicePrefix + m.Name[:maxDeviceName-len(hostMountDevicePrefix)-len(tail)] + tail
+}
+
+// Validate checks the name and the form of the source (not the host).
+func (m HostMount) Validate() error {
+	if !grant.ValidMount(m.Name) {
+		return fmt.Errorf("attach mount: invalid mount name %q", m.Name)
+	}
+	if !path.IsAbs(m.Source) || path.Clean(m.Source) != m.Source || m.Source == "/" {
+		return fmt.Errorf("attach mount %s: the host directory is not an absolute, clean path", m.Name)
+	}
+	return nil
+}
+
+// IsHostMountDevice reports whether the attachment device is a named
+// host mount's (HostMount.Device).
+func IsHostMountDevice(device string) bool {
+	return strings.HasPrefix(device, hostMountDevicePrefix) && len(device) <= maxDeviceName
+}
 
 // WorkspacePath is the sandbox's checkout as its commands see it.
 const WorkspacePath = "/workspace"
@@ -209,8 +263,18 @@ type Backend interface {
 	AttachSocket(ctx context.Context, name string, kind SocketKind, dir string) error
 	// DetachSocket removes the attachment of kind (no error if absent).
 	DetachSocket(ctx context.Context, name string, kind SocketKind) error
-	// DetachMount removes the attachment mount (an Instance.Mounts name)
-	// of sandbox name; no error if absent.
+	// AttachMount binds the host directory m.Source at m.Path() in the
+	// running sandbox name, read-only when m.ReadOnly, without a restart.
+	// The source is opened without following any symlink; the mount point
+	// is one nothing inside can move. A name already attached is refused.
+	// Local: the mount lasts until the sandbox stops; Incus: the device
+	// stays across restarts until DetachMount.
+	AttachMount(ctx context.Context, name string, m HostMount) error
+	// DetachMount removes the attachment mount (an Instance.Mounts name,
+	// or HostMount.Device()) of sandbox name; no error if absent. A named
+	// host mount is gone from the sandbox's view when it returns: every
+	// process of the sandbox still holding it (working directory, open
+	// file, mapping) is killed, as Linux cannot take a held mount away.
 	DetachMount(ctx context.Context, name, mount string) error
 	// Restore puts back, on top, what the backend placed in a running
 	// sandbox and something inside covers (Instance.Covered); a sandbox

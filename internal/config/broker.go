@@ -8,6 +8,9 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"agentbox/internal/grant"
+	"agentbox/internal/secfs"
 )
 
 // Broker config bounds and defaults. The orchestration protocol says
@@ -105,6 +108,8 @@ type Broker struct {
 	AgentVersions map[string]string
 	// Model is how model sockets reach the Messages API.
 	Model Model
+	// Mounts are the host directories a sandbox may be given, by name.
+	Mounts map[string]MountDir
 }
 
 // PinnableAgents are the agents `agents:` may pin.
@@ -256,6 +261,9 @@ func ParseBroker(data []byte) (*Broker, error) {
 			return decodeAgents(v, b.AgentVersions)
 		case "model":
 			return decodeModel(v, &b.Model)
+		case "mounts":
+			b.Mounts = map[string]MountDir{}
+			return decodeMounts(v, b.Mounts)
 		}
 		fields, ok := sections[key]
 		if !ok {
@@ -298,6 +306,14 @@ func (b *Broker) Validate() error {
 	}
 	if msg := b.SandboxUIDs.rangeProblem(); msg != "" {
 		return &Error{Path: "sandbox_uids", Msg: msg}
+	}
+	for name, m := range b.Mounts {
+		if !grant.ValidMount(name) {
+			return &Error{Path: "mounts." + name, Msg: "invalid mount name"}
+		}
+		if !secfs.IsAbsClean(m.Path) || m.Path == "/" {
+			return &Error{Path: "mounts." + name + ".path", Msg: "must be an absolute, clean path of a directory (not /)"}
+		}
 	}
 	return nil
 }

@@ -549,6 +549,9 @@ func (b *Backend) DetachSocket(ctx context.Context, name string, kind backend.So
 
 // DetachMount implements backend.Backend: the disk device mount goes.
 func (b *Backend) DetachMount(ctx context.Context, name, mount string) error {
+	if backend.IsHostMountDevice(mount) {
+		return b.detachHostMount(ctx, name, mount)
+	}
 	if managed, _ := b.lastSeen(name); !managed {
 		if _, err := b.raw(ctx, name); err != nil {
 			return err

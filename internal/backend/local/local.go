@@ -379,8 +379,11 @@ func loadSandbox(dir string) (meta, error) {
 var socketKinds = []backend.SocketKind{backend.OrchestrationSocket, backend.ModelSocket}
 
 // DetachMount implements backend.Backend: a local sandbox's attachments
-// are its socket directories.
+// are its socket directories and its named host mounts.
 func (b *Backend) DetachMount(ctx context.Context, name, mount string) error {
+	if backend.IsHostMountDevice(mount) {
+		return b.detachHostMount(ctx, name, mount)
+	}
 	for _, kind := range socketKinds {
 		if mount == kind.DeviceName() {
 			return b.DetachSocket(ctx, name, kind)

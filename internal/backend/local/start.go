@@ -22,6 +22,7 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/local/unit"
 	"agentbox/internal/cgroup"
+	"agentbox/internal/secfs"
 )
 
 // Bounds of starting a unit.
@@ -323,6 +324,7 @@ type source struct {
 type sources struct {
 	stage                    []source
 	checkout, home, etc, bin string
+	mounts                   string   // the folder of named mount points
 	sockets                  string   // "" when no socket dir is attached
 	model                    string   // "" when no model dir is attached
 	agents                   []source // name on PATH, path to bind
@@ -361,6 +363,11 @@ func (b *Backend) sources(dir string, m meta) (sources, error) {
 	s.home = add("home", filepath.Join(dir, homeDir))
 	s.etc = add("etc", filepath.Join(dir, etcDir))
 	s.bin = add("jailbee", b.binary)
+	mnts, err := freshMountsDir(dir)
+	if err != nil {
+		return sources{}, err
+	}
+	s.mounts = add("mnts", mnts)
 	if isDir(m.SocketDir) {
 		s.sockets = add("orchestration", m.SocketDir)
 	}
@@ -379,6 +386,19 @@ func (b *Backend) sources(dir string, m meta) (sources, error) {
 		s.agents = append(s.agents, source{name: name, host: add("agent-"+name, host)})
 	}
 	return s, nil
+}
+
+// freshMountsDir empties the sandbox's folder of mount points (a unit
+// that ended left its mounts' points behind) and returns its path.
+func freshMountsDir(dir string) (string, error) {
+	p := filepath.Join(dir, mountsDir)
+	if err := secfs.RemoveTree(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("mount points: %w", err)
+	}
+	if err := os.Mkdir(p, 0o755); err != nil {
+		return "", fmt.Errorf("mount points: %w", err)
+	}
+	return p, nil
 }
 
 // isDir reports whether p is set and a directory (not a symlink to one).
@@ -443,6 +463,7 @@ func (b *Backend) bwrapArgs(name string, s sources) []string {
 		args = append(args, "--ro-bind", s.model, backend.ModelMountPath)
 	}
 	return append(args,
+		"--ro-bind", s.mounts, backend.HostMountDir,
 		"--remount-ro", "/", // the sandbox's own root: no new top-level entries
 		"--chdir", "/",
 		"--json-status-fd", strconv.Itoa(unit.StatusFD),

@@ -1,0 +1,194 @@
+// Package holders ends the processes that still hold a mount after it was
+// detached. Linux has no revoke: a lazily unmounted mount stays alive,
+// files and all, for every process whose working directory, root, open
+// file or memory mapping is on it. Killing those processes is the only
+// way to make a detached mount gone from a sandbox's view.
+package holders
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// maxRounds bounds the scans: each round kills every holder it finds, and
+// only a holder can hand the mount on (a descriptor sent to another
+// process), so a few rounds end it.
+const maxRounds = 64
+
+// exitWait paces the wait for a killed process to be gone.
+const exitWait = 20 * time.Millisecond
+
+// MountID is the mount id (statx STATX_MNT_ID, mountinfo's first field) of
+// the mount fd is on.
+func MountID(fd int) (uint64, error) {
+	var stx unix.Statx_t
+	if err := unix.Statx(fd, "", unix.AT_EMPTY_PATH, unix.STATX_MNT_ID, &stx); err != nil {
+		return 0, err
+	}
+	if stx.Mask&unix.STATX_MNT_ID == 0 {
+		return 0, errors.New("the kernel reports no mount ids")
+	}
+	return stx.Mnt_id, nil
+}
+
+// Kill ends every process in the mount namespace of the host process
+// nsPID that holds the mount mntID, and returns once none does.
+func Kill(ctx context.Context, nsPID int, mntID uint64) error {
+	var ns unix.Stat_t
+	if err := unix.Stat("/proc/"+strconv.Itoa(nsPID)+"/ns/mnt", &ns); err != nil {
+		return fmt.Errorf("the sandbox's mount namespace: %w", err)
+	}
+	for range maxRounds {
+		killed, err := killRound(ns, mntID)
+		if err != nil || len(killed) == 0 {
+			return err
+		}
+		err = waitGone(ctx, killed)
+		for _, fd := range killed {
+			unix.Close(fd)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return errors.New("processes keep taking up a detached mount")
+}
+
+// killRound signals every holder once and returns their pidfds.
+func killRound(ns unix.Stat_t, mntID uint64) ([]int, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var killed []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		// The pidfd first: every look below is then at this process or at
+		// one reusing its pid after it died, which the signal misses.
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue // gone
+		}
+		if !inNamespace(pid, ns) || !holds(pid, mntID) {
+			unix.Close(fd)
+			continue
+		}
+		if err := unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+			unix.Close(fd)
+			return killed, fmt.Errorf("kill a process holding a detached mount: %w", err)
+		}
+		killed = append(killed, fd)
+	}
+	return killed, nil
+}
+
+func inNamespace(pid int, ns unix.Stat_t) bool {
+	var st unix.Stat_t
+	return unix.Stat("/proc/"+strconv.Itoa(pid)+"/ns/mnt", &st) == nil && st.Dev == ns.Dev && st.Ino == ns.Ino
+}
+
+// holds reports whether process pid has its working directory, root, an
+// open file or a mapping on the mount mntID. Each thread is looked at: a
+// thread may have a working directory and a descriptor table of its own
+// (unshare CLONE_FS, CLONE_FILES).
+func holds(pid int, mntID uint64) bool {
+	proc := "/proc/" + strconv.Itoa(pid)
+	if mapsOn(proc, mntID) {
+		return true
+	}
+	tids, err := readNames(proc + "/task")
+	if err != nil {
+		return false // gone
+	}
+	for _, tid := range tids {
+		task := proc + "/task/" + tid
+		if on(task+"/cwd", mntID) || on(task+"/root", mntID) {
+			return true
+		}
+		fds, _ := readNames(task + "/fdinfo")
+		for _, n := range fds {
+			if fdMountID(task+"/fdinfo/"+n) == mntID {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// on reports whether the file the magic link p names is on mount mntID.
+func on(p string, mntID uint64) bool {
+	var stx unix.Statx_t
+	return unix.Statx(unix.AT_FDCWD, p, 0, unix.STATX_MNT_ID, &stx) == nil && stx.Mnt_id == mntID
+}
+
+// mapsOn reports whether a file mapped into the process is on mntID.
+func mapsOn(proc string, mntID uint64) bool {
+	names, _ := readNames(proc + "/map_files")
+	for _, n := range names {
+		if on(proc+"/map_files/"+n, mntID) {
+			return true
+		}
+	}
+	return false
+}
+
+func readNames(dir string) ([]string, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
+// fdMountID is the mnt_id line of an fdinfo file (0 if none).
+func fdMountID(p string) uint64 {
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return 0
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte("mnt_id:")); ok {
+			id, _ := strconv.ParseUint(string(bytes.TrimSpace(v)), 10, 64)
+			return id
+		}
+	}
+	return 0
+}
+
+// waitGone waits until every process of pidfds has exited (a pidfd turns
+// readable), which releases what it held.
+func waitGone(ctx context.Context, pidfds []int) error {
+	fds := make([]unix.PollFd, len(pidfds))
+	for i, fd := range pidfds {
+		fds[i] = unix.PollFd{Fd: int32(fd), Events: unix.POLLIN}
+	}
+	for len(fds) > 0 {
+		if _, err := unix.Poll(fds, int(exitWait/time.Millisecond)); err != nil && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+		live := fds[:0]
+		for _, f := range fds {
+			if f.Revents == 0 {
+				live = append(live, unix.PollFd{Fd: f.Fd, Events: unix.POLLIN})
+			}
+		}
+		fds = live
+		if err := ctx.Err(); err != nil && len(fds) > 0 {
+			return fmt.Errorf("wait for the processes holding a detached mount: %w", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,129 @@
+package incus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strconv"
+	"strings"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/backend/holders"
+	"agentbox/internal/secfs"
+)
+
+// AttachMount implements backend.Backend: the host directory becomes the
+// disk device m.Device() at m.Path(), read-only when asked. Incus mounts
+// it into a running container at once and keeps it across restarts. The
+// directory is checked first to be reached through no symlink; Incus
+// opens it again by name, so a directory on the way that someone other
+// than the host's administrator can write is not safe to name.
+func (b *Backend) AttachMount(ctx context.Context, name string, m backend.HostMount) error {
+	if err := m.Validate(); err != nil {
+		return err
+	}
+	if managed, _ := b.lastSeen(name); !managed {
+		if _, err := b.raw(ctx, name); err != nil {
+			return err
+		}
+	}
+	fail := func(err error) error {
+		// Incus's messages may name the host path: it stays out.
+		msg := strings.ReplaceAll(err.Error(), m.Source, "(the host directory)")
+		if errors.Is(err, backend.ErrExists) {
+			return fmt.Errorf("attach mount %s to %s: already attached", m.Name, name)
+		}
+		return fmt.Errorf("attach mount %s to %s: %s", m.Name, name, msg)
+	}
+	dir, _, err := secfs.OpenDirNoFollow(m.Source, nil)
+	if err != nil {
+		return fail(errors.New("the host directory is missing or reached through a symlink"))
+	}
+	dir.Close()
+	err = b.retryConfig(ctx, "config", "device", "add", name, m.Device(), "disk",
+		"source="+m.Source, "path="+m.Path(), "readonly="+strconv.FormatBool(m.ReadOnly))
+	if err != nil {
+		return fail(err)
+	}
+	return nil
+}
+
+// ErrMountCopied: root inside the container mounted a named mount
+// elsewhere (or over its mount point), which no device removal undoes;
+// the host directory stays reachable in the container until it stops.
+var ErrMountCopied = errors.New("root inside the sandbox mounted it elsewhere: it stays reachable there until the sandbox stops")
+
+// detachHostMount removes the device of a named host mount, then ends
+// the processes of the container that still hold the unmounted mount
+// (Incus unmounts it lazily). A mount of the directory that no device
+// explains (root inside bound it elsewhere) fails it: before the removal,
+// so the device stays and a retry looks again, and after it.
+func (b *Backend) detachHostMount(ctx context.Context, name, device string) error {
+	in, err := b.raw(ctx, name)
+	if err != nil {
+		return err
+	}
+	source, point := in.Devices[device]["source"], path.Clean("/"+in.Devices[device]["path"])
+	if source == "" {
+		return nil
+	}
+	fail := func(err error) error { return fmt.Errorf("detach mount %s from %s: %w", path.Base(point), name, err) }
+	want, wantErr := hostMountID(source)
+	var id uint64
+	var initPID int
+	if mounts, err := b.initMounts(ctx, name); err == nil && wantErr == nil {
+		if leftover(mounts, want, source, in.Devices) {
+			return fail(ErrMountCopied)
+		}
+		for _, e := range mounts {
+			if e.point == point && e.ident() == want {
+				id = uint64(e.id)
+			}
+		}
+		b.mu.Lock()
+		initPID = b.inits[name].pid
+		b.mu.Unlock()
+	}
+	if err := b.retryConfig(ctx, "config", "device", "remove", name, device); err != nil && !errors.Is(err, errNoDevice) {
+		return fail(err)
+	}
+	if id != 0 && initPID != 0 {
+		if err := holders.Kill(ctx, initPID, id); err != nil {
+			return fail(err)
+		}
+	}
+	mounts, err := b.initMounts(ctx, name)
+	if err != nil || wantErr != nil {
+		return nil // not running (a start mounts only its devices), or gone from the host
+	}
+	delete(in.Devices, device)
+	if leftover(mounts, want, source, in.Devices) {
+		return fail(ErrMountCopied)
+	}
+	return nil
+}
+
+// leftover reports whether mounts hold a mount of the host directory want
+// (host path source, or a directory below it) that none of devices
+// explains: each device of source or of a directory below it accounts for
+// one mount on its own path.
+func leftover(mounts []mountEntry, want mountID, source string, devices map[string]map[string]string) bool {
+	explained := map[string]bool{}
+	for _, d := range devices {
+		src := d["source"]
+		if d["type"] == "disk" && d["path"] != "" && (src == source || strings.HasPrefix(src, source+"/")) {
+			explained[path.Clean(d["path"])] = true
+		}
+	}
+	for _, e := range mounts {
+		if e.dev != want.dev || (e.root != want.root && !strings.HasPrefix(e.root, want.root+"/")) {
+			continue
+		}
+		if !explained[e.point] {
+			return true
+		}
+		delete(explained, e.point) // one mount per device
+	}
+	return false
+}

@@ -1,0 +1,83 @@
+package incus_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/backend/backendtest"
+	"agentbox/internal/backend/incus"
+)
+
+// TestHostMountCopiedByRoot: root inside a container can bind a named
+// mount elsewhere, which removing the device does not undo: the detach
+// says so instead of reporting the mount gone.
+func TestHostMountCopiedByRoot(t *testing.T) {
+	b := newBackend(t)
+	ctx := t.Context()
+	const name = "copied"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(t.Context(), name) })
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	m := backend.HostMount{Name: "d", Source: backendtest.HostDir(t), ReadOnly: true}
+	if err := b.AttachMount(ctx, name, m); err != nil {
+		t.Fatal(err)
+	}
+	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
+		"mkdir -p /root/copy && mount --bind " + m.Path() + " /root/copy && cat /root/copy/hello"}})
+	if r.Code != 0 || r.Stdout != "hi\n" {
+		t.Fatalf("root's copy: exit %d, %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	if err := b.DetachMount(ctx, name, m.Device()); !errors.Is(err, incus.ErrMountCopied) {
+		t.Fatalf("DetachMount with a copy left: %v, want ErrMountCopied", err)
+	}
+	// The device stays, so a retry looks again.
+	if got := backendtest.Sh(t, b, name, "cat "+m.Path()+"/hello"); got != "hi" {
+		t.Fatalf("after the refused detach the mount holds %q", got)
+	}
+	r = backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"umount", "/root/copy"}})
+	if r.Code != 0 {
+		t.Fatalf("umount: %q", r.Stderr)
+	}
+	if err := b.DetachMount(ctx, name, m.Device()); err != nil {
+		t.Fatalf("DetachMount once the copy is gone: %v", err)
+	}
+	if r := backendtest.Exec(t, b, name, backend.ExecOptions{Argv: []string{"cat", m.Path() + "/hello"}}); r.Code == 0 {
+		t.Fatal("the mount is still there after the detach")
+	}
+}
+
+// TestHostMountReadOnlyForRoot: root inside cannot make a read-only
+// named mount writable (the mount came from a more privileged namespace,
+// so its read-only flag is locked).
+func TestHostMountReadOnlyForRoot(t *testing.T) {
+	b := newBackend(t)
+	ctx := t.Context()
+	const name = "rootro"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(t.Context(), name) })
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	dir := backendtest.HostDir(t)
+	m := backend.HostMount{Name: "d", Source: dir, ReadOnly: true}
+	if err := b.AttachMount(ctx, name, m); err != nil {
+		t.Fatal(err)
+	}
+	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
+		"mount -o remount,rw,bind " + m.Path() + " 2>/dev/null; mount -o remount,rw " + m.Path() + " 2>/dev/null; echo pwned > " + m.Path() + "/hello"}})
+	if r.Code == 0 {
+		t.Fatal("root inside wrote to a read-only mount")
+	}
+	if data, err := os.ReadFile(filepath.Join(dir, "hello")); err != nil || string(data) != "hi\n" {
+		t.Fatalf("the host file holds %q, %v", data, err)
+	}
+}
