@@ -100,6 +100,7 @@ func (tp *testProxy) dial(t testing.TB) net.Conn {
 func (tp *testProxy) ask(t testing.TB, head string) (net.Conn, *bufio.Reader, *http.Response) {
 	t.Helper()
 	c := tp.dial(t)
+	c.SetDeadline(time.Now().Add(10 * time.Second)) // a broken proxy fails the test rather than hangs it
 	if _, err := io.WriteString(c, head); err != nil {
 		t.Fatal(err)
 	}

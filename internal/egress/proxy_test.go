@@ -2,6 +2,7 @@ package egress_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -295,5 +296,39 @@ func TestCloseRightCutsLiveTunnel(t *testing.T) {
 	status, body := tp.refusal(t, "CONNECT 127.0.0.1:"+e1.port()+" HTTP/1.1\r\n\r\n")
 	if status != 403 || body != "egress to 127.0.0.1 is not granted to this sandbox\n" {
 		t.Fatalf("a new connection after the revoke answered %d %q", status, body)
+	}
+}
+
+// TestServeEndClosesTunnels: when the proxy stops (its sandbox is gone),
+// its live connections end with it.
+func TestServeEndClosesTunnels(t *testing.T) {
+	echo := startEcho(t, "127.0.0.1:0")
+	sock := t.TempDir() + "/egress.sock"
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := make(chan egress.Record, 4)
+	p := egress.New(egress.Config{Policy: rights("127.0.0.1"), Log: func(r egress.Record) { records <- r }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx, ln) }()
+	tp := &testProxy{Proxy: p, sock: sock, records: records}
+	c, br, resp := tp.ask(t, "CONNECT 127.0.0.1:"+echo.port()+" HTTP/1.1\r\n\r\n")
+	if resp.StatusCode != 200 {
+		t.Fatalf("CONNECT answered %s", resp.Status)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	if err := roundTrip(c, br, "after"); err == nil {
+		t.Fatal("a tunnel outlived its proxy")
+	}
+	if r := tp.record(t); r.Verdict != egress.Revoked || r.Reason != "the proxy stopped" {
+		t.Fatalf("record %+v", r)
+	}
+	if _, err := net.Dial("unix", sock); err == nil {
+		t.Fatal("the stopped proxy still accepts")
 	}
 }
