@@ -191,6 +191,38 @@ func TestCheckRights(t *testing.T) {
 	}
 }
 
+func TestEgressRight(t *testing.T) {
+	r := Rights{Egress: []string{"*.example.com", "a.example.com", "pypi.org"}}
+	rl := r
+	rl.Loose = true
+	tests := []struct {
+		name string
+		r    Rights
+		cap  Cap
+		host string
+		want string
+	}{
+		{"exact before wildcard", r, Cap{}, "a.example.com", "a.example.com"},
+		{"wildcard", r, Cap{}, "b.example.com", "*.example.com"},
+		{"exact", r, Cap{}, "pypi.org", "pypi.org"},
+		{"nothing", r, Cap{}, "evil.org", ""},
+		{"wildcard not the apex", r, Cap{}, "example.com", ""},
+		{"loose without repo cap", rl, Cap{}, "evil.org", LooseRight},
+		{"entry before loose", rl, Cap{}, "pypi.org", "pypi.org"},
+		{"loose inside repo cap", rl, Cap{Egress: []string{"*.corp.org"}}, "git.corp.org", LooseRight},
+		{"loose outside repo cap", rl, Cap{Egress: []string{"*.corp.org"}}, "evil.org", ""},
+		{"loose under an empty repo cap", rl, Cap{Egress: []string{}}, "evil.org", ""},
+		{"entry under an empty repo cap", rl, Cap{Egress: []string{}}, "pypi.org", "pypi.org"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.r.EgressRight(tt.cap, tt.host); got != tt.want {
+				t.Fatalf("EgressRight(%q) = %q, want %q", tt.host, got, tt.want)
+			}
+		})
+	}
+}
+
 func TestCapped(t *testing.T) {
 	g := Default()
 	g.MaxRunningChildren = 5

@@ -79,6 +79,31 @@ func coveredByAny(entries []string, host string) bool {
 	return false
 }
 
+// LooseRight names the loose right where a right that allowed egress is
+// named (EgressRight).
+const LooseRight = "loose"
+
+// EgressRight returns the right in r that allows egress to host under the
+// repository's cap, "" when none does: an egress entry equal to host, else
+// the first wildcard entry that covers it, else LooseRight when r.Loose
+// and the repository's egress cap covers host or the repository sets no
+// egress cap. The rights rule (CheckRights, on grantable rights) and the
+// egress proxy (on a sandbox's rights) both decide with it.
+func (r Rights) EgressRight(repo Cap, host string) string {
+	if contains(r.Egress, host) {
+		return host
+	}
+	for _, e := range r.Egress {
+		if Covers(e, host) {
+			return e
+		}
+	}
+	if r.Loose && (repo.Egress == nil || coveredByAny(repo.Egress, host)) {
+		return LooseRight
+	}
+	return ""
+}
+
 // CheckRights applies the spec's rights rule: every mount is in
 // effective.Grantable.Mounts, loose only if effective.Grantable.Loose, and
 // each egress host is covered by a grantable entry, or effective loose
@@ -96,13 +121,9 @@ func CheckRights(effective Grant, repo Cap, r Rights) error {
 		return fmt.Errorf("loose is not grantable")
 	}
 	for _, h := range r.Egress {
-		if coveredByAny(g.Egress, h) {
-			continue
+		if g.EgressRight(repo, h) == "" {
+			return fmt.Errorf("egress `%s` is not grantable", h)
 		}
-		if g.Loose && (repo.Egress == nil || coveredByAny(repo.Egress, h)) {
-			continue
-		}
-		return fmt.Errorf("egress `%s` is not grantable", h)
 	}
 	return nil
 }

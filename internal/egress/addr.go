@@ -1,0 +1,96 @@
+package egress
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"strings"
+
+	"agentbox/internal/grant"
+)
+
+// errBadHost refuses a destination that is neither a host name nor an
+// address literal.
+var errBadHost = errors.New("the destination must be a host name or an IP address")
+
+// checkHost returns the canonical form of a requested host: lowercase, no
+// trailing dot, an address literal in its canonical text (IPv4-mapped IPv6
+// as IPv4). Wildcards, zones and anything that is not a DNS name are
+// refused, so the host is safe to match, log and answer with.
+func checkHost(raw string) (string, error) {
+	h := strings.ToLower(strings.TrimSuffix(raw, "."))
+	if a, err := netip.ParseAddr(h); err == nil {
+		if a.Zone() != "" {
+			return "", errBadHost
+		}
+		return a.Unmap().String(), nil
+	}
+	if strings.HasPrefix(h, "*") || !grant.ValidEgress(h) {
+		return "", errBadHost
+	}
+	return h, nil
+}
+
+// refusedRanges are refused besides what netip classifies (loopback,
+// private, link-local, multicast, unspecified); reason is what the client
+// is told.
+var refusedRanges = []struct {
+	prefix netip.Prefix
+	reason string
+}{
+	{netip.MustParsePrefix("0.0.0.0/8"), "a reserved address"},      // "this network"
+	{netip.MustParsePrefix("100.64.0.0/10"), "a shared address"},    // carrier-grade NAT
+	{netip.MustParsePrefix("240.0.0.0/4"), "a reserved address"},    // and the broadcast address
+	{netip.MustParsePrefix("fec0::/10"), "a private address"},       // deprecated site-local
+	{netip.MustParsePrefix("64:ff9b::/96"), "a translated address"}, // NAT64: reaches IPv4 through a gateway
+	{netip.MustParsePrefix("64:ff9b:1::/48"), "a translated address"},
+}
+
+// refusal says why the proxy refuses to connect to a, "" when it does not:
+// loopback, private (RFC 1918, ULA), link-local, unspecified, multicast,
+// shared (CGNAT) and reserved addresses, and the host's own addresses
+// (own), which reach the host's services.
+func refusal(a netip.Addr, own []netip.Addr) string {
+	a = a.Unmap()
+	switch {
+	case a.Zone() != "":
+		return "a scoped address"
+	case a.IsUnspecified():
+		return "an unspecified address"
+	case a.IsLoopback():
+		return "a loopback address"
+	case a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsInterfaceLocalMulticast():
+		return "a link-local address"
+	case a.IsMulticast():
+		return "a multicast address"
+	}
+	for _, o := range own {
+		if o.Unmap() == a {
+			return "an address of this host"
+		}
+	}
+	if a.IsPrivate() {
+		return "a private address"
+	}
+	for _, r := range refusedRanges {
+		if r.prefix.Contains(a) {
+			return r.reason
+		}
+	}
+	return ""
+}
+
+// hostAddrs returns the addresses of the host's interfaces.
+func hostAddrs() ([]netip.Addr, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]netip.Addr, 0, len(addrs))
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil {
+			out = append(out, p.Addr())
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,128 @@
+package egress
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+// FuzzReadHead feeds untrusted bytes to the request-head parser: it must
+// never panic, never read past MaxHeadBytes, and whatever it accepts names
+// a checked host and a real port.
+func FuzzReadHead(f *testing.F) {
+	for _, s := range []string{
+		"CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n",
+		"CONNECT [::1]:443 HTTP/1.1\r\n\r\n",
+		"GET http://example.com/a?b=c HTTP/1.1\r\nHost: x\r\n\r\n",
+		"POST http://10.0.0.1:8080/ HTTP/1.0\r\nContent-Length: 3\r\n\r\nabc",
+		"GET https://example.com/ HTTP/1.1\r\n\r\n",
+		"CONNECT a_b:1 HTTP/1.1\r\n\r\n",
+		"CONNECT *.x.org:443 HTTP/1.1\r\n\r\n",
+		"GET http://u:p@h/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		src := bytes.NewReader(data)
+		lr := &io.LimitedReader{R: src, N: MaxHeadBytes}
+		rq, err := readHead(bufio.NewReader(lr), lr)
+		if read := int64(len(data)) - int64(src.Len()); read > MaxHeadBytes {
+			t.Fatalf("read %d bytes of the head", read)
+		}
+		if err != nil {
+			var he *httpError
+			if !errors.As(err, &he) && !errors.Is(err, errNoRequest) {
+				t.Fatalf("error %v is no answer", err)
+			}
+			if he != nil && (strings.Contains(he.msg, "\n") || he.status < 400) {
+				t.Fatalf("answer %d %q", he.status, he.msg)
+			}
+			return
+		}
+		if rq.port == 0 {
+			t.Fatal("port 0 accepted")
+		}
+		if h, err := checkHost(rq.host); err != nil || h != rq.host {
+			t.Fatalf("host %q accepted unchecked", rq.host)
+		}
+	})
+}
+
+func TestRefusal(t *testing.T) {
+	own := []netip.Addr{netip.MustParseAddr("203.0.113.9")}
+	tests := map[string]string{
+		"93.184.215.14":      "",
+		"2606:4700::1111":    "",
+		"127.0.0.1":          "a loopback address",
+		"127.255.0.3":        "a loopback address",
+		"::1":                "a loopback address",
+		"::ffff:127.0.0.1":   "a loopback address",
+		"10.1.2.3":           "a private address",
+		"172.16.0.1":         "a private address",
+		"192.168.1.1":        "a private address",
+		"fd12::1":            "a private address",
+		"fec0::1":            "a private address",
+		"169.254.169.254":    "a link-local address",
+		"fe80::1":            "a link-local address",
+		"0.0.0.0":            "an unspecified address",
+		"::":                 "an unspecified address",
+		"0.1.2.3":            "a reserved address",
+		"255.255.255.255":    "a reserved address",
+		"100.64.1.1":         "a shared address",
+		"224.0.0.251":        "a link-local address",
+		"239.1.1.1":          "a multicast address",
+		"ff05::2":            "a multicast address",
+		"64:ff9b::a00:1":     "a translated address",
+		"203.0.113.9":        "an address of this host",
+		"::ffff:203.0.113.9": "an address of this host",
+	}
+	for in, want := range tests {
+		if got := refusal(netip.MustParseAddr(in), own); got != want {
+			t.Errorf("refusal(%s) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestCheckHost(t *testing.T) {
+	tests := map[string]string{
+		"PyPI.org":         "pypi.org",
+		"pypi.org.":        "pypi.org",
+		"127.0.0.1":        "127.0.0.1",
+		"::ffff:127.0.0.1": "127.0.0.1",
+		"2001:DB8::1":      "2001:db8::1",
+		"*.pypi.org":       "",
+		"a_b.org":          "",
+		"fe80::1%lo":       "",
+		"":                 "",
+		"a..b":             "",
+		"-a.org":           "",
+		"pypi.org..":       "",
+	}
+	for in, want := range tests {
+		got, err := checkHost(in)
+		if got != want || (err == nil) != (want != "") {
+			t.Errorf("checkHost(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+}
+
+func TestGrantedLiteral(t *testing.T) {
+	tests := []struct {
+		host, right string
+		want        bool
+	}{
+		{"127.0.0.1", "127.0.0.1", true},
+		{"127.0.0.1", "*.0.0.1", false},
+		{"127.0.0.1", "loose", false},
+		{"evil.example", "evil.example", false},
+	}
+	for _, tt := range tests {
+		if got := grantedLiteral(tt.host, tt.right); got != tt.want {
+			t.Errorf("grantedLiteral(%q, %q) = %v", tt.host, tt.right, got)
+		}
+	}
+}

@@ -1,0 +1,35 @@
+package egress
+
+import "time"
+
+// Limits of one sandbox's egress proxy.
+const (
+	// MaxHeadBytes bounds a request's head (request line and headers
+	// together): room for large cookies and authorization headers, while
+	// MaxConns heads in memory stay a few MiB.
+	MaxHeadBytes = 64 << 10
+	// MaxResponseHeadBytes bounds the head of an upstream's response to a
+	// forwarded request: upstreams are not trusted with the broker's
+	// memory either, and real ones send far less.
+	MaxResponseHeadBytes = 1 << 20
+	// MaxConns is how many connections one sandbox may hold open through
+	// the proxy; one more is answered 503 at once, so one sandbox cannot
+	// spend the broker's descriptors.
+	MaxConns = 256
+	// HeadTimeout bounds how long a client may take to send its request
+	// head: a silent client holds one slot for at most this long.
+	HeadTimeout = 30 * time.Second
+	// ResolveTimeout bounds the host's name lookup for one connection.
+	ResolveTimeout = 10 * time.Second
+	// DialTimeout bounds the connection to the destination.
+	DialTimeout = 30 * time.Second
+	// ResponseHeadTimeout bounds how long an upstream may take to answer
+	// a forwarded request with its head.
+	ResponseHeadTimeout = 2 * time.Minute
+	// replyTimeout bounds writing the proxy's own short answers.
+	replyTimeout = 10 * time.Second
+	// acceptBackoffMin and acceptBackoffMax bound the pause after a failed
+	// accept (EMFILE and the like), doubling in between.
+	acceptBackoffMin = 5 * time.Millisecond
+	acceptBackoffMax = time.Second
+)

@@ -1,0 +1,334 @@
+package egress_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"agentbox/internal/egress"
+	"agentbox/internal/grant"
+)
+
+func TestConnectTunnel(t *testing.T) {
+	echo := startEcho(t, "127.0.0.1:0")
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1")})
+	c, br, resp := tp.ask(t, "CONNECT 127.0.0.1:"+echo.port()+" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nearly ")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT answered %s", resp.Status)
+	}
+	// "early " was sent before the answer: it is passed on first.
+	io.WriteString(c, "hello")
+	got := make([]byte, len("early hello"))
+	if _, err := io.ReadFull(br, got); err != nil || string(got) != "early hello" {
+		t.Fatalf("echoed %q, %v; want the bytes sent before the answer first", got, err)
+	}
+	c.Close()
+	r := tp.record(t)
+	if r.Verdict != egress.Allowed || r.Host != "127.0.0.1" || r.Right != "127.0.0.1" || r.Sandbox != "fix-12" {
+		t.Fatalf("record %+v", r)
+	}
+	if r.Up != int64(len("early hello")) || r.Down != int64(len("early hello")) {
+		t.Fatalf("record counted %d up, %d down; want %d each", r.Up, r.Down, len("early hello"))
+	}
+}
+
+func TestForwardPlainHTTP(t *testing.T) {
+	// A raw destination, so the test decides every byte of its answer.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	seenc := make(chan *http.Request, 1)
+	var seenBody string
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		r, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			seenc <- nil
+			return
+		}
+		b, _ := io.ReadAll(r.Body)
+		seenBody = string(b)
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nKeep-Alive: timeout=5\r\nX-Hop: 1\r\nConnection: X-Hop\r\nX-Kept: yes\r\nContent-Length: 15\r\n\r\nhello from "+r.URL.Path)
+		seenc <- r
+	}()
+	port := portOf(ln.Addr())
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1")})
+
+	body := "a=1"
+	head := fmt.Sprintf("POST http://127.0.0.1:%s/x/y?q=1 HTTP/1.1\r\nHost: 127.0.0.1\r\nProxy-Authorization: Basic c2VjcmV0\r\nProxy-Connection: keep-alive\r\nX-Secret-Hop: 1\r\nConnection: X-Secret-Hop\r\nUser-Agent: t\r\nContent-Length: %d\r\n\r\n%s", port, len(body), body)
+	c, br, resp := tp.ask(t, head)
+	got, _ := io.ReadAll(br)
+	c.Close()
+	seen := <-seenc
+	if resp.StatusCode != http.StatusOK || string(got) != "hello from /x/y" || seen == nil {
+		t.Fatalf("answer %s %q", resp.Status, got)
+	}
+	if seen.RequestURI != "/x/y?q=1" || seenBody != body {
+		t.Fatalf("the destination saw %q with body %q; want origin form and the body", seen.RequestURI, seenBody)
+	}
+	for _, h := range []string{"Proxy-Authorization", "Proxy-Connection", "X-Secret-Hop"} {
+		if seen.Header.Get(h) != "" {
+			t.Errorf("hop-by-hop request header %s passed on", h)
+		}
+	}
+	for _, h := range []string{"Keep-Alive", "X-Hop"} {
+		if resp.Header.Get(h) != "" {
+			t.Errorf("hop-by-hop response header %s passed on: %v", h, resp.Header)
+		}
+	}
+	if resp.Header.Get("X-Kept") != "yes" || !resp.Close {
+		t.Fatalf("answer headers %v (close %v)", resp.Header, resp.Close)
+	}
+	r := tp.record(t)
+	if r.Verdict != egress.Allowed || r.Up == 0 || r.Down == 0 || r.Port == 0 {
+		t.Fatalf("record %+v", r)
+	}
+}
+
+func TestRefusals(t *testing.T) {
+	echo := startEcho(t, "127.0.0.1:0")
+	port := echo.port()
+	res := fakeResolver{
+		"evil.example":   {"127.0.0.1"},
+		"private.test":   {"10.0.0.7"},
+		"ula.test":       {"fd00::1"},
+		"metadata.test":  {"169.254.169.254"},
+		"cgnat.test":     {"100.64.0.1"},
+		"zero.test":      {"0.0.0.0"},
+		"multicast.test": {"239.1.2.3"},
+		"v6loop.test":    {"::1"},
+		"mapped.test":    {"::ffff:127.0.0.1"},
+		"mixed.test":     {"93.184.215.14", "127.0.0.1"},
+	}
+	pol := egress.Rights{Rights: grant.Rights{Egress: []string{"evil.example", "private.test", "ula.test", "metadata.test", "cgnat.test",
+		"zero.test", "multicast.test", "v6loop.test", "mapped.test", "mixed.test", "*.0.0.1", "pypi.org"}}}
+	tp := startProxy(t, egress.Config{Policy: pol, Resolver: res})
+	tests := []struct {
+		target string
+		status int
+		reason string
+	}{
+		{"evil.example:" + port, 403, "egress to evil.example refused: it resolves to a loopback address"},
+		{"EVIL.example.:" + port, 403, "egress to evil.example refused: it resolves to a loopback address"},
+		{"private.test:443", 403, "egress to private.test refused: it resolves to a private address"},
+		{"ula.test:443", 403, "egress to ula.test refused: it resolves to a private address"},
+		{"metadata.test:80", 403, "egress to metadata.test refused: it resolves to a link-local address"},
+		{"cgnat.test:443", 403, "egress to cgnat.test refused: it resolves to a shared address"},
+		{"zero.test:443", 403, "egress to zero.test refused: it resolves to an unspecified address"},
+		{"multicast.test:443", 403, "egress to multicast.test refused: it resolves to a multicast address"},
+		{"v6loop.test:443", 403, "egress to v6loop.test refused: it resolves to a loopback address"},
+		{"mapped.test:443", 403, "egress to mapped.test refused: it resolves to a loopback address"},
+		{"mixed.test:443", 403, "egress to mixed.test refused: it resolves to a loopback address"},
+		// Covered by a wildcard, but not granted as an address: refused.
+		{"127.0.0.1:" + port, 403, "egress to 127.0.0.1 refused: a loopback address (only an address granted as such may be one)"},
+		{"evil.org:443", 403, "egress to evil.org is not granted to this sandbox"},
+		{"[::1]:" + port, 403, "egress to ::1 is not granted to this sandbox"},
+		{"*.npmjs.org:443", 400, "the destination must be a host name or an IP address"},
+		{"bad_host.org:443", 400, "the destination must be a host name or an IP address"},
+		{"[fe80::1%25lo]:443", 400, "the destination must be a host name or an IP address"},
+		{"pypi.org:0", 400, "the port must be 1 to 65535"},
+		{"pypi.org:65536", 400, "the port must be 1 to 65535"},
+		{"pypi.org", 400, "CONNECT takes host:port"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.target, func(t *testing.T) {
+			status, body := tp.refusal(t, "CONNECT "+tt.target+" HTTP/1.1\r\n\r\n")
+			r := tp.record(t)
+			if status != tt.status || body != tt.reason+"\n" {
+				t.Fatalf("answered %d %q; want %d %q", status, body, tt.status, tt.reason)
+			}
+			if r.Verdict != egress.Refused || r.Reason != tt.reason {
+				t.Fatalf("record %+v", r)
+			}
+		})
+	}
+	if n := echo.count(); n != 0 {
+		t.Fatalf("the local server got %d connections from refused requests", n)
+	}
+}
+
+func TestRefusedPlainRequests(t *testing.T) {
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1")})
+	tests := []struct{ head, reason string }{
+		{"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", "this proxy takes CONNECT host:port or an absolute http:// URL"},
+		{"GET https://127.0.0.1/ HTTP/1.1\r\n\r\n", "https goes through CONNECT host:443"},
+		{"GET ftp://127.0.0.1/ HTTP/1.1\r\n\r\n", "this proxy takes CONNECT host:port or an absolute http:// URL"},
+		{"GET http://u:p@127.0.0.1/ HTTP/1.1\r\n\r\n", "credentials in the URL are not forwarded"},
+		{"GET http://127.0.0.1/ HTTP/2.0\r\n\r\n", "only HTTP/1.x is spoken here"},
+		{"CONNECT 127.0.0.1:1 HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc", "a CONNECT request has no body"},
+		{"NONSENSE\r\n\r\n", "malformed request head"},
+	}
+	for _, tt := range tests {
+		status, body := tp.refusal(t, tt.head)
+		if status != http.StatusBadRequest || body != tt.reason+"\n" {
+			t.Errorf("%q answered %d %q; want 400 %q", tt.head, status, body, tt.reason)
+		}
+	}
+}
+
+func TestOwnAddressRefused(t *testing.T) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := fakeResolver{}
+	for _, a := range addrs {
+		ip := a.(*net.IPNet).IP
+		if ip.IsLoopback() || ip.IsLinkLocalUnicast() {
+			continue
+		}
+		res[fmt.Sprintf("own%d.test", len(res))] = []string{ip.String()}
+	}
+	if len(res) == 0 {
+		t.Skip("no non-loopback interface address")
+	}
+	tp := startProxy(t, egress.Config{Policy: egress.Rights{Rights: grant.Rights{Loose: true}}, Resolver: res})
+	for name := range res {
+		status, body := tp.refusal(t, "CONNECT "+name+":443 HTTP/1.1\r\n\r\n")
+		want := "egress to " + name + " refused: it resolves to an address of this host\n"
+		if status != 403 || body != want {
+			t.Errorf("%s (%v) answered %d %q; want 403 %q", name, res[name], status, body, want)
+		}
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := portOf(ln.Addr())
+	ln.Close()
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1", "nowhere.test"), Resolver: fakeResolver{}})
+	status, body := tp.refusal(t, "CONNECT 127.0.0.1:"+port+" HTTP/1.1\r\n\r\n")
+	if want := "could not connect to 127.0.0.1 port " + port + "\n"; status != 502 || body != want {
+		t.Fatalf("answered %d %q; want 502 %q", status, body, want)
+	}
+	if r := tp.record(t); r.Verdict != egress.Failed {
+		t.Fatalf("record %+v", r)
+	}
+	status, body = tp.refusal(t, "GET http://nowhere.test/ HTTP/1.1\r\n\r\n")
+	if status != 502 || body != "could not resolve nowhere.test\n" {
+		t.Fatalf("answered %d %q", status, body)
+	}
+}
+
+// headOfSize is a CONNECT head of exactly n bytes, padded in a header.
+func headOfSize(n int) string {
+	const start, end = "CONNECT pypi.org:443 HTTP/1.1\r\nX-Pad: ", "\r\n\r\n"
+	return start + strings.Repeat("a", n-len(start)-len(end)) + end
+}
+
+func TestHeadLimit(t *testing.T) {
+	tp := startProxy(t, egress.Config{})
+	status, _ := tp.refusal(t, headOfSize(egress.MaxHeadBytes))
+	if status != http.StatusForbidden {
+		t.Fatalf("a head of exactly %d bytes answered %d; want 403 (read whole, not granted)", egress.MaxHeadBytes, status)
+	}
+	status, body := tp.refusal(t, headOfSize(egress.MaxHeadBytes+1))
+	if want := fmt.Sprintf("the request head is over %d bytes\n", egress.MaxHeadBytes); status != http.StatusRequestHeaderFieldsTooLarge || body != want {
+		t.Fatalf("a head one byte over answered %d %q", status, body)
+	}
+}
+
+func TestHeadTimeout(t *testing.T) {
+	tp := startProxy(t, egress.Config{HeadTimeout: 200 * time.Millisecond})
+	status, body := tp.refusal(t, "CONNECT pypi.org:443 HTTP/1.1\r\nX-Slow: ")
+	if status != http.StatusRequestTimeout || body != "the request head did not arrive in time\n" {
+		t.Fatalf("answered %d %q", status, body)
+	}
+}
+
+func TestBusy(t *testing.T) {
+	tp := startProxy(t, egress.Config{})
+	for range egress.MaxConns {
+		tp.dial(t)
+	}
+	status, body := tp.refusal(t, "CONNECT pypi.org:443 HTTP/1.1\r\n\r\n")
+	if want := fmt.Sprintf("more than %d connections at once from this sandbox\n", egress.MaxConns); status != http.StatusServiceUnavailable || body != want {
+		t.Fatalf("answered %d %q", status, body)
+	}
+}
+
+// TestCloseRightCutsLiveTunnel: a revoked right's live tunnel is cut; one
+// another right allowed keeps going.
+func TestCloseRightCutsLiveTunnel(t *testing.T) {
+	e1 := startEcho(t, "127.0.0.1:0")
+	e2 := startEcho(t, "127.0.0.2:0")
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1", "127.0.0.2")})
+	c1, br1, resp1 := tp.ask(t, "CONNECT 127.0.0.1:"+e1.port()+" HTTP/1.1\r\n\r\n")
+	c2, br2, resp2 := tp.ask(t, "CONNECT 127.0.0.2:"+e2.port()+" HTTP/1.1\r\n\r\n")
+	if resp1.StatusCode != 200 || resp2.StatusCode != 200 {
+		t.Fatalf("CONNECT answered %s, %s", resp1.Status, resp2.Status)
+	}
+	if err := roundTrip(c1, br1, "one"); err != nil {
+		t.Fatal(err)
+	}
+
+	tp.SetPolicy(rights("127.0.0.2"))
+	if n := tp.CloseRight("127.0.0.1"); n != 1 {
+		t.Fatalf("CloseRight cut %d connections; want 1", n)
+	}
+	if _, err := io.ReadAll(br1); err != nil && !strings.Contains(err.Error(), "reset") {
+		t.Fatalf("reading the cut tunnel: %v", err)
+	}
+	if err := roundTrip(c1, br1, "two"); err == nil {
+		t.Fatal("the revoked right's tunnel still carries data")
+	}
+	if r := tp.record(t); r.Verdict != egress.Revoked || r.Right != "127.0.0.1" {
+		t.Fatalf("record %+v", r)
+	}
+	if err := roundTrip(c2, br2, "still here"); err != nil {
+		t.Fatalf("the other right's tunnel: %v", err)
+	}
+	status, body := tp.refusal(t, "CONNECT 127.0.0.1:"+e1.port()+" HTTP/1.1\r\n\r\n")
+	if status != 403 || body != "egress to 127.0.0.1 is not granted to this sandbox\n" {
+		t.Fatalf("a new connection after the revoke answered %d %q", status, body)
+	}
+}
+
+// TestServeEndClosesTunnels: when the proxy stops (its sandbox is gone),
+// its live connections end with it.
+func TestServeEndClosesTunnels(t *testing.T) {
+	echo := startEcho(t, "127.0.0.1:0")
+	sock := t.TempDir() + "/egress.sock"
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	records := make(chan egress.Record, 4)
+	p := egress.New(egress.Config{Policy: rights("127.0.0.1"), Log: func(r egress.Record) { records <- r }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx, ln) }()
+	tp := &testProxy{Proxy: p, sock: sock, records: records}
+	c, br, resp := tp.ask(t, "CONNECT 127.0.0.1:"+echo.port()+" HTTP/1.1\r\n\r\n")
+	if resp.StatusCode != 200 {
+		t.Fatalf("CONNECT answered %s", resp.Status)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	if err := roundTrip(c, br, "after"); err == nil {
+		t.Fatal("a tunnel outlived its proxy")
+	}
+	if r := tp.record(t); r.Verdict != egress.Revoked || r.Reason != "the proxy stopped" {
+		t.Fatalf("record %+v", r)
+	}
+	if _, err := net.Dial("unix", sock); err == nil {
+		t.Fatal("the stopped proxy still accepts")
+	}
+}

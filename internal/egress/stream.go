@@ -1,0 +1,153 @@
+package egress
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+)
+
+// established answers a CONNECT that reached its destination.
+const established = "HTTP/1.1 200 Connection established\r\n\r\n"
+
+// tunnel answers the CONNECT and copies both ways until both have ended
+// (or one broke: then both are closed), and returns the bytes each way.
+// What the client sent after its head is passed on first. Copying between
+// the raw connections lets the kernel splice them.
+func tunnel(c net.Conn, br *bufio.Reader, up net.Conn) (upN, downN int64) {
+	c.SetWriteDeadline(time.Now().Add(replyTimeout))
+	if _, err := io.WriteString(c, established); err != nil {
+		return 0, 0
+	}
+	c.SetWriteDeadline(time.Time{})
+	if n := br.Buffered(); n > 0 {
+		b, _ := br.Peek(n)
+		k, err := up.Write(b)
+		upN += int64(k)
+		if err != nil {
+			return upN, 0
+		}
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		n, err := io.Copy(up, c)
+		upN += n
+		endCopy(up, c, err)
+	})
+	n, err := io.Copy(c, up)
+	downN = n
+	endCopy(c, up, err)
+	wg.Wait()
+	return upN, downN
+}
+
+// endCopy passes on the end of one direction: the reader's EOF as a
+// half-close of the writer, a broken copy as the end of both.
+func endCopy(w, r net.Conn, err error) {
+	if err != nil {
+		w.Close()
+		r.Close()
+		return
+	}
+	if cw, ok := w.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+		return
+	}
+	w.Close()
+}
+
+// hopByHop are headers that concern one connection only (RFC 9110, 7.6.1):
+// neither the client's nor the destination's are passed on, nor what
+// their Connection header names.
+var hopByHop = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+func removeHopByHop(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			h.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, name := range hopByHop {
+		h.Del(name)
+	}
+}
+
+// forward sends one plain request to the destination in origin form and
+// its response back, both ends told the connection closes after it, and
+// returns the bytes each way. An httpError is returned only while nothing
+// of the response has been written.
+func forward(c net.Conn, req *http.Request, up net.Conn) (upN, downN int64, err error) {
+	removeHopByHop(req.Header)
+	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
+		// Said here, so the client sends its body while the proxy writes
+		// the request (which reads that body) to the destination.
+		req.Header.Del("Expect")
+		if _, err := io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+			return 0, 0, err
+		}
+	}
+	if _, ok := req.Header["User-Agent"]; !ok {
+		req.Header["User-Agent"] = []string{""} // Write would add Go's own
+	}
+	req.Close = true
+	uw := &counter{w: up}
+	if err := req.Write(uw); err != nil {
+		return uw.n, 0, &httpError{http.StatusBadGateway, "the request could not be passed on"}
+	}
+	resp, err := readResponse(up, req)
+	if err != nil {
+		return uw.n, 0, err
+	}
+	defer resp.Body.Close()
+	removeHopByHop(resp.Header)
+	resp.Close = true
+	cw := &counter{w: c}
+	err = resp.Write(cw)
+	return uw.n, cw.n, err
+}
+
+// readResponse reads the destination's response head, bounded by
+// MaxResponseHeadBytes and ResponseHeadTimeout; interim (1xx) responses
+// are dropped (the client's 100 Continue was the proxy's own).
+func readResponse(up net.Conn, req *http.Request) (*http.Response, error) {
+	lr := &io.LimitedReader{R: up, N: MaxResponseHeadBytes}
+	br := bufio.NewReader(lr)
+	up.SetReadDeadline(time.Now().Add(ResponseHeadTimeout))
+	for {
+		resp, err := http.ReadResponse(br, req)
+		switch {
+		case err == nil && resp.StatusCode == http.StatusSwitchingProtocols:
+			return nil, &httpError{http.StatusBadGateway, "the destination switched protocols"}
+		case err == nil && resp.StatusCode < 200:
+			continue
+		case err == nil:
+			up.SetReadDeadline(time.Time{})
+			lr.N = math.MaxInt64
+			return resp, nil
+		case lr.N <= 0:
+			return nil, &httpError{http.StatusBadGateway, "the destination's response head is too large"}
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return nil, &httpError{http.StatusGatewayTimeout, "the destination did not answer in time"}
+		default:
+			return nil, &httpError{http.StatusBadGateway, "the destination's answer is not HTTP"}
+		}
+	}
+}
+
+// counter counts the bytes written through it.
+type counter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *counter) Write(b []byte) (int, error) {
+	n, err := c.w.Write(b)
+	c.n += int64(n)
+	return n, err
+}
