@@ -213,6 +213,8 @@ func (b *Broker) Serve() error {
 	// Spawns a previous broker left: creating ones failed, queued resume.
 	b.orchestrator.RecoverSpawns(b.ctx)
 	b.orchestrator.RecoverManifests(b.ctx, interrupted)
+	// Expiries that passed while no broker ran apply now.
+	b.orchestrator.ExpireRights(b.ctx, time.Now())
 	b.runRound()
 	b.goWorker(b.roundLoop)
 	b.log.Info("broker serving", "state_dir", b.cfg.StateDir, "pid", os.Getpid(), "sandboxes", len(sbs), "backend", b.cfg.Backend.Type())
@@ -264,7 +266,7 @@ func (b *Broker) restartUnits(sbs []store.Sandbox) {
 			continue
 		}
 		b.log.Warn("sandbox recorded running is not: starting it", "sandbox", sb.Name)
-		if err := b.cfg.Backend.Start(b.ctx, sb.Name); err != nil {
+		if err := b.orchestrator.StartUnit(b.ctx, sb.Name); err != nil {
 			b.log.Error("cannot start sandbox", "sandbox", sb.Name, "err", err)
 		}
 	}

@@ -72,6 +72,8 @@ type Orchestrator struct {
 	// (broker.yaml model.litellm): a claude-jb runner naming another is
 	// refused as not served.
 	LiteLLMProfiles map[string]bool
+	// Egress is told when an egress or loose right ends (nil: no proxy).
+	Egress EgressHook
 
 	mu sync.Mutex
 	// queueMu makes counting an orchestrator's slots and taking one (a

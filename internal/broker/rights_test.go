@@ -1,0 +1,161 @@
+package broker_test
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"agentbox/internal/config"
+	"agentbox/internal/inbox"
+	"agentbox/internal/testutil/wait"
+	"agentbox/internal/wire"
+)
+
+// rightsGrant lets an orchestrator grant the mounts data and gone, loose
+// and pypi.org.
+const rightsGrant = `{"version":1,"max_running_children":4,"operations":["destroy","import","message","restart","rights","spawn","stop"],"grantable":{"mounts":["data","gone"],"loose":true,"egress":["pypi.org"]},"default_runner":null,"default_runner_source":null}`
+
+// rightsEnv is a broker whose broker.yaml names the host directories data
+// (holding the file hello) and gone, with orchestrator orch (rightsGrant)
+// and its child kid. It returns the env and gone's directory.
+func rightsEnv(t *testing.T) (*testEnv, string) {
+	t.Helper()
+	localOnly(t, "live mounts of a running local sandbox; Incus keeps devices")
+	root := t.TempDir()
+	data, gone := filepath.Join(root, "data"), filepath.Join(root, "gone")
+	for _, d := range []string{data, gone} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(data, "hello"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e := newTestEnvStopped(t)
+	e.sandboxes.Mounts = map[string]config.MountDir{"data": {Path: data, ReadOnly: true}, "gone": {Path: gone, ReadOnly: true}}
+	e.start()
+	if err := e.admin("new", wire.NewArgs{Name: "orch", Repo: e.repo, Role: "orchestrator", Grant: json.RawMessage(rightsGrant)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.child("kid", "orch")
+	return e, gone
+}
+
+// sendRights sends a rights manifest and returns its first status.
+func sendRights(t testing.TB, c *inbox.Client, m map[string]any) wire.StatusItem {
+	t.Helper()
+	m["version"], m["type"] = 1, "rights"
+	var st wire.StatusItem
+	if err := c.Call(context.Background(), "send", map[string]any{"manifest": m}, &st); err != nil {
+		t.Fatalf("send %v: %v", m["id"], err)
+	}
+	return st
+}
+
+func wantRights(t testing.TB, st wire.StatusItem, state, detail string) {
+	t.Helper()
+	if st.State != state || !strings.Contains(st.Detail, detail) {
+		t.Fatalf("status %s %q, want %s containing %q", st.State, st.Detail, state, detail)
+	}
+}
+
+// canRead reports whether the sandbox reads data's file.
+func (e *testEnv) canRead(name string) bool {
+	res, err := e.execIn(name, "", "cat", "/mnt/jailbee/data/hello")
+	return err == nil && res.exit == 0 && res.stdout == "from the host\n"
+}
+
+// TestRightsMountGrantExpires: a timed mount grant attaches the host
+// directory to the running child at once, and its expiry detaches it.
+func TestRightsMountGrantExpires(t *testing.T) {
+	e, _ := rightsEnv(t)
+	c := e.client("orch")
+	st := sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "3s"}})
+	wantRights(t, st, wire.StateDone, "granted mount data for 3s")
+	if !e.canRead("kid") {
+		t.Fatal("the granted mount is not readable in the child")
+	}
+	wait.For(t, "the expired mount to leave the child's view", func() bool { return !e.canRead("kid") })
+}
+
+// TestRightsForBound: grant.for is at most 24h; never is acknowledged as
+// (no expiry); a timed grant does not shorten a permanent right.
+func TestRightsForBound(t *testing.T) {
+	e, _ := rightsEnv(t)
+	c := e.client("orch")
+	st := sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"egress": []string{"pypi.org"}, "for": "24h0m1s"}})
+	wantRights(t, st, wire.StateRefused, "")
+	st = sendRights(t, c, map[string]any{"id": "r2", "child": "kid", "grant": map[string]any{"egress": []string{"pypi.org"}, "for": "24h"}})
+	wantRights(t, st, wire.StateDone, "granted egress pypi.org for 24h")
+	st = sendRights(t, c, map[string]any{"id": "r3", "child": "kid", "grant": map[string]any{"loose": true, "for": "never"}})
+	wantRights(t, st, wire.StateDone, "granted loose (no expiry)")
+	st = sendRights(t, c, map[string]any{"id": "r4", "child": "kid", "grant": map[string]any{"loose": true, "for": "1m"}})
+	wantRights(t, st, wire.StateDone, "loose keeps its permanent right (no expiry)")
+}
+
+// TestRightsRevokeBeforeGrantAndRollback: revoke runs before grant; when
+// the second mount fails to attach (its host directory vanished), the
+// first is detached again, nothing is recorded, and the reply is failed.
+func TestRightsRevokeBeforeGrantAndRollback(t *testing.T) {
+	e, gone := rightsEnv(t)
+	c := e.client("orch")
+	st := sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "never"}})
+	wantRights(t, st, wire.StateDone, "granted mount data (no expiry)")
+	st = sendRights(t, c, map[string]any{"id": "r2", "child": "kid",
+		"revoke": map[string]any{"mounts": []string{"data"}}, "grant": map[string]any{"loose": true, "for": "1h"}})
+	wantRights(t, st, wire.StateDone, "revoked mount data; granted loose for 1h")
+	if e.canRead("kid") {
+		t.Fatal("the revoked mount is still in the child's view")
+	}
+
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
+	st = sendRights(t, c, map[string]any{"id": "r3", "child": "kid", "grant": map[string]any{"mounts": []string{"data", "gone"}, "for": "1h"}})
+	wantRights(t, st, wire.StateFailed, "")
+	if e.canRead("kid") {
+		t.Fatal("a failed grant left its first mount attached")
+	}
+	st = sendRights(t, c, map[string]any{"id": "r4", "child": "kid", "revoke": map[string]any{"mounts": []string{"data"}}})
+	wantRights(t, st, wire.StateDone, "mount data was not held")
+}
+
+// TestRightsChildGivesUp: a child revokes its own right, and its parent
+// gets the note.
+func TestRightsChildGivesUp(t *testing.T) {
+	e, _ := rightsEnv(t)
+	c := e.client("orch")
+	st := sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"loose": true, "mounts": []string{"data"}, "for": "1h"}})
+	wantRights(t, st, wire.StateDone, "granted")
+	kid := e.client("kid")
+	st = sendRights(t, kid, map[string]any{"id": "g1", "revoke": map[string]any{"loose": true, "mounts": []string{"data"}}})
+	wantRights(t, st, wire.StateDone, "revoked loose, mount data")
+	if e.canRead("kid") {
+		t.Fatal("the given-up mount is still in the child's view")
+	}
+	if m := messageFrom(t, c, "kid", "note"); m.Body != "kid gave up: loose, mount data" {
+		t.Fatalf("parent's note %q", m.Body)
+	}
+}
+
+// TestRightsExpiryWhileDown: an expiry that passed while no broker ran is
+// applied when the next one starts, before it serves.
+func TestRightsExpiryWhileDown(t *testing.T) {
+	e, _ := rightsEnv(t)
+	c := e.client("orch")
+	st := sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "2s"}})
+	wantRights(t, st, wire.StateDone, "granted mount data for 2s")
+	if !e.canRead("kid") {
+		t.Fatal("the granted mount is not readable in the child")
+	}
+	e.stop()
+	time.Sleep(3 * time.Second) // past the expiry, with no broker running
+	e.start()
+	if e.canRead("kid") {
+		t.Fatal("an expiry that passed while the broker was down was not applied at start")
+	}
+}
