@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -157,5 +158,38 @@ func TestRightsExpiryWhileDown(t *testing.T) {
 	e.start()
 	if e.canRead("kid") {
 		t.Fatal("an expiry that passed while the broker was down was not applied at start")
+	}
+}
+
+// TestRightsHandAddedSurviveRevoke: rights added by hand are listed with
+// their owner, attach at once, and an orchestrator's revoke leaves them
+// with the spec's detail; the host removes them.
+func TestRightsHandAddedSurviveRevoke(t *testing.T) {
+	e, _ := rightsEnv(t)
+	var res wire.RightsResult
+	if err := e.admin("rights", wire.RightsArgs{Name: "kid", Add: wire.RightsItems{Mounts: []string{"data"}, Egress: []string{"pypi.org"}}}, &res); err != nil {
+		t.Fatal(err)
+	}
+	want := []wire.RightInfo{{Kind: "egress", Item: "pypi.org", Owner: "hand"}, {Kind: "mount", Item: "data", Owner: "hand"}}
+	if !slices.Equal(res.Rights, want) {
+		t.Fatalf("rights %+v, want %+v", res.Rights, want)
+	}
+	if !e.canRead("kid") {
+		t.Fatal("the hand-added mount is not readable in the child")
+	}
+	c := e.client("orch")
+	st := sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "revoke": map[string]any{"mounts": []string{"data"}, "egress": []string{"pypi.org"}}})
+	wantRights(t, st, wire.StateDone, "mount data was not given by orchestration; left as is; egress pypi.org was not given by orchestration; left as is")
+	if !e.canRead("kid") {
+		t.Fatal("an orchestrator's revoke took a hand-added mount")
+	}
+	st = sendRights(t, c, map[string]any{"id": "r2", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "1m"}})
+	wantRights(t, st, wire.StateDone, "mount data is held by hand; left as is")
+
+	if err := e.admin("rights", wire.RightsArgs{Name: "kid", Remove: wire.RightsItems{Mounts: []string{"data"}}}, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rights) != 1 || e.canRead("kid") {
+		t.Fatalf("after removing the mount by hand: rights %+v, mount readable %v", res.Rights, e.canRead("kid"))
 	}
 }

@@ -400,3 +400,64 @@ func (o *Orchestrator) ExpireRights(ctx context.Context, now time.Time) {
 		o.logger().Info("right expired", "sandbox", r.Sandbox, "right", r.Key())
 	}
 }
+
+// HandRights removes, then adds, rights of sandbox by hand (the host's
+// `jailbee rights`), and returns its rights after. Added items are owned
+// by hand and never expire: orchestration's revokes leave them. Mounts
+// attach at once to a running sandbox; a failure undoes the mounts and
+// changes nothing.
+func (o *Orchestrator) HandRights(ctx context.Context, sandbox string, add, remove grant.Rights) ([]store.Right, []string, error) {
+	if _, err := o.Store.Sandbox(ctx, sandbox); errors.Is(err, store.ErrNotFound) {
+		return nil, nil, o.NoSuchSandbox(ctx, sandbox)
+	} else if err != nil {
+		return nil, nil, err
+	}
+	for _, m := range add.Mounts {
+		if _, err := o.hostMount(m); err != nil {
+			return nil, nil, refusef("mount `%s` is not in broker.yaml's mounts", m)
+		}
+	}
+	if err := add.CheckSyntax("add"); err != nil {
+		return nil, nil, refusef("%s", err.Error())
+	}
+	cur, err := o.Store.Rights(ctx, sandbox)
+	if err != nil {
+		return nil, nil, err
+	}
+	held := map[string]store.Right{}
+	for _, c := range cur {
+		held[c.Key()] = c
+	}
+	var del, put []store.Right
+	var detach, attach, notes []string
+	for _, it := range items(sandbox, remove) {
+		h, ok := held[it.Key()]
+		if !ok {
+			notes = append(notes, it.Key()+" was not held")
+			continue
+		}
+		del = append(del, h)
+		if h.Kind == store.RightMount {
+			detach = append(detach, h.Item)
+		}
+	}
+	for _, it := range items(sandbox, add) {
+		it.Owner = store.OwnerHand
+		if _, ok := held[it.Key()]; !ok && it.Kind == store.RightMount {
+			attach = append(attach, it.Item)
+		}
+		put = append(put, it)
+	}
+	if err := o.applyMounts(ctx, sandbox, detach, attach); err != nil {
+		return nil, nil, err
+	}
+	if err := o.Store.ChangeRights(ctx, del, put); err != nil {
+		o.undoMounts(context.WithoutCancel(ctx), sandbox, detach, attach)
+		return nil, nil, err
+	}
+	for _, d := range del {
+		o.egressRevoked(d)
+	}
+	after, err := o.Store.Rights(ctx, sandbox)
+	return after, notes, err
+}
