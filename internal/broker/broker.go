@@ -52,6 +52,9 @@ type Config struct {
 	// Model, when set, gives every orchestrator and child a model socket
 	// (model.go); nil serves none.
 	Model *ModelConfig
+	// Egress is told when a sandbox's egress or loose right ends (the
+	// egress proxy closes its connections); nil: no proxy.
+	Egress orchestrate.EgressHook
 }
 
 // Broker serves every sandbox's socket and the host admin socket.
@@ -137,6 +140,7 @@ func Open(cfg Config) (*Broker, error) {
 		Go:     func(fn func(context.Context)) { b.goWorker(func() { fn(b.ctx) }) },
 		Serial: func(fn func()) { b.runExec(b.ctx, nil, fn) },
 		LogDir: filepath.Join(cfg.StateDir, LogDir),
+		Egress: cfg.Egress,
 	}
 	b.snap.Store(&Snapshot{})
 	return b, nil
@@ -338,3 +342,9 @@ func (b *Broker) SetQueryHookForTest(fn func(op string)) {
 // BackendForTest returns the broker's backend, so a test can reopen a
 // broker on the same state dir with it, or look at a sandbox directly.
 func (b *Broker) BackendForTest() backend.Backend { return b.cfg.Backend }
+
+// EgressRights is what sandbox may reach through the egress proxy now:
+// its egress entries, loose, and its repository's egress cap.
+func (b *Broker) EgressRights(ctx context.Context, sandbox string) (orchestrate.EgressRights, error) {
+	return b.orchestrator.EgressRights(ctx, sandbox)
+}

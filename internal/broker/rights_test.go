@@ -7,11 +7,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"agentbox/internal/config"
 	"agentbox/internal/inbox"
+	"agentbox/internal/store"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
@@ -24,6 +26,13 @@ const rightsGrant = `{"version":1,"max_running_children":4,"operations":["destro
 // (holding the file hello) and gone, with orchestrator orch (rightsGrant)
 // and its child kid. It returns the env and gone's directory.
 func rightsEnv(t *testing.T) (*testEnv, string) {
+	t.Helper()
+	return rightsEnvWith(t, func(*testEnv) {})
+}
+
+// rightsEnvWith is rightsEnv with set applied to the env before its
+// broker starts.
+func rightsEnvWith(t *testing.T, set func(*testEnv)) (*testEnv, string) {
 	t.Helper()
 	localOnly(t, "live mounts of a running local sandbox; Incus keeps devices")
 	root := t.TempDir()
@@ -38,6 +47,7 @@ func rightsEnv(t *testing.T) (*testEnv, string) {
 	}
 	e := newTestEnvStopped(t)
 	e.sandboxes.Mounts = map[string]config.MountDir{"data": {Path: data, ReadOnly: true}, "gone": {Path: gone, ReadOnly: true}}
+	set(e)
 	e.start()
 	if err := e.admin("new", wire.NewArgs{Name: "orch", Repo: e.repo, Role: "orchestrator", Grant: json.RawMessage(rightsGrant)}, nil); err != nil {
 		t.Fatal(err)
@@ -192,4 +202,61 @@ func TestRightsHandAddedSurviveRevoke(t *testing.T) {
 	if len(res.Rights) != 1 || e.canRead("kid") {
 		t.Fatalf("after removing the mount by hand: rights %+v, mount readable %v", res.Rights, e.canRead("kid"))
 	}
+}
+
+// egressRec records the rights the egress hook was told ended.
+type egressRec struct {
+	mu    sync.Mutex
+	ended []string
+}
+
+func (r *egressRec) Revoked(sandbox string, right store.Right) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ended = append(r.ended, sandbox+": "+right.Key())
+}
+
+func (r *egressRec) has(s string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Contains(r.ended, s)
+}
+
+// TestRightsEgressHook: the proxy reads a child's egress rights (entries,
+// loose, the repo cap) and is told when one expires or is given up.
+func TestRightsEgressHook(t *testing.T) {
+	rec := &egressRec{}
+	e, _ := rightsEnvWith(t, func(e *testEnv) { e.egress = rec })
+	c := e.client("orch")
+	st := sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"egress": []string{"pypi.org"}, "loose": true, "for": "2s"}})
+	wantRights(t, st, wire.StateDone, "granted loose, egress pypi.org for 2s")
+	got, err := e.b.EgressRights(context.Background(), "kid")
+	if err != nil || !got.Loose || !slices.Equal(got.Egress, []string{"pypi.org"}) || got.RepoCap != nil {
+		t.Fatalf("EgressRights %+v, %v", got, err)
+	}
+	wait.For(t, "the hook to hear of the expiry", func() bool { return rec.has("kid: egress pypi.org") && rec.has("kid: loose") })
+	if got, _ := e.b.EgressRights(context.Background(), "kid"); got.Loose || len(got.Egress) != 0 {
+		t.Fatalf("EgressRights after expiry %+v", got)
+	}
+}
+
+// TestRightsReattachedAtStart: a local sandbox loses its mounts when it
+// stops; the broker attaches its mount rights again when it starts.
+func TestRightsReattachedAtStart(t *testing.T) {
+	e, _ := rightsEnv(t)
+	c := e.client("orch")
+	st := sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "never"}})
+	wantRights(t, st, wire.StateDone, "granted mount data (no expiry)")
+	if err := e.admin("stop", wire.NameArgs{Name: "kid"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.admin("start", wire.NameArgs{Name: "kid"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !e.canRead("kid") {
+		t.Fatal("the mount right was not attached again at start")
+	}
+	// A resend of the same id gets its recorded status and applies nothing.
+	st = sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "never"}})
+	wantRights(t, st, wire.StateDone, "granted mount data (no expiry)")
 }

@@ -114,6 +114,8 @@ type rightsPlan struct {
 // steps (mounts) first, undone in reverse if one fails, then the store in
 // one transaction. It returns the done detail and the keys revoked.
 func (o *Orchestrator) applyRights(ctx context.Context, sb store.Sandbox, r *manifest.Rights) (string, []string, error) {
+	o.rightsMu.Lock()
+	defer o.rightsMu.Unlock()
 	cur, err := o.Store.Rights(ctx, sb.Name)
 	if err != nil {
 		return "", nil, err
@@ -308,6 +310,8 @@ func (o *Orchestrator) egressRevoked(r store.Right) {
 // after every start (a local sandbox loses its mounts when it stops; an
 // Incus one keeps its devices). A mount that fails is logged and left.
 func (o *Orchestrator) AttachRights(ctx context.Context, sandbox string) {
+	o.rightsMu.Lock()
+	defer o.rightsMu.Unlock()
 	rights, err := o.Store.Rights(ctx, sandbox)
 	if err != nil {
 		o.logger().Error("rights: list", "sandbox", sandbox, "err", err)
@@ -380,6 +384,8 @@ func (o *Orchestrator) recordSpawnRights(ctx context.Context, sandbox string, r 
 // are closed by the proxy's hook. Rounds call it, the first one at start,
 // so expiries that passed while the broker was down apply too.
 func (o *Orchestrator) ExpireRights(ctx context.Context, now time.Time) {
+	o.rightsMu.Lock()
+	defer o.rightsMu.Unlock()
 	expired, err := o.Store.ExpiredRights(ctx, now)
 	if err != nil {
 		o.logger().Error("rights: list expired", "err", err)
@@ -407,6 +413,8 @@ func (o *Orchestrator) ExpireRights(ctx context.Context, now time.Time) {
 // attach at once to a running sandbox; a failure undoes the mounts and
 // changes nothing.
 func (o *Orchestrator) HandRights(ctx context.Context, sandbox string, add, remove grant.Rights) ([]store.Right, []string, error) {
+	o.rightsMu.Lock()
+	defer o.rightsMu.Unlock()
 	if _, err := o.Store.Sandbox(ctx, sandbox); errors.Is(err, store.ErrNotFound) {
 		return nil, nil, o.NoSuchSandbox(ctx, sandbox)
 	} else if err != nil {
