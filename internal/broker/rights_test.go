@@ -260,3 +260,24 @@ func TestRightsReattachedAtStart(t *testing.T) {
 	st = sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "never"}})
 	wantRights(t, st, wire.StateDone, "granted mount data (no expiry)")
 }
+
+// TestRightsSpawnMount: a spawn's mount right is attached when the child
+// is made, owned by orchestration and permanent.
+func TestRightsSpawnMount(t *testing.T) {
+	e, _ := rightsEnvWith(t, func(e *testEnv) { e.withAgent() })
+	c := e.client("orch")
+	st := spawn(t, c, "spawn-m", map[string]any{"branch": "fix/m", "prompt": "stay-busy", "on_done": "keep",
+		"rights": map[string]any{"mounts": []string{"data"}, "loose": false, "egress": []string{}}})
+	wantRights(t, st, "started", "")
+	statusOf(t, c, "spawn-m", "done", "failed")
+	if !e.canRead("fix-m") {
+		t.Fatal("the spawn's mount is not readable in the child")
+	}
+	var res wire.RightsResult
+	if err := e.admin("rights", wire.RightsArgs{Name: "fix-m"}, &res); err != nil {
+		t.Fatal(err)
+	}
+	if want := []wire.RightInfo{{Kind: "mount", Item: "data", Owner: "orchestration"}}; !slices.Equal(res.Rights, want) {
+		t.Fatalf("rights %+v, want %+v", res.Rights, want)
+	}
+}
