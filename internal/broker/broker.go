@@ -197,6 +197,9 @@ func (b *Broker) Serve() error {
 		return err
 	}
 	sbs = b.recover(sbs)
+	// Expiries that passed while no broker ran apply before anyone is
+	// served and before units start (which attach the mounts left).
+	b.orchestrator.ExpireRights(b.ctx, time.Now())
 	// Listed before any requester can send: these ran under a dead broker.
 	interrupted, err := b.store.InterruptedManifests(b.ctx)
 	if err != nil {
@@ -217,8 +220,6 @@ func (b *Broker) Serve() error {
 	// Spawns a previous broker left: creating ones failed, queued resume.
 	b.orchestrator.RecoverSpawns(b.ctx)
 	b.orchestrator.RecoverManifests(b.ctx, interrupted)
-	// Expiries that passed while no broker ran apply now.
-	b.orchestrator.ExpireRights(b.ctx, time.Now())
 	b.runRound()
 	b.goWorker(b.roundLoop)
 	b.log.Info("broker serving", "state_dir", b.cfg.StateDir, "pid", os.Getpid(), "sandboxes", len(sbs), "backend", b.cfg.Backend.Type())

@@ -281,3 +281,45 @@ func TestRightsSpawnMount(t *testing.T) {
 		t.Fatalf("rights %+v, want %+v", res.Rights, want)
 	}
 }
+
+// TestRightsExpiryAfterKill: a broker killed with a timed mount grant
+// outstanding; the expiry passes while none runs; the next broker detaches
+// the mount before it answers.
+func TestRightsExpiryAfterKill(t *testing.T) {
+	localOnly(t, "live mounts of a running local sandbox")
+	data := filepath.Join(t.TempDir(), "data")
+	if err := os.Mkdir(data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(data, "hello"), []byte("from the host\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	state := shortTempDir(t)
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	conf := "mounts:\n  data:\n    path: " + data + "\n    read_only: true\n"
+	if err := os.WriteFile(filepath.Join(state, "broker.yaml"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin := jailbeeBin(t)
+	p := startProcBroker(t, bin, state)
+	repo := makeRepo(t)
+	p.newSandbox(wire.NewArgs{Name: "orch", Repo: repo, Role: "orchestrator", Grant: json.RawMessage(rightsGrant)})
+	p.newSandbox(wire.NewArgs{Name: "kid", Repo: repo, Branch: "work/kid", Role: "child", Parent: "orch"})
+	canRead := func() bool {
+		res, err := adminExec(t, p.adminPath(), "kid", "", "cat", "/mnt/jailbee/data/hello")
+		return err == nil && res.exit == 0
+	}
+	st := sendRights(t, p.client("orch"), map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "2s"}})
+	wantRights(t, st, wire.StateDone, "granted mount data for 2s")
+	if !canRead() {
+		t.Fatalf("the granted mount is not readable in the child\n%s", p.stderr)
+	}
+	p.kill9()
+	time.Sleep(3 * time.Second) // past the expiry, with no broker running
+	p = startProcBroker(t, bin, state)
+	if canRead() {
+		t.Fatal("an expiry that passed while the broker was dead was not applied at start")
+	}
+}
