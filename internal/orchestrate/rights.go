@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -121,6 +122,9 @@ func (o *Orchestrator) applyRights(ctx context.Context, sb store.Sandbox, r *man
 		return "", nil, err
 	}
 	p := planRights(sb.Name, cur, r, time.Now())
+	if sb.State == store.StateQueued {
+		p.detach, p.attach = nil, nil // no sandbox yet: made with its rights
+	}
 	if err := o.applyMounts(ctx, sb.Name, p.detach, p.attach); err != nil {
 		return "", nil, err
 	}
@@ -363,14 +367,20 @@ func (o *Orchestrator) StartUnit(ctx context.Context, sandbox string) error {
 }
 
 // recordSpawnRights gives a new child its spawn's rights, owned by
-// orchestration and permanent, and attaches its mounts.
+// orchestration and permanent (also over a timed grant it had while it
+// was queued; an item held by hand stays the host's), and attaches its
+// mounts.
 func (o *Orchestrator) recordSpawnRights(ctx context.Context, sandbox string, r grant.Rights) error {
-	put := items(sandbox, r)
-	for i := range put {
-		put[i].Owner = store.OwnerOrchestration
+	cur, err := o.Store.Rights(ctx, sandbox)
+	if err != nil {
+		return err
 	}
-	if len(put) == 0 {
-		return nil
+	var put []store.Right
+	for _, it := range items(sandbox, r) {
+		if !slices.ContainsFunc(cur, func(c store.Right) bool { return c.Key() == it.Key() && c.Owner == store.OwnerHand }) {
+			it.Owner = store.OwnerOrchestration
+			put = append(put, it)
+		}
 	}
 	if err := o.Store.ChangeRights(ctx, nil, put); err != nil {
 		return err
