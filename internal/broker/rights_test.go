@@ -34,7 +34,6 @@ func rightsEnv(t *testing.T) (*testEnv, string) {
 // broker starts.
 func rightsEnvWith(t *testing.T, set func(*testEnv)) (*testEnv, string) {
 	t.Helper()
-	localOnly(t, "live mounts of a running local sandbox; Incus keeps devices")
 	root := t.TempDir()
 	data, gone := filepath.Join(root, "data"), filepath.Join(root, "gone")
 	for _, d := range []string{data, gone} {

@@ -390,7 +390,8 @@ func (o *Orchestrator) recordSpawnRights(ctx context.Context, sandbox string, r 
 }
 
 // ExpireRights ends every right whose expiry passed: a mount is detached
-// (kept for the next round if that fails), an egress right's connections
+// (a sandbox whose mount cannot be detached is stopped; if that fails too
+// the right stays for the next round), an egress right's connections
 // are closed by the proxy's hook. Rounds call it, the first one at start,
 // so expiries that passed while the broker was down apply too.
 func (o *Orchestrator) ExpireRights(ctx context.Context, now time.Time) {
@@ -404,8 +405,13 @@ func (o *Orchestrator) ExpireRights(ctx context.Context, now time.Time) {
 	for _, r := range expired {
 		if r.Kind == store.RightMount {
 			if err := o.applyMounts(ctx, r.Sandbox, []string{r.Item}, nil); err != nil {
-				o.logger().Error("rights: detach an expired mount", "sandbox", r.Sandbox, "mount", r.Item, "err", err)
-				continue
+				// Fail closed: what cannot be taken away (Incus: root
+				// inside mounted it elsewhere) ends with the sandbox.
+				o.logger().Error("rights: detach an expired mount failed: stopping the sandbox", "sandbox", r.Sandbox, "mount", r.Item, "err", err)
+				if err := o.StopSandbox(ctx, r.Sandbox); err != nil {
+					o.logger().Error("rights: stop", "sandbox", r.Sandbox, "err", err)
+					continue // the right stays; the next round tries again
+				}
 			}
 		}
 		if err := o.Store.ChangeRights(ctx, []store.Right{r}, nil); err != nil {
