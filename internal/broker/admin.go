@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"agentbox/internal/agent"
 	"agentbox/internal/backend"
@@ -85,7 +86,7 @@ func (b *Broker) dispatchAdmin(ctx context.Context, cc *connCtx, req *wire.Reque
 		rep = b.adminUsage(ctx, req.Args)
 	case "exec":
 		rep = b.adminExec(ctx, cc, req.Args, files, log)
-	case "new", "destroy", "start", "stop", "fetch":
+	case "new", "destroy", "start", "stop", "fetch", "rights":
 		// Mutations run on the executor, in order with sends.
 		var r *reply
 		err := b.runExec(ctx, nil, func() { r = b.adminMutation(ctx, req.Op, req.Args, log) })
@@ -125,6 +126,8 @@ func (b *Broker) adminMutation(ctx context.Context, op string, raw json.RawMessa
 		var res orchestrate.FetchResult
 		res, err = b.orchestrator.FetchSandbox(ctx, orchestrate.FetchRequest{Name: a.Name, Repo: a.Repo, Branch: a.Branch})
 		result = wire.FetchResult{Ref: res.Ref, SHA: res.SHA}
+	case "rights":
+		result, err = b.adminRights(ctx, raw)
 	case "start", "stop":
 		var a wire.NameArgs
 		if werr := decodeArgs(raw, &a); werr != nil {
@@ -164,6 +167,30 @@ func (b *Broker) adminFailure(op string, err error, log *slog.Logger) *reply {
 	}
 	log.Error("admin request failed", "err", err)
 	return replyErr(wire.Errorf(wire.CodeInternal, "%s failed: %v", op, err))
+}
+
+// adminRights shows a sandbox's rights, after the hand-made changes the
+// request asks for.
+func (b *Broker) adminRights(ctx context.Context, raw json.RawMessage) (any, error) {
+	var a wire.RightsArgs
+	if werr := decodeArgs(raw, &a); werr != nil {
+		return nil, werr
+	}
+	add := grant.Rights{Mounts: grant.Dedupe(a.Add.Mounts), Loose: a.Add.Loose, Egress: grant.Dedupe(a.Add.Egress)}
+	remove := grant.Rights{Mounts: grant.Dedupe(a.Remove.Mounts), Loose: a.Remove.Loose, Egress: grant.Dedupe(a.Remove.Egress)}
+	rights, notes, err := b.orchestrator.HandRights(ctx, a.Name, add, remove)
+	if err != nil {
+		return nil, err
+	}
+	res := wire.RightsResult{Rights: []wire.RightInfo{}, Notes: notes}
+	for _, r := range rights {
+		info := wire.RightInfo{Kind: r.Kind, Item: r.Item, Owner: r.Owner}
+		if !r.Expires.IsZero() {
+			info.ExpiresAt = r.Expires.UTC().Format(time.RFC3339)
+		}
+		res.Rights = append(res.Rights, info)
+	}
+	return res, nil
 }
 
 func (b *Broker) adminNew(ctx context.Context, raw json.RawMessage) (any, error) {

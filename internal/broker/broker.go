@@ -52,6 +52,9 @@ type Config struct {
 	// Model, when set, gives every orchestrator and child a model socket
 	// (model.go); nil serves none.
 	Model *ModelConfig
+	// Egress is told when a sandbox's egress or loose right ends (the
+	// egress proxy closes its connections); nil: no proxy.
+	Egress orchestrate.EgressHook
 }
 
 // Broker serves every sandbox's socket and the host admin socket.
@@ -137,6 +140,7 @@ func Open(cfg Config) (*Broker, error) {
 		Go:     func(fn func(context.Context)) { b.goWorker(func() { fn(b.ctx) }) },
 		Serial: func(fn func()) { b.runExec(b.ctx, nil, fn) },
 		LogDir: filepath.Join(cfg.StateDir, LogDir),
+		Egress: cfg.Egress,
 	}
 	b.snap.Store(&Snapshot{})
 	return b, nil
@@ -193,6 +197,9 @@ func (b *Broker) Serve() error {
 		return err
 	}
 	sbs = b.recover(sbs)
+	// Expiries that passed while no broker ran apply before anyone is
+	// served and before units start (which attach the mounts left).
+	b.orchestrator.ExpireRights(b.ctx, time.Now())
 	// Listed before any requester can send: these ran under a dead broker.
 	interrupted, err := b.store.InterruptedManifests(b.ctx)
 	if err != nil {
@@ -264,7 +271,7 @@ func (b *Broker) restartUnits(sbs []store.Sandbox) {
 			continue
 		}
 		b.log.Warn("sandbox recorded running is not: starting it", "sandbox", sb.Name)
-		if err := b.cfg.Backend.Start(b.ctx, sb.Name); err != nil {
+		if err := b.orchestrator.StartUnit(b.ctx, sb.Name); err != nil {
 			b.log.Error("cannot start sandbox", "sandbox", sb.Name, "err", err)
 		}
 	}
@@ -336,3 +343,9 @@ func (b *Broker) SetQueryHookForTest(fn func(op string)) {
 // BackendForTest returns the broker's backend, so a test can reopen a
 // broker on the same state dir with it, or look at a sandbox directly.
 func (b *Broker) BackendForTest() backend.Backend { return b.cfg.Backend }
+
+// EgressRights is what sandbox may reach through the egress proxy now:
+// its egress entries, loose, and its repository's egress cap.
+func (b *Broker) EgressRights(ctx context.Context, sandbox string) (orchestrate.EgressRights, error) {
+	return b.orchestrator.EgressRights(ctx, sandbox)
+}

@@ -70,6 +70,8 @@ type testEnv struct {
 	// (both kept across restarts).
 	model     *broker.ModelConfig
 	agentBins map[string]string
+	// egress is broker.Config.Egress (kept across restarts).
+	egress orchestrate.EgressHook
 }
 
 func newTestEnv(t testing.TB) *testEnv {
@@ -328,7 +330,7 @@ func (e *testEnv) start() {
 		h = slog.NewTextHandler(io.MultiWriter(e.logs, os.Stderr), &slog.HandlerOptions{Level: slog.LevelDebug})
 	}
 	b, err := broker.Open(broker.Config{StateDir: e.state, Backend: e.be, Logger: slog.New(h),
-		Sandboxes: e.sandboxes, InboxQuota: e.quota, Model: e.model})
+		Sandboxes: e.sandboxes, InboxQuota: e.quota, Model: e.model, Egress: e.egress})
 	if err != nil {
 		e.t.Fatal(err)
 	}

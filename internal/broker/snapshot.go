@@ -36,6 +36,7 @@ func (b *Broker) roundLoop() {
 		case <-t.C:
 		}
 		b.runRound()
+		b.orchestrator.ExpireRights(b.ctx, time.Now())
 	}
 }
 

@@ -86,7 +86,7 @@ refuses to start unless --no-limits.`,
 			if err != nil {
 				return exitf(ExitFailed, "%v", err)
 			}
-			sandboxes := orchestrate.Sandboxes{Limits: cfg.Limits, NoLimits: noLimits}
+			sandboxes := orchestrate.Sandboxes{Limits: cfg.Limits, NoLimits: noLimits, Mounts: cfg.Mounts}
 			if os.Geteuid() == 0 {
 				sandboxes.HostUIDs = &cfg.SandboxUIDs
 			}

@@ -208,6 +208,8 @@ func TestHostUsageErrors(t *testing.T) {
 		{[]string{"stop"}, "accepts 1 arg(s)"},
 		{[]string{"usage", "a", "b"}, "accepts at most 1 arg(s)"},
 		{[]string{"usage", "--bogus"}, "unknown flag: --bogus"},
+		{[]string{"rights"}, "accepts 1 arg(s)"},
+		{[]string{"rights", "x", "--add-bogus", "y"}, "unknown flag: --add-bogus"},
 	} {
 		var out, errb bytes.Buffer
 		code := runWith(t, strings.NewReader(""), &out, &errb, tc.args...)
@@ -277,6 +279,8 @@ func TestHostCommandsWithoutBrokerNameTheStateDir(t *testing.T) {
 			{"ls", "--json"},
 			{"usage"},
 			{"usage", "x", "--json"},
+			{"rights", "x", "--json"},
+			{"rights", "x", "--add-mount", "data"},
 			{"new", "x", "--repo", repo, "--orchestrator"},
 			{"new", "x", "--parent", "y"},
 			{"exec", "x", "--", "true"},

@@ -527,8 +527,10 @@ func newSendRightsCmd() *cobra.Command {
 		Short: "Grant or revoke a child's rights (children: revoke their own)",
 		Long: `Grant rights to your child (--loose, --mount, --egress, with --for T: a TTL
 of at most 24h, or never) and/or revoke them (--revoke-loose, --revoke-mount,
---revoke-egress). A child revokes its own rights and omits --child and every
-grant flag.`,
+--revoke-egress). Revokes apply before grants, as one request (undone if a step fails); a timed grant
+never shortens a longer right, and rights added by hand on the host are left
+as is. A child revokes its own rights and omits --child and every grant
+flag; its orchestrator gets a note. See docs/rights.md.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r := &manifest.Rights{Child: child}

@@ -86,7 +86,7 @@ func (o *Orchestrator) importChild(ctx context.Context, orch string, child store
 	ctx, cancel := context.WithTimeout(ctx, importTimeout)
 	defer cancel()
 	if child.State == store.StateStopped {
-		if err := o.Backend.Start(ctx, child.Name); err != nil {
+		if err := o.StartUnit(ctx, child.Name); err != nil {
 			return "", fmt.Errorf("start `%s` for the import: %w", child.Name, err)
 		}
 		defer o.Backend.Stop(context.WithoutCancel(ctx), child.Name)

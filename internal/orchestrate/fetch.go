@@ -62,7 +62,7 @@ func (o *Orchestrator) FetchSandbox(ctx context.Context, req FetchRequest) (Fetc
 	ctx, cancel := context.WithTimeout(ctx, importTimeout)
 	defer cancel()
 	if sb.State == store.StateStopped {
-		if err := o.Backend.Start(ctx, sb.Name); err != nil {
+		if err := o.StartUnit(ctx, sb.Name); err != nil {
 			return FetchResult{}, fmt.Errorf("start `%s` for the fetch: %w", sb.Name, err)
 		}
 		defer o.Backend.Stop(context.WithoutCancel(ctx), sb.Name)

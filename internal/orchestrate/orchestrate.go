@@ -72,11 +72,17 @@ type Orchestrator struct {
 	// (broker.yaml model.litellm): a claude-jb runner naming another is
 	// refused as not served.
 	LiteLLMProfiles map[string]bool
+	// Egress is told when an egress or loose right ends (nil: no proxy).
+	Egress EgressHook
 
 	mu sync.Mutex
 	// queueMu makes counting an orchestrator's slots and taking one (a
 	// queued child's claim, an admission) one step.
-	queueMu   sync.Mutex
+	queueMu sync.Mutex
+	// rightsMu makes reading a sandbox's rights, attaching or detaching
+	// their mounts and recording the change one step (manifests, host
+	// changes, expiry and re-attachment at start alike).
+	rightsMu  sync.Mutex
 	grants    map[string]grant.Grant // parsed grant documents by their text
 	finishing map[string]bool        // orchestrators whose pending finishes run (ScheduleFinishes)
 }

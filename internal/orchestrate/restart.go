@@ -191,7 +191,7 @@ func (o *Orchestrator) rerunChild(ctx context.Context, sb store.Sandbox, doc spa
 	}
 	fmt.Fprintf(log, "%s restart %s of child %s (agent %s)\n", stamp(), doc.Ref, sb.Name, doc.Agent.Name)
 	if !doc.AgentOnly {
-		if err := o.Backend.Start(ctx, sb.Name); err != nil {
+		if err := o.StartUnit(ctx, sb.Name); err != nil {
 			fmt.Fprintf(log, "%s start: %v\n", stamp(), err)
 			fail("see the worker log")
 			return

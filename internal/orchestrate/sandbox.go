@@ -47,6 +47,9 @@ type Sandboxes struct {
 	// HostUIDs is the range a root broker gives sandboxes their own host
 	// uid from; nil: sandboxes run as the broker's own uid.
 	HostUIDs *config.UIDRange
+	// Mounts are broker.yaml's named host directories: a mount right
+	// attaches one to a sandbox at HostMountDir/NAME.
+	Mounts map[string]config.MountDir
 }
 
 // CreateRequest is `jailbee new`.
@@ -508,7 +511,7 @@ func (o *Orchestrator) StartSandbox(ctx context.Context, name string) (note stri
 	if err != nil {
 		return "", err
 	}
-	if err := o.Backend.Start(ctx, name); err != nil {
+	if err := o.StartUnit(ctx, name); err != nil {
 		return "", fmt.Errorf("start `%s`: %w", name, err)
 	}
 	if sb.State == store.StateRunning || sb.State == store.StateReady {

@@ -50,6 +50,8 @@ func (o *Orchestrator) Send(ctx context.Context, req wire.Caller, raw json.RawMe
 		return o.Update(ctx, req, m)
 	case manifest.TypeRestart:
 		return o.Restart(ctx, req, m, from)
+	case manifest.TypeRights:
+		return o.Rights(ctx, req, m)
 	default:
 		return store.Sent{}, asRefusal(manifest.NotAvailable(m.Type))
 	}

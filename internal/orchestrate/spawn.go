@@ -335,6 +335,9 @@ func (o *Orchestrator) runAgent(ctx context.Context, sb store.Sandbox, doc spawn
 func (o *Orchestrator) buildChild(ctx context.Context, sb *store.Sandbox, doc spawnDoc, log io.Writer, phase *string) error {
 	return o.makeSandbox(ctx, sb, false, func(ctx context.Context) error {
 		fmt.Fprintf(log, "%s sandbox %s started\n", stamp(), sb.Name)
+		if err := o.recordSpawnRights(ctx, sb.Name, doc.Rights); err != nil {
+			return err
+		}
 		*phase = PhaseCloning
 		if err := o.Store.SetPhase(ctx, sb.Name, *phase); err != nil {
 			return err

@@ -137,7 +137,7 @@ func (s *Store) Close() error {
 }
 
 // schemaVersion is PRAGMA user_version of a database with this schema.
-const schemaVersion = 4
+const schemaVersion = 5
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -193,8 +193,8 @@ CREATE TABLE IF NOT EXISTS socket_dirs (
 CREATE TABLE IF NOT EXISTS host_uids (
 	uid INTEGER PRIMARY KEY
 );
-` + finishesTable + usageTables + `
-PRAGMA user_version = 4;
+` + finishesTable + usageTables + rightsTable + `
+PRAGMA user_version = 5;
 `
 
 // migrations[v] brings a database of schema version v to v+1.
@@ -218,6 +218,9 @@ PRAGMA user_version = 3;
 `,
 	3: usageTables + `
 PRAGMA user_version = 4;
+`,
+	4: rightsTable + `
+PRAGMA user_version = 5;
 `,
 }
 

@@ -151,3 +151,35 @@ type ExecArgs struct {
 type ExecResult struct {
 	Exit int `json:"exit"`
 }
+
+// RightsItems names rights items: mounts by broker.yaml name, loose, and
+// egress hosts.
+type RightsItems struct {
+	Mounts []string `json:"mounts,omitempty"`
+	Loose  bool     `json:"loose,omitempty"`
+	Egress []string `json:"egress,omitempty"`
+}
+
+// RightsArgs are the arguments of "rights": a sandbox's rights, after
+// removing Remove and adding Add by hand (both optional).
+type RightsArgs struct {
+	Name   string      `json:"name"`
+	Add    RightsItems `json:"add"`
+	Remove RightsItems `json:"remove"`
+}
+
+// RightInfo is one right of a sandbox (an entry of `jailbee rights
+// --json`).
+type RightInfo struct {
+	Kind  string `json:"kind"` // mount, egress or loose
+	Item  string `json:"item"` // "" for loose
+	Owner string `json:"owner"`
+	// ExpiresAt is RFC 3339 UTC; "" when the right does not expire.
+	ExpiresAt string `json:"expires_at"`
+}
+
+// RightsResult is the answer of "rights".
+type RightsResult struct {
+	Rights []RightInfo `json:"rights"`
+	Notes  []string    `json:"notes,omitempty"`
+}
