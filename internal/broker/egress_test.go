@@ -94,6 +94,13 @@ func TestEgressThroughTheBroker(t *testing.T) {
 		t.Fatalf("a direct connection to the host's %s was made", ip)
 	}
 
+	// A restarted broker serves the running sandbox's proxy again; the
+	// relay needs nothing.
+	e.restart()
+	if code, body := fetch(e, "lead", url); code != "403" || body != "egress to 127.0.0.1 is not granted to this sandbox" {
+		t.Fatalf("after a broker restart: %s %q", code, body)
+	}
+
 	lead := e.client("lead")
 	wantStatus(t, spawn(t, lead, "spawn-e", map[string]any{"branch": "net/e", "prompt": "p", "on_done": "keep",
 		"rights": map[string]any{"mounts": []string{}, "loose": false, "egress": []string{"127.0.0.1"}}}),
