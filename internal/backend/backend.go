@@ -38,6 +38,27 @@ const ModelMountPath = "/run/jailbee/model"
 // ModelDeviceName is the Incus disk device that carries the model dir.
 const ModelDeviceName = "jailbee-model"
 
+// EgressSocketName is the broker's egress proxy socket in the model
+// directory (ModelMountPath); EgressPort is the loopback TCP port inside
+// the sandbox that relays to it (docs/egress.md).
+const (
+	EgressSocketName = "egress.sock"
+	EgressPort       = 3128
+)
+
+// ProxyEnv is the proxy environment of every process in a sandbox: its
+// only way out is the egress relay on loopback. git, npm and curl honour
+// these variables; local names stay direct.
+func ProxyEnv() map[string]string {
+	proxy := fmt.Sprintf("http://127.0.0.1:%d", EgressPort)
+	noProxy := "localhost,127.0.0.1,::1"
+	return map[string]string{
+		"HTTPS_PROXY": proxy, "https_proxy": proxy,
+		"HTTP_PROXY": proxy, "http_proxy": proxy,
+		"NO_PROXY": noProxy, "no_proxy": noProxy,
+	}
+}
+
 // SocketKind names one of the host directories the broker serves a
 // sandbox through.
 type SocketKind int

@@ -331,7 +331,7 @@ func (b *Broker) adminExec(ctx context.Context, cc *connCtx, raw json.RawMessage
 		return b.adminFailure("exec", b.orchestrator.NoSuchSandbox(ctx, a.Name), log)
 	}
 	env := a.Env
-	if srv := b.server(a.Name); srv != nil && srv.model != nil {
+	if srv := b.server(a.Name); srv != nil && srv.model != nil && b.cfg.Model != nil {
 		// `claude` run by hand (an orchestrator's own agent) reaches its
 		// model like a child's; the caller's variables win.
 		env = agent.ClaudeEnv()

@@ -118,12 +118,12 @@ func Open(cfg Config) (*Broker, error) {
 		lock.Close()
 		return nil, fmt.Errorf("socket dir: %w", err)
 	}
-	if cfg.Model != nil {
-		if err := secfs.EnsurePrivateDir(filepath.Join(cfg.StateDir, ModelDir)); err != nil {
-			st.Close()
-			lock.Close()
-			return nil, fmt.Errorf("model socket dir: %w", err)
-		}
+	// Every orchestrator and child has a model-socket directory: it holds
+	// the egress socket even without a model.
+	if err := secfs.EnsurePrivateDir(filepath.Join(cfg.StateDir, ModelDir)); err != nil {
+		st.Close()
+		lock.Close()
+		return nil, fmt.Errorf("model socket dir: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Broker{

@@ -101,16 +101,13 @@ func modelDirOf(sockDir string) string {
 	return filepath.Join(filepath.Dir(filepath.Dir(sockDir)), ModelDir, base)
 }
 
-// serveModel gives srv's sandbox its model sockets: a directory beside
-// the orchestration one (modelDirOf), attached at backend.ModelMountPath,
-// holding anthropic.sock (with a key) and litellm-PROFILE.sock for each
-// LiteLLM profile, each answered by a modelproxy to its endpoint, usage
-// recorded for sb. Without a model configured it does nothing.
+// serveModel gives srv's sandbox its model-socket directory: beside the
+// orchestration one (modelDirOf), attached at backend.ModelMountPath,
+// holding the egress proxy's socket (serveEgress) and, with a model
+// configured, anthropic.sock (with a key) and litellm-PROFILE.sock for
+// each LiteLLM profile, each answered by a modelproxy to its endpoint,
+// usage recorded for sb.
 func (b *Broker) serveModel(srv *sandboxServer, sb store.Sandbox) error {
-	m := b.cfg.Model
-	if m == nil {
-		return nil
-	}
 	dir := modelDirOf(srv.dir)
 	// A directory that is there is kept (a running local sandbox binds
 	// that very directory until its next start, as for the orchestration
@@ -127,14 +124,16 @@ func (b *Broker) serveModel(srv *sandboxServer, sb store.Sandbox) error {
 		}
 	}
 	endpoints := map[string]ModelEndpoint{}
-	if m.Key != "" {
-		endpoints[ModelSocketName] = ModelEndpoint{Upstream: m.Upstream, Key: m.Key}
-	}
-	for name, e := range m.LiteLLM {
-		endpoints[agent.LiteLLMSocketName(name)] = e
+	if m := b.cfg.Model; m != nil {
+		if m.Key != "" {
+			endpoints[ModelSocketName] = ModelEndpoint{Upstream: m.Upstream, Key: m.Key}
+		}
+		for name, e := range m.LiteLLM {
+			endpoints[agent.LiteLLMSocketName(name)] = e
+		}
 	}
 	var lns []net.Listener
-	var proxies []*modelproxy.Proxy
+	var serves []func(context.Context) error
 	closeAll := func() {
 		for _, ln := range lns {
 			ln.Close()
@@ -146,18 +145,27 @@ func (b *Broker) serveModel(srv *sandboxServer, sb store.Sandbox) error {
 			closeAll()
 			return err
 		}
-		lns, proxies = append(lns, ln), append(proxies, proxy)
+		lns = append(lns, ln)
+		serves = append(serves, func(ctx context.Context) error { return proxy.Serve(ctx, ln) })
 	}
+	ln, eg, err := b.listenEgress(sb, dir)
+	if err != nil {
+		closeAll()
+		return err
+	}
+	lns = append(lns, ln)
+	serves = append(serves, func(ctx context.Context) error { return eg.proxy.Serve(ctx, ln) })
 	if err := b.cfg.Backend.AttachSocket(b.ctx, sb.Name, backend.ModelSocket, dir); err != nil {
 		closeAll()
 		return fmt.Errorf("attach model socket: %w", err)
 	}
 	ctx, cancel := context.WithCancel(b.ctx)
 	srv.model = &modelServer{dir: dir, cancel: cancel}
-	for i, proxy := range proxies {
+	srv.egress = eg
+	for i, serve := range serves {
 		b.goWorker(func() {
-			if err := proxy.Serve(ctx, lns[i]); err != nil {
-				b.log.Warn("model socket stopped", "sandbox", sb.Name, "err", err)
+			if err := serve(ctx); err != nil {
+				b.log.Warn("model socket stopped", "sandbox", sb.Name, "socket", filepath.Base(lns[i].Addr().String()), "err", err)
 			}
 		})
 	}

@@ -40,7 +40,8 @@ type sandboxServer struct {
 	changed chan struct{} // closed and replaced when the inbox changes
 	open    map[net.Conn]struct{}
 	closed  bool
-	model   *modelServer // nil: no model socket
+	model   *modelServer  // nil: no model-socket directory
+	egress  *egressServer // nil: not served
 }
 
 func newSandboxServer(c wire.Caller) *sandboxServer {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"strconv"
@@ -322,10 +323,12 @@ func commandEnv(uid int, extra map[string]string) ([]string, error) {
 	if uid == 0 {
 		home, user = "/root", "root"
 	}
-	return backend.CommandEnv(map[string]string{
+	base := backend.ProxyEnv() // the only way out: the egress relay
+	maps.Copy(base, map[string]string{
 		"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"HOME": home,
 		"USER": user,
 		"LANG": "C.UTF-8",
-	}, extra)
+	})
+	return backend.CommandEnv(base, extra)
 }

@@ -385,7 +385,7 @@ func (b *Backend) Start(ctx context.Context, name string) error {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
 	b.seen(name, true)
-	return nil
+	return b.startEgressRelay(ctx, name)
 }
 
 // syncAgents gives the container in the agent devices of Options (added,

@@ -126,7 +126,7 @@ func startError(s execSpec, err error) string {
 // IsHelperCommand reports whether a program's first argument names one of
 // the in-container helpers HelperMain runs.
 func IsHelperCommand(arg string) bool {
-	return arg == FrameCommand || arg == StashCommand || arg == RunCommand
+	return arg == FrameCommand || arg == StashCommand || arg == RunCommand || arg == EgressCommand
 }
 
 // HelperMain runs the helper args[0] names with its arguments and returns
@@ -139,6 +139,8 @@ func HelperMain(args []string) int {
 		return stashMain(args[1:])
 	case RunCommand:
 		return runMain(args[1:])
+	case EgressCommand:
+		return egressMain(args[1:])
 	}
 	return 2
 }

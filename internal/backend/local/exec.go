@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"strconv"
 	"sync"
@@ -81,12 +82,14 @@ func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOption
 
 // commandEnv is the whole environment of a command.
 func commandEnv(extra map[string]string) ([]string, error) {
-	return backend.CommandEnv(map[string]string{
+	base := backend.ProxyEnv() // the only way out: the egress relay
+	maps.Copy(base, map[string]string{
 		"PATH": ClientBinDir + ":" + systemPath,
 		"HOME": HomePath,
 		"USER": AgentUser,
 		"LANG": "C.UTF-8",
-	}, extra)
+	})
+	return backend.CommandEnv(base, extra)
 }
 
 // streams are the three descriptors a command gets and the copies that

@@ -127,7 +127,13 @@ func TestEnvironmentIsCleared(t *testing.T) {
 	}
 	got := strings.Fields(r.Stdout)
 	slices.Sort(got)
-	want := []string{"EXTRA=1", "HOME=/home/agent", "LANG=C.UTF-8", "PATH=/run/jailbee/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "USER=agent"}
+	// Nothing of the host's: the base and the proxy variables (the
+	// egress relay: docs/egress.md).
+	want := []string{"EXTRA=1", "HOME=/home/agent",
+		"HTTPS_PROXY=http://127.0.0.1:3128", "HTTP_PROXY=http://127.0.0.1:3128",
+		"LANG=C.UTF-8", "NO_PROXY=localhost,127.0.0.1,::1",
+		"PATH=/run/jailbee/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "USER=agent",
+		"http_proxy=http://127.0.0.1:3128", "https_proxy=http://127.0.0.1:3128", "no_proxy=localhost,127.0.0.1,::1"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("environment inside = %q, want exactly %q", got, want)
 	}

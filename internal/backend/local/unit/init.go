@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/egress"
 )
 
 // ControlFD is the descriptor the supervisor inherits its control
@@ -70,6 +73,7 @@ func InitMain() int {
 	}
 	s := &supervisor{waiters: map[int]chan syscall.WaitStatus{}}
 	go s.reap()
+	go relayEgress()
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
@@ -80,6 +84,19 @@ func InitMain() int {
 		}
 		go s.serve(conn.(*net.UnixConn))
 	}
+}
+
+// relayEgress serves the sandbox's egress relay on loopback for as long
+// as the unit lives: the network namespace has nothing but lo, so this is
+// its only way out (docs/egress.md). Taken first, by pid 1, the port
+// cannot be taken by a process of the sandbox.
+func relayEgress() {
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", backend.EgressPort))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "sandbox-init: egress relay: %v\n", err)
+		return
+	}
+	egress.Relay(ln, path.Join(backend.ModelMountPath, backend.EgressSocketName))
 }
 
 // supervisor runs commands and reaps every process of the sandbox.

@@ -1,0 +1,98 @@
+package broker
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"slices"
+	"sync"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/egress"
+	"agentbox/internal/grant"
+	"agentbox/internal/orchestrate"
+	"agentbox/internal/store"
+)
+
+// egressServer is one sandbox's egress proxy and the rights it was last
+// given (to know which rights a refresh takes away).
+type egressServer struct {
+	proxy *egress.Proxy
+	mu    sync.Mutex
+	rules egress.Rights
+}
+
+// listenEgress listens at dir/egress.sock and makes the sandbox's proxy,
+// decided by its rights as the store has them now (a sandbox whose
+// rights cannot be read gets none). Each connection is logged.
+func (b *Broker) listenEgress(sb store.Sandbox, dir string) (net.Listener, *egressServer, error) {
+	ln, err := listenPrivate(filepath.Join(dir, backend.EgressSocketName))
+	if err != nil {
+		return nil, nil, fmt.Errorf("egress socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false)
+	es := &egressServer{}
+	es.proxy = egress.New(egress.Config{Sandbox: sb.Name, Log: b.logEgress})
+	es.set(b.egressRights(sb))
+	return ln, es, nil
+}
+
+// egressRights is sb's policy from the store and its repository's cap;
+// nil (nothing allowed) when they cannot be read.
+func (b *Broker) egressRights(sb store.Sandbox) *egress.Rights {
+	rights, cap, err := orchestrate.SandboxRights(sb)
+	if err != nil {
+		b.log.Warn("egress: the sandbox's rights cannot be read; it is allowed none", "sandbox", sb.Name, "err", err)
+		return nil
+	}
+	return &egress.Rights{Rights: rights, Cap: cap}
+}
+
+// set gives the proxy r (nil: nothing) and cuts the live connections of
+// every right r no longer holds.
+func (es *egressServer) set(r *egress.Rights) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	old := es.rules
+	if r == nil {
+		es.rules = egress.Rights{}
+		es.proxy.SetPolicy(egress.Deny{})
+	} else {
+		es.rules = *r
+		es.proxy.SetPolicy(*r)
+	}
+	for _, e := range old.Rights.Egress {
+		if !slices.Contains(es.rules.Rights.Egress, e) {
+			es.proxy.CloseRight(e)
+		}
+	}
+	// loose allows what the cap allows: a changed cap may take hosts away.
+	if old.Rights.Loose && (!es.rules.Rights.Loose || !slices.Equal(old.Cap.Egress, es.rules.Cap.Egress) || (old.Cap.Egress == nil) != (es.rules.Cap.Egress == nil)) {
+		es.proxy.CloseRight(grant.LooseRight)
+	}
+}
+
+// RefreshEgress rebuilds the egress policy of sandbox name from the store
+// (its rights and its repository's cap) and cuts the live connections of
+// the rights it no longer holds. Call it after a sandbox's rights change;
+// a sandbox not served has nothing to refresh.
+func (b *Broker) RefreshEgress(ctx context.Context, name string) error {
+	srv := b.server(name)
+	if srv == nil || srv.egress == nil {
+		return nil
+	}
+	sb, err := b.store.Sandbox(ctx, name)
+	if err != nil {
+		srv.egress.set(nil)
+		return err
+	}
+	srv.egress.set(b.egressRights(sb))
+	return nil
+}
+
+// logEgress writes one connection's record to the broker log.
+func (b *Broker) logEgress(r egress.Record) {
+	b.log.Info("egress", "sandbox", r.Sandbox, "host", r.Host, "port", r.Port, "right", r.Right,
+		"up", r.Up, "down", r.Down, "verdict", string(r.Verdict), "reason", r.Reason, "duration", r.Duration)
+}
