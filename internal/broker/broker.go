@@ -52,8 +52,8 @@ type Config struct {
 	// Model, when set, gives every orchestrator and child a model socket
 	// (model.go); nil serves none.
 	Model *ModelConfig
-	// Egress is told when a sandbox's egress or loose right ends (the
-	// egress proxy closes its connections); nil: no proxy.
+	// Egress, when set, is told after each sandbox's proxy has been
+	// refreshed for a change of its rights (tests observe it).
 	Egress orchestrate.EgressHook
 }
 
@@ -140,7 +140,7 @@ func Open(cfg Config) (*Broker, error) {
 		Go:     func(fn func(context.Context)) { b.goWorker(func() { fn(b.ctx) }) },
 		Serial: func(fn func()) { b.runExec(b.ctx, nil, fn) },
 		LogDir: filepath.Join(cfg.StateDir, LogDir),
-		Egress: cfg.Egress,
+		Egress: egressHook{b: b, next: cfg.Egress},
 	}
 	b.snap.Store(&Snapshot{})
 	return b, nil

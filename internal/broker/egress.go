@@ -34,19 +34,20 @@ func (b *Broker) listenEgress(sb store.Sandbox, dir string) (net.Listener, *egre
 	ln.SetUnlinkOnClose(false)
 	es := &egressServer{}
 	es.proxy = egress.New(egress.Config{Sandbox: sb.Name, Log: b.logEgress})
-	es.set(b.egressRights(sb))
+	es.set(b.egressRights(context.Background(), sb.Name))
 	return ln, es, nil
 }
 
-// egressRights is sb's policy from the store and its repository's cap;
-// nil (nothing allowed) when they cannot be read.
-func (b *Broker) egressRights(sb store.Sandbox) *egress.Rights {
-	rights, cap, err := orchestrate.SandboxRights(sb)
+// egressRights is the policy of sandbox name: its egress and loose rights
+// as the store has them now and its repository's cap; nil (nothing
+// allowed) when they cannot be read.
+func (b *Broker) egressRights(ctx context.Context, name string) *egress.Rights {
+	r, err := b.orchestrator.EgressRights(ctx, name)
 	if err != nil {
-		b.log.Warn("egress: the sandbox's rights cannot be read; it is allowed none", "sandbox", sb.Name, "err", err)
+		b.log.Warn("egress: the sandbox's rights cannot be read; it is allowed none", "sandbox", name, "err", err)
 		return nil
 	}
-	return &egress.Rights{Rights: rights, Cap: cap}
+	return &egress.Rights{Rights: grant.Rights{Egress: r.Egress, Loose: r.Loose}, Cap: grant.Cap{Egress: r.RepoCap}}
 }
 
 // set gives the proxy r (nil: nothing) and cuts the live connections of
@@ -82,13 +83,22 @@ func (b *Broker) RefreshEgress(ctx context.Context, name string) error {
 	if srv == nil || srv.egress == nil {
 		return nil
 	}
-	sb, err := b.store.Sandbox(ctx, name)
-	if err != nil {
-		srv.egress.set(nil)
-		return err
-	}
-	srv.egress.set(b.egressRights(sb))
+	srv.egress.set(b.egressRights(ctx, name))
 	return nil
+}
+
+// egressHook is the orchestrator's EgressHook: the sandbox's proxy is
+// refreshed, then next (a test's observer), if any, is told.
+type egressHook struct {
+	b    *Broker
+	next orchestrate.EgressHook
+}
+
+func (h egressHook) Changed(sandbox string, ended []store.Right) {
+	h.b.RefreshEgress(h.b.ctx, sandbox)
+	if h.next != nil {
+		h.next.Changed(sandbox, ended)
+	}
 }
 
 // logEgress writes one connection's record to the broker log.

@@ -115,6 +115,21 @@ func TestEgressThroughTheBroker(t *testing.T) {
 			strings.Contains(logs, "verdict=allowed") &&
 			strings.Contains(logs, "msg=egress sandbox=lead host=127.0.0.1") && strings.Contains(logs, "verdict=refused")
 	})
+	// Rights changed at run time decide the next connection: the host
+	// adds the orchestrator's egress by hand, then takes it away.
+	var res wire.RightsResult
+	if err := e.admin("rights", wire.RightsArgs{Name: "lead", Add: wire.RightsItems{Egress: []string{"127.0.0.1"}}}, &res); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := fetch(e, "lead", url); code != "200" || body != "hello from the host" {
+		t.Fatalf("after the host added the right: %s %q", code, body)
+	}
+	if err := e.admin("rights", wire.RightsArgs{Name: "lead", Remove: wire.RightsItems{Egress: []string{"127.0.0.1"}}}, &res); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := fetch(e, "lead", url); code != "403" || body != "egress to 127.0.0.1 is not granted to this sandbox" {
+		t.Fatalf("after the host removed the right: %s %q", code, body)
+	}
 	for _, name := range []string{"net-e", "lead"} {
 		if err := e.admin("destroy", wire.DestroyArgs{Name: name, Force: true}, nil); err != nil {
 			t.Fatal(err)

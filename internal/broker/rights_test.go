@@ -209,10 +209,12 @@ type egressRec struct {
 	ended []string
 }
 
-func (r *egressRec) Revoked(sandbox string, right store.Right) {
+func (r *egressRec) Changed(sandbox string, ended []store.Right) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.ended = append(r.ended, sandbox+": "+right.Key())
+	for _, right := range ended {
+		r.ended = append(r.ended, sandbox+": "+right.Key())
+	}
 }
 
 func (r *egressRec) has(s string) bool {

@@ -16,10 +16,12 @@ import (
 )
 
 // EgressHook is what the egress proxy learns from the rights: it reads a
-// sandbox's current rights (EgressRights) on every connection and is told
-// when one ends, so it closes that right's live connections.
+// sandbox's current rights (EgressRights) and is told after every change
+// of them (granted, revoked, expired, by hand), with the egress and loose
+// rights the sandbox lost, so it decides new connections anew and closes
+// those rights' live ones.
 type EgressHook interface {
-	Revoked(sandbox string, right store.Right)
+	Changed(sandbox string, ended []store.Right)
 }
 
 // EgressRights is what a sandbox may reach through the egress proxy now.
@@ -132,9 +134,7 @@ func (o *Orchestrator) applyRights(ctx context.Context, sb store.Sandbox, r *man
 		o.undoMounts(context.WithoutCancel(ctx), sb.Name, p.detach, p.attach)
 		return "", nil, err
 	}
-	for _, d := range p.del {
-		o.egressRevoked(d)
-	}
+	o.egressChanged(sb.Name, p.del)
 	return rightsDetail(p, r.Grant), p.revoked, nil
 }
 
@@ -304,10 +304,19 @@ func (o *Orchestrator) hostMount(name string) (backend.HostMount, error) {
 	return backend.HostMount{Name: name, Source: d.Path, ReadOnly: d.ReadOnly}, nil
 }
 
-func (o *Orchestrator) egressRevoked(r store.Right) {
-	if o.Egress != nil && r.Kind != store.RightMount {
-		o.Egress.Revoked(r.Sandbox, r)
+// egressChanged tells the egress hook that sandbox's rights changed and
+// which of them (mounts aside) it lost.
+func (o *Orchestrator) egressChanged(sandbox string, lost []store.Right) {
+	if o.Egress == nil {
+		return
 	}
+	var ended []store.Right
+	for _, r := range lost {
+		if r.Kind != store.RightMount {
+			ended = append(ended, r)
+		}
+	}
+	o.Egress.Changed(sandbox, ended)
 }
 
 // AttachRights attaches sandbox's mount rights that are not attached yet:
@@ -385,6 +394,7 @@ func (o *Orchestrator) recordSpawnRights(ctx context.Context, sandbox string, r 
 	if err := o.Store.ChangeRights(ctx, nil, put); err != nil {
 		return err
 	}
+	o.egressChanged(sandbox, nil) // its proxy was served before them
 	o.AttachRights(ctx, sandbox)
 	return nil
 }
@@ -418,7 +428,7 @@ func (o *Orchestrator) ExpireRights(ctx context.Context, now time.Time) {
 			o.logger().Error("rights: remove an expired right", "sandbox", r.Sandbox, "err", err)
 			continue
 		}
-		o.egressRevoked(r)
+		o.egressChanged(r.Sandbox, []store.Right{r})
 		o.logger().Info("right expired", "sandbox", r.Sandbox, "right", r.Key())
 	}
 }
@@ -479,9 +489,7 @@ func (o *Orchestrator) HandRights(ctx context.Context, sandbox string, add, remo
 		o.undoMounts(context.WithoutCancel(ctx), sandbox, detach, attach)
 		return nil, nil, err
 	}
-	for _, d := range del {
-		o.egressRevoked(d)
-	}
+	o.egressChanged(sandbox, del)
 	after, err := o.Store.Rights(ctx, sandbox)
 	return after, notes, err
 }

@@ -679,21 +679,3 @@ func stamp() string { return time.Now().UTC().Format("2006-01-02T15:04:05.000Z07
 type nopCloser struct{ io.Writer }
 
 func (nopCloser) Close() error { return nil }
-
-// SandboxRights is what decides sb's egress today: the rights of its spawn
-// (a child's, kept in its spawn record; an orchestrator and a child made
-// by hand hold none) and its repository's cap. A record or config that
-// cannot be read is an error: the caller allows nothing (fail closed).
-func SandboxRights(sb store.Sandbox) (grant.Rights, grant.Cap, error) {
-	var doc spawnDoc
-	if sb.SpawnDoc != "" {
-		if err := json.Unmarshal([]byte(sb.SpawnDoc), &doc); err != nil {
-			return grant.Rights{}, grant.Cap{}, fmt.Errorf("the spawn record of %s cannot be read", sb.Name)
-		}
-	}
-	repo, err := LoadRepoConfig(sb.Repo)
-	if err != nil {
-		return grant.Rights{}, grant.Cap{}, err
-	}
-	return doc.Rights, repo.Orchestration.Cap, nil
-}
