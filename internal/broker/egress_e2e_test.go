@@ -14,7 +14,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -82,9 +81,9 @@ func dumbRepo(t *testing.T) string {
 // TestEgressHTTPSAndGitClone: HTTPS and git clone go through the proxy as
 // a CONNECT tunnel, TLS end to end with a CA the sandbox was given; both
 // are refused with the proxy's 403 while the sandbox holds no right to the
-// address, and work once the host adds it.
+// address, and work once the host adds it. (Incus's image has git but no
+// curl: there only git is asked.)
 func TestEgressHTTPSAndGitClone(t *testing.T) {
-	localOnly(t, "curl and git in the sandbox")
 	caPEM, cert := testCA(t)
 	srv := httptest.NewUnstartedServer(http.FileServer(http.Dir(dumbRepo(t))))
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
@@ -95,8 +94,8 @@ func TestEgressHTTPSAndGitClone(t *testing.T) {
 	if err := e.admin("new", wire.NewArgs{Name: "lead", Repo: e.repo, Role: "orchestrator", Grant: json.RawMessage(egressGrant)}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(e.homeFile("lead", "ca.pem"), caPEM, 0o644); err != nil {
-		t.Fatal(err)
+	if res, err := e.execIn("lead", string(caPEM), "sh", "-c", `cat >"$HOME/ca.pem"`); err != nil || res.exit != 0 {
+		t.Fatalf("giving the sandbox the CA: %v %q", err, res.stderr)
 	}
 	// NO_PROXY names 127.0.0.1 (the sandbox's own): the proxy is asked.
 	curl := func() execResult {
@@ -114,7 +113,7 @@ func TestEgressHTTPSAndGitClone(t *testing.T) {
 		return res
 	}
 
-	if res := curl(); res.exit == 0 || !strings.Contains(res.stderr, "< HTTP/1.1 403") {
+	if res := curl(); !onIncus() && (res.exit == 0 || !strings.Contains(res.stderr, "< HTTP/1.1 403")) {
 		t.Fatalf("ungranted curl: exit %d\n%s", res.exit, res.stderr)
 	}
 	if res := clone(); res.exit == 0 || !strings.Contains(res.stderr, "CONNECT tunnel failed, response 403") {
@@ -125,7 +124,7 @@ func TestEgressHTTPSAndGitClone(t *testing.T) {
 	if err := e.admin("rights", wire.RightsArgs{Name: "lead", Add: wire.RightsItems{Egress: []string{"127.0.0.1"}}}, &rights); err != nil {
 		t.Fatal(err)
 	}
-	if res := curl(); res.exit != 0 || strings.TrimSpace(res.stdout) != "ref: refs/heads/main" {
+	if res := curl(); !onIncus() && (res.exit != 0 || strings.TrimSpace(res.stdout) != "ref: refs/heads/main") {
 		t.Fatalf("granted curl: exit %d %q\n%s", res.exit, res.stdout, res.stderr)
 	}
 	if res := clone(); res.exit != 0 || strings.TrimSpace(res.stdout) != "served over https" {
