@@ -1,7 +1,6 @@
 package broker_test
 
 import (
-	"bufio"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -10,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"io"
 	"math/big"
 	"net"
 	"net/http"
@@ -155,7 +155,7 @@ func tunnelServer(t *testing.T) (port string, accepted, ended chan struct{}) {
 			go func() {
 				defer c.Close()
 				c.Write([]byte("held open\n"))
-				bufio.NewReader(c).WriteTo(discard{})
+				io.Copy(io.Discard, c)
 				ended <- struct{}{}
 			}()
 		}
@@ -163,10 +163,6 @@ func tunnelServer(t *testing.T) (port string, accepted, ended chan struct{}) {
 	_, port, _ = net.SplitHostPort(l.Addr().String())
 	return port, accepted, ended
 }
-
-type discard struct{}
-
-func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // receive waits for a value on ch, failing t (naming what) after the
 // hang guard.
@@ -178,6 +174,12 @@ func receive(t *testing.T, what string, ch <-chan struct{}) {
 		t.Fatalf("timed out waiting for %s", what)
 	}
 }
+
+// connectScript asks the sandbox's proxy (bash alone: Incus's image has
+// no curl) for a tunnel to the host's 127.0.0.1 port $1 and prints all it
+// gets until the tunnel ends.
+const connectScript = `exec 3<>/dev/tcp/127.0.0.1/${HTTP_PROXY##*:} &&
+printf 'CONNECT 127.0.0.1:%s HTTP/1.1\r\nHost: 127.0.0.1:%s\r\n\r\n' "$1" "$1" >&3 && cat <&3`
 
 // TestEgressExpiryCutsALiveTunnel: a CONNECT tunnel opened under a timed
 // egress right is cut when the right expires (the host's server sees the
@@ -194,8 +196,7 @@ func TestEgressExpiryCutsALiveTunnel(t *testing.T) {
 	wantRights(t, st, wire.StateDone, "granted egress 127.0.0.1 for 5s")
 
 	// The client opens the tunnel and reads until it ends.
-	script := `exec 3<>/dev/tcp/127.0.0.1/${HTTP_PROXY##*:} &&
-printf 'CONNECT 127.0.0.1:%s HTTP/1.1\r\nHost: 127.0.0.1:%s\r\n\r\n' "$1" "$1" >&3 && cat <&3; echo tunnel ended`
+	script := connectScript + "; echo tunnel ended"
 	type result struct {
 		res execResult
 		err error
@@ -216,8 +217,7 @@ printf 'CONNECT 127.0.0.1:%s HTTP/1.1\r\nHost: 127.0.0.1:%s\r\n\r\n' "$1" "$1" >
 		t.Fatal("timed out waiting for the client in the sandbox to see the tunnel end")
 	}
 
-	res, err := e.execIn("kid", "", "bash", "-c", `exec 3<>/dev/tcp/127.0.0.1/${HTTP_PROXY##*:} &&
-printf 'CONNECT 127.0.0.1:%s HTTP/1.1\r\nHost: 127.0.0.1:%s\r\n\r\n' "$1" "$1" >&3 && cat <&3`, "tunnel", port)
+	res, err := e.execIn("kid", "", "bash", "-c", connectScript, "tunnel", port)
 	if err != nil || !strings.Contains(res.stdout, " 403 ") || !strings.Contains(res.stdout, "egress to 127.0.0.1 is not granted to this sandbox") {
 		t.Fatalf("a new tunnel after expiry: %v %q %q", err, res.stdout, res.stderr)
 	}
