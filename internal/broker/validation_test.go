@@ -64,8 +64,9 @@ func TestBrokerEnforcesManifestRules(t *testing.T) {
 			"refused", "children may only revoke their own rights"},
 		{"child names another", "fix-12", `{"version":1,"id":"r3","type":"rights","child":"other","revoke":{"loose":true,"mounts":[],"egress":[]}}`, nil,
 			"refused", "children may only revoke their own rights"},
+		// Revoke-only needs no rights operation: it runs (loose was not held).
 		{"child revoke-only", "fix-12", `{"version":1,"id":"r4","type":"rights","revoke":{"loose":true,"mounts":[],"egress":[]}}`, nil,
-			"refused", "operation `rights` is not available in this broker yet"},
+			"done", "loose was not held"},
 		{"child spawns", "fix-12", `{"version":1,"id":"c1","type":"stop","child":"fix-12"}`, nil, "refused", ""},
 		{"child message with to", "fix-12", `{"version":1,"id":"c2","type":"message","to":"orch","body":"x"}`, nil, "refused", ""},
 		{"message over 65536 bytes", "orch", `{"version":1,"id":"m1","type":"message","to":"fix-12","body_file":"m1.md"}`, &long, "refused", ""},
