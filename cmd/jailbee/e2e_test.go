@@ -958,7 +958,7 @@ func TestHostileGitNeverRunsOnTheHost(t *testing.T) {
 		// Stopped by the broker: what it recorded at the stop counts (the
 		// planted files, or a HEAD the swapped config kept git from reading).
 		if code, _, errs := h.jb("", "destroy", "evil-kid"); code != 1 ||
-			!(strings.Contains(errs, "uncommitted changes") || strings.Contains(errs, "could not be read when it was stopped")) {
+			!(strings.Contains(errs, "uncommitted changes") || strings.Contains(errs, "was not recorded when it stopped")) {
 			t.Fatalf("%s: destroy of a stopped sandbox: exit %d %q", when, code, errs)
 		}
 		for _, name := range []string{"evil", "evil-kid"} {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"agentbox/internal/backend/incus/incustest"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -136,14 +137,20 @@ func TestAdminDestroyGuard(t *testing.T) {
 			head := e.row(name).StopHead
 			return "`" + name + "` has commits that were never imported (HEAD " + head[:12] + ", last imported " + start[:12] + "): import them, or fetch them into the host repository with 'jailbee fetch " + name + "', or use --force"
 		}},
-		// Stopped behind the broker's back: nothing was recorded.
-		{"stopped-otherwise", func(e *testEnv, name string) {
-			if err := e.be.Stop(context.Background(), name); err != nil {
+		// Stopped behind the broker's back: the round records it stopped,
+		// with no HEAD.
+		{"stopped-otherwise", func(e *testEnv, name string) { e.stopBehindTheBroker(name) },
+			func(e *testEnv, name string) string { return notRecorded(name) }},
+		// Stopped by the broker, started, given work, then ended on its
+		// own: the first stop's HEAD no longer counts.
+		{"stopped-started-ended", func(e *testEnv, name string) {
+			e.stopByBroker(name)
+			if err := e.admin("start", wire.NameArgs{Name: name}, nil); err != nil {
 				e.t.Fatal(err)
 			}
-		}, func(e *testEnv, name string) string {
-			return "`" + name + "` is not running and was not stopped by the broker, so its work cannot be checked: start it again, or use --force"
-		}},
+			e.mustExec(name, "sh", "-c", commit+" --allow-empty -m work")
+			e.stopBehindTheBroker(name)
+		}, func(e *testEnv, name string) string { return notRecorded(name) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := e.withT(t)
@@ -225,6 +232,22 @@ func TestAdminDestroyOrchestratorWithChildren(t *testing.T) {
 }
 
 // stopByBroker stops a sandbox through the admin socket.
+// stopBehindTheBroker stops name's unit through the backend and waits for
+// the broker's round to record it stopped.
+func (e *testEnv) stopBehindTheBroker(name string) {
+	e.t.Helper()
+	if err := e.be.Stop(context.Background(), name); err != nil {
+		e.t.Fatal(err)
+	}
+	wait.For(e.t, "the round records `"+name+"` stopped", func() bool {
+		return e.info(name).State == "stopped"
+	})
+}
+
+func notRecorded(name string) string {
+	return "the HEAD of `" + name + "` was not recorded when it stopped (it could not be read, or the sandbox ended without a stop by the broker), so its work cannot be checked: start it again, or use --force"
+}
+
 func (e *testEnv) stopByBroker(name string) {
 	e.t.Helper()
 	if err := e.admin("stop", wire.NameArgs{Name: name}, nil); err != nil {

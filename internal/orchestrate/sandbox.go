@@ -466,9 +466,12 @@ func (o *Orchestrator) savedHead(ctx context.Context, sb store.Sandbox) (string,
 		if sb.State != store.StateStopped {
 			return "", refusef("`%s` is not running and was not stopped by the broker, so its work cannot be checked: start it again, or use --force", sb.Name)
 		}
+		// Only a stop by the broker records the HEAD: a unit that ended
+		// on its own (the round recorded it stopped) has none, like one
+		// whose HEAD could not be read at the stop.
 		work = workState{head: sb.StopHead, branch: "(recorded)", dirty: sb.StopDirty}
 		if work.head == "" {
-			return "", refusef("the HEAD of `%s` could not be read when it was stopped: start it again to check it, or use --force", sb.Name)
+			return "", refusef("the HEAD of `%s` was not recorded when it stopped (it could not be read, or the sandbox ended without a stop by the broker), so its work cannot be checked: start it again, or use --force", sb.Name)
 		}
 	} else if err != nil {
 		return "", refusef("cannot check the work of `%s` (%v): use --force to destroy it anyway", sb.Name, err)
@@ -517,7 +520,8 @@ func (o *Orchestrator) StartSandbox(ctx context.Context, name string) (note stri
 	if sb.State == store.StateRunning || sb.State == store.StateReady {
 		return "", nil // it ran: a ready child's agent stays watched
 	}
-	if err := o.Store.SetState(ctx, name, store.StateRunning); err != nil {
+	// Running again: what the last stop saw no longer counts.
+	if err := o.Store.SetRunning(ctx, name); err != nil {
 		return "", err
 	}
 	if sb.Role == wire.RoleChild && LastManifest(sb) != "" {

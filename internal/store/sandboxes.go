@@ -193,6 +193,12 @@ func (s *Store) ClaimQueued(ctx context.Context, name string, seq int64, state, 
 	return claimed && err == nil, err
 }
 
+// SetRunning records a started sandbox running, the marks of its last
+// stop cleared.
+func (s *Store) SetRunning(ctx context.Context, name string) error {
+	return s.updateOne(ctx, `UPDATE sandboxes SET state = ?, stop_head = '', stop_dirty = 0 WHERE name = ?`, StateRunning, name)
+}
+
 // SetRestarted records a restarted child's sandbox running again: out of
 // the queue, the marks of its last stop cleared.
 func (s *Store) SetRestarted(ctx context.Context, name string) error {
