@@ -89,7 +89,8 @@ func (b *Broker) dispatchAdmin(ctx context.Context, cc *connCtx, req *wire.Reque
 	case "new", "destroy", "start", "stop", "fetch", "rights":
 		// Mutations run on the executor, in order with sends.
 		var r *reply
-		err := b.runExec(ctx, nil, func() { r = b.adminMutation(ctx, req.Op, req.Args, log) })
+		b.interruptFor(req.Op, req.Args)
+		err := b.runExec(ctx, nil, nil, func(ctx context.Context) { r = b.adminMutation(ctx, req.Op, req.Args, log) })
 		if err != nil {
 			r = replyErr(err)
 		}
@@ -101,6 +102,19 @@ func (b *Broker) dispatchAdmin(ctx context.Context, cc *connCtx, req *wire.Reque
 		log.Info("admin request refused", "code", rep.resp.Error.Code, "detail", rep.resp.Error.Detail)
 	}
 	return rep
+}
+
+// interruptFor ends, before a host stop or destroy --force queues, the
+// work the broker does in that sandbox: it never waits on what the
+// sandbox it ends controls.
+func (b *Broker) interruptFor(op string, raw json.RawMessage) {
+	var a wire.DestroyArgs // the stop's NameArgs decode into it too
+	if (op != "stop" && op != "destroy") || json.Unmarshal(raw, &a) != nil || a.Name == "" {
+		return
+	}
+	if op == "stop" || a.Force {
+		b.orchestrator.Interrupt(a.Name)
+	}
 }
 
 // adminMutation runs new, destroy, start, stop or fetch.

@@ -22,6 +22,7 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/orchestrate"
 	"agentbox/internal/secfs"
+	"agentbox/internal/serial"
 	"agentbox/internal/store"
 )
 
@@ -74,7 +75,7 @@ type Broker struct {
 	conns   connTracker
 
 	queries  queryPool
-	executor executor
+	executor serial.Executor
 	roundMu  sync.Mutex // one round at a time (the loop, admin ops)
 	// repairing: a round's repairs are being carried out (reconcile.go).
 	repairing atomic.Bool
@@ -134,11 +135,12 @@ func Open(cfg Config) (*Broker, error) {
 		conns:      newConnTracker(),
 		queries:    queryPool{workers: make(chan struct{}, QueryWorkers)},
 	}
+	b.executor.Cap = ExecQueueCap
 	b.orchestrator = &orchestrate.Orchestrator{
 		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes, Log: cfg.Logger,
 		Serve: b.serveSandbox, Unserve: b.stopServing, ModelSockets: cfg.Model != nil, LiteLLMProfiles: cfg.Model.profiles(),
 		Go:     func(fn func(context.Context)) { b.goWorker(func() { fn(b.ctx) }) },
-		Serial: func(fn func()) { b.runExec(b.ctx, nil, fn) },
+		Serial: func(ctx context.Context, fn func(context.Context)) { b.runExec(ctx, nil, nil, fn) },
 		LogDir: filepath.Join(cfg.StateDir, LogDir),
 		Egress: egressHook{b: b, next: cfg.Egress},
 	}

@@ -5,10 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
-	"sync"
 	"sync/atomic"
 
+	"agentbox/internal/serial"
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
 )
@@ -123,82 +122,46 @@ var (
 	errDropped  = errors.New("request dropped: the client disconnected while it was queued")
 )
 
-// executor runs send (and host mutations) one at a time, in arrival order.
-// The request's own goroutine runs its job once its turn comes, so an
-// uncontended send costs no hand-off to another goroutine.
-type executor struct {
-	mu    sync.Mutex
-	busy  bool
-	queue []chan struct{} // waiting turns, oldest first; closed = your turn
-}
-
-// runExec runs fn on the executor. At most ExecQueueCap requests wait (more
-// get busy). While a request waits its turn, its connection is watched: a
-// client that disconnects then has its request dropped, never run. Once fn
-// runs it runs to the end. cc is nil for requests with no connection to
-// watch.
-func (b *Broker) runExec(ctx context.Context, cc *connCtx, fn func()) error {
-	e := &b.executor
-	e.mu.Lock()
-	if e.busy {
-		if len(e.queue) >= ExecQueueCap {
-			e.mu.Unlock()
-			return errBusyExec
-		}
-		turn := make(chan struct{})
-		e.queue = append(e.queue, turn)
-		e.mu.Unlock()
-		waitCtx, stop := ctx, func() {}
-		if cc != nil {
-			waitCtx, stop = cc.watchHangup(ctx)
-		}
+// runExec runs fn on the executor (b.executor: send and host mutations,
+// one at a time, in arrival order; package serial). At most ExecQueueCap
+// requests wait (more get busy). While a request waits its turn, its
+// connection is watched: a client that disconnects then has its request
+// dropped, never run. Once fn runs it runs to the end; fn's context
+// carries the turn, which sandbox-side work gives away (serial.Outside).
+// cc is nil for requests with no connection to watch. lane, when not nil,
+// is the requesting sandbox's own queue (sandboxServer.sends), taken
+// before the executor's line.
+func (b *Broker) runExec(ctx context.Context, cc *connCtx, lane chan struct{}, fn func(context.Context)) error {
+	waitCtx, stop := ctx, func() {}
+	if cc != nil {
+		waitCtx, stop = cc.watchHangup(ctx)
+	}
+	if lane != nil {
 		select {
-		case <-turn:
-			left := waitCtx.Err() != nil // the client left as the turn came
-			stop()
-			if left {
-				e.release()
-				return errDropped
-			}
+		case lane <- struct{}{}:
+			defer func() { <-lane }()
 		case <-waitCtx.Done():
 			stop()
-			e.mu.Lock()
-			if i := slices.Index(e.queue, turn); i >= 0 {
-				e.queue = slices.Delete(e.queue, i, i+1)
-				e.mu.Unlock()
-				return errDropped
-			}
-			e.mu.Unlock()
-			// The turn was handed over as the client left: pass it on.
-			e.release()
 			return errDropped
 		}
-	} else {
-		e.busy = true
-		e.mu.Unlock()
 	}
-	defer e.release()
+	err := b.executor.Wait(waitCtx)
+	stop()
+	switch {
+	case errors.Is(err, serial.ErrFull):
+		return errBusyExec
+	case err != nil:
+		return errDropped
+	}
+	defer b.executor.Release()
 	if h := b.execHook.Load(); h != nil {
 		(*h)()
 	}
 	if b.ctx.Err() != nil {
 		return errDropped
 	}
-	fn()
+	fn(serial.Holding(ctx, &b.executor))
 	return nil
-}
-
-// release hands the turn to the oldest waiter, or frees the executor.
-func (e *executor) release() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if len(e.queue) == 0 {
-		e.busy = false
-		return
-	}
-	next := e.queue[0]
-	e.queue = slices.Delete(e.queue, 0, 1)
-	close(next)
 }
 
 // notify wakes the parked next of sandbox name, if it is served.

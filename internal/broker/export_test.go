@@ -26,7 +26,5 @@ func (b *Broker) QueuedQueriesForTest() int {
 
 // QueuedSendsForTest is how many requests wait for the executor.
 func (b *Broker) QueuedSendsForTest() int {
-	b.executor.mu.Lock()
-	defer b.executor.mu.Unlock()
-	return len(b.executor.queue)
+	return b.executor.Waiting()
 }

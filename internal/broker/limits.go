@@ -16,6 +16,9 @@ const (
 	// store queries queued or running; further requests wait in their
 	// connections."
 	MaxQueriesPerSandbox = 2
+	// MaxSendsPerSandbox: one send of a sandbox is in line for the
+	// executor or running at a time; its others wait in their connections.
+	MaxSendsPerSandbox = 1
 	// QueryWorkers run store queries (list, read, ack) for every sandbox.
 	QueryWorkers = 4
 	// QueryQueueCap bounds the broker-wide store-query queue; a query finding

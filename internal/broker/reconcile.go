@@ -170,8 +170,8 @@ func (b *Broker) repair(found repairPlan) {
 	}
 	b.goWorker(func() {
 		defer b.repairing.Store(false)
-		b.runExec(b.ctx, nil, func() {
-			ctx, cancel := context.WithTimeout(b.ctx, roundTimeout)
+		b.runExec(b.ctx, nil, nil, func(ctx context.Context) {
+			ctx, cancel := context.WithTimeout(ctx, roundTimeout)
 			defer cancel()
 			records, err := b.store.Sandboxes(ctx)
 			if err != nil {

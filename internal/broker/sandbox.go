@@ -34,7 +34,13 @@ type sandboxServer struct {
 	ln       *net.UnixListener
 	conns    atomic.Int32
 	querySem chan struct{}
-	parked   atomic.Bool
+	// sends is the sandbox's own queue for send: MaxSendsPerSandbox in
+	// flight, the rest waiting in their connections (at most one request
+	// per connection, so at most MaxConnsPerSandbox-1 wait). One sandbox
+	// thus holds at most one place in the executor's line, which serves
+	// sandboxes in turn however many connections each floods.
+	sends  chan struct{}
+	parked atomic.Bool
 
 	mu      sync.Mutex
 	changed chan struct{} // closed and replaced when the inbox changes
@@ -48,6 +54,7 @@ func newSandboxServer(c wire.Caller) *sandboxServer {
 	return &sandboxServer{
 		caller:   c,
 		querySem: make(chan struct{}, MaxQueriesPerSandbox),
+		sends:    make(chan struct{}, MaxSendsPerSandbox),
 		changed:  make(chan struct{}),
 		open:     map[net.Conn]struct{}{},
 	}

@@ -37,7 +37,7 @@ func (b *Broker) opSend(ctx context.Context, c *call) *reply {
 	}
 	var sent store.Sent
 	var serr error
-	err := b.runExec(ctx, c.cc, func() {
+	err := b.runExec(ctx, c.cc, c.srv.sends, func(ctx context.Context) {
 		// Handling has begun: it runs to the end even if the client leaves.
 		sent, serr = b.send(context.WithoutCancel(ctx), c.caller, args)
 	})

@@ -160,7 +160,7 @@ func (o *Orchestrator) destroyAfterDone(name, head string) {
 				return
 			case <-time.After(doneCleanupDelay):
 			}
-			o.serial(func() { again = o.cleanUpDone(ctx, name, head) })
+			o.serial(ctx, func(ctx context.Context) { again = o.cleanUpDone(ctx, name, head) })
 		}
 	})
 }
@@ -193,11 +193,11 @@ func (o *Orchestrator) cleanUpDone(ctx context.Context, name, head string) (wait
 }
 
 // serial runs fn in order with the broker's other mutations (its
-// executor); directly without one.
-func (o *Orchestrator) serial(fn func()) {
+// executor; fn's context carries the turn); directly without one.
+func (o *Orchestrator) serial(ctx context.Context, fn func(context.Context)) {
 	if o.Serial == nil {
-		fn()
+		fn(ctx)
 		return
 	}
-	o.Serial(fn)
+	o.Serial(ctx, fn)
 }

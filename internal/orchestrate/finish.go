@@ -82,7 +82,7 @@ func (o *Orchestrator) ScheduleFinishes(ctx context.Context) {
 				delete(o.finishing, p)
 				o.mu.Unlock()
 			}()
-			o.serial(func() { o.FinishPending(ctx, p) })
+			o.serial(ctx, func(ctx context.Context) { o.FinishPending(ctx, p) })
 		})
 	}
 }

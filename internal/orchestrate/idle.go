@@ -96,7 +96,7 @@ func (o *Orchestrator) checkIdle(ctx context.Context, sb store.Sandbox, seen age
 	if report {
 		tail = o.paneTail(ctx, sb.Name, seen.Window)
 	}
-	o.serial(func() {
+	o.serial(ctx, func(ctx context.Context) {
 		_, curSeen, ok := o.watchedAgent(ctx, sb.Name)
 		if !ok || curSeen.Identity != seen.Identity || curSeen.Idle != seen.Idle {
 			return // ended meanwhile, another agent, or another look came first

@@ -75,7 +75,7 @@ func (o *Orchestrator) watchedAgent(ctx context.Context, name string) (store.San
 // agentEnded records that a child's agent ended and, unless its done was
 // accepted meanwhile, tells its orchestrator: kind blocked.
 func (o *Orchestrator) agentEnded(ctx context.Context, sb store.Sandbox, seen agentSeen) {
-	o.serial(func() {
+	o.serial(ctx, func(ctx context.Context) {
 		// Another watch of the same agent (a restarted agent's) told already.
 		if _, cur, ok := o.watchedAgent(ctx, sb.Name); !ok || cur.Identity != seen.Identity {
 			return

@@ -58,7 +58,7 @@ type Orchestrator struct {
 	LogDir string
 	// Serial runs background mutations (a done child's destroy) in order
 	// with the broker's executor; nil: directly.
-	Serial func(func())
+	Serial func(context.Context, func(context.Context))
 	// Serve starts serving a sandbox's broker socket (the broker's
 	// listener, attached to the sandbox); Unserve stops it and removes
 	// the socket's directory. Nil: no sockets (tests of this package).
@@ -83,6 +83,7 @@ type Orchestrator struct {
 	// their mounts and recording the change one step (manifests, host
 	// changes, expiry and re-attachment at start alike).
 	rightsMu  sync.Mutex
+	inflight  inflight               // commands running in sandboxes, for Interrupt
 	grants    map[string]grant.Grant // parsed grant documents by their text
 	finishing map[string]bool        // orchestrators whose pending finishes run (ScheduleFinishes)
 }

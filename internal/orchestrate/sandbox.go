@@ -18,6 +18,7 @@ import (
 	"agentbox/internal/config"
 	"agentbox/internal/crashpoint"
 	"agentbox/internal/gitx"
+	"agentbox/internal/serial"
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
 )
@@ -63,12 +64,24 @@ type CreateRequest struct {
 }
 
 // Runner runs commands inside the sandbox name, for gitx.
+//
+// What runs in a sandbox is the sandbox's to stall, so it runs outside
+// the broker's serial turn (serial.Outside): other sandboxes' requests go
+// on meanwhile. It can be cut short by Interrupt.
 func (o *Orchestrator) Runner(name string) gitx.Runner {
-	return gitx.RunnerFunc(func(ctx context.Context, c gitx.Cmd) (int, error) {
-		return o.Backend.Exec(ctx, name, backend.ExecOptions{
-			Argv: c.Argv, Dir: c.Dir, Env: c.Env, Stdin: c.Stdin, Stdout: c.Stdout, Stderr: c.Stderr,
-			Started: c.Started,
+	return gitx.RunnerFunc(func(ctx context.Context, c gitx.Cmd) (code int, err error) {
+		ctx, done := o.inflight.begin(ctx, name)
+		defer done()
+		serial.Outside(ctx, func() {
+			code, err = o.Backend.Exec(ctx, name, backend.ExecOptions{
+				Argv: c.Argv, Dir: c.Dir, Env: c.Env, Stdin: c.Stdin, Stdout: c.Stdout, Stderr: c.Stderr,
+				Started: c.Started,
+			})
 		})
+		if err == nil && ctx.Err() != nil && context.Cause(ctx) == errInterrupted {
+			err = errInterrupted
+		}
+		return code, err
 	})
 }
 

@@ -1,0 +1,114 @@
+package broker_test
+
+// A sandbox that stalls the work the broker does in it stalls nobody else.
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"agentbox/internal/inbox"
+	"agentbox/internal/testutil/wait"
+	"agentbox/internal/wire"
+)
+
+// stallUploadPack starts, in sandbox name, a process that stops (SIGSTOP)
+// every git upload-pack the broker runs there: the next transfer out of
+// the sandbox hangs for as long as the sandbox likes. The marker file
+// appears once one was stopped.
+func (e *testEnv) stallUploadPack(name string) {
+	e.t.Helper()
+	// [k]: the loop's own command line must not match its pattern.
+	loop := `while :; do if pkill -STOP -f 'upload-pac[k]'; then touch /tmp/stalled; fi; sleep 0.05; done`
+	e.mustExec(name, "sh", "-c", "setsid sh -c \""+loop+"\" </dev/null >/dev/null 2>&1 &")
+}
+
+// TestStalledDoneStallsNobodyElse is the stall attack: a child stops its
+// own upload-pack and reports done. While that done hangs in the child's
+// transfer, another orchestrator's send and the host's stop of another
+// sandbox answer, and the host's stop of the child ends the stalled work:
+// the done answers too, with the import error.
+func TestStalledDoneStallsNobodyElse(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	e.orchestrator("other")
+	e.child("quiet", "other")
+	e.child("bystander", "other")
+
+	e.mustExec("kid", "sh", "-c", "echo work > work.txt && git add work.txt && "+commitCmd+" -m work")
+	e.stallUploadPack("kid")
+	type result struct {
+		st  wire.StatusItem
+		err error
+	}
+	doneC := make(chan result, 1)
+	go func() {
+		var st wire.StatusItem
+		err := e.client("kid").Call(context.Background(), "send", map[string]any{"manifest": map[string]any{
+			"version": 1, "id": "d-1", "type": "message", "kind": "done", "body": "done, stalled"}}, &st)
+		doneC <- result{st, err}
+	}()
+	wait.For(t, "the kid's upload-pack stopped", func() bool {
+		res, err := e.execIn("kid", "", "test", "-e", "/tmp/stalled")
+		return err == nil && res.exit == 0
+	})
+	stillStalled := func(what string) {
+		t.Helper()
+		select {
+		case r := <-doneC:
+			t.Fatalf("the stalled done answered before %s: %+v %v", what, r.st, r.err)
+		default:
+		}
+	}
+
+	// Another orchestrator's message goes through meanwhile.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var st wire.StatusItem
+	err := e.client("other").Call(ctx, "send", map[string]any{"manifest": map[string]any{
+		"version": 1, "id": "m-1", "type": "message", "to": "quiet", "body": "hello"}}, &st)
+	if err != nil || st.State != wire.StateDone {
+		t.Fatalf("another orchestrator's send while a done stalls: %+v %v", st, err)
+	}
+	stillStalled("another orchestrator's send")
+	// So does the host's stop of an unrelated sandbox.
+	if err := stopWithin(e, "bystander", 30*time.Second); err != nil {
+		t.Fatalf("host stop of an unrelated sandbox while a done stalls: %v", err)
+	}
+	stillStalled("the host's stop of another sandbox")
+
+	// The host's stop of the stalling child ends its work in flight.
+	if err := stopWithin(e, "kid", 30*time.Second); err != nil {
+		t.Fatalf("host stop of the stalling child: %v", err)
+	}
+	var r result
+	select {
+	case r = <-doneC:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the stalled done did not answer after the host stopped its sandbox")
+	}
+	if r.err != nil || r.st.State != wire.StateDone || r.st.Detail != "delivered to lead with an import error (could not fetch your branch into lead); this child is kept" {
+		t.Fatalf("the stalled done after the stop: %+v %v", r.st, r.err)
+	}
+	if info := e.info("kid"); info.State != "stopped" || info.Running {
+		t.Fatalf("the stopped kid: %+v", info)
+	}
+}
+
+// stopWithin runs the host's stop of name with a deadline.
+func stopWithin(e *testEnv, name string, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	c, err := inbox.Dial(ctx, e.adminPath())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	err = c.Call(ctx, "stop", wire.NameArgs{Name: name}, nil)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return errors.New("no answer within the deadline")
+	}
+	return err
+}

@@ -1,0 +1,176 @@
+package serial
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// holders counts who holds a turn, failing the test on any overlap.
+type holders struct {
+	t *testing.T
+	n atomic.Int32
+}
+
+func (h *holders) in() {
+	if h.n.Add(1) != 1 {
+		h.t.Error("two holders at once")
+	}
+}
+func (h *holders) out() { h.n.Add(-1) }
+
+// TestOutsideLetsOthersRun: a holder waiting in Outside does not keep
+// another from running, and has its turn back (alone) afterwards.
+func TestOutsideLetsOthersRun(t *testing.T) {
+	var e Executor
+	h := &holders{t: t}
+	release := make(chan struct{})
+	inside := make(chan struct{})
+	aDone := make(chan struct{})
+	go func() {
+		defer close(aDone)
+		e.Run(context.Background(), func(ctx context.Context) {
+			h.in()
+			h.out()
+			Outside(ctx, func() {
+				close(inside)
+				<-release // a stalled sandbox, say
+			})
+			h.in() // the turn is A's again
+			h.out()
+		})
+	}()
+	<-inside
+	// B runs to the end while A is outside.
+	if err := e.Run(context.Background(), func(context.Context) { h.in(); h.out() }); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	<-aDone
+	// And the executor is free again.
+	if err := e.Run(context.Background(), func(context.Context) {}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOverlappingOutside: the two ends of a transfer step outside at
+// once; the turn goes once and comes back once, after both.
+func TestOverlappingOutside(t *testing.T) {
+	var e Executor
+	h := &holders{t: t}
+	both := make(chan struct{})
+	var bRan atomic.Bool
+	e.Run(context.Background(), func(ctx context.Context) {
+		h.in()
+		h.out()
+		var wg sync.WaitGroup
+		var entered sync.WaitGroup
+		entered.Add(2)
+		for range 2 {
+			wg.Go(func() {
+				Outside(ctx, func() {
+					entered.Done()
+					<-both
+				})
+			})
+		}
+		entered.Wait()
+		// Both ends are outside: another holder runs.
+		if err := e.Run(context.Background(), func(context.Context) { h.in(); bRan.Store(true); h.out() }); err != nil {
+			t.Error(err)
+		}
+		close(both)
+		wg.Wait()
+		h.in()
+		h.out()
+	})
+	if !bRan.Load() {
+		t.Fatal("another holder did not run while both ends were outside")
+	}
+}
+
+// TestWaitCap: Cap bounds the waiters (ErrFull past it); a turn taken
+// back after Outside waits in line even when the queue is full.
+func TestWaitCap(t *testing.T) {
+	e := Executor{Cap: 1}
+	h := &holders{t: t}
+	outside := make(chan struct{})
+	back := make(chan struct{})
+	aDone := make(chan struct{})
+	go func() {
+		defer close(aDone)
+		e.Run(context.Background(), func(ctx context.Context) {
+			Outside(ctx, func() { close(outside); <-back })
+			h.in() // A's turn again: nobody else holds one
+			h.out()
+		})
+	}()
+	<-outside
+	// W1 holds the turn A gave away; W2 fills the queue.
+	w1Holds, w1Go := make(chan struct{}), make(chan struct{})
+	errs := make(chan error, 2)
+	go func() {
+		errs <- e.Run(context.Background(), func(context.Context) { h.in(); close(w1Holds); <-w1Go; h.out() })
+	}()
+	<-w1Holds
+	go func() { errs <- e.Run(context.Background(), func(context.Context) { h.in(); h.out() }) }()
+	waitQueue(&e, 1)
+	if err := e.Wait(context.Background()); !errors.Is(err, ErrFull) {
+		t.Fatalf("wait past the cap: %v, want ErrFull", err)
+	}
+	close(back) // A comes back with the queue full: it waits in line
+	waitQueue(&e, 2)
+	close(w1Go)
+	<-aDone
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// waitQueue spins until n holders wait.
+func waitQueue(e *Executor, n int) {
+	for {
+		e.mu.Lock()
+		got := len(e.queue)
+		e.mu.Unlock()
+		if got == n {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// TestWaitLeaves: a waiter whose context ends leaves the queue, takes
+// nothing, and the executor serves the next.
+func TestWaitLeaves(t *testing.T) {
+	var e Executor
+	if err := e.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- e.Wait(ctx) }()
+	waitQueue(&e, 1)
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("wait: %v", err)
+	}
+	e.Release()
+	if err := e.Run(context.Background(), func(context.Context) {}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestOutsideWithoutTurn just runs fn.
+func TestOutsideWithoutTurn(t *testing.T) {
+	ran := false
+	Outside(context.Background(), func() { ran = true })
+	if !ran {
+		t.Fatal("fn did not run")
+	}
+}
