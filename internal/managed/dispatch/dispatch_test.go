@@ -68,6 +68,22 @@ func newWorld(t testing.TB, replay bool) *world {
 	return w
 }
 
+// ledger reads request id's ledger file.
+func (w *world) ledger(id string) spool.Ledger {
+	w.t.Helper()
+	data, err := os.ReadFile(filepath.Join(w.s.Ledger, id+".ledger"))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	ids := w.s.IDs
+	ids.RequestID = id
+	l, err := spool.ParseLedger(data, ids)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return l
+}
+
 // serve starts the endpoint; it counts what it answers.
 func (w *world) serve() {
 	w.t.Helper()
@@ -152,8 +168,12 @@ func TestDispatchHappyPathAndExactReplay(t *testing.T) {
 			t.Fatalf("%s still holds %v", sub, names)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(w.s.Ledger, "r1.claim.json")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatal("the claim survived the recorded response")
+	// The ledger: one file, the claim then the done record.
+	if names, _ := os.ReadDir(w.s.Ledger); len(names) != 1 || names[0].Name() != "r1.ledger" {
+		t.Fatalf("the ledger holds %v", names)
+	}
+	if l := w.ledger("r1"); l.Claim == nil || l.Done == nil || l.Torn || string(l.Done.Response)+"\n" != string(data) {
+		t.Fatalf("the ledger file: %+v", l)
 	}
 	// Recorded: asked again, with or without the request spooled again,
 	// the same response and no second relay.
@@ -347,8 +367,8 @@ func TestDispatchReplayPolicy(t *testing.T) {
 		if !errors.As(err, &re) {
 			t.Fatalf("want retryable, got %v", err)
 		}
-		if _, err := os.Stat(filepath.Join(w.s.Ledger, "x.claim.json")); err != nil {
-			t.Fatal("no durable claim after the failed relay")
+		if l := w.ledger("x"); l.Claim == nil || l.Done != nil {
+			t.Fatalf("after the failed relay the ledger holds %+v, want the claim alone", l)
 		}
 		// A changed request under the claimed id is terminal.
 		w.put("x.json", envelope("x", `{"changed":true}`))
