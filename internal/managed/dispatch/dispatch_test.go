@@ -501,3 +501,90 @@ func TestDispatchStagedAndSpooledAgain(t *testing.T) {
 		}
 	}
 }
+
+// TestDispatchTornLedgerRecord: a record cut short by a crash during its
+// append was never synced, so nothing acted on it: a torn claim is no
+// claim (dispatched, even without the replay policy), a torn done record
+// leaves the claim (replayed under the policy); either way the torn bytes
+// are cut before the next append and the consumer gets the response.
+func TestDispatchTornLedgerRecord(t *testing.T) {
+	t.Run("claim", func(t *testing.T) {
+		w := newWorld(t, false)
+		w.serve()
+		w.put("t.json", envelope("t", `{}`))
+		frame := mustEnvelope(t, envelope("t", `{}`)).Frame()
+		rec := spool.AppendLedgerRecord(nil, spool.KindClaim, spool.NewClaim(frame).Marshal())
+		w.writeLedger("t", rec[:len(rec)/2])
+		if out, err := w.dispatch("t", 0); err != nil || out.Cached || w.count("t") != 1 {
+			t.Fatalf("after a torn claim: %+v %v, endpoint %d", out, err, w.count("t"))
+		}
+		if l := w.ledger("t"); l.Torn || l.Claim == nil || l.Done == nil {
+			t.Fatalf("the ledger after: %+v", l)
+		}
+	})
+	t.Run("done", func(t *testing.T) {
+		w := newWorld(t, true)
+		w.put("t.json", envelope("t", `{}`))
+		var re *dispatch.RetryableError
+		if _, err := w.dispatch("t", 0); !errors.As(err, &re) { // no endpoint yet: the claim alone
+			t.Fatalf("want retryable, got %v", err)
+		}
+		frame := mustEnvelope(t, envelope("t", `{}`)).Frame()
+		resp, err := spool.DecodeResponse([]byte(`{"version":"1","run_id":"run-1","lease_id":"requests","consumer":"agent","request_id":"t","payload":{"torn":true}}`), spool.IDs{RunID: "run-1", LeaseID: "requests", Consumer: "agent", RequestID: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := spool.AppendLedgerRecord(nil, spool.KindDone, spool.NewDone(frame, resp).Marshal())
+		w.appendLedger("t", done[:len(done)-1])
+		w.serve()
+		out, err := w.dispatch("t", 0)
+		if err != nil || out.Cached || w.count("t") != 1 || strings.Contains(string(out.Response.Bytes()), "torn") {
+			t.Fatalf("after a torn done record: %+v %v, endpoint %d", out, err, w.count("t"))
+		}
+		if l := w.ledger("t"); l.Torn || l.Done == nil {
+			t.Fatalf("the ledger after: %+v", l)
+		}
+	})
+}
+
+// TestDispatchRefusesEarlierLedgerFormat: a claim of the earlier format
+// (one file per record) is not read, so the request fails closed instead
+// of being relayed again.
+func TestDispatchRefusesEarlierLedgerFormat(t *testing.T) {
+	w := newWorld(t, true)
+	w.serve()
+	w.put("o.json", envelope("o", `{}`))
+	if err := os.MkdirAll(w.s.Ledger, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(w.s.Ledger, "o.claim.json"), []byte("{}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := w.dispatch("o", 0)
+	terminal(t, err)
+	if w.count("o") != 0 {
+		t.Fatal("the endpoint saw the request")
+	}
+}
+
+func (w *world) writeLedger(id string, data []byte) {
+	w.t.Helper()
+	if err := os.MkdirAll(w.s.Ledger, 0o700); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(w.s.Ledger, id+".ledger"), data, 0o600); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) appendLedger(id string, data []byte) {
+	w.t.Helper()
+	f, err := os.OpenFile(filepath.Join(w.s.Ledger, id+".ledger"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(data); err != nil {
+		w.t.Fatal(err)
+	}
+}
