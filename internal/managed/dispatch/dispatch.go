@@ -7,10 +7,10 @@
 // lease's signed exact-digest policy; without it a claim is terminal.
 //
 // Each request has one append-only ledger file, which is also its lock:
-// the claim and the done record are each one append and one sync, so a
-// dispatch costs three syncs in all (the ledger file's directory entry is
-// synced together with its first record, and the consumer's file
-// together with the done record).
+// the claim and the done record are each one append and one sync round,
+// the two the replay contract needs (the ledger file's directory entry is
+// synced at the same time as its first record, and the consumer's file as
+// the done record).
 //
 // The runtime reaches the spool through the volume's host directory (the
 // engine's local driver), as root, with no-follow opens relative to open
