@@ -6,6 +6,8 @@
 #
 #   list / raw echo, read / raw echo       (target <= 3x)
 #   send / raw SQLite commit               (target <= 1.5x)
+#   dispatch / bare relay + one fsync      (target <= 3x; as root, through
+#                                          scripts/bench-dispatch.sh)
 #
 # Usage: scripts/bench.sh [COUNT] [BENCHTIME]    (defaults: 5, 2s)
 # Raw `go test` output goes to $OUT (default: a temp file, path printed).
@@ -54,3 +56,9 @@ END {
 	ratio("SendMessage", "RawSQLiteCommitSchema", "")
 	ratio("RawSQLiteCommitSchema", "RawSQLiteCommit", "")
 }' "$out"
+
+# branchbox's tool-request dispatch (root only: the consumer's files are
+# chowned) has its own script; it runs the same number of rounds.
+if [ "$(id -u)" = 0 ]; then
+	OUT= scripts/bench-dispatch.sh "$count" # its own raw output file
+fi

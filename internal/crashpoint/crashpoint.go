@@ -35,11 +35,13 @@ const (
 
 // Points a branchbox tool-request dispatch passes.
 const (
-	DispatchStaged    = "dispatch-staged"    // the request is in .processing/, not claimed
-	DispatchClaimed   = "dispatch-claimed"   // the claim is durable, the staged copy not removed
-	DispatchRelayed   = "dispatch-relayed"   // the endpoint answered, nothing recorded
-	DispatchRecorded  = "dispatch-recorded"  // the response is recorded, the consumer's file not written
-	DispatchResponded = "dispatch-responded" // the consumer's file is written, the dispatch not reported
+	DispatchStaged         = "dispatch-staged"          // the request is in .processing/, not claimed
+	DispatchClaimAppended  = "dispatch-claim-appended"  // the claim is appended to the ledger, not synced
+	DispatchClaimed        = "dispatch-claimed"         // the claim is durable, nothing relayed
+	DispatchRelayed        = "dispatch-relayed"         // the endpoint answered, nothing recorded
+	DispatchRecordAppended = "dispatch-record-appended" // the done record is appended, not synced
+	DispatchRecorded       = "dispatch-recorded"        // the response is recorded, the consumer's file not placed
+	DispatchResponded      = "dispatch-responded"       // the consumer's file is placed, the staged copy not removed
 )
 
 var armed = os.Getenv(EnvVar)

@@ -83,7 +83,7 @@ func BenchmarkDispatch(b *testing.B) {
 	})
 }
 
-func mustEnvelope(b *testing.B, data string) *spool.Envelope {
+func mustEnvelope(b testing.TB, data string) *spool.Envelope {
 	e, err := spool.DecodeEnvelope([]byte(data))
 	if err != nil {
 		b.Fatal(err)

@@ -6,6 +6,12 @@
 // then written for the consumer; the staged copy is removed last. Replay of an interrupted relay needs the
 // lease's signed exact-digest policy; without it a claim is terminal.
 //
+// Each request has one append-only ledger file, which is also its lock:
+// the claim and the done record are each one append and one sync round,
+// the two the replay contract needs (the ledger file's directory entry is
+// synced at the same time as its first record, and the consumer's file as
+// the done record).
+//
 // The runtime reaches the spool through the volume's host directory (the
 // engine's local driver), as root, with no-follow opens relative to open
 // directories: nothing runs in the container for it, and nothing the
@@ -111,11 +117,11 @@ func (s *Spool) Dispatch(ctx context.Context, id string, wait time.Duration) (*O
 
 // attempt is one pass: lock, then the ledger's records, then the spool.
 func (s *Spool) attempt(ctx context.Context, id string, deadline time.Time) (*Outcome, error) {
-	unlock, err := s.lock(id, deadline)
+	ledger, err := s.lock(id, deadline)
 	if err != nil {
 		return nil, err
 	}
-	defer unlock()
+	defer ledger.Close()
 	d, _, err := openDir(s.Dir)
 	if err != nil {
 		return nil, fmt.Errorf("spool: open: %w", err)
@@ -126,23 +132,18 @@ func (s *Spool) attempt(ctx context.Context, id string, deadline time.Time) (*Ou
 	}
 	ids := s.IDs
 	ids.RequestID = id
-	st := &step{s: s, id: id, ids: ids, root: d}
+	st := &step{s: s, id: id, ids: ids, root: d, ledger: ledger}
 	if err := st.open(); err != nil {
 		return nil, err
 	}
 	defer st.close()
-
-	if done, err := s.readDone(id, ids); err != nil || done != nil {
-		if err != nil {
-			return nil, err
-		}
-		return st.replayDone(done)
-	}
-	claim, err := s.readClaim(id, ids)
-	if err != nil {
+	if err := st.readLedger(); err != nil {
 		return nil, err
 	}
-	if claim != nil {
+	if done := st.rec.Done; done != nil {
+		return st.replayDone(done)
+	}
+	if claim := st.rec.Claim; claim != nil {
 		if !s.Replay {
 			return nil, errors.New("the request was claimed by an earlier dispatch whose relay may have run; without the signed replay policy the claim stays blocked")
 		}
@@ -157,28 +158,28 @@ func (s *Spool) attempt(ctx context.Context, id string, deadline time.Time) (*Ou
 	if err != nil {
 		return nil, err
 	}
-	if err := secfs.WriteFileAtomic(s.ledgerFile(id, "claim"), spool.NewClaim(frame).Marshal(), 0o600); err != nil {
-		return nil, fmt.Errorf("ledger: write the claim: %w", err)
+	if err := st.record(spool.KindClaim, spool.NewClaim(frame).Marshal(), crashpoint.DispatchClaimAppended); err != nil {
+		return nil, err
 	}
 	crashpoint.Hit(crashpoint.DispatchClaimed)
 	return st.relay(ctx, frame)
 }
 
-// lock takes the request id's exclusive lock in the ledger, waiting until
-// deadline for another dispatch of it. A crashed holder's lock goes with
-// its process.
-func (s *Spool) lock(id string, deadline time.Time) (func(), error) {
+// lock opens the request id's ledger file in the ledger directory and
+// takes its exclusive lock, waiting until deadline for another dispatch of
+// it. A crashed holder's lock goes with its process.
+func (s *Spool) lock(id string, deadline time.Time) (*os.File, error) {
 	if err := secfs.EnsurePrivateDir(s.Ledger); err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
-	f, err := os.OpenFile(s.ledgerFile(id, "attempt"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	f, err := os.OpenFile(filepath.Join(s.Ledger, id+".ledger"), os.O_RDWR|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: %w", err)
 	}
 	for {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
-			return func() { f.Close() }, nil
+			return f, nil
 		}
 		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
 			f.Close()
@@ -191,49 +192,80 @@ func (s *Spool) lock(id string, deadline time.Time) (func(), error) {
 	}
 }
 
-func (s *Spool) ledgerFile(id, kind string) string {
-	return filepath.Join(s.Ledger, id+"."+kind+".json")
-}
-
-// readDone reads the request's done record, nil when there is none.
-func (s *Spool) readDone(id string, ids spool.IDs) (*spool.Done, error) {
-	data, err := secfs.ReadFileNoFollow(s.ledgerFile(id, "done"), spool.MaxRequestBytes+spool.MaxResponseBytes+4096)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("ledger: read the done record: %w", err)
-	}
-	d, err := spool.DecodeDone(data, ids)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: the done record is damaged: %w", err)
-	}
-	return &d, nil
-}
-
-// readClaim reads the request's claim, nil when there is none.
-func (s *Spool) readClaim(id string, ids spool.IDs) (*spool.Claim, error) {
-	data, err := secfs.ReadFileNoFollow(s.ledgerFile(id, "claim"), spool.MaxRequestBytes+4096)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("ledger: read the claim: %w", err)
-	}
-	c, err := spool.DecodeClaim(data, ids)
-	if err != nil {
-		return nil, fmt.Errorf("ledger: the claim is damaged: %w", err)
-	}
-	return &c, nil
-}
-
-// step is one attempt's open spool directories.
+// step is one attempt's open spool directories and ledger file.
 type step struct {
 	s               *Spool
 	id              string
 	ids             spool.IDs
 	root            *os.File
 	req, resp, proc *os.File
+	ledger          *os.File
+	rec             spool.Ledger // what the ledger file holds
+}
+
+// readLedger reads the request's ledger file. An empty one must have no
+// records of the earlier format beside it (one file per record), which
+// this version does not read: it fails closed rather than relay again.
+func (st *step) readLedger() error {
+	data, err := io.ReadAll(io.NewSectionReader(st.ledger, 0, spool.MaxLedgerBytes+1))
+	if err != nil {
+		return fmt.Errorf("ledger: read: %w", err)
+	}
+	if st.rec, err = spool.ParseLedger(data, st.ids); err != nil {
+		return fmt.Errorf("ledger: the request's records are damaged: %w", err)
+	}
+	if len(data) > 0 {
+		return nil
+	}
+	for _, kind := range []string{"claim", "done"} {
+		if _, err := os.Lstat(filepath.Join(st.s.Ledger, st.id+"."+kind+".json")); !errors.Is(err, os.ErrNotExist) {
+			return errors.New("ledger: the request has records of an earlier branchbox version; finish it with that version")
+		}
+	}
+	return nil
+}
+
+// record appends one record of kind to the ledger file (cutting a torn
+// tail first) and makes it durable before anything acts on it: the
+// file's data, with its first record the ledger directory's entry for it,
+// and whatever also syncs, all synced at once so that one journal commit
+// can serve them. crash is the point between the append and the sync.
+func (st *step) record(kind string, body []byte, crash string, also ...func() error) error {
+	if st.rec.Torn {
+		if err := st.ledger.Truncate(int64(st.rec.Valid)); err != nil {
+			return fmt.Errorf("ledger: cut a torn record: %w", err)
+		}
+		st.rec.Torn = false
+	}
+	rec := spool.AppendLedgerRecord(nil, kind, body)
+	if _, err := st.ledger.Write(rec); err != nil {
+		return fmt.Errorf("ledger: append the %s record: %w", kind, err)
+	}
+	crashpoint.Hit(crash)
+	syncs := append(also, func() error { return unix.Fdatasync(int(st.ledger.Fd())) })
+	if st.rec.Valid == 0 {
+		syncs = append(syncs, func() error { return secfs.FsyncDir(st.s.Ledger) })
+	}
+	st.rec.Valid += len(rec)
+	if err := syncAll(syncs); err != nil {
+		return fmt.Errorf("ledger: sync the %s record: %w", kind, err)
+	}
+	return nil
+}
+
+// syncAll runs every sync at once and returns the first failure.
+func syncAll(syncs []func() error) error {
+	errs := make(chan error, len(syncs))
+	for _, sync := range syncs {
+		go func() { errs <- sync() }()
+	}
+	var first error
+	for range syncs {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 func (st *step) open() error {
@@ -370,14 +402,16 @@ func (st *step) replayDone(done *spool.Done) (*Outcome, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ledger: the recorded response: %w", err)
 	}
-	if err := st.respond(resp); err != nil {
+	sync := func(tmp func() error) error { return tmp() }
+	if err := st.respond(resp, sync); err != nil {
 		return nil, err
 	}
 	return &Outcome{Response: resp, Cached: true}, nil
 }
 
 // relay sends the frame to the endpoint and records its correlated
-// response durably before the consumer's file is written.
+// response durably before the consumer's file is placed (the two synced
+// together).
 func (st *step) relay(ctx context.Context, frame []byte) (*Outcome, error) {
 	raw, err := endpoint.Relay(ctx, st.s.Endpoint, frame)
 	var te *endpoint.TransportError
@@ -394,14 +428,15 @@ func (st *step) relay(ctx context.Context, frame []byte) (*Outcome, error) {
 	if err != nil {
 		return nil, fmt.Errorf("the endpoint's response: %w", err)
 	}
-	if err := secfs.WriteFileAtomic(st.s.ledgerFile(st.id, "done"), spool.NewDone(frame, resp).Marshal(), 0o600); err != nil {
-		return nil, fmt.Errorf("ledger: record the response: %w", err)
+	done := spool.NewDone(frame, resp).Marshal()
+	sync := func(tmp func() error) error {
+		if err := st.record(spool.KindDone, done, crashpoint.DispatchRecordAppended, tmp); err != nil {
+			return err
+		}
+		crashpoint.Hit(crashpoint.DispatchRecorded)
+		return nil
 	}
-	if err := os.Remove(st.s.ledgerFile(st.id, "claim")); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("ledger: %w", err)
-	}
-	crashpoint.Hit(crashpoint.DispatchRecorded)
-	if err := st.respond(resp); err != nil {
+	if err := st.respond(resp, sync); err != nil {
 		return nil, err
 	}
 	// The staged copy goes last: until the consumer has its response, a
@@ -414,13 +449,27 @@ func (st *step) relay(ctx context.Context, frame []byte) (*Outcome, error) {
 }
 
 // respond writes responses/<id>.json for the consumer (its uid and gid,
-// mode 0400, a temporary file renamed into place). An existing one must
-// hold exactly the same bytes.
-func (st *step) respond(resp *spool.Response) error {
+// mode 0400): a temporary file in the root-only .processing/, out of the
+// consumer's reach until durable(sync) has synced it (with whatever must
+// be durable before the consumer may read it), then renamed into place,
+// no replace. An existing one must hold exactly the same bytes.
+func (st *step) respond(resp *spool.Response, durable func(sync func() error) error) error {
 	data := resp.Bytes()
 	name := requestFile(st.id)
+	tmp := "." + st.id + ".response"
+	proc := int(st.proc.Fd())
 	l := st.s.Layout
-	err := writeFileAt(int(st.resp.Fd()), name, data, responseMode, l.UID, l.GID, true, false)
+	f, err := createFileAt(proc, tmp, data, responseMode, l.UID, l.GID)
+	if err != nil {
+		return err
+	}
+	err = durable(func() error { return unix.Fsync(int(f.Fd())) })
+	f.Close()
+	if err != nil {
+		_ = unix.Unlinkat(proc, tmp, 0)
+		return err
+	}
+	err = placeFileAt(proc, tmp, int(st.resp.Fd()), name, true)
 	if errors.Is(err, os.ErrExist) {
 		got, rerr := readFileAt(int(st.resp.Fd()), name, spool.MaxResponseBytes+1)
 		if rerr != nil {

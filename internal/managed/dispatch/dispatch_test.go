@@ -68,6 +68,22 @@ func newWorld(t testing.TB, replay bool) *world {
 	return w
 }
 
+// ledger reads request id's ledger file.
+func (w *world) ledger(id string) spool.Ledger {
+	w.t.Helper()
+	data, err := os.ReadFile(filepath.Join(w.s.Ledger, id+".ledger"))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	ids := w.s.IDs
+	ids.RequestID = id
+	l, err := spool.ParseLedger(data, ids)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return l
+}
+
 // serve starts the endpoint; it counts what it answers.
 func (w *world) serve() {
 	w.t.Helper()
@@ -152,8 +168,12 @@ func TestDispatchHappyPathAndExactReplay(t *testing.T) {
 			t.Fatalf("%s still holds %v", sub, names)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(w.s.Ledger, "r1.claim.json")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatal("the claim survived the recorded response")
+	// The ledger: one file, the claim then the done record.
+	if names, _ := os.ReadDir(w.s.Ledger); len(names) != 1 || names[0].Name() != "r1.ledger" {
+		t.Fatalf("the ledger holds %v", names)
+	}
+	if l := w.ledger("r1"); l.Claim == nil || l.Done == nil || l.Torn || string(l.Done.Response)+"\n" != string(data) {
+		t.Fatalf("the ledger file: %+v", l)
 	}
 	// Recorded: asked again, with or without the request spooled again,
 	// the same response and no second relay.
@@ -347,8 +367,8 @@ func TestDispatchReplayPolicy(t *testing.T) {
 		if !errors.As(err, &re) {
 			t.Fatalf("want retryable, got %v", err)
 		}
-		if _, err := os.Stat(filepath.Join(w.s.Ledger, "x.claim.json")); err != nil {
-			t.Fatal("no durable claim after the failed relay")
+		if l := w.ledger("x"); l.Claim == nil || l.Done != nil {
+			t.Fatalf("after the failed relay the ledger holds %+v, want the claim alone", l)
 		}
 		// A changed request under the claimed id is terminal.
 		w.put("x.json", envelope("x", `{"changed":true}`))
@@ -479,5 +499,92 @@ func TestDispatchStagedAndSpooledAgain(t *testing.T) {
 				t.Fatalf("%s still holds %v", sub, names)
 			}
 		}
+	}
+}
+
+// TestDispatchTornLedgerRecord: a record cut short by a crash during its
+// append was never synced, so nothing acted on it: a torn claim is no
+// claim (dispatched, even without the replay policy), a torn done record
+// leaves the claim (replayed under the policy); either way the torn bytes
+// are cut before the next append and the consumer gets the response.
+func TestDispatchTornLedgerRecord(t *testing.T) {
+	t.Run("claim", func(t *testing.T) {
+		w := newWorld(t, false)
+		w.serve()
+		w.put("t.json", envelope("t", `{}`))
+		frame := mustEnvelope(t, envelope("t", `{}`)).Frame()
+		rec := spool.AppendLedgerRecord(nil, spool.KindClaim, spool.NewClaim(frame).Marshal())
+		w.writeLedger("t", rec[:len(rec)/2])
+		if out, err := w.dispatch("t", 0); err != nil || out.Cached || w.count("t") != 1 {
+			t.Fatalf("after a torn claim: %+v %v, endpoint %d", out, err, w.count("t"))
+		}
+		if l := w.ledger("t"); l.Torn || l.Claim == nil || l.Done == nil {
+			t.Fatalf("the ledger after: %+v", l)
+		}
+	})
+	t.Run("done", func(t *testing.T) {
+		w := newWorld(t, true)
+		w.put("t.json", envelope("t", `{}`))
+		var re *dispatch.RetryableError
+		if _, err := w.dispatch("t", 0); !errors.As(err, &re) { // no endpoint yet: the claim alone
+			t.Fatalf("want retryable, got %v", err)
+		}
+		frame := mustEnvelope(t, envelope("t", `{}`)).Frame()
+		resp, err := spool.DecodeResponse([]byte(`{"version":"1","run_id":"run-1","lease_id":"requests","consumer":"agent","request_id":"t","payload":{"torn":true}}`), spool.IDs{RunID: "run-1", LeaseID: "requests", Consumer: "agent", RequestID: "t"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := spool.AppendLedgerRecord(nil, spool.KindDone, spool.NewDone(frame, resp).Marshal())
+		w.appendLedger("t", done[:len(done)-1])
+		w.serve()
+		out, err := w.dispatch("t", 0)
+		if err != nil || out.Cached || w.count("t") != 1 || strings.Contains(string(out.Response.Bytes()), "torn") {
+			t.Fatalf("after a torn done record: %+v %v, endpoint %d", out, err, w.count("t"))
+		}
+		if l := w.ledger("t"); l.Torn || l.Done == nil {
+			t.Fatalf("the ledger after: %+v", l)
+		}
+	})
+}
+
+// TestDispatchRefusesEarlierLedgerFormat: a claim of the earlier format
+// (one file per record) is not read, so the request fails closed instead
+// of being relayed again.
+func TestDispatchRefusesEarlierLedgerFormat(t *testing.T) {
+	w := newWorld(t, true)
+	w.serve()
+	w.put("o.json", envelope("o", `{}`))
+	if err := os.MkdirAll(w.s.Ledger, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(w.s.Ledger, "o.claim.json"), []byte("{}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := w.dispatch("o", 0)
+	terminal(t, err)
+	if w.count("o") != 0 {
+		t.Fatal("the endpoint saw the request")
+	}
+}
+
+func (w *world) writeLedger(id string, data []byte) {
+	w.t.Helper()
+	if err := os.MkdirAll(w.s.Ledger, 0o700); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(w.s.Ledger, id+".ledger"), data, 0o600); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+func (w *world) appendLedger(id string, data []byte) {
+	w.t.Helper()
+	f, err := os.OpenFile(filepath.Join(w.s.Ledger, id+".ledger"), os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.Write(data); err != nil {
+		w.t.Fatal(err)
 	}
 }

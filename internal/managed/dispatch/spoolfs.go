@@ -172,51 +172,72 @@ func kindName(kind uint32) string {
 	return "regular file"
 }
 
-// writeFileAt writes name in directory fd: a temporary file (created
-// exclusively, never through a link), the bytes, owner and mode, fsync,
-// then a rename into place; with syncDir the directory is fsync'd too.
-// (A response file needs no directory fsync: lost with the machine, it
-// is written again from the durable done record.) With noReplace, an
-// existing name is left alone and reported as os.ErrExist.
+// writeFileAt writes name in directory fd: a temporary file with the
+// bytes, owner and mode (createFileAt), fsync, then a rename into place
+// (placeFileAt); with syncDir the directory is fsync'd too. With
+// noReplace, an existing name is left alone and reported as os.ErrExist.
 func writeFileAt(fd int, name string, data []byte, mode uint32, uid, gid int, noReplace, syncDir bool) error {
 	tmp := "." + name + ".tmp"
-	_ = unix.Unlinkat(fd, tmp, 0) // a crashed writer's
-	t, err := unix.Openat(fd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	f, err := createFileAt(fd, tmp, data, mode, uid, gid)
 	if err != nil {
-		return fmt.Errorf("spool: create %s: %w", name, err)
+		return err
 	}
-	f := os.NewFile(uintptr(t), tmp)
-	err = func() error {
-		if _, err := f.Write(data); err != nil {
-			return err
-		}
-		if err := unix.Fchown(t, uid, gid); err != nil {
-			return err
-		}
-		if err := unix.Fchmod(t, mode); err != nil {
-			return err
-		}
-		return unix.Fsync(t)
-	}()
+	err = unix.Fsync(int(f.Fd()))
 	f.Close()
-	if err == nil {
-		flags := uint(0)
-		if noReplace {
-			flags = unix.RENAME_NOREPLACE
-		}
-		err = unix.Renameat2(fd, tmp, fd, name, flags)
-	}
 	if err != nil {
 		_ = unix.Unlinkat(fd, tmp, 0)
-		if noReplace && errors.Is(err, unix.EEXIST) {
-			return os.ErrExist
-		}
 		return fmt.Errorf("spool: write %s: %w", name, err)
+	}
+	if err := placeFileAt(fd, tmp, fd, name, noReplace); err != nil {
+		return err
 	}
 	if syncDir {
 		return unix.Fsync(fd)
 	}
 	return nil
+}
+
+// createFileAt writes data to the temporary file tmp in directory fd
+// (created exclusively, never through a link; a crashed writer's is
+// removed first) with its owner and mode, unsynced. The caller syncs,
+// closes and places it.
+func createFileAt(fd int, tmp string, data []byte, mode uint32, uid, gid int) (*os.File, error) {
+	_ = unix.Unlinkat(fd, tmp, 0)
+	t, err := unix.Openat(fd, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("spool: create a temporary file: %w", err)
+	}
+	f := os.NewFile(uintptr(t), tmp)
+	if _, err = f.Write(data); err == nil {
+		if err = unix.Fchown(t, uid, gid); err == nil {
+			err = unix.Fchmod(t, mode)
+		}
+	}
+	if err != nil {
+		f.Close()
+		_ = unix.Unlinkat(fd, tmp, 0)
+		return nil, fmt.Errorf("spool: write a temporary file: %w", err)
+	}
+	return f, nil
+}
+
+// placeFileAt renames tmp in directory from to name in directory to,
+// removing tmp if that fails. With noReplace, an existing name is left
+// alone and reported as os.ErrExist.
+func placeFileAt(from int, tmp string, to int, name string, noReplace bool) error {
+	flags := uint(0)
+	if noReplace {
+		flags = unix.RENAME_NOREPLACE
+	}
+	err := unix.Renameat2(from, tmp, to, name, flags)
+	if err == nil {
+		return nil
+	}
+	_ = unix.Unlinkat(from, tmp, 0)
+	if noReplace && errors.Is(err, unix.EEXIST) {
+		return os.ErrExist
+	}
+	return fmt.Errorf("spool: write %s: %w", name, err)
 }
 
 // readFileAt reads the regular file name in directory fd, at most max

@@ -139,8 +139,8 @@ func TestDispatchToolLive(t *testing.T) {
 // came before its response was recorded; without the policy a claim
 // whose relay may have run stays blocked.
 func TestDispatchCrashMatrix(t *testing.T) {
-	points := []string{crashpoint.DispatchStaged, crashpoint.DispatchClaimed, crashpoint.DispatchRelayed,
-		crashpoint.DispatchRecorded, crashpoint.DispatchResponded}
+	points := []string{crashpoint.DispatchStaged, crashpoint.DispatchClaimAppended, crashpoint.DispatchClaimed,
+		crashpoint.DispatchRelayed, crashpoint.DispatchRecordAppended, crashpoint.DispatchRecorded, crashpoint.DispatchResponded}
 	for _, tc := range []struct {
 		name   string
 		signed bool
@@ -148,10 +148,12 @@ func TestDispatchCrashMatrix(t *testing.T) {
 		rerun map[string][2]int
 	}{
 		{"signed", true, map[string][2]int{
-			crashpoint.DispatchStaged: {0, 1}, crashpoint.DispatchClaimed: {0, 1}, crashpoint.DispatchRelayed: {0, 2},
+			crashpoint.DispatchStaged: {0, 1}, crashpoint.DispatchClaimAppended: {0, 1}, crashpoint.DispatchClaimed: {0, 1},
+			crashpoint.DispatchRelayed: {0, 2}, crashpoint.DispatchRecordAppended: {0, 1},
 			crashpoint.DispatchRecorded: {0, 1}, crashpoint.DispatchResponded: {0, 1}}},
 		{"unsigned", false, map[string][2]int{
-			crashpoint.DispatchStaged: {0, 1}, crashpoint.DispatchClaimed: {1, 0}, crashpoint.DispatchRelayed: {1, 1},
+			crashpoint.DispatchStaged: {0, 1}, crashpoint.DispatchClaimAppended: {1, 0}, crashpoint.DispatchClaimed: {1, 0},
+			crashpoint.DispatchRelayed: {1, 1}, crashpoint.DispatchRecordAppended: {0, 1},
 			crashpoint.DispatchRecorded: {0, 1}, crashpoint.DispatchResponded: {0, 1}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -201,6 +203,11 @@ func TestDispatchCrashMatrix(t *testing.T) {
 					got := dockertest.Docker(t, "exec", "-u", "1000", cid, "cat", spoolTarget+"/responses/"+id+".json")
 					if got+"\n" != wantResponse(id) || !strings.Contains(out, `"status": "dispatched"`) {
 						t.Fatalf("%s: the consumer reads %q\n%s", point, got, out)
+					}
+					// Nothing of it left behind: no staged request, no
+					// temporary response.
+					if left := dockertest.Docker(t, "exec", "-u", "0", cid, "ls", "-A", spoolTarget+"/.processing"); strings.Contains(left, id) {
+						t.Fatalf("%s: .processing/ holds %q", point, left)
 					}
 					// Once more: from the ledger, the endpoint untouched.
 					if code, out := run(id, ""); code != 0 || !strings.Contains(out, `"replayed": true`) || ep.count(id) != want[1] {

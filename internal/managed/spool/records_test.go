@@ -9,7 +9,7 @@ import (
 	"agentbox/internal/managed/spool"
 )
 
-func fixture(t *testing.T) (frame []byte, r *spool.Response) {
+func fixture(t testing.TB) (frame []byte, r *spool.Response) {
 	t.Helper()
 	e, err := spool.DecodeEnvelope(obj(envelopeKVs()...))
 	if err != nil {
