@@ -6,6 +6,8 @@
 #
 #   list / raw echo, read / raw echo       (target <= 3x)
 #   send / raw SQLite commit               (target <= 1.5x)
+#   a quiet send's p99 under another orchestrator's 7-connection flood /
+#     its p99 alone                        (target <= 2x)
 #   dispatch / bare relay + one fsync      (target <= 3x; as root, through
 #                                          scripts/bench-dispatch.sh)
 #
@@ -32,7 +34,10 @@ echo "raw output: $out"
 awk '
 /^Benchmark/ {
 	name = $1; sub(/-[0-9]+$/, "", name); sub(/^Benchmark/, "", name)
-	for (i = 2; i < NF; i++) if ($(i+1) == "ns/op") { v[name, ++n[name]] = $i + 0 }
+	for (i = 2; i < NF; i++) {
+		if ($(i+1) == "ns/op") { v[name, ++n[name]] = $i + 0 }
+		if ($(i+1) == "p99-ns") { p = name "/p99"; v[p, ++n[p]] = $i + 0 }
+	}
 }
 function median(name,   k, j, t, a, m) {
 	m = n[name]
@@ -55,6 +60,7 @@ END {
 	ratio("SendMessage", "RawSQLiteCommit", "(target <= 1.5x)")
 	ratio("SendMessage", "RawSQLiteCommitSchema", "")
 	ratio("RawSQLiteCommitSchema", "RawSQLiteCommit", "")
+	ratio("SendFairness/flood7/p99", "SendFairness/unloaded/p99", "(target <= 2x)")
 }' "$out"
 
 # branchbox's tool-request dispatch (root only: the consumer's files are

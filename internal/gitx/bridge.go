@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"time"
 	"syscall"
 	"unicode"
 )
@@ -32,6 +33,16 @@ const (
 
 // ErrTransferTooLarge: the source sent more than the transfer's bound.
 var ErrTransferTooLarge = errors.New("transfer larger than its bound")
+
+// ErrTransferStalled: the source sent nothing for the transfer's idle
+// bound. upload-pack sends a keepalive every 5 s while it prepares a pack
+// (uploadpack.keepAlive), so a live source never goes that quiet.
+var ErrTransferStalled = errors.New("the source sent nothing for too long")
+
+// TransferIdleTimeout is the default idle bound of a transfer: a source
+// that sends nothing for this long (it stopped its upload-pack, say) fails
+// the transfer instead of holding it to its overall deadline.
+const TransferIdleTimeout = 60 * time.Second
 
 // ClientName is the jailbee client's name on a sandbox's PATH: it carries
 // the fetch side of a transfer (FetchMain).
@@ -254,6 +265,8 @@ type TransferOptions struct {
 	// refs) the source already has; only their history is offered to it
 	// as common ground, and those the repository lacks are left out.
 	Common []string
+	// IdleTimeout bounds a pause of the source; 0 is TransferIdleTimeout.
+	IdleTimeout time.Duration
 }
 
 // Transfer makes commit (with its history) available in dst at dstRef. The
@@ -282,6 +295,10 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	if limit <= 0 {
 		limit = MaxTransferBytes
 	}
+	idle := opts.IdleTimeout
+	if idle <= 0 {
+		idle = TransferIdleTimeout
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -308,11 +325,15 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	go func() {
 		defer wg.Done()
 		defer closeFiles(fromSrc, toDst)
-		n, err := io.Copy(toDst, io.LimitReader(fromSrc, limit+1))
-		if n > limit {
+		n, err := io.Copy(toDst, io.LimitReader(idleReader{fromSrc, idle}, limit+1))
+		switch {
+		case n > limit:
 			copyErr = fmt.Errorf("%w (%d bytes)", ErrTransferTooLarge, limit)
 			cancel()
-		} else if err != nil {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			copyErr = fmt.Errorf("%w (%s)", ErrTransferStalled, idle)
+			cancel()
+		case err != nil:
 			copyErr = err
 		}
 	}()
@@ -336,7 +357,7 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	}()
 	wg.Wait()
 	switch {
-	case errors.Is(copyErr, ErrTransferTooLarge):
+	case errors.Is(copyErr, ErrTransferTooLarge), errors.Is(copyErr, ErrTransferStalled):
 		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, copyErr)
 	case dstErr != nil && srcErr != nil:
 		return fmt.Errorf("transfer from %s to %s: %w (the source: %v)", src.name, dst.name, dstErr, srcErr)
@@ -346,6 +367,20 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	// The destination checked that its ref names the commit: whatever the
 	// source said of the way it ended, the transfer is done.
 	return nil
+}
+
+// idleReader reads f with a deadline renewed at each read: a read that
+// waits longer than idle fails with os.ErrDeadlineExceeded.
+type idleReader struct {
+	f    *os.File
+	idle time.Duration
+}
+
+func (r idleReader) Read(p []byte) (int, error) {
+	if err := r.f.SetReadDeadline(time.Now().Add(r.idle)); err != nil {
+		return 0, err
+	}
+	return r.f.Read(p)
 }
 
 // fetchFunc runs the destination side of a Transfer on the given streams
