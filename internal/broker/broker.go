@@ -49,6 +49,9 @@ type Config struct {
 	// InboxQuota bounds every sandbox's unread inbox; a zero bound means
 	// its default (DefaultInboxMaxUnreadItems, DefaultInboxMaxUnreadBytes).
 	InboxQuota store.Quota
+	// Caps bound each orchestrator's children and queued spawns (a zero
+	// bound: its default).
+	Caps orchestrate.Caps
 	// Model, when set, gives every orchestrator and child a model socket
 	// (model.go); nil serves none.
 	Model *ModelConfig
@@ -135,7 +138,7 @@ func Open(cfg Config) (*Broker, error) {
 		queries:    queryPool{workers: make(chan struct{}, QueryWorkers)},
 	}
 	b.orchestrator = &orchestrate.Orchestrator{
-		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes, Log: cfg.Logger,
+		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes, Caps: cfg.Caps, Log: cfg.Logger,
 		Serve: b.serveSandbox, Unserve: b.stopServing, ModelSockets: cfg.Model != nil, LiteLLMProfiles: cfg.Model.profiles(),
 		Go:     func(fn func(context.Context)) { b.goWorker(func() { fn(b.ctx) }) },
 		Serial: func(fn func()) { b.runExec(b.ctx, nil, fn) },

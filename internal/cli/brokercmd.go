@@ -93,6 +93,7 @@ refuses to start unless --no-limits.`,
 			b, err := broker.Open(broker.Config{
 				StateDir: dir, Backend: be, Logger: log, Sandboxes: sandboxes,
 				InboxQuota: store.Quota{MaxUnreadItems: cfg.Inbox.MaxUnreadItems, MaxUnreadBytes: cfg.Inbox.MaxUnreadBytes},
+				Caps:       orchestrate.Caps{MaxChildren: cfg.Tree.MaxChildren, MaxQueuedSpawns: cfg.Tree.MaxQueuedSpawns},
 				Model:      model,
 			})
 			if errors.Is(err, broker.ErrLocked) {
