@@ -5,6 +5,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -49,6 +50,9 @@ type Config struct {
 	// InboxQuota bounds every sandbox's unread inbox; a zero bound means
 	// its default (DefaultInboxMaxUnreadItems, DefaultInboxMaxUnreadBytes).
 	InboxQuota store.Quota
+	// ReadRetention is how long read items are kept (zero: its default,
+	// DefaultReadRetention).
+	ReadRetention time.Duration
 	// Caps bound each orchestrator's children and queued spawns (a zero
 	// bound: its default).
 	Caps orchestrate.Caps
@@ -66,6 +70,8 @@ type Broker struct {
 	log   *slog.Logger
 	store *store.Store
 	lock  *os.File
+	// retention is how long read items are kept (sweepStorage).
+	retention time.Duration
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -136,6 +142,7 @@ func Open(cfg Config) (*Broker, error) {
 		conflicted: map[string]bool{},
 		conns:      newConnTracker(),
 		queries:    queryPool{workers: make(chan struct{}, QueryWorkers)},
+		retention:  cmp.Or(cfg.ReadRetention, DefaultReadRetention),
 	}
 	b.orchestrator = &orchestrate.Orchestrator{
 		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes, Caps: cfg.Caps, Log: cfg.Logger,
@@ -225,6 +232,7 @@ func (b *Broker) Serve() error {
 	b.orchestrator.RecoverManifests(b.ctx, interrupted)
 	b.runRound()
 	b.goWorker(b.roundLoop)
+	b.goWorker(b.sweepLoop)
 	b.log.Info("broker serving", "state_dir", b.cfg.StateDir, "pid", os.Getpid(), "sandboxes", len(sbs), "backend", b.cfg.Backend.Type())
 	return nil
 }

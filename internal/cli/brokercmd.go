@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -92,9 +93,10 @@ refuses to start unless --no-limits.`,
 			}
 			b, err := broker.Open(broker.Config{
 				StateDir: dir, Backend: be, Logger: log, Sandboxes: sandboxes,
-				InboxQuota: store.Quota{MaxUnreadItems: cfg.Inbox.MaxUnreadItems, MaxUnreadBytes: cfg.Inbox.MaxUnreadBytes},
-				Caps:       orchestrate.Caps{MaxChildren: cfg.Tree.MaxChildren, MaxQueuedSpawns: cfg.Tree.MaxQueuedSpawns},
-				Model:      model,
+				InboxQuota:    store.Quota{MaxUnreadItems: cfg.Inbox.MaxUnreadItems, MaxUnreadBytes: cfg.Inbox.MaxUnreadBytes},
+				ReadRetention: time.Duration(cfg.Inbox.ReadRetentionDays) * 24 * time.Hour,
+				Caps:          orchestrate.Caps{MaxChildren: cfg.Tree.MaxChildren, MaxQueuedSpawns: cfg.Tree.MaxQueuedSpawns},
+				Model:         model,
 			})
 			if errors.Is(err, broker.ErrLocked) {
 				if pid := broker.LockHolder(dir); pid > 0 {
