@@ -93,7 +93,8 @@ refuses to start unless --no-limits.`,
 			}
 			b, err := broker.Open(broker.Config{
 				StateDir: dir, Backend: be, Logger: log, Sandboxes: sandboxes,
-				InboxQuota:    store.Quota{MaxUnreadItems: cfg.Inbox.MaxUnreadItems, MaxUnreadBytes: cfg.Inbox.MaxUnreadBytes},
+				InboxQuota: store.Quota{MaxUnreadItems: cfg.Inbox.MaxUnreadItems, MaxUnreadBytes: cfg.Inbox.MaxUnreadBytes,
+					TreeMaxUnreadItems: cfg.Tree.MaxUnreadItems, TreeMaxUnreadBytes: cfg.Tree.MaxUnreadBytes},
 				ReadRetention: time.Duration(cfg.Inbox.ReadRetentionDays) * 24 * time.Hour,
 				Caps:          orchestrate.Caps{MaxChildren: cfg.Tree.MaxChildren, MaxQueuedSpawns: cfg.Tree.MaxQueuedSpawns},
 				Model:         model,

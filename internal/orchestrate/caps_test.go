@@ -125,3 +125,38 @@ func scriptedRepo() *config.Repo {
 	c.DefaultAgent = "scripted"
 	return c
 }
+
+// TestMessagesToFailedChildrenRefusedAtTreeBudget: an orchestrator
+// flooding its failed children with 60 KiB messages is refused once the
+// children's inboxes together reach the tree budget, though each child's
+// own inbox has room; the refusal names the budget and the children that
+// hold it.
+func TestMessagesToFailedChildrenRefusedAtTreeBudget(t *testing.T) {
+	f := newCapsFixture(t, 4)
+	f.addChildren(t, "dead", 3, store.StateFailed)
+	f.st.SetQuota(store.Quota{MaxUnreadItems: 1000, MaxUnreadBytes: 32 << 20, TreeMaxUnreadItems: 1000, TreeMaxUnreadBytes: 1 << 20})
+	lead := wire.Caller{Sandbox: "lead", Role: wire.RoleOrchestrator}
+	body := strings.Repeat("x", 60<<10)
+	var refusal *Refusal
+	sent := 0
+	for i := 0; refusal == nil && i < 100; i++ {
+		_, err := f.o.SendMessage(context.Background(), lead, Message{ID: fmt.Sprintf("m-%d", i), To: fmt.Sprintf("dead%02d", i%3), Kind: "note", Body: body})
+		if r, ok := AsRefusal(err); ok {
+			refusal = r
+		} else if err != nil {
+			t.Fatal(err)
+		} else {
+			sent++
+		}
+	}
+	if refusal == nil {
+		t.Fatal("100 messages of 60 KiB delivered within a 1 MiB tree budget")
+	}
+	if sent != 17 { // 17 documents of a little over 60 KiB fit in 1 MiB
+		t.Errorf("%d messages delivered before the refusal, want 17", sent)
+	}
+	want := "the inboxes of `lead` and its children are full: 17 unread items (at most 1000) and 1022 KiB unread (at most 1 MiB), no room for this message (60.1 KiB), held by `dead01` (6 items, 360.7 KiB), `dead00` (6 items, 360.7 KiB), `dead02` (5 items, 300.6 KiB); send again with a new id once they have read their messages, or destroy children that never will"
+	if refusal.Detail != want {
+		t.Errorf("refusal:\n got %q\nwant %q", refusal.Detail, want)
+	}
+}
