@@ -43,12 +43,12 @@ func (c Caps) withDefaults() Caps {
 func (c Caps) admit(kids childCounts, wait bool) error {
 	c = c.withDefaults()
 	if kids.total >= c.MaxChildren {
-		return refusef("you have %d children (at most %d, in any state): %s; destroy one before spawning another",
-			kids.total, c.MaxChildren, stateCounts(kids.byState))
+		return refusef("you have %d %s (at most %d, in any state): %s; destroy one before spawning another",
+			kids.total, plural(kids.total, "child", "children"), c.MaxChildren, stateCounts(kids.byState))
 	}
 	if wait && kids.queued >= c.MaxQueuedSpawns {
-		return refusef("%d spawns and restarts are queued (at most %d) for %d running slots, used by %s; stop or destroy a child before spawning another",
-			kids.queued, c.MaxQueuedSpawns, len(kids.active), namedList(kids.active))
+		return refusef("your spawn queue is full: %d queued (at most %d, spawns and restarts) for %d running %s, used by %s; stop or destroy a child before spawning another",
+			kids.queued, c.MaxQueuedSpawns, len(kids.active), plural(len(kids.active), "slot", "slots"), namedList(kids.active))
 	}
 	return nil
 }

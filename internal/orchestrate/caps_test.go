@@ -112,7 +112,7 @@ func TestSpawnRefusedAtMaxQueuedSpawns(t *testing.T) {
 		t.Fatalf("queued spawn %d: %s %q, want queued", DefaultMaxQueuedSpawns, st.State, st.Detail)
 	}
 	st := f.spawn(t, "work/one-more")
-	want := "32 spawns and restarts are queued (at most 32) for 2 running slots, used by `run00`, `run01`; stop or destroy a child before spawning another"
+	want := "your spawn queue is full: 32 queued (at most 32, spawns and restarts) for 2 running slots, used by `run00`, `run01`; stop or destroy a child before spawning another"
 	if st.State != wire.StateRefused || st.Detail != want {
 		t.Fatalf("spawn past the queue cap: %s %q, want refused %q", st.State, st.Detail, want)
 	}
