@@ -21,7 +21,7 @@ import (
 // included).
 //
 // A bound of zero (or less) is not checked, so the zero Quota checks
-// nothing; the broker always sets both bounds.
+// nothing; the broker always sets every bound.
 //
 // The tree bounds (TreeMax...) check a message to a child against the
 // unread items of its orchestrator and all the orchestrator's children
@@ -108,16 +108,15 @@ type unreadTotals struct {
 // write transaction, before the message is inserted. Call with s.wmu held.
 func (s *Store) checkQuota(ctx context.Context, w *writer, sandbox string, msgBytes int64) error {
 	q := s.quota
-	if q.MaxUnreadItems <= 0 && q.MaxUnreadBytes <= 0 {
-		return nil
-	}
-	t, err := s.unreadTotalsTx(ctx, w, sandbox)
-	if err != nil {
-		return err
-	}
-	if (q.MaxUnreadItems > 0 && t.items+1 > q.MaxUnreadItems) ||
-		(q.MaxUnreadBytes > 0 && t.bytes+msgBytes > q.MaxUnreadBytes) {
-		return &InboxFullError{Sandbox: sandbox, Items: t.items, Bytes: t.bytes, MessageBytes: msgBytes, Quota: q}
+	if q.MaxUnreadItems > 0 || q.MaxUnreadBytes > 0 {
+		t, err := s.unreadTotalsTx(ctx, w, sandbox)
+		if err != nil {
+			return err
+		}
+		if (q.MaxUnreadItems > 0 && t.items+1 > q.MaxUnreadItems) ||
+			(q.MaxUnreadBytes > 0 && t.bytes+msgBytes > q.MaxUnreadBytes) {
+			return &InboxFullError{Sandbox: sandbox, Items: t.items, Bytes: t.bytes, MessageBytes: msgBytes, Quota: q}
+		}
 	}
 	if q.TreeMaxUnreadItems <= 0 && q.TreeMaxUnreadBytes <= 0 {
 		return nil

@@ -23,6 +23,7 @@ func TestTreeQuota(t *testing.T) {
 	}{
 		{"items", Quota{MaxUnreadItems: 3, TreeMaxUnreadItems: 5}},
 		{"bytes", Quota{MaxUnreadItems: 3, TreeMaxUnreadBytes: 5 * size}},
+		{"tree bounds only", Quota{TreeMaxUnreadItems: 5}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, _ := openTestStore(t)
