@@ -151,3 +151,35 @@ func TestOpenMakesV5Incremental(t *testing.T) {
 		t.Errorf("sandbox o after the vacuum: %v", err)
 	}
 }
+
+// TestShrinkKeepsFewFreePages: below shrinkMinFreePages free pages,
+// Shrink leaves them for the next writes to reuse.
+func TestShrinkKeepsFewFreePages(t *testing.T) {
+	s, _ := openTestStore(t)
+	ctx := context.Background()
+	for i := range 10 { // about 150 pages of 4 KiB
+		if _, err := s.DeliverMessage(ctx, Delivery{From: "o", To: "c", ManifestID: fmt.Sprintf("m-%d", i), Kind: "note", Body: strings.Repeat("x", 60<<10)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.DeleteSandbox(ctx, "c"); err != nil {
+		t.Fatal(err)
+	}
+	free := func() int64 {
+		var n int64
+		if err := s.db.QueryRow("PRAGMA freelist_count").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := free()
+	if before == 0 || before >= shrinkMinFreePages {
+		t.Fatalf("%d free pages, want some below %d", before, shrinkMinFreePages)
+	}
+	if err := s.Shrink(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := free(); after != before {
+		t.Errorf("Shrink freed pages below its threshold: %d free, was %d", after, before)
+	}
+}
