@@ -5,6 +5,7 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -50,6 +51,12 @@ type Config struct {
 	// InboxQuota bounds every sandbox's unread inbox; a zero bound means
 	// its default (DefaultInboxMaxUnreadItems, DefaultInboxMaxUnreadBytes).
 	InboxQuota store.Quota
+	// ReadRetention is how long read items are kept (zero: its default,
+	// DefaultReadRetention).
+	ReadRetention time.Duration
+	// Caps bound each orchestrator's children and queued spawns (a zero
+	// bound: its default).
+	Caps orchestrate.Caps
 	// Model, when set, gives every orchestrator and child a model socket
 	// (model.go); nil serves none.
 	Model *ModelConfig
@@ -64,6 +71,8 @@ type Broker struct {
 	log   *slog.Logger
 	store *store.Store
 	lock  *os.File
+	// retention is how long read items are kept (sweepStorage).
+	retention time.Duration
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -134,10 +143,11 @@ func Open(cfg Config) (*Broker, error) {
 		conflicted: map[string]bool{},
 		conns:      newConnTracker(),
 		queries:    queryPool{workers: make(chan struct{}, QueryWorkers)},
+		retention:  cmp.Or(cfg.ReadRetention, DefaultReadRetention),
 	}
 	b.executor.Cap = ExecQueueCap
 	b.orchestrator = &orchestrate.Orchestrator{
-		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes, Log: cfg.Logger,
+		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes, Caps: cfg.Caps, Log: cfg.Logger,
 		Serve: b.serveSandbox, Unserve: b.stopServing, ModelSockets: cfg.Model != nil, LiteLLMProfiles: cfg.Model.profiles(),
 		Go:     func(fn func(context.Context)) { b.goWorker(func() { fn(b.ctx) }) },
 		Serial: func(ctx context.Context, fn func(context.Context)) { b.runExec(ctx, nil, nil, fn) },
@@ -224,6 +234,7 @@ func (b *Broker) Serve() error {
 	b.orchestrator.RecoverManifests(b.ctx, interrupted)
 	b.runRound()
 	b.goWorker(b.roundLoop)
+	b.goWorker(b.sweepLoop)
 	b.log.Info("broker serving", "state_dir", b.cfg.StateDir, "pid", os.Getpid(), "sandboxes", len(sbs), "backend", b.cfg.Backend.Type())
 	return nil
 }

@@ -72,6 +72,8 @@ type testEnv struct {
 	agentBins map[string]string
 	// egress is broker.Config.Egress (kept across restarts).
 	egress orchestrate.EgressHook
+	// caps is broker.Config.Caps (kept across restarts).
+	caps orchestrate.Caps
 }
 
 func newTestEnv(t testing.TB) *testEnv {
@@ -330,7 +332,7 @@ func (e *testEnv) start() {
 		h = slog.NewTextHandler(io.MultiWriter(e.logs, os.Stderr), &slog.HandlerOptions{Level: slog.LevelDebug})
 	}
 	b, err := broker.Open(broker.Config{StateDir: e.state, Backend: e.be, Logger: slog.New(h),
-		Sandboxes: e.sandboxes, InboxQuota: e.quota, Model: e.model, Egress: e.egress})
+		Sandboxes: e.sandboxes, InboxQuota: e.quota, Model: e.model, Egress: e.egress, Caps: e.caps})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"cmp"
 	"fmt"
 	"time"
 
@@ -51,20 +52,25 @@ const (
 const (
 	DefaultInboxMaxUnreadItems = 1000
 	DefaultInboxMaxUnreadBytes = 32 << 20 // 32 MiB
+	// DefaultTreeMaxUnreadItems and DefaultTreeMaxUnreadBytes bound the
+	// unread items of an orchestrator and all its children together,
+	// checked on messages to a child: however many children it keeps,
+	// an orchestrator's messages hold at most this much.
+	DefaultTreeMaxUnreadItems = 2000
+	DefaultTreeMaxUnreadBytes = 64 << 20 // 64 MiB
 )
 
 // inboxQuota is the quota the broker runs with: q with each zero bound set
 // to its default. The broker never runs without a quota, so a negative
 // bound is an error rather than "unbounded".
 func inboxQuota(q store.Quota) (store.Quota, error) {
-	if q.MaxUnreadItems < 0 || q.MaxUnreadBytes < 0 {
-		return store.Quota{}, fmt.Errorf("inbox quota: bounds must be positive (max unread items %d, max unread bytes %d)", q.MaxUnreadItems, q.MaxUnreadBytes)
+	if q.MaxUnreadItems < 0 || q.MaxUnreadBytes < 0 || q.TreeMaxUnreadItems < 0 || q.TreeMaxUnreadBytes < 0 {
+		return store.Quota{}, fmt.Errorf("inbox quota: bounds must be positive (max unread items %d, max unread bytes %d, tree %d items, %d bytes)",
+			q.MaxUnreadItems, q.MaxUnreadBytes, q.TreeMaxUnreadItems, q.TreeMaxUnreadBytes)
 	}
-	if q.MaxUnreadItems == 0 {
-		q.MaxUnreadItems = DefaultInboxMaxUnreadItems
-	}
-	if q.MaxUnreadBytes == 0 {
-		q.MaxUnreadBytes = DefaultInboxMaxUnreadBytes
-	}
+	q.MaxUnreadItems = cmp.Or(q.MaxUnreadItems, DefaultInboxMaxUnreadItems)
+	q.MaxUnreadBytes = cmp.Or(q.MaxUnreadBytes, DefaultInboxMaxUnreadBytes)
+	q.TreeMaxUnreadItems = cmp.Or(q.TreeMaxUnreadItems, DefaultTreeMaxUnreadItems)
+	q.TreeMaxUnreadBytes = cmp.Or(q.TreeMaxUnreadBytes, DefaultTreeMaxUnreadBytes)
 	return q, nil
 }

@@ -13,12 +13,15 @@ func TestInboxQuotaResolution(t *testing.T) {
 		in, want store.Quota
 		bad      bool
 	}{
-		{in: store.Quota{}, want: store.Quota{MaxUnreadItems: 1000, MaxUnreadBytes: 32 << 20}},
-		{in: store.Quota{MaxUnreadItems: 3}, want: store.Quota{MaxUnreadItems: 3, MaxUnreadBytes: 32 << 20}},
-		{in: store.Quota{MaxUnreadBytes: 4096}, want: store.Quota{MaxUnreadItems: 1000, MaxUnreadBytes: 4096}},
-		{in: store.Quota{MaxUnreadItems: 7, MaxUnreadBytes: 9}, want: store.Quota{MaxUnreadItems: 7, MaxUnreadBytes: 9}},
+		{in: store.Quota{}, want: store.Quota{MaxUnreadItems: 1000, MaxUnreadBytes: 32 << 20, TreeMaxUnreadItems: 2000, TreeMaxUnreadBytes: 64 << 20}},
+		{in: store.Quota{MaxUnreadItems: 3}, want: store.Quota{MaxUnreadItems: 3, MaxUnreadBytes: 32 << 20, TreeMaxUnreadItems: 2000, TreeMaxUnreadBytes: 64 << 20}},
+		{in: store.Quota{MaxUnreadBytes: 4096}, want: store.Quota{MaxUnreadItems: 1000, MaxUnreadBytes: 4096, TreeMaxUnreadItems: 2000, TreeMaxUnreadBytes: 64 << 20}},
+		{in: store.Quota{MaxUnreadItems: 7, MaxUnreadBytes: 9, TreeMaxUnreadItems: 11, TreeMaxUnreadBytes: 13},
+			want: store.Quota{MaxUnreadItems: 7, MaxUnreadBytes: 9, TreeMaxUnreadItems: 11, TreeMaxUnreadBytes: 13}},
 		{in: store.Quota{MaxUnreadItems: -1}, bad: true},
 		{in: store.Quota{MaxUnreadBytes: -1}, bad: true},
+		{in: store.Quota{TreeMaxUnreadItems: -1}, bad: true},
+		{in: store.Quota{TreeMaxUnreadBytes: -1}, bad: true},
 	} {
 		got, err := inboxQuota(tc.in)
 		if tc.bad {

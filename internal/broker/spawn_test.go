@@ -15,6 +15,7 @@ import (
 
 	"agentbox/internal/broker"
 	"agentbox/internal/inbox"
+	"agentbox/internal/orchestrate"
 	"agentbox/internal/testutil/testbin"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
@@ -525,5 +526,30 @@ func TestSpawnQueueDrainsUnderConcurrentSlotFrees(t *testing.T) {
 	left, err := os.ReadDir(filepath.Join(e.state, broker.SockDir))
 	if err != nil || len(left) != 0 {
 		t.Errorf("socket directories left after every sandbox was destroyed: %v %v", left, err)
+	}
+}
+
+// TestSpawnRefusedAtBrokerChildCap: broker.Config.Caps reaches spawns:
+// with a cap of 2 children, a running and a queued child fill it and a
+// third spawn is refused naming the cap and the children's states.
+func TestSpawnRefusedAtBrokerChildCap(t *testing.T) {
+	e := newTestEnvStopped(t)
+	e.caps = orchestrate.Caps{MaxChildren: 2}
+	e.start()
+	e.withAgent()
+	e.orchestratorOneSlot("lead")
+	lead := e.client("lead")
+	t.Cleanup(func() { e.admin("destroy", wire.DestroyArgs{Name: "lead", Force: true}, nil) })
+	wantStatus(t, spawn(t, lead, "s-1", map[string]any{"kind": "new", "base": "main", "branch": "one", "prompt": "work"}),
+		"started", "creation of child `one` started")
+	if st := spawn(t, lead, "s-2", map[string]any{"kind": "new", "base": "main", "branch": "two", "prompt": "work"}); st.State != "queued" {
+		t.Fatalf("second spawn: %s %q, want queued", st.State, st.Detail)
+	}
+	st := spawn(t, lead, "s-3", map[string]any{"kind": "new", "base": "main", "branch": "three", "prompt": "work"})
+	if st.State != "refused" || !strings.HasPrefix(st.Detail, "you have 2 children (at most 2, in any state): ") {
+		t.Fatalf("third spawn: %s %q, want refused at the cap of 2 children", st.State, st.Detail)
+	}
+	if _, err := e.b.Store().Sandbox(context.Background(), "three"); err == nil {
+		t.Error("the refused spawn recorded its child")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -48,9 +49,13 @@ Every sandbox gets the installed agents ('jailbee agent install'; the release
 broker.yaml pins, else the built-in one) read-only on its PATH, from its next
 start; the broker logs each agent that is not installed, which cannot run.
 
-Per-sandbox limits (tasks, memory, CPU weight) and the inbox quota come from
-<state>/broker.yaml (or --config FILE; see docs/broker-config.md), with a
-repository's .jailbee/config.yaml 'limits' overriding them. Where cgroups
+Per-sandbox limits (tasks, memory, CPU weight), the inbox quota and read
+retention, and each orchestrator's caps (children, queued spawns, unread
+items of its whole tree) come from <state>/broker.yaml (or --config FILE;
+see docs/broker-config.md), with a repository's .jailbee/config.yaml
+'limits' overriding the per-sandbox limits. Once a minute the broker
+removes read items past the retention and gives broker.db's free space
+back. Where cgroups
 cannot be used (a broker that is not root on a cgroup v1 host) the broker
 refuses to start unless --no-limits.`,
 		Args: cobra.NoArgs,
@@ -92,8 +97,11 @@ refuses to start unless --no-limits.`,
 			}
 			b, err := broker.Open(broker.Config{
 				StateDir: dir, Backend: be, Logger: log, Sandboxes: sandboxes,
-				InboxQuota: store.Quota{MaxUnreadItems: cfg.Inbox.MaxUnreadItems, MaxUnreadBytes: cfg.Inbox.MaxUnreadBytes},
-				Model:      model,
+				InboxQuota: store.Quota{MaxUnreadItems: cfg.Inbox.MaxUnreadItems, MaxUnreadBytes: cfg.Inbox.MaxUnreadBytes,
+					TreeMaxUnreadItems: cfg.Tree.MaxUnreadItems, TreeMaxUnreadBytes: cfg.Tree.MaxUnreadBytes},
+				ReadRetention: time.Duration(cfg.Inbox.ReadRetentionDays) * 24 * time.Hour,
+				Caps:          orchestrate.Caps{MaxChildren: cfg.Tree.MaxChildren, MaxQueuedSpawns: cfg.Tree.MaxQueuedSpawns},
+				Model:         model,
 			})
 			if errors.Is(err, broker.ErrLocked) {
 				if pid := broker.LockHolder(dir); pid > 0 {

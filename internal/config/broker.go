@@ -71,6 +71,32 @@ const (
 	// does not set it.
 	DefaultInboxUnreadBytes = 32 << 20
 
+	// MinTreeChildren and MaxTreeChildren bound tree.max_children.
+	MinTreeChildren = 1
+	MaxTreeChildren = 10000
+	// DefaultTreeChildren is tree.max_children when broker.yaml does not
+	// set it.
+	DefaultTreeChildren = 64
+	// MinTreeQueuedSpawns and MaxTreeQueuedSpawns bound
+	// tree.max_queued_spawns.
+	MinTreeQueuedSpawns = 1
+	MaxTreeQueuedSpawns = 10000
+	// DefaultTreeQueuedSpawns is tree.max_queued_spawns when broker.yaml
+	// does not set it.
+	DefaultTreeQueuedSpawns = 32
+	// DefaultTreeUnreadItems and DefaultTreeUnreadBytes are
+	// tree.max_unread_items and tree.max_unread_bytes when broker.yaml
+	// does not set them; their bounds are inbox's.
+	DefaultTreeUnreadItems = 2000
+	DefaultTreeUnreadBytes = 64 << 20
+	// MinReadRetentionDays and MaxReadRetentionDays bound
+	// inbox.read_retention_days.
+	MinReadRetentionDays = 1
+	MaxReadRetentionDays = 3650
+	// DefaultReadRetentionDays is inbox.read_retention_days when
+	// broker.yaml does not set it.
+	DefaultReadRetentionDays = 7
+
 	// MinSandboxUID is the lowest host uid a sandbox may run as: below it
 	// are system and login users (and, at 65534 and 65535, nobody and the
 	// 16-bit "no uid").
@@ -100,6 +126,8 @@ type Broker struct {
 	Limits Limits
 	// Inbox is the quota of every sandbox's inbox.
 	Inbox InboxQuota
+	// Tree bounds each orchestrator with all its children.
+	Tree Tree
 	// SandboxUIDs is the host uid range a broker running as root gives its
 	// sandboxes, one uid (and the same gid) each.
 	SandboxUIDs UIDRange
@@ -178,6 +206,20 @@ type InboxQuota struct {
 	// MaxUnreadBytes is the most bytes of unread message bodies the inbox
 	// may hold.
 	MaxUnreadBytes int64
+	// ReadRetentionDays is how long read items are kept.
+	ReadRetentionDays int
+}
+
+// Tree bounds what one orchestrator and its children may hold.
+type Tree struct {
+	// MaxChildren bounds the orchestrator's children in any state.
+	MaxChildren int
+	// MaxQueuedSpawns bounds its spawns and restarts waiting for a slot.
+	MaxQueuedSpawns int
+	// MaxUnreadItems and MaxUnreadBytes bound the unread items of the
+	// orchestrator's inbox and its children's, together.
+	MaxUnreadItems int
+	MaxUnreadBytes int64
 }
 
 // UIDRange is a range of host uids: First, First+1, ..., First+Count-1.
@@ -190,7 +232,10 @@ type UIDRange struct {
 func DefaultBroker() *Broker {
 	return &Broker{
 		Limits: Limits{Pids: DefaultPids, MemoryBytes: DefaultMemoryBytes, CPUWeight: DefaultCPUWeight, DiskBytes: DefaultDiskBytes},
-		Inbox:  InboxQuota{MaxUnreadItems: DefaultInboxUnreadItems, MaxUnreadBytes: DefaultInboxUnreadBytes},
+		Inbox: InboxQuota{MaxUnreadItems: DefaultInboxUnreadItems, MaxUnreadBytes: DefaultInboxUnreadBytes,
+			ReadRetentionDays: DefaultReadRetentionDays},
+		Tree: Tree{MaxChildren: DefaultTreeChildren, MaxQueuedSpawns: DefaultTreeQueuedSpawns,
+			MaxUnreadItems: DefaultTreeUnreadItems, MaxUnreadBytes: DefaultTreeUnreadBytes},
 		SandboxUIDs: UIDRange{
 			First: DefaultSandboxUIDFirst,
 			Count: DefaultSandboxUIDCount,
@@ -251,6 +296,7 @@ func ParseBroker(data []byte) (*Broker, error) {
 	sections := map[string][]field{
 		"limits":       b.Limits.fields(),
 		"inbox":        b.Inbox.fields(),
+		"tree":         b.Tree.fields(),
 		"sandbox_uids": b.SandboxUIDs.fields(),
 	}
 	var uidsKey *yaml.Node
@@ -296,6 +342,7 @@ func (b *Broker) Validate() error {
 	}{
 		{"limits", b.Limits.fields()},
 		{"inbox", b.Inbox.fields()},
+		{"tree", b.Tree.fields()},
 		{"sandbox_uids", b.SandboxUIDs.fields()},
 	} {
 		for _, f := range s.fields {
@@ -411,6 +458,21 @@ func (q *InboxQuota) fields() []field {
 			get: func() int64 { return int64(q.MaxUnreadItems) }, set: func(v int64) { q.MaxUnreadItems = int(v) }},
 		{key: "max_unread_bytes", size: true, min: MinInboxUnreadBytes, max: MaxInboxUnreadBytes,
 			get: func() int64 { return q.MaxUnreadBytes }, set: func(v int64) { q.MaxUnreadBytes = v }},
+		{key: "read_retention_days", min: MinReadRetentionDays, max: MaxReadRetentionDays,
+			get: func() int64 { return int64(q.ReadRetentionDays) }, set: func(v int64) { q.ReadRetentionDays = int(v) }},
+	}
+}
+
+func (t *Tree) fields() []field {
+	return []field{
+		{key: "max_children", min: MinTreeChildren, max: MaxTreeChildren,
+			get: func() int64 { return int64(t.MaxChildren) }, set: func(v int64) { t.MaxChildren = int(v) }},
+		{key: "max_queued_spawns", min: MinTreeQueuedSpawns, max: MaxTreeQueuedSpawns,
+			get: func() int64 { return int64(t.MaxQueuedSpawns) }, set: func(v int64) { t.MaxQueuedSpawns = int(v) }},
+		{key: "max_unread_items", min: MinInboxUnreadItems, max: MaxInboxUnreadItems,
+			get: func() int64 { return int64(t.MaxUnreadItems) }, set: func(v int64) { t.MaxUnreadItems = int(v) }},
+		{key: "max_unread_bytes", size: true, min: MinInboxUnreadBytes, max: MaxInboxUnreadBytes,
+			get: func() int64 { return t.MaxUnreadBytes }, set: func(v int64) { t.MaxUnreadBytes = v }},
 	}
 }
 

@@ -20,6 +20,12 @@ limits:
 inbox:
   max_unread_items: 500
   max_unread_bytes: 16MiB
+  read_retention_days: 2
+tree:
+  max_children: 10
+  max_queued_spawns: 5
+  max_unread_items: 300
+  max_unread_bytes: 20MiB
 sandbox_uids:
   first: 200000
   count: 65536
@@ -36,7 +42,8 @@ func TestParseBrokerFull(t *testing.T) {
 	}
 	want := &Broker{
 		Limits:      Limits{Pids: 2048, MemoryBytes: 8 << 30, CPUWeight: 200, DiskBytes: 40 << 30},
-		Inbox:       InboxQuota{MaxUnreadItems: 500, MaxUnreadBytes: 16 << 20},
+		Inbox:       InboxQuota{MaxUnreadItems: 500, MaxUnreadBytes: 16 << 20, ReadRetentionDays: 2},
+		Tree:        Tree{MaxChildren: 10, MaxQueuedSpawns: 5, MaxUnreadItems: 300, MaxUnreadBytes: 20 << 20},
 		SandboxUIDs: UIDRange{First: 200000, Count: 65536},
 		Model:       Model{Upstream: "http://127.0.0.1:9000", APIKeyFile: "/etc/jailbee/anthropic-key", MaxOutputTokensPerHour: 100000},
 	}
@@ -48,7 +55,8 @@ func TestParseBrokerFull(t *testing.T) {
 func TestDefaultBroker(t *testing.T) {
 	want := &Broker{
 		Limits:      Limits{Pids: 1024, MemoryBytes: 4 << 30, CPUWeight: 100, DiskBytes: 16 << 30},
-		Inbox:       InboxQuota{MaxUnreadItems: 1000, MaxUnreadBytes: 32 << 20},
+		Inbox:       InboxQuota{MaxUnreadItems: 1000, MaxUnreadBytes: 32 << 20, ReadRetentionDays: 7},
+		Tree:        Tree{MaxChildren: 64, MaxQueuedSpawns: 32, MaxUnreadItems: 2000, MaxUnreadBytes: 64 << 20},
 		SandboxUIDs: UIDRange{First: 1073741824, Count: 1048576},
 		Model:       Model{Upstream: DefaultModelUpstream},
 	}
@@ -185,6 +193,20 @@ func TestParseBrokerBounds(t *testing.T) {
 		{"bytes below min", "inbox: {max_unread_bytes: 65535}\n", "inbox.max_unread_bytes: must be 64KiB to 1GiB (line 1)"},
 		{"bytes at max", "inbox: {max_unread_bytes: 1073741824}\n", ""},
 		{"bytes past max", "inbox: {max_unread_bytes: 1073741825}\n", "inbox.max_unread_bytes: must be 64KiB to 1GiB (line 1)"},
+
+		{"retention at min", "inbox: {read_retention_days: 1}\n", ""},
+		{"retention below min", "inbox: {read_retention_days: 0}\n", "inbox.read_retention_days: must be 1 to 3650 (line 1)"},
+		{"retention at max", "inbox: {read_retention_days: 3650}\n", ""},
+		{"retention past max", "inbox: {read_retention_days: 3651}\n", "inbox.read_retention_days: must be 1 to 3650 (line 1)"},
+
+		{"children at min", "tree: {max_children: 1}\n", ""},
+		{"children below min", "tree: {max_children: 0}\n", "tree.max_children: must be 1 to 10000 (line 1)"},
+		{"children at max", "tree: {max_children: 10000}\n", ""},
+		{"children past max", "tree: {max_children: 10001}\n", "tree.max_children: must be 1 to 10000 (line 1)"},
+		{"queued at max", "tree: {max_queued_spawns: 10000}\n", ""},
+		{"queued past max", "tree: {max_queued_spawns: 10001}\n", "tree.max_queued_spawns: must be 1 to 10000 (line 1)"},
+		{"tree items past max", "tree: {max_unread_items: 1000001}\n", "tree.max_unread_items: must be 1 to 1000000 (line 1)"},
+		{"tree bytes below min", "tree: {max_unread_bytes: 65535}\n", "tree.max_unread_bytes: must be 64KiB to 1GiB (line 1)"},
 
 		{"first at min", "sandbox_uids: {first: 100000}\n", ""},
 		{"first below min", "sandbox_uids: {first: 99999}\n", "sandbox_uids.first: must be 100000 to 2147483646 (line 1)"},

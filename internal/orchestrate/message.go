@@ -54,6 +54,9 @@ func (o *Orchestrator) SendMessage(ctx context.Context, req wire.Caller, m Messa
 		if full, ok := errors.AsType[*store.InboxFullError](err); ok {
 			return store.Sent{}, &Refusal{Detail: inboxFullDetail(full)}
 		}
+		if full, ok := errors.AsType[*store.TreeFullError](err); ok {
+			return store.Sent{}, &Refusal{Detail: treeFullDetail(full)}
+		}
 		return sent, err
 	}
 	if sent.Fresh {
@@ -89,6 +92,34 @@ func inboxFullDetail(e *store.InboxFullError) string {
 		fmt.Fprintf(&b, ", no room for this message (%s)", formatSize(e.MessageBytes))
 	}
 	fmt.Fprintf(&b, "; send again with a new id once `%s` has read its messages", e.Sandbox)
+	return b.String()
+}
+
+// treeFullDetail is the refusal of a message to a child that the tree
+// budget (its orchestrator's inbox and all its children's, unread) has
+// no room for; it names the inboxes that hold the most (docs/protocol.md):
+//
+//	the inboxes of `lead` and its children are full: 2000 unread items (at most 2000) and 63.9 MiB unread (at most 64 MiB), held by `kid-1` (1000 items, 32 MiB), `kid-2` (999 items, 31.9 MiB) and 1 more; send again with a new id once they have read their messages, or destroy children that never will
+func treeFullDetail(e *store.TreeFullError) string {
+	q := e.Quota
+	var b strings.Builder
+	fmt.Fprintf(&b, "the inboxes of `%s` and its children are full: %d unread %s (at most %d) and %s unread (at most %s)",
+		e.Root, e.Items, plural(e.Items, "item", "items"), q.TreeMaxUnreadItems, formatSize(e.Bytes), formatSize(q.TreeMaxUnreadBytes))
+	if !e.ItemsFull() {
+		fmt.Fprintf(&b, ", no room for this message (%s)", formatSize(e.MessageBytes))
+	}
+	named := e.Holders[:min(len(e.Holders), maxHoldersNamed)]
+	for i, h := range named {
+		sep := ", held by "
+		if i > 0 {
+			sep = ", "
+		}
+		fmt.Fprintf(&b, "%s`%s` (%d %s, %s)", sep, h.Sandbox, h.Items, plural(h.Items, "item", "items"), formatSize(h.Bytes))
+	}
+	if more := len(e.Holders) - len(named); more > 0 {
+		fmt.Fprintf(&b, " and %d more", more)
+	}
+	b.WriteString("; send again with a new id once they have read their messages, or destroy children that never will")
 	return b.String()
 }
 

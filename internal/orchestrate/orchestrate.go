@@ -47,6 +47,8 @@ type Orchestrator struct {
 	Notify func(sandbox string)
 	// Sandboxes configures new sandboxes.
 	Sandboxes Sandboxes
+	// Caps bound each orchestrator's children and queued spawns.
+	Caps Caps
 	// Log records failures whose cause stays out of statuses (nil: the
 	// default logger).
 	Log *slog.Logger

@@ -139,11 +139,17 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req wire.Caller, m *manif
 		Branch: branch, Repo: orch.Repo, State: store.StateCreating, Phase: PhaseCreating, Imported: doc.Commit, SpawnDoc: string(raw)}
 	o.queueMu.Lock() // the count and the record are one step (startQueued)
 	defer o.queueMu.Unlock()
-	active, queued, err := o.slots(ctx, orch.Name)
+	kids, err := o.children(ctx, orch.Name)
 	if err != nil {
 		return "", "", "", err
 	}
-	if max := effective.MaxRunningChildren; len(active) >= max || queued > 0 {
+	active, queued := kids.active, kids.queued
+	max := effective.MaxRunningChildren
+	wait := len(active) >= max || queued > 0
+	if err := o.Caps.admit(kids, wait); err != nil {
+		return "", "", "", err
+	}
+	if wait {
 		row.State, row.Phase, row.QueuedSeq = store.StateQueued, "", time.Now().UnixNano()
 		if err := o.Store.CreateSandbox(ctx, row); err != nil {
 			return "", "", "", err
@@ -205,22 +211,40 @@ func hostBase(ctx context.Context, repo, base string) (string, error) {
 // (created and not stopped, or being created), by name, and counts those
 // queued.
 func (o *Orchestrator) slots(ctx context.Context, orch string) (active []string, queued int, err error) {
+	kids, err := o.children(ctx, orch)
+	return kids.active, kids.queued, err
+}
+
+// childCounts is an orchestrator's children: those that take a running
+// slot, those queued for one, and how many are in each state.
+type childCounts struct {
+	active  []string
+	queued  int
+	total   int
+	byState map[string]int
+}
+
+// children counts an orchestrator's children (see childCounts).
+func (o *Orchestrator) children(ctx context.Context, orch string) (childCounts, error) {
 	all, err := o.Store.Sandboxes(ctx)
 	if err != nil {
-		return nil, 0, err
+		return childCounts{}, err
 	}
+	kids := childCounts{byState: map[string]int{}}
 	for _, c := range all {
 		if c.Parent != orch {
 			continue
 		}
+		kids.total++
+		kids.byState[c.State]++
 		switch {
 		case waitsForSlot(c):
-			queued++
+			kids.queued++
 		case c.State == store.StateCreating, c.State == store.StateRunning, c.State == store.StateReady:
-			active = append(active, c.Name)
+			kids.active = append(kids.active, c.Name)
 		}
 	}
-	return active, queued, nil
+	return kids, nil
 }
 
 // maxHoldersNamed bounds the children a queued status names.
@@ -234,12 +258,7 @@ func queuedDetail(pos int, holders []string, max int) string {
 	if len(holders) == 0 {
 		return d
 	}
-	named := holders[:min(len(holders), maxHoldersNamed)]
-	d += " by `" + strings.Join(named, "`, `") + "`"
-	if more := len(holders) - len(named); more > 0 {
-		d += fmt.Sprintf(" and %d more", more)
-	}
-	return d
+	return d + " by " + namedList(holders)
 }
 
 // startWorker runs a child's creation in the background.

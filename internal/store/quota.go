@@ -1,9 +1,13 @@
 package store
 
 import (
+	"cmp"
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // Quota bounds each sandbox's unread inbox. A message delivery
@@ -17,10 +21,18 @@ import (
 // included).
 //
 // A bound of zero (or less) is not checked, so the zero Quota checks
-// nothing; the broker always sets both bounds.
+// nothing; the broker always sets every bound.
+//
+// The tree bounds (TreeMax...) check a message to a child against the
+// unread items of its orchestrator and all the orchestrator's children
+// together; a message that would pass one is refused with a
+// *TreeFullError. Messages to an orchestrator are held by its own inbox
+// bounds alone, so a child's done report never waits on its siblings.
 type Quota struct {
-	MaxUnreadItems int
-	MaxUnreadBytes int64
+	MaxUnreadItems     int
+	MaxUnreadBytes     int64
+	TreeMaxUnreadItems int
+	TreeMaxUnreadBytes int64
 }
 
 // InboxFullError is a delivery refused by the quota: the recipient's
@@ -36,6 +48,35 @@ type InboxFullError struct {
 func (e *InboxFullError) Error() string {
 	return fmt.Sprintf("inbox of %s full: %d unread items, %d bytes unread, message of %d bytes (quota %d items, %d bytes)",
 		e.Sandbox, e.Items, e.Bytes, e.MessageBytes, e.Quota.MaxUnreadItems, e.Quota.MaxUnreadBytes)
+}
+
+// TreeFullError is a message to a child refused by the tree bounds: the
+// unread totals of the tree (the orchestrator Root and its children)
+// before the delivery, and the inboxes that hold them, most bytes first.
+type TreeFullError struct {
+	Root         string
+	Items        int
+	Bytes        int64
+	MessageBytes int64
+	Quota        Quota
+	Holders      []Holder
+}
+
+// Holder is one inbox of a tree and what it holds unread.
+type Holder struct {
+	Sandbox string
+	Items   int
+	Bytes   int64
+}
+
+func (e *TreeFullError) Error() string {
+	return fmt.Sprintf("inboxes of %s's tree full: %d unread items, %d bytes unread, message of %d bytes (quota %d items, %d bytes)",
+		e.Root, e.Items, e.Bytes, e.MessageBytes, e.Quota.TreeMaxUnreadItems, e.Quota.TreeMaxUnreadBytes)
+}
+
+// ItemsFull reports whether the item bound refused the delivery.
+func (e *TreeFullError) ItemsFull() bool {
+	return e.Quota.TreeMaxUnreadItems > 0 && e.Items+1 > e.Quota.TreeMaxUnreadItems
 }
 
 // NeverFits reports whether the message is larger than the inbox may
@@ -67,18 +108,86 @@ type unreadTotals struct {
 // write transaction, before the message is inserted. Call with s.wmu held.
 func (s *Store) checkQuota(ctx context.Context, w *writer, sandbox string, msgBytes int64) error {
 	q := s.quota
-	if q.MaxUnreadItems <= 0 && q.MaxUnreadBytes <= 0 {
+	if q.MaxUnreadItems > 0 || q.MaxUnreadBytes > 0 {
+		t, err := s.unreadTotalsTx(ctx, w, sandbox)
+		if err != nil {
+			return err
+		}
+		if (q.MaxUnreadItems > 0 && t.items+1 > q.MaxUnreadItems) ||
+			(q.MaxUnreadBytes > 0 && t.bytes+msgBytes > q.MaxUnreadBytes) {
+			return &InboxFullError{Sandbox: sandbox, Items: t.items, Bytes: t.bytes, MessageBytes: msgBytes, Quota: q}
+		}
+	}
+	if q.TreeMaxUnreadItems <= 0 && q.TreeMaxUnreadBytes <= 0 {
 		return nil
 	}
-	t, err := s.unreadTotalsTx(ctx, w, sandbox)
+	return s.checkTree(ctx, w, sandbox, msgBytes)
+}
+
+// checkTree refuses a message of msgBytes to sandbox, when it is a child,
+// that would put its tree's unread items past the tree bounds. Call with
+// s.wmu held, inside the delivery's transaction.
+func (s *Store) checkTree(ctx context.Context, w *writer, sandbox string, msgBytes int64) error {
+	q := s.quota
+	var root string
+	err := w.parentOf.QueryRowContext(ctx, sandbox).Scan(&root)
+	if errors.Is(err, sql.ErrNoRows) || err == nil && root == "" {
+		return nil // an orchestrator, or no such sandbox (the insert fails)
+	}
 	if err != nil {
 		return err
 	}
-	if (q.MaxUnreadItems > 0 && t.items+1 > q.MaxUnreadItems) ||
-		(q.MaxUnreadBytes > 0 && t.bytes+msgBytes > q.MaxUnreadBytes) {
-		return &InboxFullError{Sandbox: sandbox, Items: t.items, Bytes: t.bytes, MessageBytes: msgBytes, Quota: q}
+	holders, err := s.treeHolders(ctx, w, root)
+	if err != nil {
+		return err
+	}
+	e := &TreeFullError{Root: root, MessageBytes: msgBytes, Quota: q, Holders: holders}
+	for _, h := range holders {
+		e.Items += h.Items
+		e.Bytes += h.Bytes
+	}
+	if (q.TreeMaxUnreadItems > 0 && e.Items+1 > q.TreeMaxUnreadItems) ||
+		(q.TreeMaxUnreadBytes > 0 && e.Bytes+msgBytes > q.TreeMaxUnreadBytes) {
+		return e
 	}
 	return nil
+}
+
+// treeHolders is the unread totals of root and each of its children
+// (from the cache once counted), those holding most bytes first, empty
+// inboxes left out.
+func (s *Store) treeHolders(ctx context.Context, w *writer, root string) ([]Holder, error) {
+	rows, err := w.treeMembers.QueryContext(ctx, root, root)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for rows.Next() {
+		var n string
+		if err := rows.Scan(&n); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		names = append(names, n)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var out []Holder
+	for _, n := range names {
+		t, err := s.unreadTotalsTx(ctx, w, n)
+		if err != nil {
+			return nil, err
+		}
+		if t.items > 0 {
+			out = append(out, Holder{Sandbox: n, Items: t.items, Bytes: t.bytes})
+		}
+	}
+	slices.SortFunc(out, func(a, b Holder) int {
+		return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), cmp.Compare(a.Sandbox, b.Sandbox))
+	})
+	return out, nil
 }
 
 // unreadTotalsTx returns a sandbox's unread totals from the cache, or

@@ -32,6 +32,8 @@ type writer struct {
 	markUnread   *sql.Stmt
 	messageDoc   *sql.Stmt
 	unreadTotals *sql.Stmt
+	parentOf     *sql.Stmt
+	treeMembers  *sql.Stmt
 	usageAdd     *sql.Stmt
 	bucketAdd    *sql.Stmt
 	bucketNew    *sql.Stmt
@@ -80,6 +82,8 @@ func (s *Store) prepare(ctx context.Context) error {
 		// octet_length reads a document's length without loading it.
 		w(&s.w.unreadTotals, `SELECT count(*), coalesce(sum(n), 0) FROM
 			(SELECT octet_length(doc) AS n FROM items WHERE sandbox = ? AND read = 0 LIMIT ?)`),
+		w(&s.w.parentOf, `SELECT parent FROM sandboxes WHERE name = ?`),
+		w(&s.w.treeMembers, `SELECT name FROM sandboxes WHERE name = ? OR parent = ?`),
 		w(&s.w.usageAdd, usageAddSQL),
 		w(&s.w.bucketAdd, bucketAddSQL),
 		w(&s.w.bucketNew, bucketNewSQL),

@@ -78,6 +78,10 @@ func Open(path string) (*Store, error) {
 	q.Add("_pragma", "journal_mode(WAL)")
 	q.Add("_pragma", "synchronous(FULL)")
 	q.Add("_pragma", "foreign_keys(ON)")
+	// Free pages can be given back (Shrink); a new database takes it at
+	// once, an older one at its next open (incrementalVacuum).
+	q.Add("_pragma", "auto_vacuum(INCREMENTAL)")
+	q.Add("_pragma", fmt.Sprintf("journal_size_limit(%d)", walLimitBytes))
 	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", busyTimeoutMillis))
 	db, err := sql.Open("sqlite", "file:"+path+"?"+q.Encode())
 	if err != nil {
@@ -250,6 +254,9 @@ func (s *Store) migrate() error {
 	if version > schemaVersion {
 		return fmt.Errorf("broker.db has schema version %d; this jailbee knows %d", version, schemaVersion)
 	}
+	if err := s.incrementalVacuum(); err != nil {
+		return fmt.Errorf("broker.db: auto_vacuum: %w", err)
+	}
 	for ; version > 0 && version < schemaVersion; version++ {
 		if err := s.migrateFrom(version); err != nil {
 			return fmt.Errorf("migrate broker.db from schema version %d: %w", version, err)
@@ -259,6 +266,24 @@ func (s *Store) migrate() error {
 		return fmt.Errorf("apply schema: %w", err)
 	}
 	return s.prepare(context.Background())
+}
+
+// autoVacuumIncremental is PRAGMA auto_vacuum's value for INCREMENTAL.
+const autoVacuumIncremental = 2
+
+// incrementalVacuum makes a database created before auto_vacuum was set
+// (every connection asks for INCREMENTAL) take it: only a VACUUM, run
+// once, changes the mode of a database that has tables.
+func (s *Store) incrementalVacuum() error {
+	var mode int
+	if err := s.db.QueryRow("PRAGMA auto_vacuum").Scan(&mode); err != nil {
+		return err
+	}
+	if mode == autoVacuumIncremental {
+		return nil
+	}
+	_, err := s.db.Exec("VACUUM")
+	return err
 }
 
 // migrateFrom applies migrations[version] in one transaction: a crash

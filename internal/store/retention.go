@@ -1,0 +1,129 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Bounds of the storage sweep.
+const (
+	// SweepBatch bounds the items one RemoveReadBefore transaction looks
+	// at, so a sweep never holds the write lock for long.
+	SweepBatch = 500
+	// shrinkMinFreePages: Shrink returns free pages to the file system only
+	// once this many are free (4 MiB of 4 KiB pages): small removals leave
+	// pages for the next writes to reuse.
+	shrinkMinFreePages = 1024
+	// shrinkStep bounds the pages one incremental_vacuum step frees, so
+	// other writers get the lock between steps.
+	shrinkStep = 2048
+	// walLimitBytes is the size a checkpoint truncates the WAL file to
+	// (journal_size_limit): a burst of writes does not leave it large.
+	walLimitBytes = 4 << 20
+)
+
+// Items are written in seq order with the time they were written, so
+// the items created before a cutoff are (clock steps aside) a prefix of
+// seq order: a sweep walks that prefix from its start and stops at the
+// first younger item, never reading the rest of the table.
+const (
+	oldItemsSQL = `SELECT seq, created_at FROM items WHERE seq > ? ORDER BY seq LIMIT ?`
+	// removeReadSQL deletes the read items of a seq range except the
+	// latest status of a journaled manifest: a resend of its id must still
+	// get that status back.
+	removeReadSQL = `DELETE FROM items WHERE seq > ? AND seq <= ? AND read = 1
+	AND seq NOT IN (SELECT status_seq FROM journal WHERE status_seq > ? AND status_seq <= ?)`
+)
+
+// RemoveReadBefore deletes read items created before cutoff, looking at
+// most SweepBatch items per transaction, and reports how many it removed.
+// Unread items are never removed (the inbox quota bounds them), nor a
+// journaled manifest's latest status.
+func (s *Store) RemoveReadBefore(ctx context.Context, cutoff time.Time) (int64, error) {
+	var total int64
+	var after int64
+	for {
+		var n int64
+		var done bool
+		err := s.withTx(ctx, func(w *writer, _ *cacheUpdate) error {
+			hi, young, err := oldPrefix(ctx, w, after, cutoff.UnixMilli())
+			if err != nil || hi == after {
+				done = true
+				return err
+			}
+			res, err := w.conn.ExecContext(ctx, removeReadSQL, after, hi, after, hi)
+			if err != nil {
+				return err
+			}
+			n, err = res.RowsAffected()
+			after, done = hi, young
+			return err
+		})
+		total += n
+		if err != nil || done {
+			return total, err
+		}
+	}
+}
+
+// oldPrefix looks at up to SweepBatch items after seq after and returns
+// the last seq before the first one created at or after cutoff (after
+// itself when there is none), and whether it met such an item or the
+// table's end: the sweep is then done.
+func oldPrefix(ctx context.Context, w *writer, after, cutoff int64) (hi int64, done bool, err error) {
+	rows, err := w.conn.QueryContext(ctx, oldItemsSQL, after, SweepBatch)
+	if err != nil {
+		return after, true, err
+	}
+	defer rows.Close()
+	hi, seen := after, 0
+	for rows.Next() {
+		var seq, created int64
+		if err := rows.Scan(&seq, &created); err != nil {
+			return after, true, err
+		}
+		if created >= cutoff {
+			return hi, true, nil
+		}
+		hi, seen = seq, seen+1
+	}
+	return hi, seen < SweepBatch, rows.Err()
+}
+
+// Shrink gives the file system back broker.db's free pages once there
+// are many (after large removals: a destroyed sandbox's inbox, a sweep),
+// in bounded steps, then checkpoints the WAL so the file shrinks.
+func (s *Store) Shrink(ctx context.Context) error {
+	ctx = detach(ctx)
+	var free int64
+	if err := s.db.QueryRowContext(ctx, "PRAGMA freelist_count").Scan(&free); err != nil {
+		return err
+	}
+	if free < shrinkMinFreePages {
+		return nil
+	}
+	for free > 0 {
+		if err := s.vacuumStep(ctx); err != nil {
+			return err
+		}
+		left := free
+		if err := s.db.QueryRowContext(ctx, "PRAGMA freelist_count").Scan(&left); err != nil {
+			return err
+		}
+		if left >= free {
+			break // no progress: never spin
+		}
+		free = left
+	}
+	_, err := s.db.ExecContext(ctx, "PRAGMA wal_checkpoint(TRUNCATE)")
+	return err
+}
+
+// vacuumStep frees up to shrinkStep pages on the writer connection.
+func (s *Store) vacuumStep(ctx context.Context) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	_, err := s.w.conn.ExecContext(ctx, fmt.Sprintf("PRAGMA incremental_vacuum(%d)", shrinkStep))
+	return err
+}
