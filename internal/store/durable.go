@@ -25,8 +25,25 @@ var ErrNotDurable = errors.New("broker.db: write not durable")
 
 var errStoreClosed = errors.New("broker.db is closed")
 
-// syncFile is fsync(2); tests replace it to count or fail syncs.
-var syncFile = (*os.File).Sync
+// syncFile is fdatasync(2): it flushes a file's data and the metadata
+// needed to read it back (its size) but not its times, as SQLite does.
+// Tests replace it to count or fail syncs.
+var syncFile = fdatasync
+
+func fdatasync(f *os.File) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		for serr = syscall.Fdatasync(int(fd)); serr == syscall.EINTR; serr = syscall.Fdatasync(int(fd)) {
+		}
+	}); err != nil {
+		return err
+	}
+	return serr
+}
 
 // durability counts commits and the syncs that made them durable. Commit
 // indexes are handed out under the store's write lock, so they are in

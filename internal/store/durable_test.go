@@ -17,7 +17,7 @@ import (
 func hookSync(t *testing.T, fn func(*os.File) error) {
 	t.Helper()
 	syncFile = fn
-	t.Cleanup(func() { syncFile = (*os.File).Sync })
+	t.Cleanup(func() { syncFile = fdatasync })
 }
 
 // sendAll sends n messages o -> c concurrently and returns their errors.
@@ -97,7 +97,7 @@ func TestFailedSyncFailsWriters(t *testing.T) {
 	}
 	// The failure sticks: the page cache may have dropped what the sync
 	// lost, so no later write or read may claim it.
-	hookSync(t, (*os.File).Sync)
+	hookSync(t, fdatasync)
 	if err := s.SetState(context.Background(), "c", "stopped"); !errors.Is(err, ErrNotDurable) {
 		t.Fatalf("write after a failed sync: %v, want %v", err, ErrNotDurable)
 	}
