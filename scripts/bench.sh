@@ -6,6 +6,10 @@
 #
 #   list / raw echo, read / raw echo       (target <= 3x)
 #   send / raw SQLite commit               (target <= 1.5x)
+#   raw SQLite commit / concurrent send    (throughput, target >= 3x;
+#                                           scripts/bench-groupcommit.sh
+#                                           gives min/median/max and the
+#                                           store-level figure)
 #
 # Usage: scripts/bench.sh [COUNT] [BENCHTIME]    (defaults: 5, 2s)
 # Raw `go test` output goes to $OUT (default: a temp file, path printed).
@@ -53,4 +57,5 @@ END {
 	ratio("SendMessage", "RawSQLiteCommit", "(target <= 1.5x)")
 	ratio("SendMessage", "RawSQLiteCommitSchema", "")
 	ratio("RawSQLiteCommitSchema", "RawSQLiteCommit", "")
+	ratio("RawSQLiteCommit", "SendConcurrent", "(throughput, target >= 3x)")
 }' "$out"
