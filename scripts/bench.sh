@@ -10,6 +10,10 @@
 #     its p99 alone                        (target <= 2x)
 #   dispatch / bare relay + one fsync      (target <= 3x; as root, through
 #                                          scripts/bench-dispatch.sh)
+#   raw SQLite commit / concurrent send    (throughput, target >= 3x;
+#                                           scripts/bench-groupcommit.sh
+#                                           gives min/median/max and the
+#                                           store-level figure)
 #
 # Usage: scripts/bench.sh [COUNT] [BENCHTIME]    (defaults: 5, 2s)
 # Raw `go test` output goes to $OUT (default: a temp file, path printed).
@@ -61,6 +65,7 @@ END {
 	ratio("SendMessage", "RawSQLiteCommitSchema", "")
 	ratio("RawSQLiteCommitSchema", "RawSQLiteCommit", "")
 	ratio("SendFairness/flood7/p99", "SendFairness/unloaded/p99", "(target <= 2x)")
+	ratio("RawSQLiteCommit", "SendConcurrent", "(throughput, target >= 3x)")
 }' "$out"
 
 # branchbox's tool-request dispatch (root only: the consumer's files are

@@ -5,6 +5,7 @@ package broker_test
 //
 //	BenchmarkList, BenchmarkRead  vs  BenchmarkRawEcho          (target <= 3x)
 //	BenchmarkSendMessage          vs  BenchmarkRawSQLiteCommit  (target <= 1.5x)
+//	BenchmarkSendConcurrent       vs  BenchmarkRawSQLiteCommit  (throughput >= 3x)
 //
 // Every temp dir comes from b.TempDir(), so the broker's broker.db and the
 // bare SQLite file are on the same filesystem. Benchmarks report; they
@@ -22,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -288,6 +290,62 @@ func BenchmarkSendMessage(b *testing.B) {
 	}
 	if got := len(items); got != n {
 		b.Fatalf("child has %d unread messages after %d sends", len(items), n)
+	}
+}
+
+// benchSenders is how many sandboxes send at once in BenchmarkSendConcurrent.
+const benchSenders = 8
+
+// BenchmarkSendConcurrent: benchSenders children of "o", each on its own
+// warm connection, send durable messages to "o" at once; one op is one
+// send, so RawSQLiteCommit's ns/op over this one is the throughput ratio.
+// Concurrent sends share the fsync that makes them durable (group commit
+// in internal/store).
+func BenchmarkSendConcurrent(b *testing.B) {
+	e := newTestEnvQuota(b, store.Quota{MaxUnreadItems: 1 << 30, MaxUnreadBytes: 1 << 50})
+	e.orchestrator("o")
+	conns := make([]*rawConn, benchSenders)
+	for i := range conns {
+		name := "c" + strconv.Itoa(i)
+		e.child(name, "o")
+		conns[i] = e.raw(name)
+	}
+	const prefix = `{"v":1,"op":"send","args":{"manifest":{"version":1,"type":"message","body":"please rebase onto main and run the tests","id":"m-`
+	var sent atomic.Int64
+	sender := func(c *rawConn, ops int64) {
+		buf := make([]byte, 0, 256)
+		for n := int64(1); n <= ops; n++ {
+			buf = append(strconv.AppendInt(append(buf[:0], prefix...), sent.Add(1), 10), `"}}}`+"\n"...)
+			if _, err := c.Write(buf); err != nil {
+				b.Error(err)
+				return
+			}
+			reply, err := wire.ReadLine(c.r, wire.MaxLineBytes)
+			if err != nil || !bytes.Contains(reply, []byte(`"state":"done"`)) {
+				b.Errorf("send: %s %v", reply, err)
+				return
+			}
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		// Share b.N out: the first b.N%benchSenders senders send one more.
+		ops := int64(b.N / benchSenders)
+		if i < b.N%benchSenders {
+			ops++
+		}
+		wg.Go(func() { sender(c, ops) })
+	}
+	wg.Wait()
+	b.StopTimer()
+	items, err := e.b.Store().ListItems(context.Background(), "o", false)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if got := int64(len(items)); got != sent.Load() {
+		b.Fatalf("o has %d unread messages after %d sends", got, sent.Load())
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"path/filepath"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,6 +42,51 @@ func BenchmarkDeliverMessage(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkDeliverConcurrent is BenchmarkDeliverMessage from 8 senders
+// at once (8 children of o, each sending to o): one op is one durable
+// delivery, so BenchmarkBareCommit's ns/op over this one is the throughput
+// ratio. Concurrent deliveries share the fsync that makes them durable.
+func BenchmarkDeliverConcurrent(b *testing.B) {
+	const senders = 8
+	st, err := store.Open(filepath.Join(b.TempDir(), "broker.db"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	st.SetQuota(store.Quota{MaxUnreadItems: 1 << 30, MaxUnreadBytes: 1 << 50})
+	ctx := context.Background()
+	if err := st.CreateSandbox(ctx, store.Sandbox{Name: "o", UUID: "u", Role: wire.RoleOrchestrator, Branch: "main", Repo: "/r", State: "running"}); err != nil {
+		b.Fatal(err)
+	}
+	for i := range senders {
+		n := "c" + strconv.Itoa(i)
+		if err := st.CreateSandbox(ctx, store.Sandbox{Name: n, UUID: "u" + n, Role: wire.RoleChild, Parent: "o", Branch: n, Repo: "/r", State: "running"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var sent atomic.Int64
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for i := range senders {
+		ops := b.N / senders
+		if i < b.N%senders {
+			ops++
+		}
+		from := "c" + strconv.Itoa(i)
+		wg.Go(func() {
+			for range ops {
+				id := "m-" + strconv.FormatInt(sent.Add(1), 10)
+				if _, err := st.DeliverMessage(ctx, store.Delivery{From: from, To: "o", ManifestID: id,
+					Kind: "note", Body: "please rebase onto main and run the tests"}); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // BenchmarkAddUsage is the store's part of recording one model response:

@@ -101,7 +101,8 @@ func cmpInt(a, b int64) int {
 // unread returns a sandbox's unread items, oldest first, loading them from
 // the database on first use. The slice is shared: callers must not modify
 // it.
-func (s *Store) unread(ctx context.Context, sandbox string) ([]Item, error) {
+func (s *Store) unread(ctx context.Context, sandbox string) (_ []Item, err error) {
+	defer s.settle(&err)
 	ctx = detach(ctx)
 	s.cmu.Lock()
 	items, ok := s.inboxes[sandbox]

@@ -59,7 +59,8 @@ func (s *Store) QueueFinish(ctx context.Context, f Finish, detail string) (Sent,
 }
 
 // Finishes lists the pending finishes for parent, oldest first.
-func (s *Store) Finishes(ctx context.Context, parent string) ([]Finish, error) {
+func (s *Store) Finishes(ctx context.Context, parent string) (_ []Finish, err error) {
+	defer s.settle(&err)
 	rows, err := s.db.QueryContext(ctx, `SELECT seq, child, parent, manifest_id, head, branch, kind, body, in_reply_to
 		FROM finishes WHERE parent = ? ORDER BY seq`, parent)
 	if err != nil {
@@ -82,7 +83,8 @@ func (s *Store) Finishes(ctx context.Context, parent string) ([]Finish, error) {
 }
 
 // FinishParents lists the orchestrators that have pending finishes.
-func (s *Store) FinishParents(ctx context.Context) ([]string, error) {
+func (s *Store) FinishParents(ctx context.Context) (_ []string, err error) {
+	defer s.settle(&err)
 	rows, err := s.db.QueryContext(ctx, `SELECT DISTINCT parent FROM finishes ORDER BY parent`)
 	if err != nil {
 		return nil, fmt.Errorf("list finish parents: %w", err)

@@ -296,7 +296,8 @@ func (s *Store) MarkUnread(ctx context.Context, sandbox, id string) error {
 // ListItems lists a sandbox's unread items (all=true: read history too),
 // oldest first. The unread list comes from the cache; callers must not
 // modify the returned slice.
-func (s *Store) ListItems(ctx context.Context, sandbox string, all bool) ([]Item, error) {
+func (s *Store) ListItems(ctx context.Context, sandbox string, all bool) (_ []Item, err error) {
+	defer s.settle(&err)
 	ctx = detach(ctx)
 	if !all {
 		return s.unread(ctx, sandbox)
@@ -377,7 +378,8 @@ func (s *Store) FirstUnread(ctx context.Context, sandbox string, match func(Item
 
 // StatusesSince returns every status item with seq > after, oldest first,
 // with the sandbox it belongs to; rounds fold them into their snapshot.
-func (s *Store) StatusesSince(ctx context.Context, after int64) ([]SandboxItem, error) {
+func (s *Store) StatusesSince(ctx context.Context, after int64) (_ []SandboxItem, err error) {
+	defer s.settle(&err)
 	ctx = detach(ctx)
 	rows, err := s.db.QueryContext(ctx, `SELECT sandbox, `+itemCols+` FROM items
 		WHERE seq > ? AND type = 'status' ORDER BY seq`, after)

@@ -89,7 +89,8 @@ type Interrupted struct {
 }
 
 // InterruptedManifests lists the ids journaled without a status.
-func (s *Store) InterruptedManifests(ctx context.Context) ([]Interrupted, error) {
+func (s *Store) InterruptedManifests(ctx context.Context) (_ []Interrupted, err error) {
+	defer s.settle(&err)
 	rows, err := s.db.QueryContext(detach(ctx), `SELECT sandbox, manifest_id, type FROM journal WHERE status_seq IS NULL ORDER BY created_at`)
 	if err != nil {
 		return nil, err
@@ -129,9 +130,10 @@ func (s *Store) FinishInterrupted(ctx context.Context, in Interrupted, state, de
 
 // LatestStatus returns the latest status of a manifest in sandbox's inbox
 // (found false when the id has none).
-func (s *Store) LatestStatus(ctx context.Context, sandbox, manifestID string) (wire.StatusItem, bool, error) {
+func (s *Store) LatestStatus(ctx context.Context, sandbox, manifestID string) (_ wire.StatusItem, _ bool, err error) {
+	defer s.settle(&err)
 	var doc string
-	err := s.db.QueryRowContext(detach(ctx), `SELECT i.doc FROM journal j JOIN items i ON i.seq = j.status_seq
+	err = s.db.QueryRowContext(detach(ctx), `SELECT i.doc FROM journal j JOIN items i ON i.seq = j.status_seq
 		WHERE j.sandbox = ? AND j.manifest_id = ?`, sandbox, manifestID).Scan(&doc)
 	if errors.Is(err, sql.ErrNoRows) {
 		return wire.StatusItem{}, false, nil
@@ -156,9 +158,10 @@ type ChildMessage struct {
 
 // LastChildMessage returns the last message child sent that parent's
 // inbox accepted, read or not.
-func (s *Store) LastChildMessage(ctx context.Context, parent, child string) (ChildMessage, error) {
+func (s *Store) LastChildMessage(ctx context.Context, parent, child string) (_ ChildMessage, err error) {
+	defer s.settle(&err)
 	var m ChildMessage
-	err := s.db.QueryRowContext(detach(ctx), `SELECT seq, json_extract(doc, '$.kind'), json_extract(doc, '$.body') FROM items
+	err = s.db.QueryRowContext(detach(ctx), `SELECT seq, json_extract(doc, '$.kind'), json_extract(doc, '$.body') FROM items
 		WHERE sandbox = ? AND type = ? AND json_extract(doc, '$.from') = ? AND json_extract(doc, '$.origin_id') IS NOT NULL
 		ORDER BY seq DESC LIMIT 1`, parent, wire.ItemMessage, child).Scan(&m.Seq, &m.Kind, &m.Body)
 	if errors.Is(err, sql.ErrNoRows) {

@@ -64,7 +64,8 @@ func (s *Store) ExpiredRights(ctx context.Context, t time.Time) ([]Right, error)
 		WHERE expires_at > 0 AND expires_at <= ? ORDER BY sandbox, kind, item`, t.UnixMilli())
 }
 
-func (s *Store) queryRights(ctx context.Context, q string, arg any) ([]Right, error) {
+func (s *Store) queryRights(ctx context.Context, q string, arg any) (_ []Right, err error) {
+	defer s.settle(&err)
 	rows, err := s.db.QueryContext(ctx, q, arg)
 	if err != nil {
 		return nil, fmt.Errorf("list rights: %w", err)

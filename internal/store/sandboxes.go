@@ -92,7 +92,8 @@ func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 // Sandbox returns one sandbox by name. Rows are cached: every send looks
 // its requester (and recipient) up, and sandboxes change rarely; each write
 // to the sandboxes table clears the cache after it commits.
-func (s *Store) Sandbox(ctx context.Context, name string) (Sandbox, error) {
+func (s *Store) Sandbox(ctx context.Context, name string) (_ Sandbox, err error) {
+	defer s.settleSandboxes(&err)
 	ctx = detach(ctx)
 	s.cmu.Lock()
 	sb, ok := s.sandboxes[name]
@@ -101,7 +102,7 @@ func (s *Store) Sandbox(ctx context.Context, name string) (Sandbox, error) {
 	if ok {
 		return sb, nil
 	}
-	sb, err := scanSandbox(s.q.sandboxByNm.QueryRowContext(ctx, name))
+	sb, err = scanSandbox(s.q.sandboxByNm.QueryRowContext(ctx, name))
 	if errors.Is(err, sql.ErrNoRows) {
 		return Sandbox{}, fmt.Errorf("sandbox %q: %w", name, ErrNotFound)
 	}
@@ -117,7 +118,8 @@ func (s *Store) Sandbox(ctx context.Context, name string) (Sandbox, error) {
 }
 
 // Sandboxes lists every sandbox by name.
-func (s *Store) Sandboxes(ctx context.Context) ([]Sandbox, error) {
+func (s *Store) Sandboxes(ctx context.Context) (_ []Sandbox, err error) {
+	defer s.settleSandboxes(&err)
 	ctx = detach(ctx)
 	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY name`)
 	if err != nil {

@@ -1,8 +1,10 @@
 // Package store is broker.db: sandboxes, inbox items (unread and read),
 // statuses, the manifest-id journal and model usage. It is the only
-// package that writes SQL. Every method that changes state commits
-// (fsync'd, synchronous=FULL) before it returns, so a reply written after
-// it promises only what is on disk.
+// package that writes SQL. Every method that changes state returns only
+// once its commit is on disk, and every method that reads returns only once
+// every commit it can have seen is on disk, so a reply written after it
+// promises only what is on disk. Concurrent writers share the fsync that
+// makes their commits durable (group commit, see durable.go).
 package store
 
 import (
@@ -49,6 +51,8 @@ type Store struct {
 	db *sql.DB
 	q  statements
 	w  writer
+	// dur makes commits durable (synchronous=NORMAL leaves that to it).
+	dur *durability
 
 	// wmu serializes write transactions with the cache updates that follow
 	// their commits, so the unread cache always matches the database.
@@ -60,6 +64,9 @@ type Store struct {
 	// cleared it, so a query that raced a write does not install a stale row.
 	sandboxes  map[string]Sandbox
 	sandboxGen uint64
+	// sandboxesAt is the index of the last commit that wrote the sandboxes
+	// table, set before that COMMIT: a row lookup need wait only for it.
+	sandboxesAt uint64
 
 	// quota bounds unread inboxes (see Quota); totals caches the size of
 	// each unread inbox counted so far, kept in step with commits like
@@ -69,14 +76,15 @@ type Store struct {
 }
 
 // Open opens (creating if needed) the database at path with WAL and
-// synchronous=FULL on every pooled connection, and applies the schema.
+// synchronous=NORMAL on every pooled connection (durability is dur's), and
+// applies the schema.
 func Open(path string) (*Store, error) {
 	if err := ownerOnly(path); err != nil {
 		return nil, fmt.Errorf("open broker.db: %w", err)
 	}
 	q := url.Values{}
 	q.Add("_pragma", "journal_mode(WAL)")
-	q.Add("_pragma", "synchronous(FULL)")
+	q.Add("_pragma", "synchronous(NORMAL)")
 	q.Add("_pragma", "foreign_keys(ON)")
 	// Free pages can be given back (Shrink); a new database takes it at
 	// once, an older one at its next open (incrementalVacuum).
@@ -97,9 +105,16 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("open broker.db: journal_mode is %q, want wal", mode)
 	}
-	s := &Store{db: db, inboxes: map[string][]Item{}, sandboxes: map[string]Sandbox{}, totals: map[string]unreadTotals{}}
+	s := &Store{db: db, dur: newDurability(path), inboxes: map[string][]Item{}, sandboxes: map[string]Sandbox{}, totals: map[string]unreadTotals{}}
 	if err := s.migrate(); err != nil {
 		db.Close()
+		return nil, err
+	}
+	// The schema's commits ran outside withTx: make them durable now.
+	s.dur.commitStarted()
+	s.dur.commitDone()
+	if err := s.dur.wait(s.dur.seen()); err != nil {
+		s.Close()
 		return nil, err
 	}
 	return s, nil
@@ -134,10 +149,11 @@ func ownerOnly(path string) error {
 	return nil
 }
 
-// Close closes the database.
+// Close makes every commit durable and closes the database.
 func (s *Store) Close() error {
+	err := s.dur.close()
 	s.closeStatements()
-	return s.db.Close()
+	return errors.Join(err, s.db.Close())
 }
 
 // schemaVersion is PRAGMA user_version of a database with this schema.
@@ -314,27 +330,66 @@ func newHostID() string {
 
 func now() int64 { return time.Now().UnixMilli() }
 
-// withTx runs fn in one write transaction (BEGIN IMMEDIATE) and commits;
+// withTx runs fn in one write transaction and returns once the commit
+// (or, when fn fails, every commit fn can have read) is on disk. The wait
+// is outside the write lock: the next writers commit meanwhile and share
+// the sync.
+func (s *Store) withTx(ctx context.Context, fn func(*writer, *cacheUpdate) error) error {
+	index, err := s.commitTx(detach(ctx), fn)
+	if werr := s.dur.wait(index); werr != nil {
+		return werr
+	}
+	return err
+}
+
+// commitTx runs fn in one write transaction (BEGIN IMMEDIATE) and commits;
 // then, still holding the write lock, applies the cache changes fn queued,
 // so no later write or cache read can see the cache behind the database.
-func (s *Store) withTx(ctx context.Context, fn func(*writer, *cacheUpdate) error) error {
-	ctx = detach(ctx)
+// It returns the commit index to wait for.
+func (s *Store) commitTx(ctx context.Context, fn func(*writer, *cacheUpdate) error) (uint64, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	var cu cacheUpdate
 	if _, err := s.w.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		return err
+		return s.dur.seen(), err
 	}
 	if err := fn(&s.w, &cu); err != nil {
 		s.w.conn.ExecContext(ctx, "ROLLBACK")
-		return err
+		return s.dur.seen(), err
 	}
-	if _, err := s.w.conn.ExecContext(ctx, "COMMIT"); err != nil {
+	index := s.dur.commitStarted()
+	if cu.sandboxesChanged {
+		s.cmu.Lock()
+		s.sandboxesAt = index
+		s.cmu.Unlock()
+	}
+	_, err := s.w.conn.ExecContext(ctx, "COMMIT")
+	s.dur.commitDone()
+	if err != nil {
 		s.w.conn.ExecContext(ctx, "ROLLBACK")
-		return err
+		return index, err
 	}
 	s.applyCache(&cu)
-	return nil
+	return index, nil
+}
+
+// settle makes a read wait until every commit it can have seen is on
+// disk; defer it with the read's named error.
+func (s *Store) settle(err *error) { s.settleAt(s.dur.seen(), err) }
+
+// settleSandboxes is settle for a read of the sandboxes table alone: every
+// send looks rows up, and need not wait for other sends' commits.
+func (s *Store) settleSandboxes(err *error) {
+	s.cmu.Lock()
+	index := s.sandboxesAt
+	s.cmu.Unlock()
+	s.settleAt(index, err)
+}
+
+func (s *Store) settleAt(index uint64, err *error) {
+	if werr := s.dur.wait(index); werr != nil && *err == nil {
+		*err = werr
+	}
 }
 
 // detach drops ctx's cancellation. With a cancellable context,

@@ -110,7 +110,8 @@ func (s *Store) AddUsage(ctx context.Context, name, uuid, tree string, u Usage, 
 
 // UsageRows returns every sandbox's usage totals, those of sandboxes since
 // destroyed included, sorted by tree, then name, then when last updated.
-func (s *Store) UsageRows(ctx context.Context) ([]UsageRow, error) {
+func (s *Store) UsageRows(ctx context.Context) (_ []UsageRow, err error) {
+	defer s.settle(&err)
 	ctx = detach(ctx)
 	rows, err := s.db.QueryContext(ctx, `SELECT name, uuid, tree, requests, input_tokens, output_tokens,
 		cache_read_input_tokens, cache_creation_input_tokens, updated_at
@@ -136,9 +137,10 @@ func (s *Store) UsageRows(ctx context.Context) ([]UsageRow, error) {
 // TreeOutputSince returns the output tokens tree reported since since.
 // Buckets are whole minutes and the one since falls in counts whole, so
 // the figure errs up by at most a minute's tokens, never down.
-func (s *Store) TreeOutputSince(ctx context.Context, tree string, since time.Time) (int64, error) {
+func (s *Store) TreeOutputSince(ctx context.Context, tree string, since time.Time) (_ int64, err error) {
+	defer s.settle(&err)
 	var n int64
-	err := s.q.treeOutput.QueryRowContext(detach(ctx), tree, minuteOf(since)).Scan(&n)
+	err = s.q.treeOutput.QueryRowContext(detach(ctx), tree, minuteOf(since)).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("tree output: %w", err)
 	}
