@@ -12,8 +12,8 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
-	"time"
 	"syscall"
+	"time"
 	"unicode"
 )
 

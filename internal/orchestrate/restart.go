@@ -10,6 +10,7 @@ import (
 	"agentbox/internal/agent"
 	"agentbox/internal/gitx"
 	"agentbox/internal/manifest"
+	"agentbox/internal/serial"
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
 )
@@ -102,6 +103,7 @@ func (o *Orchestrator) admitRestart(ctx context.Context, req wire.Caller, m *man
 	}
 	o.queueMu.Lock() // the count and the record are one step (startQueued)
 	defer o.queueMu.Unlock()
+	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
 	active, queued, err := o.slots(ctx, sb.Parent)
 	if err != nil {
 		return "", "", "", err

@@ -11,6 +11,7 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/grant"
 	"agentbox/internal/manifest"
+	"agentbox/internal/serial"
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
 )
@@ -119,6 +120,7 @@ type rightsPlan struct {
 func (o *Orchestrator) applyRights(ctx context.Context, sb store.Sandbox, r *manifest.Rights) (string, []string, error) {
 	o.rightsMu.Lock()
 	defer o.rightsMu.Unlock()
+	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
 	cur, err := o.Store.Rights(ctx, sb.Name)
 	if err != nil {
 		return "", nil, err
@@ -325,6 +327,7 @@ func (o *Orchestrator) egressChanged(sandbox string, lost []store.Right) {
 func (o *Orchestrator) AttachRights(ctx context.Context, sandbox string) {
 	o.rightsMu.Lock()
 	defer o.rightsMu.Unlock()
+	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
 	rights, err := o.Store.Rights(ctx, sandbox)
 	if err != nil {
 		o.logger().Error("rights: list", "sandbox", sandbox, "err", err)
@@ -407,6 +410,7 @@ func (o *Orchestrator) recordSpawnRights(ctx context.Context, sandbox string, r 
 func (o *Orchestrator) ExpireRights(ctx context.Context, now time.Time) {
 	o.rightsMu.Lock()
 	defer o.rightsMu.Unlock()
+	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
 	expired, err := o.Store.ExpiredRights(ctx, now)
 	if err != nil {
 		o.logger().Error("rights: list expired", "err", err)
@@ -441,6 +445,7 @@ func (o *Orchestrator) ExpireRights(ctx context.Context, now time.Time) {
 func (o *Orchestrator) HandRights(ctx context.Context, sandbox string, add, remove grant.Rights) ([]store.Right, []string, error) {
 	o.rightsMu.Lock()
 	defer o.rightsMu.Unlock()
+	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
 	if _, err := o.Store.Sandbox(ctx, sandbox); errors.Is(err, store.ErrNotFound) {
 		return nil, nil, o.NoSuchSandbox(ctx, sandbox)
 	} else if err != nil {

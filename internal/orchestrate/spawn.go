@@ -18,6 +18,7 @@ import (
 	"agentbox/internal/grant"
 	"agentbox/internal/manifest"
 	"agentbox/internal/secfs"
+	"agentbox/internal/serial"
 	"agentbox/internal/shortname"
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
@@ -139,6 +140,7 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req wire.Caller, m *manif
 		Branch: branch, Repo: orch.Repo, State: store.StateCreating, Phase: PhaseCreating, Imported: doc.Commit, SpawnDoc: string(raw)}
 	o.queueMu.Lock() // the count and the record are one step (startQueued)
 	defer o.queueMu.Unlock()
+	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
 	kids, err := o.children(ctx, orch.Name)
 	if err != nil {
 		return "", "", "", err
@@ -573,6 +575,7 @@ func (o *Orchestrator) startQueued(ctx context.Context, orch string) {
 	}
 	o.queueMu.Lock()
 	defer o.queueMu.Unlock()
+	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
 	for {
 		active, _, err := o.slots(ctx, orch)
 		if err != nil || len(active) >= max {

@@ -111,6 +111,14 @@ func Holding(ctx context.Context, e *Executor) context.Context {
 	return context.WithValue(ctx, turnKey{}, &turn{e: e})
 }
 
+// Pin returns ctx under which Outside keeps the turn (runs fn in place).
+// A holder pins before it takes a mutex of its own: were the turn given
+// away while it holds the mutex, the next holder could wait for that
+// mutex while the pinned one waits for the turn.
+func Pin(ctx context.Context) context.Context {
+	return context.WithValue(ctx, turnKey{}, (*turn)(nil))
+}
+
 type turnKey struct{}
 
 // turn is one holder's turn. Outside calls may overlap (the two ends of a

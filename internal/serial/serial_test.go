@@ -174,3 +174,31 @@ func TestOutsideWithoutTurn(t *testing.T) {
 		t.Fatal("fn did not run")
 	}
 }
+
+// TestPinKeepsTheTurn: under a pinned context Outside keeps the turn, so
+// nobody else runs while a holder holds a mutex of its own.
+func TestPinKeepsTheTurn(t *testing.T) {
+	var e Executor
+	h := &holders{t: t}
+	inside := make(chan struct{})
+	release := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		e.Run(context.Background(), func(ctx context.Context) {
+			h.in()
+			Outside(Pin(ctx), func() { close(inside); <-release })
+			h.out()
+		})
+	}()
+	<-inside
+	bRan := make(chan struct{})
+	go func() {
+		e.Run(context.Background(), func(context.Context) { h.in(); h.out() })
+		close(bRan)
+	}()
+	waitQueue(&e, 1) // B waits: A kept the turn
+	close(release)
+	<-done
+	<-bRan
+}

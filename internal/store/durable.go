@@ -99,6 +99,13 @@ func (d *durability) seen() uint64 {
 	return d.begun
 }
 
+// durableAt reports whether commit index is on disk already.
+func (d *durability) durableAt(index uint64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.durable >= index
+}
+
 // wait returns once commit index is on disk, leading a sync when none is
 // running that covers it.
 func (d *durability) wait(index uint64) error {

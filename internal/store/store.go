@@ -24,6 +24,7 @@ import (
 	_ "modernc.org/sqlite" // pure-Go SQLite driver, registered as "sqlite"
 
 	"agentbox/internal/secfs"
+	"agentbox/internal/serial"
 )
 
 // Tunables.
@@ -333,10 +334,17 @@ func now() int64 { return time.Now().UnixMilli() }
 // withTx runs fn in one write transaction and returns once the commit
 // (or, when fn fails, every commit fn can have read) is on disk. The wait
 // is outside the write lock: the next writers commit meanwhile and share
-// the sync.
+// the sync. It is outside the broker's serial turn too (serial.Outside),
+// so the next sandbox's send commits while this one waits for the disk.
 func (s *Store) withTx(ctx context.Context, fn func(*writer, *cacheUpdate) error) error {
 	index, err := s.commitTx(detach(ctx), fn)
-	if werr := s.dur.wait(index); werr != nil {
+	var werr error
+	if !s.dur.durableAt(index) {
+		serial.Outside(ctx, func() { werr = s.dur.wait(index) })
+	} else {
+		werr = s.dur.wait(index) // a sticky failure still fails it
+	}
+	if werr != nil {
 		return werr
 	}
 	return err
