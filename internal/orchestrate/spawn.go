@@ -205,14 +205,11 @@ func hostBase(ctx context.Context, repo, base string) (string, error) {
 // (created and not stopped, or being created), by name, and counts those
 // queued.
 func (o *Orchestrator) slots(ctx context.Context, orch string) (active []string, queued int, err error) {
-	all, err := o.Store.Sandboxes(ctx)
+	kids, err := o.Store.Children(ctx, orch)
 	if err != nil {
 		return nil, 0, err
 	}
-	for _, c := range all {
-		if c.Parent != orch {
-			continue
-		}
+	for _, c := range kids {
 		switch {
 		case waitsForSlot(c):
 			queued++
@@ -600,13 +597,13 @@ func (o *Orchestrator) maxRunning(ctx context.Context, orch string) (int, bool) 
 }
 
 func (o *Orchestrator) oldestQueued(ctx context.Context, orch string) (store.Sandbox, bool) {
-	all, err := o.Store.Sandboxes(ctx)
+	kids, err := o.Store.Children(ctx, orch)
 	if err != nil {
 		return store.Sandbox{}, false
 	}
 	var best store.Sandbox
-	for _, c := range all {
-		if c.Parent == orch && waitsForSlot(c) && (best.Name == "" || c.QueuedSeq < best.QueuedSeq) {
+	for _, c := range kids {
+		if waitsForSlot(c) && (best.Name == "" || c.QueuedSeq < best.QueuedSeq) {
 			best = c
 		}
 	}
