@@ -217,30 +217,39 @@ type snapEdit struct {
 
 func (e *snapEdit) children() map[string][]wire.ChildInfo {
 	if !e.ownChildren {
-		e.next.Children, e.ownChildren = maps.Clone(e.next.Children), true
+		e.next.Children, e.ownChildren = clone(e.next.Children), true
 	}
 	return e.next.Children
 }
 
 func (e *snapEdit) grants() map[string]json.RawMessage {
 	if !e.ownGrants {
-		e.next.Grants, e.ownGrants = maps.Clone(e.next.Grants), true
+		e.next.Grants, e.ownGrants = clone(e.next.Grants), true
 	}
 	return e.next.Grants
 }
 
 func (e *snapEdit) parents() map[string]string {
 	if !e.ownParents {
-		e.next.parents, e.ownParents = maps.Clone(e.next.parents), true
+		e.next.parents, e.ownParents = clone(e.next.parents), true
 	}
 	return e.next.parents
 }
 
 func (e *snapEdit) statuses() map[string][]store.Item {
 	if !e.ownStatuses {
-		e.next.Statuses, e.ownStatuses = maps.Clone(e.next.Statuses), true
+		e.next.Statuses, e.ownStatuses = clone(e.next.Statuses), true
 	}
 	return e.next.Statuses
+}
+
+// clone copies m; a nil m (the empty snapshot before the first round)
+// gives an empty map.
+func clone[M ~map[K]V, K comparable, V any](m M) M {
+	if m == nil {
+		return M{}
+	}
+	return maps.Clone(m)
 }
 
 // update puts sb's record in the snapshot. named: sb is the sandbox the
