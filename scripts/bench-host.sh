@@ -6,9 +6,10 @@
 #   new at 1,000 sandboxes / new at 1 sandbox      (target <= 1.2x)
 #   broker VmRSS at 1,000 sandboxes, 8 idle connections each (target < 128 MiB)
 #
-# Each round is one `go test` run: both sizes, one after the other, each
-# on a broker process of its own (docs/benchmarks.md says what the 1,000
-# sandboxes are). As root, with bubblewrap installed.
+# Each round is one `go test` run: two broker processes, one serving 1
+# sandbox and one 1,000, one `new` on each in turn per op
+# (docs/benchmarks.md says what the 1,000 sandboxes are). It also prints
+# each broker's own CPU time per op. As root, with bubblewrap installed.
 #
 # Usage: scripts/bench-host.sh [COUNT] [ITERS]    (defaults: 3, 10)
 # Raw `go test` output goes to $OUT (default: a temp file, path printed).
@@ -25,16 +26,16 @@ done
 echo "raw output: $out"
 
 awk '
-/^BenchmarkHostNew\// {
-	size = $1; sub(/^.*sandboxes=/, "", size); sub(/-[0-9]+$/, "", size)
+/^BenchmarkHostNew/ {
+	k = ++rounds
 	for (i = 2; i < NF; i++) {
-		if ($(i+1) == "new-ms/op") ms[size] = $i + 0
-		if ($(i+1) == "rss-MiB") rss[size] = $i + 0
-	}
-	# A round ends with its 1,000-sandbox run.
-	if (size == 1000 && ms[1] > 0) {
-		k = ++rounds
-		ratio[k] = ms[1000] / ms[1]; one[k] = ms[1]; many[k] = ms[1000]; mem[k] = rss[1000]; mem1[k] = rss[1]
+		if ($(i+1) == "new1-ms/op") one[k] = $i + 0
+		if ($(i+1) == "new1000-ms/op") many[k] = $i + 0
+		if ($(i+1) == "new1000/new1") ratio[k] = $i + 0
+		if ($(i+1) == "cpu1-ms/op") cpu1[k] = $i + 0
+		if ($(i+1) == "cpu1000-ms/op") cpu[k] = $i + 0
+		if ($(i+1) == "rss1-MiB") mem1[k] = $i + 0
+		if ($(i+1) == "rss1000-MiB") mem[k] = $i + 0
 	}
 }
 function sort(arr,   k, j, t) {
@@ -51,6 +52,8 @@ END {
 	line("new, 1 sandbox (ms/op)", one, "%7.1f", "")
 	line("new, 1,000 sandboxes (ms/op)", many, "%7.1f", "")
 	line("new at 1,000 / new at 1", ratio, "%6.2fx", "(target <= 1.2x)")
+	line("broker CPU per new, 1 sandbox (ms)", cpu1, "%7.1f", "")
+	line("broker CPU per new, 1,000 (ms)", cpu, "%7.1f", "(its rounds included)")
 	line("broker VmRSS, 1 sandbox (MiB)", mem1, "%7.1f", "")
 	line("broker VmRSS, 1,000 sandboxes (MiB)", mem, "%7.1f", "(target < 128 MiB)")
 }' "$out"
