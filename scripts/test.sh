@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: installs what the tests need, then go vet and
-# go test with the race detector. With JAILBEE_TEST_INCUS=1 (.ci/run sets
+# Runs the whole test suite: installs what the tests need, then go vet,
+# go test with the race detector, and every fuzz target for a few seconds
+# (scripts/fuzz.sh). With JAILBEE_TEST_INCUS=1 (.ci/run sets
 # it once scripts/incus-setup.sh has set Incus up) the Incus backend's own
 # tests must run, and the broker's and the host commands' suites run a
 # second time with their sandboxes on Incus containers, from the same test
@@ -19,6 +20,8 @@ go vet ./...
 # machine (internal/broker under the race detector) must not fail CI by
 # the clock alone: 30 minutes still ends a hang well inside CI's time.
 go test -race -count=1 -timeout 30m ./...
+# Every fuzz target for a few seconds: a failing input fails the run.
+bash scripts/fuzz.sh
 if [ "${JAILBEE_TEST_INCUS:-}" = 1 ]; then
 	echo "test.sh: the broker and host-command suites again, on Incus" >&2
 	JAILBEE_TEST_BACKEND=incus go test -count=1 -timeout 45m ./internal/broker ./cmd/jailbee

@@ -156,7 +156,11 @@ func (b *Broker) adminMutation(ctx context.Context, op string, raw json.RawMessa
 			err = b.orchestrator.StopSandbox(ctx, a.Name)
 		}
 	}
-	b.runRound()
+	// Every admin mutation's arguments name its sandbox (and a new child
+	// its orchestrator): what it changed is in their tree.
+	var target struct{ Name, Parent string }
+	json.Unmarshal(raw, &target)
+	b.refresh(target.Name, target.Parent)
 	if err != nil {
 		return b.adminFailure(op, err, log)
 	}

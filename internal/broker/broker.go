@@ -88,6 +88,8 @@ type Broker struct {
 	roundMu  sync.Mutex // one round at a time (the loop, admin ops)
 	// repairing: a round's repairs are being carried out (reconcile.go).
 	repairing atomic.Bool
+	// roundsHeld: the round loop skips its rounds (HoldRoundsForTest).
+	roundsHeld atomic.Bool
 	// conflicted: sandboxes unserved while several instances share their
 	// uuid (under mu).
 	conflicted map[string]bool

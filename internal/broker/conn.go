@@ -164,6 +164,56 @@ func (cc *connCtx) hungUp() bool {
 	return eof
 }
 
+// readers holds the read buffers of connections between requests: an
+// idle connection keeps none (every sandbox may hold MaxConnsPerSandbox
+// idle connections, and 1,000 sandboxes' would add up to 32 MiB).
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readBufBytes) }}
+
+// awaitRequest waits, holding no read buffer, until the client sends a
+// byte or hangs up; then cc.r reads the connection. Bytes already
+// buffered (pipelined requests) keep their buffer.
+func (cc *connCtx) awaitRequest() error {
+	if cc.r != nil && cc.r.Buffered() > 0 {
+		return nil
+	}
+	cc.releaseReader()
+	if err := waitReadable(cc.conn); err != nil {
+		return err
+	}
+	cc.r = readers.Get().(*bufio.Reader)
+	cc.r.Reset(cc.conn)
+	return nil
+}
+
+// releaseReader gives cc's read buffer back to readers.
+func (cc *connCtx) releaseReader() {
+	if cc.r == nil {
+		return
+	}
+	cc.r.Reset(nil)
+	readers.Put(cc.r)
+	cc.r = nil
+}
+
+// waitReadable blocks until conn has a byte to read, or its end (a
+// one-byte MSG_PEEK: nothing is consumed, descriptors sent with the bytes
+// stay queued). An error: conn was closed.
+func waitReadable(conn net.Conn) error {
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return err
+	}
+	return raw.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return err != syscall.EAGAIN
+	})
+}
+
 type handlerFunc func(ctx context.Context, cc *connCtx, req *wire.Request) *reply
 
 // serveConn runs one connection: read a line, answer it, and only then
@@ -175,15 +225,19 @@ func (b *Broker) serveConn(ctx context.Context, conn net.Conn, handle handlerFun
 			b.log.Error("connection handler panic", "panic", p, "stack", string(debug.Stack()))
 		}
 	}()
-	cc := &connCtx{conn: conn, r: bufio.NewReaderSize(conn, readBufBytes)}
+	cc := &connCtx{conn: conn}
 	if !b.conns.add(cc) {
 		return // shutting down
 	}
 	defer b.conns.remove(cc)
+	defer cc.releaseReader()
 	for {
 		// Idle between requests: a shutdown closes the connection here.
 		if !b.conns.setBusy(cc, false) {
 			return
+		}
+		if err := cc.awaitRequest(); err != nil {
+			return // closed
 		}
 		line, err := wire.ReadLine(cc.r, wire.MaxLineBytes)
 		b.conns.setBusy(cc, true)

@@ -24,7 +24,7 @@ const (
 
 // vmRSS reads a process's resident set size (VmRSS) and its peak (VmHWM),
 // in KiB, from /proc/PID/status.
-func vmRSS(t *testing.T, pid int) (rss, hwm int64) {
+func vmRSS(t testing.TB, pid int) (rss, hwm int64) {
 	t.Helper()
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {

@@ -70,14 +70,29 @@ func mountsOf(in backend.Instance) []backend.Mount {
 	return out
 }
 
-// overlaps reports whether a host path attached as source reaches the
-// directory dir: it is dir, a path inside it, or one above it.
-func overlaps(source, dir string) bool {
-	within := func(p, d string) bool {
-		return p == d || d == "/" || strings.HasPrefix(p, d+"/")
+// overlapping returns, sorted, the directories of dirs (sorted, the keys
+// of owner) that a host path attached as source reaches: source itself,
+// a directory above it (found by lookup) or one inside it (by binary
+// search), so a round's cost grows as n log n with the sandboxes, not as
+// n squared.
+func overlapping(dirs []string, owner map[string]store.Sandbox, source string) []string {
+	source = filepath.Clean(source)
+	var out []string
+	for p := source; ; p = filepath.Dir(p) {
+		if _, ok := owner[p]; ok {
+			out = append(out, p)
+		}
+		if p == "/" || p == "." {
+			break
+		}
 	}
-	source, dir = filepath.Clean(source), filepath.Clean(dir)
-	return within(source, dir) || within(dir, source)
+	prefix := strings.TrimSuffix(source, "/") + "/"
+	i, _ := slices.BinarySearch(dirs, prefix)
+	for ; i < len(dirs) && strings.HasPrefix(dirs[i], prefix); i++ {
+		out = append(out, dirs[i])
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // planRepairs compares the records with the backend's instances;
@@ -147,9 +162,9 @@ func planRepairs(records []store.Sandbox, insts []backend.Instance, conflicted m
 	dirs := slices.Sorted(maps.Keys(owner))
 	for _, in := range insts {
 		for _, m := range mountsOf(in) {
-			for _, dir := range dirs {
+			for _, dir := range overlapping(dirs, owner, m.Source) {
 				sb := owner[dir]
-				if sb.Name == in.Name || !overlaps(m.Source, dir) {
+				if sb.Name == in.Name {
 					continue
 				}
 				detach(in.Name, m.Name)

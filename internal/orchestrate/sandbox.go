@@ -251,12 +251,12 @@ func (o *Orchestrator) checkCreate(ctx context.Context, req *CreateRequest) (sou
 
 // oneChildPerBranch refuses a second child of parent on branch.
 func (o *Orchestrator) oneChildPerBranch(ctx context.Context, parent, branch string) error {
-	all, err := o.Store.Sandboxes(ctx)
+	kids, err := o.Store.Children(ctx, parent)
 	if err != nil {
 		return err
 	}
-	for _, c := range all {
-		if c.Role == wire.RoleChild && c.Parent == parent && c.Branch == branch {
+	for _, c := range kids {
+		if c.Role == wire.RoleChild && c.Branch == branch {
 			return refusef("`%s` already has a child on branch %s: `%s`", parent, branch, c.Name)
 		}
 	}
@@ -385,14 +385,8 @@ func (o *Orchestrator) destroy(ctx context.Context, name string, force bool, by 
 	}
 	var victims []store.Sandbox
 	if sb.Role == wire.RoleOrchestrator {
-		all, err := o.Store.Sandboxes(ctx)
-		if err != nil {
+		if victims, err = o.Store.Children(ctx, sb.Name); err != nil {
 			return 0, err
-		}
-		for _, c := range all {
-			if c.Parent == sb.Name {
-				victims = append(victims, c)
-			}
 		}
 		if len(victims) > 0 && !force {
 			return 0, refusef("`%s` has %d children: destroy them first, or use --force to destroy them too", sb.Name, len(victims))

@@ -228,15 +228,12 @@ type childCounts struct {
 
 // children counts an orchestrator's children (see childCounts).
 func (o *Orchestrator) children(ctx context.Context, orch string) (childCounts, error) {
-	all, err := o.Store.Sandboxes(ctx)
+	all, err := o.Store.Children(ctx, orch)
 	if err != nil {
 		return childCounts{}, err
 	}
 	kids := childCounts{byState: map[string]int{}}
 	for _, c := range all {
-		if c.Parent != orch {
-			continue
-		}
 		kids.total++
 		kids.byState[c.State]++
 		switch {
@@ -622,13 +619,13 @@ func (o *Orchestrator) maxRunning(ctx context.Context, orch string) (int, bool) 
 }
 
 func (o *Orchestrator) oldestQueued(ctx context.Context, orch string) (store.Sandbox, bool) {
-	all, err := o.Store.Sandboxes(ctx)
+	kids, err := o.Store.Children(ctx, orch)
 	if err != nil {
 		return store.Sandbox{}, false
 	}
 	var best store.Sandbox
-	for _, c := range all {
-		if c.Parent == orch && waitsForSlot(c) && (best.Name == "" || c.QueuedSeq < best.QueuedSeq) {
+	for _, c := range kids {
+		if waitsForSlot(c) && (best.Name == "" || c.QueuedSeq < best.QueuedSeq) {
 			best = c
 		}
 	}

@@ -118,10 +118,15 @@ func (s *Store) Sandbox(ctx context.Context, name string) (_ Sandbox, err error)
 }
 
 // Sandboxes lists every sandbox by name.
-func (s *Store) Sandboxes(ctx context.Context) (_ []Sandbox, err error) {
+func (s *Store) Sandboxes(ctx context.Context) ([]Sandbox, error) {
+	return s.querySandboxes(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY name`)
+}
+
+// querySandboxes runs a query of sandbox rows; it returns once every
+// commit to the sandboxes table it can have seen is on disk.
+func (s *Store) querySandboxes(ctx context.Context, query string, args ...any) (_ []Sandbox, err error) {
 	defer s.settleSandboxes(&err)
-	ctx = detach(ctx)
-	rows, err := s.db.QueryContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes ORDER BY name`)
+	rows, err := s.db.QueryContext(detach(ctx), query, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -135,6 +140,21 @@ func (s *Store) Sandboxes(ctx context.Context) (_ []Sandbox, err error) {
 		out = append(out, sb)
 	}
 	return out, rows.Err()
+}
+
+// sandboxesByParent finds an orchestrator's children without reading
+// every sandbox.
+const sandboxesByParent = `
+CREATE INDEX IF NOT EXISTS sandboxes_by_parent ON sandboxes(parent) WHERE parent != '';`
+
+// Children lists an orchestrator's children by name: through an index, so
+// what a host command or a spawn does to one tree costs the same however
+// many sandboxes the broker holds.
+func (s *Store) Children(ctx context.Context, parent string) ([]Sandbox, error) {
+	if parent == "" {
+		return nil, nil
+	}
+	return s.querySandboxes(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE parent = ? AND parent != '' ORDER BY name`, parent)
 }
 
 // SetState records a sandbox's state.

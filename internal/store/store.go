@@ -214,7 +214,7 @@ CREATE TABLE IF NOT EXISTS socket_dirs (
 CREATE TABLE IF NOT EXISTS host_uids (
 	uid INTEGER PRIMARY KEY
 );
-` + finishesTable + usageTables + rightsTable + `
+` + finishesTable + usageTables + rightsTable + sandboxesByParent + `
 PRAGMA user_version = 5;
 `
 

@@ -33,6 +33,9 @@ const scratchEnv = "AGENTBOX_CONTAINED_SCRATCH"
 // (if not nil) runs first, outside the namespace: builds that need a
 // writable cache belong there; its error ends the run.
 func Main(m *testing.M, before func() error, after func()) {
+	if fuzzOnly(os.Args[1:]) {
+		os.Exit(m.Run())
+	}
 	if before != nil && os.Getenv(scratchEnv) == "" {
 		if err := before(); err != nil {
 			fmt.Fprintf(os.Stderr, "contain: %v\n", err)
@@ -44,6 +47,27 @@ func Main(m *testing.M, before func() error, after func()) {
 		after()
 	}
 	os.Exit(code)
+}
+
+// fuzzOnly reports whether the binary runs a fuzz target's engine and no
+// test: `go test -run '^$' -fuzz X` (the coordinator) or a worker it
+// started. A fuzz target parses bytes and attacks no host path; it needs
+// neither the tests' builds nor the namespace, whose read-only
+// filesystems would stop the engine writing its corpus and a failing
+// input (and a worker, started in the namespace, would seal it again).
+func fuzzOnly(args []string) bool {
+	fuzz, noTests := false, false
+	for _, a := range args {
+		switch {
+		case a == "-test.fuzzworker" || a == "-test.fuzzworker=true":
+			return true
+		case strings.HasPrefix(a, "-test.fuzz=") && a != "-test.fuzz=":
+			fuzz = true
+		case a == "-test.run=^$":
+			noTests = true
+		}
+	}
+	return fuzz && noTests
 }
 
 func run(m *testing.M) int {
