@@ -798,38 +798,45 @@ func TestHalfClosedSendLeavesStatusUnread(t *testing.T) {
 
 func TestExecutorQueueBusyOnlyWhenFull(t *testing.T) {
 	e := newTestEnv(t)
-	// Enough orchestrators for one running send, a full queue and one more,
-	// at 8 connections each.
-	need := 1 + broker.ExecQueueCap + 1
-	n := (need + broker.MaxConnsPerSandbox - 1) / broker.MaxConnsPerSandbox
-	for i := range n {
-		e.orchestrator(fmt.Sprintf("o%d", i))
-	}
+	e.orchestrator("o")
 	hold := make(chan struct{})
 	e.b.SetExecHookForTest(func() { <-hold })
-	var conns []*rawConn
-	send := func(i int) *rawConn {
-		c := e.raw(fmt.Sprintf("o%d", i/broker.MaxConnsPerSandbox))
+	// One sandbox's sends wait in its own line: however many connections
+	// it floods, it holds one place (the running one) for the executor.
+	var sends []*rawConn
+	for i := range broker.MaxConnsPerSandbox {
+		c := e.raw("o")
 		// A refused manifest still goes through the executor.
 		fmt.Fprintf(c, `{"v":1,"op":"send","args":{"manifest":{"version":1,"id":"q-%d","type":"stop","child":"nobody"}}}`+"\n", i)
+		sends = append(sends, c)
+	}
+	// Host commands have no line of their own: they fill the queue. A
+	// stop of no sandbox still goes through the executor.
+	stop := func() *rawConn {
+		c := dialRaw(t, e.adminPath())
+		fmt.Fprintf(c, `{"v":1,"op":"stop","args":{"name":"nobody"}}`+"\n")
 		return c
 	}
-	conns = append(conns, send(0))
-	for i := 1; i <= broker.ExecQueueCap; i++ {
-		conns = append(conns, send(i))
+	var admin []*rawConn
+	for range broker.ExecQueueCap {
+		admin = append(admin, stop())
 	}
 	for e.b.QueuedSendsForTest() < broker.ExecQueueCap {
 		time.Sleep(5 * time.Millisecond)
 	}
-	past := send(broker.ExecQueueCap + 1)
-	if r := past.reply(t); r.OK || r.Error.Code != wire.CodeBusy {
-		t.Fatalf("send past a full executor queue: %+v, want busy", r)
+	if r := stop().reply(t); r.OK || r.Error.Code != wire.CodeBusy {
+		t.Fatalf("a host command past a full executor queue: %+v, want busy", r)
 	}
 	e.b.SetExecHookForTest(nil)
 	close(hold)
-	for i, c := range conns {
+	for i, c := range sends {
 		if r := c.reply(t); !r.OK {
-			t.Fatalf("send %d within the queue: %+v", i, r.Error)
+			t.Fatalf("send %d in the sandbox's line: %+v", i, r.Error)
+		}
+	}
+	for i, c := range admin {
+		if r := c.reply(t); r.OK || r.Error.Code != wire.CodeNotFound {
+			t.Fatalf("host command %d within the queue: %+v, want not_found", i, r)
 		}
 	}
 }
