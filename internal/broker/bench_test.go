@@ -262,7 +262,7 @@ func BenchmarkRawSQLiteCommitSchema(b *testing.B) {
 // The child never reads, so its inbox quota is raised far past b.N: every
 // send is delivered, and every send still runs the quota check.
 func BenchmarkSendMessage(b *testing.B) {
-	e := newTestEnvQuota(b, store.Quota{MaxUnreadItems: 1 << 30, MaxUnreadBytes: 1 << 50})
+	e := newTestEnvQuota(b, store.Quota{MaxUnreadItems: 1 << 30, MaxUnreadBytes: 1 << 50, TreeMaxUnreadItems: 1 << 30, TreeMaxUnreadBytes: 1 << 50})
 	e.orchestrator("o")
 	e.child("c", "o")
 	c := e.raw("o")
@@ -302,7 +302,7 @@ const benchSenders = 8
 // Concurrent sends share the fsync that makes them durable (group commit
 // in internal/store).
 func BenchmarkSendConcurrent(b *testing.B) {
-	e := newTestEnvQuota(b, store.Quota{MaxUnreadItems: 1 << 30, MaxUnreadBytes: 1 << 50})
+	e := newTestEnvQuota(b, store.Quota{MaxUnreadItems: 1 << 30, MaxUnreadBytes: 1 << 50, TreeMaxUnreadItems: 1 << 30, TreeMaxUnreadBytes: 1 << 50})
 	e.orchestrator("o")
 	conns := make([]*rawConn, benchSenders)
 	for i := range conns {
@@ -376,7 +376,7 @@ func BenchmarkSendFairness(b *testing.B) {
 			name = fmt.Sprintf("flood%d", flooders)
 		}
 		b.Run(name, func(b *testing.B) {
-			e := newTestEnvQuota(b, store.Quota{MaxUnreadItems: 1 << 30, MaxUnreadBytes: 1 << 50})
+			e := newTestEnvQuota(b, store.Quota{MaxUnreadItems: 1 << 30, MaxUnreadBytes: 1 << 50, TreeMaxUnreadItems: 1 << 30, TreeMaxUnreadBytes: 1 << 50})
 			e.orchestrator("quiet")
 			e.child("qc", "quiet")
 			e.orchestrator("flood")

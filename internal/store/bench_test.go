@@ -55,7 +55,7 @@ func BenchmarkDeliverConcurrent(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	st.SetQuota(store.Quota{MaxUnreadItems: 1 << 30, MaxUnreadBytes: 1 << 50})
+	st.SetQuota(store.Quota{MaxUnreadItems: 1 << 30, MaxUnreadBytes: 1 << 50, TreeMaxUnreadItems: 1 << 30, TreeMaxUnreadBytes: 1 << 50})
 	ctx := context.Background()
 	if err := st.CreateSandbox(ctx, store.Sandbox{Name: "o", UUID: "u", Role: wire.RoleOrchestrator, Branch: "main", Repo: "/r", State: "running"}); err != nil {
 		b.Fatal(err)
