@@ -67,22 +67,28 @@ func TestStalledDoneStallsNobodyElse(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var st wire.StatusItem
+	t0 := time.Now()
 	err := e.client("other").Call(ctx, "send", map[string]any{"manifest": map[string]any{
 		"version": 1, "id": "m-1", "type": "message", "to": "quiet", "body": "hello"}}, &st)
 	if err != nil || st.State != wire.StateDone {
 		t.Fatalf("another orchestrator's send while a done stalls: %+v %v", st, err)
 	}
 	stillStalled("another orchestrator's send")
+	t.Logf("another orchestrator's send answered in %v", time.Since(t0))
 	// So does the host's stop of an unrelated sandbox.
+	t0 = time.Now()
 	if err := stopWithin(e, "bystander", 30*time.Second); err != nil {
 		t.Fatalf("host stop of an unrelated sandbox while a done stalls: %v", err)
 	}
 	stillStalled("the host's stop of another sandbox")
+	t.Logf("the host's stop of another sandbox answered in %v", time.Since(t0))
 
 	// The host's stop of the stalling child ends its work in flight.
+	t0 = time.Now()
 	if err := stopWithin(e, "kid", 30*time.Second); err != nil {
 		t.Fatalf("host stop of the stalling child: %v", err)
 	}
+	t.Logf("the host's stop of the stalling child answered in %v", time.Since(t0))
 	var r result
 	select {
 	case r = <-doneC:
