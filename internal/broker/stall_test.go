@@ -19,9 +19,10 @@ import (
 // appears once one was stopped.
 func (e *testEnv) stallUploadPack(name string) {
 	e.t.Helper()
-	// [k]: the loop's own command line must not match its pattern.
-	loop := `while :; do if pkill -STOP -f 'upload-pac[k]'; then touch /tmp/stalled; fi; sleep 0.05; done`
-	e.mustExec(name, "sh", "-c", "setsid sh -c \""+loop+"\" </dev/null >/dev/null 2>&1 &")
+	// /proc by hand: not every image has pkill. [k]: the loop's own
+	// command line must not match its pattern.
+	loop := `while :; do for p in /proc/[0-9]*; do if grep -qa 'upload-pac[k]' $p/cmdline 2>/dev/null && kill -STOP ${p#/proc/}; then touch /tmp/stalled; fi; done; sleep 0.01; done`
+	e.mustExec(name, "sh", "-c", `setsid sh -c "$0" </dev/null >/dev/null 2>&1 &`, loop)
 }
 
 // TestStalledDoneStallsNobodyElse is the stall attack: a child stops its
@@ -37,7 +38,9 @@ func TestStalledDoneStallsNobodyElse(t *testing.T) {
 	e.child("quiet", "other")
 	e.child("bystander", "other")
 
-	e.mustExec("kid", "sh", "-c", "echo work > work.txt && git add work.txt && "+commitCmd+" -m work")
+	// 32 MiB that does not compress: the transfer lasts long enough for
+	// the loop to catch its upload-pack on either backend.
+	e.mustExec("kid", "sh", "-c", "head -c 33554432 /dev/urandom > work.bin && git add work.bin && "+commitCmd+" -m work")
 	e.stallUploadPack("kid")
 	type result struct {
 		st  wire.StatusItem
