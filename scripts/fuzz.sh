@@ -16,8 +16,18 @@ start=$SECONDS
 while read -r dir name; do
 	targets=$((targets + 1))
 	if ! out=$(go test -run '^$' -fuzz "^${name}\$" -fuzztime "$fuzztime" "./$dir" 2>&1); then
-		printf '%s\n' "$out" >&2
-		failed+=("$dir $name")
+		# Go's fuzzing coordinator can fail a target with a bare "context
+		# deadline exceeded" as -fuzztime ends, on a loaded machine, having
+		# found nothing (golang/go#75804, fixed in Go 1.27). A real finding
+		# always writes its input ("Failing input written to"): anything
+		# else than that bare message fails the run.
+		if grep -q 'Failing input written to' <<<"$out" ||
+			! grep -q '^    context deadline exceeded$' <<<"$out"; then
+			printf '%s\n' "$out" >&2
+			failed+=("$dir $name")
+		else
+			echo "fuzz.sh: $dir $name: the fuzzing engine's end-of-time race (context deadline exceeded, no failing input); not a finding" >&2
+		fi
 	fi
 done < <(grep -rHo --include='*_test.go' '^func Fuzz[A-Za-z0-9_]*' internal cmd |
 	sed -E 's|^(.*)/[^/]*_test\.go:func (Fuzz[A-Za-z0-9_]*)$|\1 \2|' | sort -u)
