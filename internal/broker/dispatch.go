@@ -160,7 +160,9 @@ func (b *Broker) runExec(ctx context.Context, cc *connCtx, lane chan struct{}, f
 	if b.ctx.Err() != nil {
 		return errDropped
 	}
-	fn(serial.Holding(ctx, &b.executor))
+	ctx, end := serial.Holding(ctx, &b.executor)
+	defer end()
+	fn(ctx)
 	return nil
 }
 

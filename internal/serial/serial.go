@@ -101,14 +101,24 @@ func (e *Executor) Run(ctx context.Context, fn func(context.Context)) error {
 		return err
 	}
 	defer e.Release()
-	fn(Holding(ctx, e))
+	ctx, end := Holding(ctx, e)
+	defer end()
+	fn(ctx)
 	return nil
 }
 
 // Holding returns ctx carrying a turn of e that the caller holds (got
-// with Wait), so Outside calls under it can give the turn away.
-func Holding(ctx context.Context, e *Executor) context.Context {
-	return context.WithValue(ctx, turnKey{}, &turn{e: e})
+// with Wait), so Outside calls under it can give the turn away; end must
+// be called before the turn is released. Outside under the context after
+// end (a goroutine that outlived its request) runs fn in place: the turn
+// is no longer the context's to give.
+func Holding(ctx context.Context, e *Executor) (_ context.Context, end func()) {
+	t := &turn{e: e}
+	return context.WithValue(ctx, turnKey{}, t), func() {
+		t.mu.Lock()
+		t.ended = true
+		t.mu.Unlock()
+	}
 }
 
 // Pin returns ctx under which Outside keeps the turn (runs fn in place).
@@ -124,9 +134,10 @@ type turnKey struct{}
 // turn is one holder's turn. Outside calls may overlap (the two ends of a
 // transfer): the first gives the turn away, the last takes a new one.
 type turn struct {
-	e    *Executor
-	mu   sync.Mutex
-	away int
+	e     *Executor
+	mu    sync.Mutex
+	away  int
+	ended bool // the holder let the turn go (Holding's end)
 }
 
 // Outside runs fn without the turn ctx carries, if any: the executor
@@ -139,6 +150,11 @@ func Outside(ctx context.Context, fn func()) {
 		return
 	}
 	t.mu.Lock()
+	if t.ended {
+		t.mu.Unlock()
+		fn()
+		return
+	}
 	if t.away++; t.away == 1 {
 		t.e.Release()
 	}

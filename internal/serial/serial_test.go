@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // holders counts who holds a turn, failing the test on any overlap.
@@ -201,4 +202,29 @@ func TestPinKeepsTheTurn(t *testing.T) {
 	close(release)
 	<-done
 	<-bRan
+}
+
+// TestOutsideAfterTheTurnEnded: a goroutine that outlived its request
+// steps outside under the request's context: nothing is given away (the
+// turn is not its to give), so the executor keeps one holder at a time.
+func TestOutsideAfterTheTurnEnded(t *testing.T) {
+	var e Executor
+	h := &holders{t: t}
+	var late context.Context
+	e.Run(context.Background(), func(ctx context.Context) { late = ctx })
+	if err := e.Wait(context.Background()); err != nil { // H holds the turn
+		t.Fatal(err)
+	}
+	h.in()
+	wDone := make(chan struct{})
+	go func() {
+		e.Run(context.Background(), func(context.Context) { h.in(); h.out() })
+		close(wDone)
+	}()
+	waitQueue(&e, 1)
+	// Had this given H's turn away, W would run beside H.
+	Outside(late, func() { time.Sleep(50 * time.Millisecond) })
+	h.out()
+	e.Release()
+	<-wDone
 }
