@@ -328,6 +328,7 @@ func BenchmarkSendConcurrent(b *testing.B) {
 		}
 	}
 	b.ReportAllocs()
+	commits0, syncs0 := e.b.Store().Counts()
 	b.ResetTimer()
 	var wg sync.WaitGroup
 	for i, c := range conns {
@@ -340,6 +341,9 @@ func BenchmarkSendConcurrent(b *testing.B) {
 	}
 	wg.Wait()
 	b.StopTimer()
+	commits, syncs := e.b.Store().Counts()
+	b.ReportMetric(float64(commits-commits0)/float64(b.N), "commits/send")
+	b.ReportMetric(float64(syncs-syncs0)/float64(b.N), "syncs/send")
 	items, err := e.b.Store().ListItems(context.Background(), "o", false)
 	if err != nil {
 		b.Fatal(err)

@@ -6,8 +6,8 @@ import (
 )
 
 // The unread cache: each sandbox's unread items, loaded on first use and
-// then kept in step with every commit (withTx applies a cacheUpdate after
-// its commit, under the write lock). list, read with keep and next are
+// then kept in step with every commit (applyInboxes, after the commit,
+// under the write lock). list, read with keep and next are
 // served from it without touching SQLite. Beside it, the unread totals
 // (item count and document bytes) of each inbox counted so far, which the
 // quota check of every delivery reads.
@@ -37,9 +37,9 @@ func (cu *cacheUpdate) remove(sandbox, id string, size int64) {
 	cu.removed = append(cu.removed, cachedItem{sandbox: sandbox, item: Item{ID: id}, size: size})
 }
 
-// applyCache applies cu to the inboxes already loaded; an inbox not loaded
-// yet will read the committed state when it is.
-func (s *Store) applyCache(cu *cacheUpdate) {
+// applyTotals applies cu to the unread totals counted so far: the
+// writers' view, updated when a writer's savepoint succeeds (batch.go).
+func (s *Store) applyTotals(cu *cacheUpdate) {
 	s.cmu.Lock()
 	defer s.cmu.Unlock()
 	for _, a := range cu.added {
@@ -48,6 +48,34 @@ func (s *Store) applyCache(cu *cacheUpdate) {
 			t.bytes += int64(len(a.item.Doc))
 			s.totals[a.sandbox] = t
 		}
+	}
+	for _, r := range cu.removed {
+		if t, ok := s.totals[r.sandbox]; ok {
+			t.items--
+			t.bytes -= r.size
+			s.totals[r.sandbox] = t
+		}
+	}
+	for _, name := range cu.dropped {
+		delete(s.totals, name)
+	}
+}
+
+// forgetTotals drops every unread total after a transaction whose
+// writers' changes were applied to them was rolled back: each is counted
+// again on its next use.
+func (s *Store) forgetTotals() {
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	clear(s.totals)
+}
+
+// applyInboxes applies a committed cu to the inboxes already loaded; an
+// inbox not loaded yet will read the committed state when it is.
+func (s *Store) applyInboxes(cu *cacheUpdate) {
+	s.cmu.Lock()
+	defer s.cmu.Unlock()
+	for _, a := range cu.added {
 		items, ok := s.inboxes[a.sandbox]
 		if !ok {
 			continue
@@ -65,11 +93,6 @@ func (s *Store) applyCache(cu *cacheUpdate) {
 		}
 	}
 	for _, r := range cu.removed {
-		if t, ok := s.totals[r.sandbox]; ok {
-			t.items--
-			t.bytes -= r.size
-			s.totals[r.sandbox] = t
-		}
 		items, ok := s.inboxes[r.sandbox]
 		if !ok {
 			continue
@@ -80,7 +103,6 @@ func (s *Store) applyCache(cu *cacheUpdate) {
 	}
 	for _, name := range cu.dropped {
 		delete(s.inboxes, name)
-		delete(s.totals, name)
 	}
 	if cu.sandboxesChanged {
 		clear(s.sandboxes)

@@ -106,6 +106,53 @@ func (d *durability) durableAt(index uint64) bool {
 	return d.durable >= index
 }
 
+// Counts are how many COMMITs have returned and syncs have run since the
+// store opened: what a benchmark divides by its writes.
+func (s *Store) Counts() (commits, syncs uint64) {
+	s.dur.mu.Lock()
+	defer s.dur.mu.Unlock()
+	return s.dur.done, s.dur.syncs
+}
+
+// busy reports whether a sync is running.
+func (d *durability) busy() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.syncing
+}
+
+// waitIdle returns once no sync runs or done is closed (nil), or with
+// the sticky failure, or when closed.
+func (d *durability) waitIdle(done <-chan struct{}) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for {
+		select {
+		case <-done:
+			return nil
+		default:
+		}
+		switch {
+		case d.err != nil:
+			return d.err
+		case d.closed:
+			return errStoreClosed
+		case !d.syncing:
+			return nil
+		}
+		d.cond.Wait()
+	}
+}
+
+// signal runs fn under d.mu and wakes every waiter: fn changes what they
+// wait for.
+func (d *durability) signal(fn func()) {
+	d.mu.Lock()
+	fn()
+	d.mu.Unlock()
+	d.cond.Broadcast()
+}
+
 // wait returns once commit index is on disk, leading a sync when none is
 // running that covers it.
 func (d *durability) wait(index uint64) error {

@@ -47,38 +47,148 @@ func waitCommits(s *Store, n uint64) {
 	}
 }
 
+// waitSharing blocks until n writers wait in the open shared transaction,
+// or gives up after a while (the caller's checks then fail).
+func waitSharing(s *Store, n int) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		s.wmu.Lock()
+		in := 0
+		if s.open != nil {
+			in = s.open.writers
+		}
+		s.wmu.Unlock()
+		if in >= n {
+			return
+		}
+	}
+}
+
+// holdFirstSync makes a first delivery whose sync is held: once it
+// returns, a sync runs until release is called, so the deliveries that
+// come meanwhile share the open transaction. first gives the first
+// delivery's outcome.
+func holdFirstSync(t *testing.T, s *Store) (release func(), first <-chan error) {
+	t.Helper()
+	entered, held := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	hookSync(t, func(f *os.File) error {
+		once.Do(func() {
+			close(entered)
+			<-held
+		})
+		return f.Sync()
+	})
+	out := make(chan error, 1)
+	go func() {
+		_, err := s.DeliverMessage(context.Background(), Delivery{From: "o", To: "c", ManifestID: "first", Kind: "note", Body: "b"})
+		out <- err
+	}()
+	<-entered
+	var rel sync.Once
+	release = func() { rel.Do(func() { close(held) }) }
+	t.Cleanup(release)
+	return release, out
+}
+
+// TestConcurrentCommitsShareOneSync: deliveries that come while a sync
+// runs share one COMMIT and one sync, and each returns only after it.
 func TestConcurrentCommitsShareOneSync(t *testing.T) {
 	s, _ := openTestStore(t)
 	const senders = 8
 	s.dur.mu.Lock()
 	base, syncs := s.dur.done, s.dur.syncs
 	s.dur.mu.Unlock()
-	// Hold the first sync until every sender has committed: the seven that
-	// commit while it runs must then share the next one.
-	release := make(chan struct{})
-	var once sync.Once
-	hookSync(t, func(f *os.File) error {
-		once.Do(func() { <-release })
-		return f.Sync()
-	})
+	release, first := holdFirstSync(t, s)
 	go func() {
-		waitCommits(s, base+senders)
-		close(release)
+		waitSharing(s, senders-1)
+		release()
 	}()
-	for i, err := range sendAll(s, senders) {
+	for i, err := range sendAll(s, senders-1) {
 		if err != nil {
 			t.Fatalf("send %d: %v", i, err)
 		}
 	}
+	if err := <-first; err != nil {
+		t.Fatalf("first send: %v", err)
+	}
 	s.dur.mu.Lock()
-	used := s.dur.syncs - syncs
+	used, commits := s.dur.syncs-syncs, s.dur.done-base
 	s.dur.mu.Unlock()
-	if used != 2 {
-		t.Fatalf("%d concurrent sends used %d syncs, want 2 (one each for the first and the rest)", senders, used)
+	if used != 2 || commits != 2 {
+		t.Fatalf("%d concurrent sends used %d syncs and %d commits, want 2 each (one for the first and one for the rest)", senders, used, commits)
 	}
 	items, err := s.ListItems(context.Background(), "c", false)
 	if err != nil || len(items) != senders {
 		t.Fatalf("c's inbox: %d items, %v; want %d", len(items), err, senders)
+	}
+}
+
+// TestSharedCommitQuotaCountsEveryWriter: the quota check of a delivery
+// in the shared transaction counts the deliveries before it there, not
+// yet committed; one refused does not undo the others.
+func TestSharedCommitQuotaCountsEveryWriter(t *testing.T) {
+	s, _ := openTestStore(t)
+	const max = 4
+	s.SetQuota(Quota{MaxUnreadItems: max, MaxUnreadBytes: 1 << 30, TreeMaxUnreadItems: 1 << 20, TreeMaxUnreadBytes: 1 << 30})
+	release, first := holdFirstSync(t, s)
+	done := make(chan []error)
+	go func() { done <- sendAll(s, 6) }()
+	// All six are in, as writers that succeeded or were refused.
+	waitSharing(s, 6)
+	release()
+	accepted, refused := 0, 0
+	for i, err := range <-done {
+		switch {
+		case err == nil:
+			accepted++
+		case errors.As(err, new(*InboxFullError)):
+			refused++
+		default:
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("first send: %v", err)
+	}
+	if accepted != max-1 || refused != 3 {
+		t.Fatalf("with %d unread allowed and 1 held: %d accepted, %d refused; want %d and 3", max, accepted, refused, max-1)
+	}
+	items, err := s.ListItems(context.Background(), "c", false)
+	if err != nil || len(items) != max {
+		t.Fatalf("c's inbox: %d items, %v; want %d", len(items), err, max)
+	}
+}
+
+// TestCloseCommitsTheSharedTransaction: writers waiting in the shared
+// transaction when the store closes are committed and made durable, not
+// left waiting.
+func TestCloseCommitsTheSharedTransaction(t *testing.T) {
+	s, path := openTestStore(t)
+	release, first := holdFirstSync(t, s)
+	done := make(chan []error)
+	go func() { done <- sendAll(s, 3) }()
+	waitSharing(s, 3)
+	closed := make(chan error)
+	go func() { closed <- s.Close() }()
+	release()
+	for i, err := range <-done {
+		if err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
+	}
+	if err := <-first; err != nil {
+		t.Fatalf("first send: %v", err)
+	}
+	if err := <-closed; err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	s2, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if items, err := s2.ListItems(context.Background(), "c", false); err != nil || len(items) != 4 {
+		t.Fatalf("after reopening: c has %d items, %v; want 4", len(items), err)
 	}
 }
 

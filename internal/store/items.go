@@ -144,10 +144,11 @@ type Sent struct {
 // a journaled id returns its latest status and delivers nothing. A message
 // that would put the recipient's unread inbox past the quota is refused
 // with an *InboxFullError, checked in the same transaction, and nothing
-// is written (the caller journals the refusal).
+// is written (the caller journals the refusal). Concurrent deliveries share
+// a COMMIT (batch.go).
 func (s *Store) DeliverMessage(ctx context.Context, d Delivery) (Sent, error) {
 	var out Sent
-	err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+	err := s.withSharedTx(ctx, func(w *writer, cu *cacheUpdate) error {
 		prev, found, err := journalLookup(ctx, w.journalGet, d.From, d.ManifestID)
 		if d.Journaled && errors.Is(err, ErrDuplicate) {
 			err = nil // journaled by BeginManifest, no status yet: ours to give

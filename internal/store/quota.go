@@ -191,9 +191,10 @@ func (s *Store) treeHolders(ctx context.Context, w *writer, root string) ([]Hold
 }
 
 // unreadTotalsTx returns a sandbox's unread totals from the cache, or
-// counts them in the database and caches them. Call with s.wmu held and a
-// write transaction open that has written nothing yet: what it counts is
-// the committed state, which the cache then follows commit by commit.
+// counts them in the database and caches them. Call with s.wmu held, in a
+// writer's savepoint before it writes: what it counts is the committed
+// state and the open transaction's writers before it (batch.go), which
+// the cache then follows writer by writer.
 //
 // The count reads at most MaxUnreadItems+1 unread rows; only an inbox
 // already past its item bound (through statuses, or a lowered quota) is

@@ -124,6 +124,12 @@ func (s *Store) Shrink(ctx context.Context) error {
 func (s *Store) vacuumStep(ctx context.Context) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
+	if s.open != nil {
+		// Not inside deliveries' shared transaction: commit it first.
+		if _, err := s.commitBatch(ctx); err != nil {
+			return err
+		}
+	}
 	_, err := s.w.conn.ExecContext(ctx, fmt.Sprintf("PRAGMA incremental_vacuum(%d)", shrinkStep))
 	return err
 }

@@ -8,6 +8,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -70,10 +71,15 @@ type Store struct {
 	sandboxesAt uint64
 
 	// quota bounds unread inboxes (see Quota); totals caches the size of
-	// each unread inbox counted so far, kept in step with commits like
-	// inboxes. Both are guarded by wmu.
+	// each unread inbox counted so far, as the writers see it: kept in
+	// step with every transaction that succeeded, committed or still in
+	// the open batch. Both are guarded by wmu.
 	quota  Quota
 	totals map[string]unreadTotals
+
+	// open is the write transaction shared writers are in and not yet
+	// committed (batch.go); guarded by wmu.
+	open *batch
 }
 
 // Open opens (creating if needed) the database at path with WAL and
@@ -152,6 +158,11 @@ func ownerOnly(path string) error {
 
 // Close makes every commit durable and closes the database.
 func (s *Store) Close() error {
+	s.wmu.Lock()
+	if s.open != nil {
+		s.commitBatch(context.Background()) // its writers learn the outcome
+	}
+	s.wmu.Unlock()
 	err := s.dur.close()
 	s.closeStatements()
 	return errors.Join(err, s.db.Close())
@@ -337,12 +348,31 @@ func now() int64 { return time.Now().UnixMilli() }
 // the sync. It is outside the broker's serial turn too (serial.Outside),
 // so the next sandbox's send commits while this one waits for the disk.
 func (s *Store) withTx(ctx context.Context, fn func(*writer, *cacheUpdate) error) error {
-	index, err := s.commitTx(detach(ctx), fn)
+	return s.write(ctx, false, fn)
+}
+
+// withSharedTx is withTx for a transaction that may share its COMMIT
+// with others (see batch.go): while a sync runs, it stays in the open
+// transaction and is committed with the next ones when the sync ends.
+func (s *Store) withSharedTx(ctx context.Context, fn func(*writer, *cacheUpdate) error) error {
+	return s.write(ctx, true, fn)
+}
+
+func (s *Store) write(ctx context.Context, share bool, fn func(*writer, *cacheUpdate) error) error {
+	index, pending, err := s.commitTx(detach(ctx), share, fn)
 	var werr error
-	if !s.dur.durableAt(index) {
-		serial.Outside(ctx, func() { werr = s.dur.wait(index) })
+	wait := func() {
+		if pending != nil {
+			if index, werr = s.awaitCommit(pending); werr != nil {
+				return
+			}
+		}
+		werr = s.dur.wait(index)
+	}
+	if pending != nil || !s.dur.durableAt(index) {
+		serial.Outside(ctx, wait)
 	} else {
-		werr = s.dur.wait(index) // a sticky failure still fails it
+		wait() // a sticky failure still fails it
 	}
 	if werr != nil {
 		return werr
@@ -350,35 +380,39 @@ func (s *Store) withTx(ctx context.Context, fn func(*writer, *cacheUpdate) error
 	return err
 }
 
-// commitTx runs fn in one write transaction (BEGIN IMMEDIATE) and commits;
-// then, still holding the write lock, applies the cache changes fn queued,
-// so no later write or cache read can see the cache behind the database.
-// It returns the commit index to wait for.
-func (s *Store) commitTx(ctx context.Context, fn func(*writer, *cacheUpdate) error) (uint64, error) {
+// commitTx runs fn in the open write transaction (beginning one if none
+// is), inside a savepoint, so a failing fn undoes only its own writes.
+// Then, still holding the write lock, it commits (applying the cache
+// changes of every transaction the commit covers, so no later write or
+// cache read can see the cache behind the database) and returns the
+// commit index to wait for; or, when share is set and a sync is running,
+// it leaves the transaction open and returns the batch that will commit
+// it (with fn's error, if any: the caller waits for that commit either
+// way).
+func (s *Store) commitTx(ctx context.Context, share bool, fn func(*writer, *cacheUpdate) error) (uint64, *batch, error) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	var cu cacheUpdate
-	if _, err := s.w.conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
-		return s.dur.seen(), err
-	}
-	if err := fn(&s.w, &cu); err != nil {
-		s.w.conn.ExecContext(ctx, "ROLLBACK")
-		return s.dur.seen(), err
-	}
-	index := s.dur.commitStarted()
-	if cu.sandboxesChanged {
-		s.cmu.Lock()
-		s.sandboxesAt = index
-		s.cmu.Unlock()
-	}
-	_, err := s.w.conn.ExecContext(ctx, "COMMIT")
-	s.dur.commitDone()
+	b, err := s.openBatch(ctx)
 	if err != nil {
-		s.w.conn.ExecContext(ctx, "ROLLBACK")
-		return index, err
+		return s.dur.seen(), nil, err
 	}
-	s.applyCache(&cu)
-	return index, nil
+	var cu cacheUpdate
+	ferr, err := s.runSavepoint(ctx, fn, &cu)
+	if err != nil {
+		s.abortBatch(ctx, err)
+		return s.dur.seen(), nil, err
+	}
+	b.writers++
+	if ferr == nil {
+		s.join(b, &cu)
+	}
+	if share && !cu.sandboxesChanged && len(cu.dropped) == 0 && s.dur.busy() {
+		// A writer that failed waits too: its error may rest on what the
+		// writers before it wrote.
+		return 0, b, ferr
+	}
+	index, err := s.commitBatch(ctx)
+	return index, nil, cmp.Or(ferr, err)
 }
 
 // settle makes a read wait until every commit it can have seen is on
