@@ -141,12 +141,9 @@ func seal(scratch string) error {
 			return fmt.Errorf("remount %s read-only: %w", mp, err)
 		}
 	}
-	writable := []string{scratch}
-	if dir := testLogDir(os.Args[1:]); dir != "" {
-		// go test (caching results) reads the files a test opened from
-		// a log it names; that log must stay writable.
-		writable = append(writable, dir)
-	}
+	// go test (caching results) reads the files a test opened from a log
+	// it names, and writes profiles to its output directory.
+	writable := append([]string{scratch}, outputDirs(os.Args[1:])...)
 	for _, dir := range writable {
 		if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("bind %s: %w", dir, err)
@@ -165,22 +162,33 @@ func seal(scratch string) error {
 	return nil
 }
 
-// testLogDir is the directory of the -test.testlogfile go test passes,
-// or "".
-func testLogDir(args []string) string {
+// fileFlags are the test binary's flags that name a file it writes: go
+// test's log of opened files (its result cache) and the profiles.
+var fileFlags = map[string]bool{"test.testlogfile": true, "test.cpuprofile": true, "test.memprofile": true,
+	"test.blockprofile": true, "test.mutexprofile": true, "test.trace": true, "test.coverprofile": true}
+
+// outputDirs are the directories the test binary must write outside the
+// scratch directory: -test.outputdir (where relative profile names go)
+// and the directory of every absolute file a fileFlags flag names, so a
+// benchmark can be profiled contained.
+func outputDirs(args []string) []string {
+	var dirs []string
 	for i, a := range args {
 		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if name != "test.testlogfile" {
+		if name != "test.outputdir" && !fileFlags[name] {
 			continue
 		}
 		if !hasValue && i+1 < len(args) {
 			value = args[i+1]
 		}
-		if value != "" {
-			return filepath.Dir(value)
+		switch {
+		case name == "test.outputdir" && value != "":
+			dirs = append(dirs, value)
+		case fileFlags[name] && filepath.IsAbs(value):
+			dirs = append(dirs, filepath.Dir(value))
 		}
 	}
-	return ""
+	return dirs
 }
 
 // kernelMount reports mounts left writable: pseudo filesystems the tests
