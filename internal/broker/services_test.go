@@ -123,14 +123,19 @@ func TestServicesAutostartAndRefresh(t *testing.T) {
 	wantStatus(t, sendManifest(t, e.client("old"), map[string]any{"id": "f-6", "type": "refresh", "child": "svc", "services": []string{"db"}}),
 		"refused", "operation `refresh` is not in this container's grant")
 
-	stopRestart := func(id string, fields map[string]any) wire.StatusItem {
+	stopRestart := func(id, prompt string, fields map[string]any) wire.StatusItem {
 		t.Helper()
 		wantStatus(t, sendManifest(t, lead, map[string]any{"id": "stop-" + id, "type": "stop", "child": "svc"}), "done", "child `svc` stopped")
-		wantStatus(t, sendManifest(t, lead, restart(id, "svc", "stay-busy", fields)), "started", "restart of child `svc` started")
+		wantStatus(t, sendManifest(t, lead, restart(id, "svc", prompt, fields)), "started", "restart of child `svc` started")
 		return statusOf(t, lead, id, "done", "failed")
 	}
 	// Another profile: only its missing setup runs; all services start.
-	wantStatus(t, stopRestart("r-1", map[string]any{"autostart_profile": "full"}), "done", "child `svc` is ready; agent is alive")
+	// Its agent reports done: the idle gate lets a refresh through.
+	if st := stopRestart("r-1", "work", map[string]any{"autostart_profile": "full"}); st.State != "done" {
+		t.Fatalf("restart with full: %+v", st)
+	}
+	messageFrom(t, lead, "svc", "done")
+	wantStatus(t, refresh("f-7", []string{"web", "db"}, false), "done", "services `web`, `db` of child `svc` restarted")
 	if setup, onStart := home("setup"), home("on-start"); setup != "dev\nfull" || onStart != "dev\nfull" {
 		t.Fatalf("after the restart with full: setup ran %q, on_start %q", setup, onStart)
 	}
@@ -140,7 +145,7 @@ func TestServicesAutostartAndRefresh(t *testing.T) {
 		}
 	}
 	// []: no service; the profile stays (its on_start runs again).
-	wantStatus(t, stopRestart("r-2", map[string]any{"services": []string{}}), "done", "child `svc` is ready; agent is alive")
+	wantStatus(t, stopRestart("r-2", "stay-busy", map[string]any{"services": []string{}}), "done", "child `svc` is ready; agent is alive")
 	if got := e.ps("svc"); got["db"] != "not started" || got["aux"] != "not started" || got["web"] != "not started" || got["cache"] != "not started" {
 		t.Fatalf("after the restart with services []: %v", got)
 	}
@@ -151,7 +156,7 @@ func TestServicesAutostartAndRefresh(t *testing.T) {
 		t.Fatalf("after the restart with []: setup ran %q, on_start %q", setup, onStart)
 	}
 	// A failing on_start fails the restart, naming the phase.
-	wantStatus(t, stopRestart("r-3", map[string]any{"autostart_profile": "broken"}), "failed",
+	wantStatus(t, stopRestart("r-3", "stay-busy", map[string]any{"autostart_profile": "broken"}), "failed",
 		"restart of child `svc` failed: on_start command 1 exited 3 (its output is in the worker log) during on_start — the child was kept, stopped")
 	if log := readFile(t, filepath.Join(e.state, broker.LogDir, "svc.r-3.log")); !strings.Contains(log, "broken-output") {
 		t.Fatalf("the worker log lacks the on_start output:\n%s", log)
