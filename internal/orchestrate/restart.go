@@ -102,7 +102,12 @@ func (o *Orchestrator) admitRestart(ctx context.Context, req wire.Caller, m *man
 		return "", "", "", err
 	}
 	// Stored before the boot: a queued restart boots with it too.
-	if err := o.Store.SetStartup(ctx, name, parseStartup(sb.Startup).restarted(r).String()); err != nil {
+	sel := parseStartup(sb.Startup)
+	if sb.Startup == "" {
+		// None stored (made on the host): the normal default.
+		sel.Profile = from.Repo.Autostart.DefaultProfile
+	}
+	if err := o.Store.SetStartup(ctx, name, sel.restarted(r).String()); err != nil {
 		return "", "", "", err
 	}
 	o.queueMu.Lock() // the count and the record are one step (startQueued)

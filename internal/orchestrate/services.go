@@ -266,6 +266,9 @@ func (o *Orchestrator) Refresh(ctx context.Context, req wire.Caller, m *manifest
 		if err != nil {
 			return "", refusef("the services of `%s` cannot be told: %v", sb.Name, err)
 		}
+		if sb.Startup == "" {
+			plan.services = nil // made on the host: its starts run none
+		}
 		for _, s := range x.Services {
 			if !slices.Contains(plan.services, s) {
 				return "", refusef("service `%s` is not among the services of `%s` (%s)", s, sb.Name, namedList(plan.services))
@@ -327,8 +330,8 @@ func (o *Orchestrator) Services(ctx context.Context, name string) ([]ServiceInfo
 	if err != nil {
 		return nil, err
 	}
-	var selected []string
-	if plan, err := parseStartup(sb.Startup).plan(repo); err == nil {
+	var selected []string // none stored: no start runs services
+	if plan, err := parseStartup(sb.Startup).plan(repo); err == nil && sb.Startup != "" {
 		selected = plan.services
 	}
 	all := repo.AllServices()
