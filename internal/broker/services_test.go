@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"agentbox/internal/broker"
+	"agentbox/internal/modelproxy/modeltest"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -160,6 +162,50 @@ func TestServicesAutostartAndRefresh(t *testing.T) {
 		"restart of child `svc` failed: on_start command 1 exited 3 (its output is in the worker log) during on_start — the child was kept, stopped")
 	if log := readFile(t, filepath.Join(e.state, broker.LogDir, "svc.r-3.log")); !strings.Contains(log, "broken-output") {
 		t.Fatalf("the worker log lacks the on_start output:\n%s", log)
+	}
+	if err := e.admin("destroy", wire.DestroyArgs{Name: "lead", Force: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRefreshIdleGateClaude: the idle gate with the real agent. While
+// Claude Code is busy in a long tool call, a refresh is refused; once its
+// turn is over (the adapter judges it idle), the same refresh passes
+// without force.
+func TestRefreshIdleGateClaude(t *testing.T) {
+	const work = `touch /tmp/working && sleep 15 && touch /tmp/slept`
+	up := modeltest.Start(t,
+		modeltest.Turn{Text: "Running the long job.", Input: 100, Output: 10,
+			Tool: &modeltest.ToolUse{Name: "Bash", Input: map[string]any{"command": work, "description": "The long job", "timeout": 60000}}},
+		modeltest.Turn{Text: "Finished for now.", Input: 120, Output: 5},
+	)
+	e := newClaudeEnv(t, up, claudeConfig+"services:\n  db: {command: \"exec sleep 1000\"}\n")
+	if err := e.admin("new", wire.NewArgs{Name: "lead", Repo: e.repo, Role: "orchestrator", Grant: []byte(refreshGrant)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	lead := e.client("lead")
+	spawn(t, lead, "s-1", map[string]any{"branch": "gate", "prompt": "Run the long job.", "on_done": "keep"})
+	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "child `gate` is ready")
+	exists := func(path string) bool {
+		r, _ := e.execIn("gate", "", "test", "-e", path)
+		return r.exit == 0
+	}
+	wait.For(t, "the tool call to start", func() bool { return exists("/tmp/working") })
+	refresh := func(id string) wire.StatusItem {
+		return sendManifest(t, lead, map[string]any{"id": id, "type": "refresh", "child": "gate", "services": []string{"db"}})
+	}
+	wantStatus(t, refresh("f-1"), "refused",
+		"`gate` is busy: its agent is at work and has not reported done (refresh with force to restart the services anyway)")
+	if exists("/tmp/slept") {
+		t.Fatal("the tool call ended before the refresh: the gate was not tested while busy")
+	}
+	n := 1
+	wait.For(t, "a refresh to pass the idle gate", func() bool {
+		n++
+		return refresh(fmt.Sprintf("f-%d", n)).State == "done"
+	})
+	if !exists("/tmp/slept") {
+		t.Fatal("a refresh passed the idle gate during the tool call")
 	}
 	if err := e.admin("destroy", wire.DestroyArgs{Name: "lead", Force: true}, nil); err != nil {
 		t.Fatal(err)
