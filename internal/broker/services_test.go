@@ -211,3 +211,20 @@ func TestRefreshIdleGateClaude(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestServiceNamedLikeTheAgentsPrefix: a service whose name begins with
+// the agent's (scripted-db beside scripted) is never taken for the agent
+// (tmux would match a window name's prefix): an agent that ends before it
+// is ready fails the spawn, though the service runs on.
+func TestServiceNamedLikeTheAgentsPrefix(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgentConfig(agentConfig + "services:\n  scripted-db: {command: \"exec sleep 1000\"}\n")
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	spawn(t, lead, "s-1", map[string]any{"branch": "early", "prompt": "exit-early"})
+	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "failed",
+		"creation of child `early` failed: the agent ended before it was ready during agent start — the child was kept, stopped")
+	if err := e.admin("destroy", wire.DestroyArgs{Name: "lead", Force: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+}
