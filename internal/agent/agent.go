@@ -127,15 +127,20 @@ func HasSessionArgv() []string {
 	return []string{"tmux", "has-session", "-t", Session}
 }
 
+// WindowTarget is the tmux target of the session's window named window,
+// by exact name: never read as a window index ("1") or as the prefix of
+// another window's name (an agent's, a service's).
+func WindowTarget(window string) string { return Session + ":=" + window }
+
 // KillWindowArgv ends the window named window and what runs in it.
 func KillWindowArgv(window string) []string {
-	return []string{"tmux", "kill-window", "-t", Session + ":" + window}
+	return []string{"tmux", "kill-window", "-t", WindowTarget(window)}
 }
 
 // PaneArgv prints the pid of the agent's pane process, or fails when the
 // window is gone.
 func PaneArgv(window string) []string {
-	return []string{"tmux", "list-panes", "-t", Session + ":" + window, "-F", "#{pane_pid}"}
+	return []string{"tmux", "list-panes", "-t", WindowTarget(window), "-F", "#{pane_pid}"}
 }
 
 // Identity is an agent process inside its sandbox: its pid there and its
@@ -217,7 +222,7 @@ func ParseStat(pid int, stat []byte) (Identity, bool, error) {
 
 // CaptureArgv prints the visible text of the agent's pane.
 func CaptureArgv(window string) []string {
-	return []string{"tmux", "capture-pane", "-p", "-J", "-t", Session + ":" + window}
+	return []string{"tmux", "capture-pane", "-p", "-J", "-t", WindowTarget(window)}
 }
 
 // CaptureAllArgv prints every window of the agents' session: for each, a

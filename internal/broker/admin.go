@@ -84,6 +84,8 @@ func (b *Broker) dispatchAdmin(ctx context.Context, cc *connCtx, req *wire.Reque
 		rep = b.adminList(ctx)
 	case "usage":
 		rep = b.adminUsage(ctx, req.Args)
+	case "ps":
+		rep = b.adminPs(ctx, req.Args, log)
 	case "exec":
 		rep = b.adminExec(ctx, cc, req.Args, files, log)
 	case "new", "destroy", "start", "stop", "fetch", "rights":
@@ -327,6 +329,28 @@ func (b *Broker) adminUsage(ctx context.Context, raw json.RawMessage) *reply {
 		if i == 0 || res.Rows[i-1].Tree != r.Tree {
 			res.Trees = append(res.Trees, *totals[r.Tree])
 		}
+	}
+	return replyOK(res)
+}
+
+// adminPs lists a sandbox's services and their state, which tmux inside
+// the sandbox tells (never the sandbox's files read on the host).
+func (b *Broker) adminPs(ctx context.Context, raw json.RawMessage, log *slog.Logger) *reply {
+	var a wire.NameArgs
+	if werr := decodeArgs(raw, &a); werr != nil {
+		return replyErr(werr)
+	}
+	infos, err := b.orchestrator.Services(ctx, a.Name)
+	if err != nil {
+		return b.adminFailure("ps", err, log)
+	}
+	res := wire.PsResult{Services: make([]wire.ServiceInfo, 0, len(infos))}
+	for _, s := range infos {
+		si := wire.ServiceInfo{Name: s.Name, Selected: s.Selected, State: s.State, PID: s.PID}
+		if s.State == agent.ServiceExited && s.Code >= 0 {
+			si.ExitCode = &s.Code
+		}
+		res.Services = append(res.Services, si)
 	}
 	return replyOK(res)
 }

@@ -34,6 +34,12 @@ default_agent: scripted
 // repository (before sandboxes are made from it).
 func (e *testEnv) withAgent() {
 	e.t.Helper()
+	e.withAgentConfig(agentConfig)
+}
+
+// withAgentConfig is withAgent with config as the repository config.
+func (e *testEnv) withAgentConfig(config string) {
+	e.t.Helper()
 	script, err := os.ReadFile(filepath.Join("..", "..", "testdata", "agent", "agent.sh"))
 	if err != nil {
 		e.t.Fatal(err)
@@ -45,7 +51,7 @@ func (e *testEnv) withAgent() {
 	if err := os.WriteFile(filepath.Join(dir, "agent.sh"), script, 0o755); err != nil {
 		e.t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(agentConfig), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(config), 0o644); err != nil {
 		e.t.Fatal(err)
 	}
 	hostGit(e.t, e.repo, "add", ".jailbee")

@@ -113,7 +113,7 @@ it; sandbox names complete from the running broker.`,
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return exitf(ExitUsage, "%v (see '%s --help')", err, c.CommandPath())
 	})
-	root.AddCommand(newBrokerCmd(deps), newNewCmd(deps), newLsCmd(deps), newUsageCmd(deps), newRightsCmd(deps), newExecCmd(deps),
+	root.AddCommand(newBrokerCmd(deps), newNewCmd(deps), newLsCmd(deps), newPsCmd(deps), newUsageCmd(deps), newRightsCmd(deps), newExecCmd(deps),
 		newStartCmd(deps), newStopCmd(deps), newDestroyCmd(deps), newFetchCmd(deps), newAttachCmd(deps), newLogsCmd(deps), newInboxCmd(deps),
 		newImageCmd(deps), newAgentCmd(deps))
 	return root

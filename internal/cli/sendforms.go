@@ -499,7 +499,15 @@ func newSendRefreshCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "refresh --child C --services db,web [--force]",
 		Short: "Refresh services in a child",
-		Args:  cobra.NoArgs,
+		Long: `Restart the named services (1 to 32, duplicates removed) of a running
+child, in the order named, each in a fresh tmux window; their dependencies,
+setup and on_start do not run again. Only services the child's starts run
+(its autostart profile's or its explicit services, with their dependencies)
+can be refreshed. While the child's agent may be at work (it has not
+reported done or ended, and is not a Claude agent judged idle or waiting),
+the refresh is refused unless --force. Needs the refresh operation, which
+no grant has unless granted explicitly. Answered done, refused or failed.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireChild(child); err != nil {
 				return err

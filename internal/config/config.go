@@ -10,6 +10,8 @@
 //	(*Repo) AutostartProfileDefined(name) bool
 //	(*Repo) ServiceDefined(name) bool
 //	(*Repo) WithDependencies(names []string) []string
+//	(*Repo) StartOrder(names []string) []string   dependencies first
+//	(*Repo) AllServices() []string
 //	CheckWarmPath(glob string) error     warm_paths glob rule (shared with spawn manifests)
 //
 //	ParseBroker(data []byte) (*Broker, error)  broker.yaml, as strict as Parse
@@ -31,6 +33,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strings"
 
 	"agentbox/internal/grant"
 
@@ -250,14 +253,18 @@ func (c *Repo) check() error {
 		if c.Services[name].Command == "" {
 			return &Error{Path: p + ".command", Msg: "is required"}
 		}
+		if c.isAgentWindow(name) {
+			// Both run in one tmux session, in windows named after them.
+			return &Error{Path: p, Msg: "a service must not be named like an agent (agents' and services' tmux windows are named after them)"}
+		}
 		for i, dep := range c.Services[name].DependsOn {
 			if _, ok := c.Services[dep]; !ok {
 				return &Error{Path: fmt.Sprintf("%s.depends_on[%d]", p, i), Msg: fmt.Sprintf("service `%s` is not defined", shown(dep))}
 			}
 		}
 	}
-	if cycle := c.serviceCycle(); cycle != "" {
-		return &Error{Path: "services." + cycle + ".depends_on", Msg: "dependency cycle"}
+	if cycle := c.serviceCycle(); cycle != nil {
+		return &Error{Path: "services." + cycle[0] + ".depends_on", Msg: "dependency cycle: " + strings.Join(cycle, " -> ")}
 	}
 	for _, name := range sortedKeys(c.Autostart.Profiles) {
 		p := "autostart.profiles." + name
@@ -313,37 +320,83 @@ func checkCap(c grant.Cap) error {
 	return nil
 }
 
-// serviceCycle returns a service on a depends_on cycle, or "".
-func (c *Repo) serviceCycle() string {
+// serviceCycle returns a depends_on cycle, its first service repeated at
+// its end (a -> b -> a), or nil.
+func (c *Repo) serviceCycle() []string {
 	const (
 		visiting = 1
 		done     = 2
 	)
 	state := map[string]int{}
-	var visit func(string) bool
-	visit = func(s string) bool {
+	var path []string
+	var visit func(string) []string
+	visit = func(s string) []string {
 		switch state[s] {
 		case visiting:
-			return true
+			i := slices.Index(path, s)
+			return append(slices.Clone(path[i:]), s)
 		case done:
-			return false
+			return nil
 		}
 		state[s] = visiting
+		path = append(path, s)
 		for _, d := range c.Services[s].DependsOn {
-			if visit(d) {
-				return true
+			if cycle := visit(d); cycle != nil {
+				return cycle
 			}
 		}
+		path = path[:len(path)-1]
 		state[s] = done
-		return false
+		return nil
 	}
 	for _, s := range sortedKeys(c.Services) {
-		if visit(s) {
-			return s
+		if cycle := visit(s); cycle != nil {
+			return cycle
 		}
 	}
-	return ""
+	return nil
 }
+
+// isAgentWindow reports whether an agent's tmux window may be named name:
+// an agents entry, or the Claude runners (claude-jb runs in claude's).
+func (c *Repo) isAgentWindow(name string) bool {
+	_, ok := c.Agents[name]
+	return ok || name == grant.AgentClaude || name == grant.AgentClaudeJB
+}
+
+// StartOrder returns names (defined services, dependencies already
+// included) so that each comes after everything it depends on; services
+// that do not depend on each other keep their sorted order.
+func (c *Repo) StartOrder(names []string) []string {
+	want := map[string]bool{}
+	for _, n := range names {
+		want[n] = true
+	}
+	out := make([]string, 0, len(names))
+	placed := map[string]bool{}
+	var place func(string)
+	place = func(s string) {
+		if placed[s] || !want[s] {
+			return
+		}
+		placed[s] = true // no cycles: Parse refused them
+		deps := slices.Clone(c.Services[s].DependsOn)
+		sort.Strings(deps)
+		for _, d := range deps {
+			place(d)
+		}
+		out = append(out, s)
+	}
+	sorted := slices.Clone(names)
+	sort.Strings(sorted)
+	for _, s := range sorted {
+		place(s)
+	}
+	return out
+}
+
+// AllServices returns every defined service's name, sorted.
+func (c *Repo) AllServices() []string { return sortedKeys(c.Services) }
 
 // AutostartProfileDefined reports whether autostart.profiles has name.
 func (c *Repo) AutostartProfileDefined(name string) bool {

@@ -151,7 +151,10 @@ func TestParseRefusals(t *testing.T) {
 		{"litellm bad tier", "litellm:\n  profiles:\n    grok: {tiers: {gpt: x}}\n", "litellm.profiles.grok.tiers.gpt: tier must be fable, opus, sonnet or haiku"},
 		{"litellm bad profile name", "litellm:\n  profiles:\n    Grok: {}\n", "litellm.profiles.Grok: profile names must match [a-z0-9][a-z0-9_-]{0,63}"},
 		{"service dep undefined", "services:\n  web: {command: x, depends_on: [db]}\n", "services.web.depends_on[0]: service `db` is not defined"},
-		{"service cycle", "services:\n  a: {command: x, depends_on: [b]}\n  b: {command: x, depends_on: [a]}\n", "services.a.depends_on: dependency cycle"},
+		{"service cycle", "services:\n  a: {command: x, depends_on: [b]}\n  b: {command: x, depends_on: [a]}\n", "services.a.depends_on: dependency cycle: a -> b -> a"},
+		{"service cycle path", "services:\n  a: {command: x, depends_on: [b]}\n  b: {command: x, depends_on: [c]}\n  c: {command: x, depends_on: [b]}\n", "services.b.depends_on: dependency cycle: b -> c -> b"},
+		{"service named like an agent", "agents:\n  web: {command: x}\nservices:\n  web: {command: y}\n", "services.web: a service must not be named like an agent (agents' and services' tmux windows are named after them)"},
+		{"service named claude", "services:\n  claude: {command: y}\n", "services.claude: a service must not be named like an agent (agents' and services' tmux windows are named after them)"},
 		{"service command required", "services:\n  a: {depends_on: []}\n", "services.a.command: is required"},
 		{"profile service undefined", "autostart:\n  profiles:\n    web: {services: [web]}\n", "autostart.profiles.web.services[0]: service `web` is not defined"},
 		{"default profile undefined", "autostart: {default_profile: web}\n", "autostart.default_profile: autostart profile `web` is not defined"},
@@ -356,5 +359,20 @@ func TestRepoLimitsRefusals(t *testing.T) {
 				t.Fatalf("\n got: %s\nwant: %s", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestStartOrder: every service starts after what it depends on;
+// independent ones in sorted order.
+func TestStartOrder(t *testing.T) {
+	c, err := Parse([]byte("services:\n  web: {command: x, depends_on: [db, cache]}\n  db: {command: x}\n  cache: {command: x, depends_on: [db]}\n  aux: {command: x}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(c.StartOrder(c.WithDependencies([]string{"web"})), " "); got != "db cache web" {
+		t.Fatalf("web with dependencies starts as %q", got)
+	}
+	if got := strings.Join(c.StartOrder(c.AllServices()), " "); got != "aux db cache web" {
+		t.Fatalf("all start as %q", got)
 	}
 }

@@ -101,6 +101,15 @@ func (o *Orchestrator) admitRestart(ctx context.Context, req wire.Caller, m *man
 	if err != nil {
 		return "", "", "", err
 	}
+	// Stored before the boot: a queued restart boots with it too.
+	sel := parseStartup(sb.Startup)
+	if sb.Startup == "" {
+		// None stored (made on the host): the normal default.
+		sel.Profile = from.Repo.Autostart.DefaultProfile
+	}
+	if err := o.Store.SetStartup(ctx, name, sel.restarted(r).String()); err != nil {
+		return "", "", "", err
+	}
 	o.queueMu.Lock() // the count and the record are one step (startQueued)
 	defer o.queueMu.Unlock()
 	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
@@ -203,6 +212,16 @@ func (o *Orchestrator) rerunChild(ctx context.Context, sb store.Sandbox, doc spa
 			return
 		}
 		fmt.Fprintf(log, "%s sandbox %s started\n", stamp(), sb.Name)
+		var err error
+		if sb, err = o.Store.Sandbox(ctx, sb.Name); err != nil {
+			fail("its record could not be read")
+			return
+		}
+		if doc.sessionUp, err = o.runStartup(ctx, sb, log, &phase); err != nil {
+			fmt.Fprintf(log, "%s error: %v\n", stamp(), err)
+			fail(stepReason(err))
+			return
+		}
 		phase = PhaseAgent
 		if err := o.Store.SetPhase(ctx, sb.Name, phase); err != nil {
 			fail("its record could not be written")

@@ -68,6 +68,8 @@ type spawnDoc struct {
 	// started, not made); AgentOnly: only its agent is replaced.
 	Restart   bool `json:"restart,omitempty"`
 	AgentOnly bool `json:"agent_only,omitempty"`
+	// sessionUp: services started, so the tmux session may exist.
+	sessionUp bool
 }
 
 // what names the work of the spawn or restart in its statuses.
@@ -123,6 +125,7 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req wire.Caller, m *manif
 		return "", "", "", refusef("%v", err)
 	}
 	doc := spawnDoc{Ref: m.ID, Kind: s.Kind, PR: s.PR, Prompt: s.Prompt, Note: s.Note, OnDone: s.EffectiveOnDone(effective), Rights: s.Rights, Agent: spec}
+	sel := spawnStartup(s, from.Repo)
 	if doc.Commit, doc.Source, err = o.spawnSource(ctx, orch, s); err != nil {
 		return "", "", "", err
 	}
@@ -137,7 +140,8 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req wire.Caller, m *manif
 		return "", "", "", err
 	}
 	row := store.Sandbox{Name: name, UUID: "pending-" + orch.UUID + "-" + m.ID, Role: wire.RoleChild, Parent: orch.Name,
-		Branch: branch, Repo: orch.Repo, State: store.StateCreating, Phase: PhaseCreating, Imported: doc.Commit, SpawnDoc: string(raw)}
+		Branch: branch, Repo: orch.Repo, State: store.StateCreating, Phase: PhaseCreating, Imported: doc.Commit, SpawnDoc: string(raw),
+		Startup: sel.String()}
 	o.queueMu.Lock() // the count and the record are one step (startQueued)
 	defer o.queueMu.Unlock()
 	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
@@ -300,6 +304,11 @@ func (o *Orchestrator) createChild(ctx context.Context, name string) {
 		fail("see the worker log", false)
 		return
 	}
+	if doc.sessionUp, err = o.runStartup(ctx, sb, log, &phase); err != nil {
+		fmt.Fprintf(log, "%s error: %v\n", stamp(), err)
+		fail(stepReason(err), true) // kept: the orchestrator may look at it
+		return
+	}
 	phase = PhaseAgent
 	if err := o.Store.SetPhase(ctx, name, phase); err != nil {
 		fail("its record could not be written", true)
@@ -403,8 +412,9 @@ func (o *Orchestrator) seedClaudeHome(ctx context.Context, name string) error {
 func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc, log io.Writer) (agentSeen, error) {
 	run, spec := o.Runner(name), doc.Agent
 	newSession := true
-	if doc.AgentOnly {
-		// The child runs: its tmux session may hold other windows.
+	if doc.AgentOnly || doc.sessionUp {
+		// The child runs, or its services do: the tmux session may hold
+		// other windows.
 		code, err := run.Run(ctx, gitx.Cmd{Argv: agent.HasSessionArgv()})
 		newSession = err != nil || code != 0
 	}

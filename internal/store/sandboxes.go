@@ -63,24 +63,27 @@ type Sandbox struct {
 	// child will be destroyed, and that has not happened yet.
 	DoneHead string
 	Cleanup  bool
+	// Startup is a child's selection of services and autostart profile
+	// (JSON, orchestrate's): what its starts run.
+	Startup string
 }
 
 const sandboxCols = `name, uuid, role, parent, branch, repo, state, socket_dir, grant_doc, host_uid, imported, stop_head, stop_dirty,
-	spawn_doc, phase, agent, queued_seq, done_head, cleanup`
+	spawn_doc, phase, agent, queued_seq, done_head, cleanup, startup`
 
 func scanSandbox(row interface{ Scan(...any) error }) (Sandbox, error) {
 	var sb Sandbox
 	err := row.Scan(&sb.Name, &sb.UUID, &sb.Role, &sb.Parent, &sb.Branch, &sb.Repo, &sb.State, &sb.SocketDir, &sb.Grant,
-		&sb.HostUID, &sb.Imported, &sb.StopHead, &sb.StopDirty, &sb.SpawnDoc, &sb.Phase, &sb.Agent, &sb.QueuedSeq, &sb.DoneHead, &sb.Cleanup)
+		&sb.HostUID, &sb.Imported, &sb.StopHead, &sb.StopDirty, &sb.SpawnDoc, &sb.Phase, &sb.Agent, &sb.QueuedSeq, &sb.DoneHead, &sb.Cleanup, &sb.Startup)
 	return sb, err
 }
 
 // CreateSandbox inserts a new sandbox; ErrExists if the name is taken.
 func (s *Store) CreateSandbox(ctx context.Context, sb Sandbox) error {
 	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
-		_, err := w.conn.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		_, err := w.conn.ExecContext(ctx, `INSERT INTO sandboxes (`+sandboxCols+`, created_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			sb.Name, sb.UUID, sb.Role, sb.Parent, sb.Branch, sb.Repo, sb.State, sb.SocketDir, sb.Grant, sb.HostUID, sb.Imported,
-			sb.StopHead, sb.StopDirty, sb.SpawnDoc, sb.Phase, sb.Agent, sb.QueuedSeq, sb.DoneHead, sb.Cleanup, now())
+			sb.StopHead, sb.StopDirty, sb.SpawnDoc, sb.Phase, sb.Agent, sb.QueuedSeq, sb.DoneHead, sb.Cleanup, sb.Startup, now())
 		if err != nil && strings.Contains(err.Error(), "UNIQUE constraint failed") {
 			return fmt.Errorf("sandbox %q: %w", sb.Name, ErrExists)
 		}

@@ -169,7 +169,7 @@ func (s *Store) Close() error {
 }
 
 // schemaVersion is PRAGMA user_version of a database with this schema.
-const schemaVersion = 5
+const schemaVersion = 6
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -192,7 +192,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	agent      TEXT NOT NULL DEFAULT '',
 	queued_seq INTEGER NOT NULL DEFAULT 0,
 	done_head  TEXT NOT NULL DEFAULT '',
-	cleanup    INTEGER NOT NULL DEFAULT 0
+	cleanup    INTEGER NOT NULL DEFAULT 0,
+	startup    TEXT NOT NULL DEFAULT ''
 );
 -- Inbox items. seq orders them (rowid: new rows always get max+1, so the
 -- order of an inbox never goes backwards). Host ids are unique per inbox:
@@ -225,8 +226,8 @@ CREATE TABLE IF NOT EXISTS socket_dirs (
 CREATE TABLE IF NOT EXISTS host_uids (
 	uid INTEGER PRIMARY KEY
 );
-` + finishesTable + usageTables + rightsTable + sandboxesByParent + `
-PRAGMA user_version = 5;
+` + finishesTable + usageTables + rightsTable + sandboxesByParent + preparedTable + `
+PRAGMA user_version = 6;
 `
 
 // migrations[v] brings a database of schema version v to v+1.
@@ -253,6 +254,11 @@ PRAGMA user_version = 4;
 `,
 	4: rightsTable + `
 PRAGMA user_version = 5;
+`,
+	5: `
+ALTER TABLE sandboxes ADD COLUMN startup TEXT NOT NULL DEFAULT '';
+` + preparedTable + `
+PRAGMA user_version = 6;
 `,
 }
 

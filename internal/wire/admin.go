@@ -183,3 +183,20 @@ type RightsResult struct {
 	Rights []RightInfo `json:"rights"`
 	Notes  []string    `json:"notes,omitempty"`
 }
+
+// PsResult is the result of "ps" (NameArgs): every service of the
+// sandbox's repository config, sorted by name.
+type PsResult struct {
+	Services []ServiceInfo `json:"services"`
+}
+
+// ServiceInfo is one service in a PsResult. State is running, exited or
+// not started; Selected says whether the sandbox's starts run it (its
+// autostart profile and services, dependencies included).
+type ServiceInfo struct {
+	Name     string `json:"name"`
+	Selected bool   `json:"selected"`
+	State    string `json:"state"`
+	PID      int    `json:"pid,omitempty"`       // running: its pane's pid in the sandbox
+	ExitCode *int   `json:"exit_code,omitempty"` // exited: its status (absent: ended by a signal)
+}
