@@ -10,11 +10,11 @@ import (
 	"path/filepath"
 
 	"agentbox/internal/agentprobe"
-	"agentbox/internal/outboxread"
 	"agentbox/internal/backend/incus"
 	"agentbox/internal/backend/local/unit"
 	"agentbox/internal/cli"
 	"agentbox/internal/gitx"
+	"agentbox/internal/outboxread"
 )
 
 func main() {
