@@ -52,6 +52,8 @@ func (o *Orchestrator) Send(ctx context.Context, req wire.Caller, raw json.RawMe
 		return o.Restart(ctx, req, m, from)
 	case manifest.TypeRights:
 		return o.Rights(ctx, req, m)
+	case manifest.TypePublish:
+		return o.Publish(ctx, req, m, from)
 	default:
 		return store.Sent{}, asRefusal(manifest.NotAvailable(m.Type))
 	}

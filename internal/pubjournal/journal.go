@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"agentbox/internal/secfs"
+	"agentbox/internal/wire"
 )
 
 // Action states.
@@ -38,44 +39,14 @@ const (
 	Blocked = "blocked" // an action is uncertain: waits for `jailbee outbox resolve`
 )
 
-// Action is one action of a proposal as journaled.
-type Action struct {
-	Kind   string `json:"kind"`
-	State  string `json:"state"`
-	URL    string `json:"url,omitempty"`
-	Number int    `json:"number,omitempty"` // a created issue's or pull request's number
-	Detail string `json:"detail,omitempty"` // the forge's safe message of a failure
-}
-
-// Journal is one proposal's record. Proposal is the canonical manifest
-// (manifest.IssueProposal.Encode or PRManifest.Encode): what is applied,
-// whatever the outbox file holds later.
-type Journal struct {
-	Version  int             `json:"version"`
-	Sandbox  string          `json:"sandbox"`
-	Outbox   string          `json:"outbox"`
-	Name     string          `json:"name"`
-	Ref      string          `json:"ref"` // the publish manifest whose final status reports it
-	State    string          `json:"state"`
-	Proposal json.RawMessage `json:"proposal"`
-	Actions  []Action        `json:"actions"`
-	Updated  int64           `json:"updated_ms"`
-}
-
-// Key names a proposal: "<sandbox>/<outbox>/<name>", as `jailbee outbox`
-// shows it.
-func (j *Journal) Key() string { return j.Sandbox + "/" + j.Outbox + "/" + j.Name }
-
-// Next is the index of the first action not applied, len(Actions) when
-// all are.
-func (j *Journal) Next() int {
-	for i, a := range j.Actions {
-		if a.State != Applied {
-			return i
-		}
-	}
-	return len(j.Actions)
-}
+// Action and Journal are the wire's shapes (the admin socket's outbox
+// ops answer them as they are stored). Journal.Proposal is the canonical
+// manifest (manifest.IssueProposal.Encode or PRManifest.Encode): what is
+// applied, whatever the outbox file holds later.
+type (
+	Action  = wire.OutboxAction
+	Journal = wire.OutboxJournal
+)
 
 // Dir holds the journals and budgets: <root>/<sandbox>/<outbox>/<name>
 // and <root>/<sandbox>/budget.json.

@@ -1,0 +1,205 @@
+package broker_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"agentbox/internal/forge"
+	"agentbox/internal/forge/githubtest"
+	"agentbox/internal/inbox"
+	"agentbox/internal/manifest"
+	"agentbox/internal/orchestrate"
+	"agentbox/internal/wire"
+)
+
+// testToken is the forge token of the publish tests: it must never reach
+// a sandbox.
+const testToken = "ghp_publishTestToken0123456789"
+
+// publishGrant grants publish on owner/repo: every issue action but
+// those in without, pull requests and reviews.
+func publishGrant(without ...string) json.RawMessage {
+	var actions []string
+	for _, a := range []string{"create", "comment", "label", "close"} {
+		if !strings.Contains(strings.Join(without, ","), a) {
+			actions = append(actions, a)
+		}
+	}
+	doc, _ := json.Marshal(map[string]any{"version": 1, "max_running_children": 2,
+		"operations": []string{"spawn", "message", "publish"}, "grantable": map[string]any{},
+		"publish": map[string]any{"issues": map[string]any{"repos": []string{"owner/repo"}, "actions": actions},
+			"pull_requests": true, "pr_reviews": true}})
+	return doc
+}
+
+// newPublishEnv is a broker whose forge is a githubtest server, with an
+// orchestrator "lead" holding grant.
+func newPublishEnv(t *testing.T, perHour int, grant json.RawMessage) (*testEnv, *githubtest.Server, *inbox.Client) {
+	gh := githubtest.Start(t, testToken)
+	f, err := forge.New(forge.Config{APIURL: gh.URL, Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newTestEnvStopped(t)
+	e.publish = &orchestrate.Publishing{Forge: f, ActionsPerHour: perHour}
+	e.start()
+	if err := e.admin("new", wire.NewArgs{Name: "lead", Repo: e.repo, Role: "orchestrator", Grant: grant}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return e, gh, e.client("lead")
+}
+
+// stage writes content to ~/.jailbee/<outbox>-outbox/name in sandbox sb,
+// as its agent would.
+func (e *testEnv) stage(sb, outbox, name, content string) {
+	e.t.Helper()
+	dir := "~/.jailbee/" + outbox + "-outbox"
+	res, err := e.execIn(sb, content, "sh", "-c", "mkdir -p "+dir+" && cat > "+dir+"/"+name)
+	if err != nil || res.exit != 0 {
+		e.t.Fatalf("stage %s: %v %+v", name, err, res)
+	}
+}
+
+func publish(t testing.TB, c *inbox.Client, id, outbox, name string) wire.StatusItem {
+	t.Helper()
+	return sendManifest(t, c, map[string]any{"id": id, "type": "publish", "outbox": outbox, "manifest": name})
+}
+
+// proposal is an issue proposal on repo of the actions given as JSON.
+func proposal(repo string, actions ...string) string {
+	return fmt.Sprintf(`{"version": 1, "repo": %q, "actions": [%s]}`, repo, strings.Join(actions, ","))
+}
+
+// TestPublishIssueProposal: an orchestrator with publish rights stages a
+// proposal of every action kind; the broker reads it from the outbox
+// inside the sandbox, answers started, and the worker applies each action
+// through the forge with the host's token and reports done with the URLs
+// and issue numbers. The token is in no status and no broker log line.
+func TestPublishIssueProposal(t *testing.T) {
+	e, gh, lead := newPublishEnv(t, 30, publishGrant())
+	e.stage("lead", "issue", "all.json", proposal("owner/repo",
+		`{"kind": "create", "title": "Parser drops tabs", "body": "Seen in CI.", "labels": ["bug"]}`,
+		`{"kind": "comment", "issue": 1, "body": "Fixed on fix/tabs."}`,
+		`{"kind": "label", "issue": 1, "labels": ["fixed"]}`,
+		`{"kind": "close", "issue": 1}`))
+
+	wantStatus(t, publish(t, lead, "pub-1", "issue", "all.json"), "started", "publishing issue/all.json: 4 action(s)")
+	done := statusOf(t, lead, "pub-1", "done", "failed")
+	issueURL := gh.URL + "owner/repo/issues/1"
+	want := fmt.Sprintf("published issue/all.json: create #1 %s; comment #1 %s#issuecomment-", issueURL, issueURL)
+	if done.State != "done" || !strings.HasPrefix(done.Detail, want) || !strings.HasSuffix(done.Detail, "; label #1; close #1 "+issueURL) {
+		t.Fatalf("final status %s %q", done.State, done.Detail)
+	}
+	var paths []string
+	for _, c := range gh.Calls() {
+		if !c.Authorized {
+			t.Errorf("call %s %s without the token", c.Method, c.Path)
+		}
+		paths = append(paths, c.Method+" "+c.Path)
+	}
+	if got := strings.Join(paths, ", "); got != "POST /repos/owner/repo/issues, POST /repos/owner/repo/issues/1/comments, POST /repos/owner/repo/issues/1/labels, PATCH /repos/owner/repo/issues/1" {
+		t.Fatalf("calls: %s", got)
+	}
+	is, _ := gh.Issue("owner/repo", 1)
+	if is.State != "closed" || strings.Join(is.Labels, ",") != "bug,fixed" || len(is.Comments) != 1 {
+		t.Fatalf("issue on the forge: %+v", is)
+	}
+
+	// Published once: the same name again is refused, and nothing is sent.
+	wantStatus(t, publish(t, lead, "pub-2", "issue", "all.json"), "refused",
+		"`issue/all.json` was published already: stage a new manifest under a new name")
+	if n := len(gh.Calls()); n != 4 {
+		t.Fatalf("%d calls after a refused publish", n)
+	}
+
+	var list wire.OutboxList
+	if err := e.admin("outbox-ls", nil, &list); err != nil || len(list.Proposals) != 1 || list.Proposals[0].State != "done" {
+		t.Fatalf("outbox-ls: %v %+v", err, list)
+	}
+	if strings.Contains(done.Detail, testToken) || strings.Contains(e.logs.String(), testToken) {
+		t.Fatal("the token leaked into a status or the broker log")
+	}
+}
+
+// TestPublishRefusals: what the decoder, the outbox reader and the policy
+// refuse, before anything reaches the forge.
+func TestPublishRefusals(t *testing.T) {
+	e, gh, lead := newPublishEnv(t, 30, publishGrant("close"))
+	e.child("kid", "lead")
+	e.stage("lead", "issue", "ok.json", proposal("owner/repo", `{"kind": "create", "title": "t"}`))
+	e.stage("lead", "issue", "close.json", proposal("owner/repo", `{"kind": "close", "issue": 3}`))
+	e.stage("lead", "issue", "other.json", proposal("owner/other", `{"kind": "create", "title": "t"}`))
+	e.stage("lead", "issue", "bad.json", `{"version": 1, "repo": "owner/repo", "actions": [{"kind": "create", "title": "t", "force": true}]}`)
+	e.mustExec("lead", "sh", "-c", "ln -s ok.json ~/.jailbee/issue-outbox/link.json")
+	e.stage("lead", "issue", "big.json", proposal("owner/repo", `{"kind": "create", "title": "t", "body": "`+strings.Repeat("x", manifest.MaxOutboxBytes)+`"}`))
+	e.stage("kid", "issue", "ok.json", proposal("owner/repo", `{"kind": "create", "title": "t"}`))
+
+	const where = "in your issue outbox (~/.jailbee/issue-outbox)"
+	for _, c := range []struct{ name, state, detail string }{
+		{"a/b.json", "refused", "`manifest` must be a file name matching ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\\.json$, never a path or .progress.json"},
+		{"x.progress.json", "refused", "`manifest` must be a file name matching ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\\.json$, never a path or .progress.json"},
+		{"link.json", "refused", "`link.json` " + where + " is not a regular file (symlinks are refused)"},
+		{"none.json", "refused", "`none.json` " + where + " does not exist"},
+		{"big.json", "refused", "`big.json` " + where + " exceeds 262144 bytes"},
+		{"bad.json", "refused", "`bad.json`: unknown key `actions[].force`"},
+		{"close.json", "refused", "issue action `close` is not in this container's publish rights"},
+		{"other.json", "refused", "repository `owner/other` is not in this container's publish rights"},
+	} {
+		wantStatus(t, publish(t, lead, "p-"+strings.NewReplacer("/", "-", ".", "-").Replace(c.name), "issue", c.name), c.state, c.detail)
+	}
+	wantStatus(t, publish(t, e.client("kid"), "p-kid", "issue", "ok.json"), "refused", manifest.DetailChildTypes)
+	if n := len(gh.Calls()); n != 0 {
+		t.Fatalf("%d forge calls after refusals", n)
+	}
+}
+
+// TestPublishBudget: each action reserves the sliding hour's budget up
+// front; a policy refusal gives it back, a forge failure after the
+// reservation does not.
+func TestPublishBudget(t *testing.T) {
+	e, gh, lead := newPublishEnv(t, 5, publishGrant("close"))
+	create := `{"kind": "create", "title": "t"}`
+	e.stage("lead", "issue", "five-refused.json", proposal("owner/repo", create, create, create, create, `{"kind": "close", "issue": 1}`))
+	e.stage("lead", "issue", "four.json", proposal("owner/repo", create, create, create, create))
+	e.stage("lead", "issue", "fails.json", proposal("owner/repo", `{"kind": "comment", "issue": 99, "body": "x"}`))
+	e.stage("lead", "issue", "one.json", proposal("owner/repo", create))
+
+	wantStatus(t, publish(t, lead, "b-1", "issue", "five-refused.json"), "refused", "issue action `close` is not in this container's publish rights")
+	wantStatus(t, publish(t, lead, "b-2", "issue", "four.json"), "started", "publishing issue/four.json: 4 action(s)")
+	if st := statusOf(t, lead, "b-2", "done", "failed"); st.State != "done" {
+		t.Fatalf("four.json: %+v", st)
+	}
+	gh.Inject(githubtest.Fault{Kind: githubtest.Refuse, Status: 422, Body: `{"message": "Validation Failed"}`})
+	wantStatus(t, publish(t, lead, "b-3", "issue", "fails.json"), "started", "publishing issue/fails.json: 1 action(s)")
+	failed := statusOf(t, lead, "b-3", "done", "failed")
+	if failed.State != "failed" || !strings.HasPrefix(failed.Detail, "issue/fails.json: action 1 (comment) failed: forge: comment: HTTP 422") {
+		t.Fatalf("fails.json: %+v", failed)
+	}
+	st := publish(t, lead, "b-4", "issue", "one.json")
+	if st.State != "refused" || !strings.HasPrefix(st.Detail, "publish budget exhausted: 5 of 5 actions used in the last hour, 1 more wanted") {
+		t.Fatalf("past the budget: %+v", st)
+	}
+}
+
+// TestPublishPendingCap: 20 pending manifests in the outboxes are
+// accepted, a 21st refuses publishing; published ones do not count.
+func TestPublishPendingCap(t *testing.T) {
+	e, _, lead := newPublishEnv(t, 30, publishGrant())
+	stageN := func(from, to int) {
+		e.mustExec("lead", "sh", "-c", fmt.Sprintf(`mkdir -p ~/.jailbee/issue-outbox ~/.jailbee/pr-outbox && for i in $(seq %d %d); do
+			echo '{"version":1,"repo":"owner/repo","actions":[{"kind":"create","title":"t"}]}' > ~/.jailbee/issue-outbox/p$i.json; done`, from, to))
+	}
+	stageN(1, manifest.MaxOutboxPending)
+	wantStatus(t, publish(t, lead, "c-1", "issue", "p1.json"), "started", "publishing issue/p1.json: 1 action(s)")
+	if st := statusOf(t, lead, "c-1", "done", "failed"); st.State != "done" {
+		t.Fatalf("p1: %+v", st)
+	}
+	stageN(manifest.MaxOutboxPending+1, manifest.MaxOutboxPending+1) // 20 pending again: p1 is published
+	wantStatus(t, publish(t, lead, "c-2", "issue", "p2.json"), "started", "publishing issue/p2.json: 1 action(s)")
+	statusOf(t, lead, "c-2", "done", "failed")
+	stageN(manifest.MaxOutboxPending+2, manifest.MaxOutboxPending+3) // 21 pending
+	wantStatus(t, publish(t, lead, "c-3", "issue", "p3.json"), "refused",
+		"your outboxes hold more than 20 pending manifests: remove the published or abandoned ones")
+}
