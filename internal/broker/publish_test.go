@@ -1,16 +1,21 @@
 package broker_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"agentbox/internal/crashpoint"
 	"agentbox/internal/forge"
 	"agentbox/internal/forge/githubtest"
 	"agentbox/internal/inbox"
 	"agentbox/internal/manifest"
 	"agentbox/internal/orchestrate"
+	"agentbox/internal/testutil/testbin"
 	"agentbox/internal/wire"
 )
 
@@ -202,4 +207,81 @@ func TestPublishPendingCap(t *testing.T) {
 	stageN(manifest.MaxOutboxPending+2, manifest.MaxOutboxPending+3) // 21 pending
 	wantStatus(t, publish(t, lead, "c-3", "issue", "p3.json"), "refused",
 		"your outboxes hold more than 20 pending manifests: remove the published or abandoned ones")
+}
+
+// newPublishCrashEnv is a broker process (dying at point) whose
+// broker.yaml names the githubtest forge and a token file, with an
+// orchestrator "lead" holding publish rights.
+func newPublishCrashEnv(t *testing.T, point string) (*crashEnv, *githubtest.Server) {
+	gh := githubtest.Start(t, testToken)
+	c := &crashEnv{t: t, bin: testbin.Jailbee(t), state: shortTempDir(t), repo: makeRepo(t)}
+	if err := os.MkdirAll(c.state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(c.state, "forge-token")
+	cfg := fmt.Sprintf("forge:\n  api_url: %q\n  token_file: %q\n", gh.URL, tokenFile)
+	if err := os.WriteFile(tokenFile, []byte(testToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(c.state, "broker.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.p = startProcBrokerVia(t, c.bin, c.state, []string{"env", crashpoint.EnvVar + "=" + point})
+	c.p.newSandbox(wire.NewArgs{Name: "lead", Repo: c.repo, Role: "orchestrator", Grant: publishGrant()})
+	return c, gh
+}
+
+// TestPublishCrashAfterTheForgeCall: the broker dies (kill -9) after an
+// action's forge call and before its journal says so. The next broker
+// reports the publish failed with the action uncertain and publishes
+// nothing more: a person resolves it as applied (with the URL found on
+// the forge), the proposal continues; its next action is uncertain too (a
+// 502 after the change), and resolved with --retry it is sent once more
+// and the proposal is done.
+func TestPublishCrashAfterTheForgeCall(t *testing.T) {
+	c, gh := newPublishCrashEnv(t, crashpoint.PublishCalled)
+	c.exec("lead", "sh", "-c", `mkdir -p ~/.jailbee/issue-outbox && echo '`+proposal("owner/repo",
+		`{"kind": "create", "title": "Crash"}`, `{"kind": "comment", "issue": 1, "body": "after"}`)+`' > ~/.jailbee/issue-outbox/crash.json`)
+	var st wire.StatusItem
+	c.p.client("lead").Call(context.Background(), "send", map[string]any{"manifest": map[string]any{
+		"version": 1, "id": "pub-1", "type": "publish", "outbox": "issue", "manifest": "crash.json"}}, &st) // may die first
+	c.died()
+	lead := c.p.client("lead")
+	const key = "lead/issue/crash.json"
+	failed := statusOf(t, lead, "pub-1", "failed")
+	wantStatus(t, failed, "failed", "issue/crash.json: action 1 (create) failed: the broker stopped while publishing after sending it (outcome uncertain: it may have been applied); nothing more is done until a person resolves it (jailbee outbox resolve "+key+")")
+	if is, ok := gh.Issue("owner/repo", 1); !ok || is.Title != "Crash" {
+		t.Fatalf("the forge call before the crash: %+v", is)
+	}
+
+	var j wire.OutboxJournal
+	if err := c.p.adminCall("outbox-show", wire.OutboxArgs{Key: key}, &j); err != nil || j.State != "blocked" || j.Actions[0].State != "uncertain" || j.Actions[1].State != "" {
+		t.Fatalf("journal after the crash: %v %+v", err, j)
+	}
+	// Blocked: publishing it again is refused.
+	wantStatus(t, publish(t, lead, "pub-2", "issue", "crash.json"), "refused",
+		"`issue/crash.json` has an action whose outcome is uncertain: it waits for a person (jailbee outbox resolve "+key+")")
+
+	gh.Inject(githubtest.Fault{Method: "POST", Path: "/repos/owner/repo/issues/1/comments", Kind: githubtest.ApplyThenStatus, Status: 502, Body: `{"message": "Bad Gateway"}`})
+	issueURL := gh.URL + "owner/repo/issues/1"
+	if err := c.p.adminCall("outbox-resolve", wire.OutboxArgs{Key: key, Applied: true, URL: issueURL}, &j); err != nil {
+		t.Fatal(err)
+	}
+	again := statusOf(t, lead, "pub-1", "failed")
+	if !strings.HasPrefix(again.Detail, "issue/crash.json: action 2 (comment) failed: forge: comment: HTTP 502") || !strings.Contains(again.Detail, "outcome uncertain") {
+		t.Fatalf("after resolve --applied: %+v", again)
+	}
+	if err := c.p.adminCall("outbox-resolve", wire.OutboxArgs{Key: key, Retry: true}, &j); err != nil {
+		t.Fatal(err)
+	}
+	done := statusOf(t, lead, "pub-1", "done")
+	if !strings.HasPrefix(done.Detail, "published issue/crash.json: create "+issueURL+"; comment #1 "+issueURL+"#issuecomment-") {
+		t.Fatalf("after resolve --retry: %+v", done)
+	}
+	if is, _ := gh.Issue("owner/repo", 1); len(is.Comments) != 2 || len(gh.Calls()) != 3 {
+		t.Fatalf("the retry sent the comment once more: %d comments, calls %+v", len(is.Comments), gh.Calls())
+	}
+	if strings.Contains(c.p.stderr.String(), testToken) {
+		t.Fatal("the token is in the broker's log")
+	}
 }
