@@ -42,6 +42,12 @@ func publishGrant(without ...string) json.RawMessage {
 // newPublishEnv is a broker whose forge is a githubtest server, with an
 // orchestrator "lead" holding grant.
 func newPublishEnv(t *testing.T, perHour int, grant json.RawMessage) (*testEnv, *githubtest.Server, *inbox.Client) {
+	return newPublishEnvWith(t, perHour, grant, nil)
+}
+
+// newPublishEnvWith is newPublishEnv with prepare run on the env before
+// its broker starts.
+func newPublishEnvWith(t *testing.T, perHour int, grant json.RawMessage, prepare func(*testEnv)) (*testEnv, *githubtest.Server, *inbox.Client) {
 	gh := githubtest.Start(t, testToken)
 	f, err := forge.New(forge.Config{APIURL: gh.URL, Token: testToken})
 	if err != nil {
@@ -49,6 +55,9 @@ func newPublishEnv(t *testing.T, perHour int, grant json.RawMessage) (*testEnv, 
 	}
 	e := newTestEnvStopped(t)
 	e.publish = &orchestrate.Publishing{Forge: f, ActionsPerHour: perHour}
+	if prepare != nil {
+		prepare(e)
+	}
 	e.start()
 	if err := e.admin("new", wire.NewArgs{Name: "lead", Repo: e.repo, Role: "orchestrator", Grant: grant}, nil); err != nil {
 		t.Fatal(err)
@@ -284,4 +293,93 @@ func TestPublishCrashAfterTheForgeCall(t *testing.T) {
 	if strings.Contains(c.p.stderr.String(), testToken) {
 		t.Fatal("the token is in the broker's log")
 	}
+}
+
+// withOrigin gives the env's host repository an origin remote, a bare
+// repository at the git URL broker.yaml's forge.git_url would name for
+// owner/repo (a file:// template here), with main pushed to it.
+func withOrigin(origin *string) func(*testEnv) {
+	return func(e *testEnv) {
+		root := e.t.TempDir()
+		e.publish.GitURL = "file://" + root + "/{owner}/{name}.git"
+		*origin = filepath.Join(root, "owner", "repo.git")
+		hostGit(e.t, "", "init", "-q", "--bare", *origin)
+		hostGit(e.t, e.repo, "remote", "add", "origin", "file://"+*origin)
+		hostGit(e.t, e.repo, "push", "-q", "origin", "main")
+	}
+}
+
+// TestPublishPullRequestSource: a child's branch is fetched to the host,
+// pushed from there to the orchestrator's own repository as a
+// fast-forward, and its pull request opened; a foreign branch, another
+// repository and a push that is not a fast-forward (never forced) are
+// refused.
+func TestPublishPullRequestSource(t *testing.T) {
+	var origin string
+	e, gh, lead := newPublishEnvWith(t, 30, publishGrant(), withOrigin(&origin))
+	e.child("kid", "lead")
+	e.mustExec("kid", "sh", "-c", commitCmd+" --allow-empty -m 'the work'")
+	head := e.mustExec("kid", "git", "rev-parse", "HEAD")
+	source := func(repo, branch string) string {
+		return fmt.Sprintf(`{"version": 1, "kind": "source", "repo": %q, "branch": %q, "base": "main", "title": "Kid's work", "body": "Done.", "draft": true}`, repo, branch)
+	}
+	e.stage("lead", "pr", "src.json", source("owner/repo", "work/kid"))
+	e.stage("lead", "pr", "foreign.json", source("owner/repo", "someone/else"))
+	e.stage("lead", "pr", "other.json", source("owner/other", "work/kid"))
+
+	wantStatus(t, publish(t, lead, "s-1", "pr", "src.json"), "started", "publishing pr/src.json: 1 action(s)")
+	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "published pr/src.json: source #1 "+gh.URL+"owner/repo/pull/1")
+	if got := hostGit(t, origin, "rev-parse", "refs/heads/work/kid"); got != head {
+		t.Fatalf("origin's work/kid = %s, want the child's HEAD %s", got, head)
+	}
+	if pr, ok := gh.PullRequest("owner/repo", 1); !ok || pr.Head != "work/kid" || pr.Base != "main" || !pr.Draft {
+		t.Fatalf("pull request on the forge: %+v", pr)
+	}
+	wantStatus(t, publish(t, lead, "s-2", "pr", "foreign.json"), "refused", "branch `someone/else` is neither this orchestrator's branch nor one of its children's")
+	wantStatus(t, publish(t, lead, "s-3", "pr", "other.json"), "refused", "repository `owner/other` is not this orchestrator's repository (the host repository's origin remote)")
+
+	// Someone else moved origin's branch: the next push is not a
+	// fast-forward and is refused, never forced.
+	hostGit(t, e.repo, "commit", "-q", "--allow-empty", "-m", "elsewhere")
+	hostGit(t, e.repo, "push", "-q", "--force", "origin", "HEAD:refs/heads/work/kid")
+	moved := hostGit(t, origin, "rev-parse", "refs/heads/work/kid")
+	e.mustExec("kid", "sh", "-c", commitCmd+" --allow-empty -m 'more work'")
+	e.stage("lead", "pr", "src-2.json", source("owner/repo", "work/kid"))
+	wantStatus(t, publish(t, lead, "s-4", "pr", "src-2.json"), "started", "publishing pr/src-2.json: 1 action(s)")
+	failed := statusOf(t, lead, "s-4", "done", "failed")
+	if failed.State != "failed" || !strings.Contains(failed.Detail, "not a fast-forward") {
+		t.Fatalf("the diverged push: %+v", failed)
+	}
+	if got := hostGit(t, origin, "rev-parse", "refs/heads/work/kid"); got != moved {
+		t.Fatal("origin's branch was overwritten")
+	}
+}
+
+// TestPublishReview: a review of the pull request a child was spawned
+// from (kind pr) is submitted; one of another pull request is refused.
+func TestPublishReview(t *testing.T) {
+	var origin string
+	e, gh, lead := newPublishEnvWith(t, 30, publishGrant(), func(e *testEnv) {
+		e.withAgent()
+		withOrigin(&origin)(e)
+	})
+	hostGit(t, e.repo, "push", "-q", "origin", "HEAD:refs/pull/7/head")
+	gh.AddPullRequest("owner/repo", githubtest.PR{Number: 7, Title: "contribution", Head: "contrib", Base: "main", State: "open"})
+	spawn(t, lead, "s-pr", map[string]any{"version": 2, "kind": "pr", "pr": 7, "prompt": "review it", "on_done": "keep"})
+	messageFrom(t, lead, "pr-7", "done")
+	review := func(pr int) string {
+		return fmt.Sprintf(`{"version": 1, "kind": "review", "repo": "owner/repo", "pr": %d, "event": "REQUEST_CHANGES", "body": "Add a test."}`, pr)
+	}
+	e.stage("lead", "pr", "review-7.json", review(7))
+	e.stage("lead", "pr", "review-8.json", review(8))
+	wantStatus(t, publish(t, lead, "r-1", "pr", "review-7.json"), "started", "publishing pr/review-7.json: 1 action(s)")
+	done := statusOf(t, lead, "r-1", "done", "failed")
+	if done.State != "done" || !strings.HasPrefix(done.Detail, "published pr/review-7.json: review #7 "+gh.URL+"owner/repo/pull/7#pullrequestreview-") {
+		t.Fatalf("review: %+v", done)
+	}
+	if pr, _ := gh.PullRequest("owner/repo", 7); len(pr.Reviews) != 1 {
+		t.Fatalf("reviews on the forge: %+v", pr.Reviews)
+	}
+	wantStatus(t, publish(t, lead, "r-2", "pr", "review-8.json"), "refused",
+		"pull request 8 is not bound to this orchestrator: review only pull requests a child was spawned from (kind pr)")
 }

@@ -168,11 +168,15 @@ func publishConfig(cfg *config.Broker, log *slog.Logger) (*orchestrate.Publishin
 		log.Info("no forge token configured (broker.yaml forge.token_file or token_env): publish manifests are refused")
 		return nil, nil
 	}
-	gh, err := forge.FromConfig(cfg.Forge)
+	token, err := forge.LoadToken(cfg.Forge)
 	if err != nil {
 		return nil, err
 	}
-	return &orchestrate.Publishing{Forge: gh, ActionsPerHour: cfg.Publish.ActionsPerHour}, nil
+	gh, err := forge.New(forge.Config{APIURL: cfg.Forge.APIURL, Token: token})
+	if err != nil {
+		return nil, err
+	}
+	return &orchestrate.Publishing{Forge: gh, ActionsPerHour: cfg.Publish.ActionsPerHour, GitURL: cfg.Forge.GitURL, Token: token}, nil
 }
 
 // loadBrokerConfig reads broker.yaml; a missing file is the defaults.

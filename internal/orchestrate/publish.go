@@ -29,6 +29,10 @@ type Publishing struct {
 	Forge          forge.Forge
 	Journal        *pubjournal.Dir
 	ActionsPerHour int
+	// GitURL is broker.yaml forge.git_url: a repository's git remote,
+	// with {owner} and {name}. Token authenticates pushes to it.
+	GitURL string
+	Token  string
 }
 
 // DetailPublishOff refuses publish on a broker without a forge.
@@ -443,14 +447,4 @@ func doneList(j *pubjournal.Journal) string {
 		parts = append(parts, s)
 	}
 	return strings.Join(parts, "; ")
-}
-
-// prPolicy and applyPR: publishing from the pr outbox (pull request
-// sources and reviews) is not built yet; the grant check above has run.
-func (o *Orchestrator) prPolicy(ctx context.Context, w *pubWork) error {
-	return refusef("publishing from the pr outbox is not available in this broker yet")
-}
-
-func (o *Orchestrator) applyPR(ctx context.Context, j *pubjournal.Journal) (actionResult, error) {
-	return actionResult{}, &forge.Error{Op: "publish", Certain: true, Msg: "pull requests are not available yet"}
 }
