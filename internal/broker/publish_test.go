@@ -132,6 +132,12 @@ func TestPublishIssueProposal(t *testing.T) {
 	if err := e.admin("outbox-ls", nil, &list); err != nil || len(list.Proposals) != 1 || list.Proposals[0].State != "done" {
 		t.Fatalf("outbox-ls: %v %+v", err, list)
 	}
+	wantWireError(t, "resolve with a bad URL", e.admin("outbox-resolve", wire.OutboxArgs{Key: "lead/issue/all.json", Applied: true, URL: "javascript:alert(1)"}, nil),
+		wire.CodeBadRequest, "--applied needs --url: the http(s) URL of what was applied, at most 2048 bytes")
+	wantWireError(t, "resolve of a done proposal", e.admin("outbox-resolve", wire.OutboxArgs{Key: "lead/issue/all.json", Retry: true}, nil),
+		wire.CodeBadRequest, "`lead/issue/all.json` has no uncertain action (it is done)")
+	wantWireError(t, "show of a path", e.admin("outbox-show", wire.OutboxArgs{Key: "../../etc"}, nil),
+		wire.CodeBadRequest, "no proposal `../../etc` (want SANDBOX/OUTBOX/NAME, as `jailbee outbox ls` shows it)")
 	if strings.Contains(done.Detail, testToken) || strings.Contains(e.logs.String(), testToken) {
 		t.Fatal("the token leaked into a status or the broker log")
 	}

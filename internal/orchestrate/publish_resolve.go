@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"strings"
 
+	"agentbox/internal/manifest"
+	"agentbox/internal/outboxread"
 	"agentbox/internal/pubjournal"
+	"agentbox/internal/shortname"
 	"agentbox/internal/wire"
 )
 
@@ -75,7 +78,7 @@ func (o *Orchestrator) Outbox(key string) (*pubjournal.Journal, error) {
 
 func splitKey(key string) (sandbox, outbox, name string, ok bool) {
 	parts := strings.Split(key, "/")
-	if len(parts) != 3 || parts[0] == "" || strings.HasPrefix(parts[0], ".") || (parts[1] != "issue" && parts[1] != "pr") || parts[2] == "" || strings.HasPrefix(parts[2], ".") {
+	if len(parts) != 3 || !shortname.Valid(parts[0]) || outboxread.Dirs[parts[1]] == "" || !manifest.ValidPublishName(parts[2]) {
 		return "", "", "", false
 	}
 	return parts[0], parts[1], parts[2], true
