@@ -573,7 +573,7 @@ wait for the final status of the same id. One publish runs at a time. A
 proposal published already is refused; one that failed part way continues
 with its actions not applied when sent again with a new id. Formats and rules:
 docs/publish.md.`,
-		Args:  cobra.NoArgs,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p := &manifest.Publish{Outbox: manifest.OutboxIssue, Manifest: issue}
 			switch {
