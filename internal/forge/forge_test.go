@@ -251,20 +251,26 @@ func TestRefusedBeforeSending(t *testing.T) {
 	ctx := t.Context()
 	long := strings.Repeat("é", forge.MaxBodyRunes+1)
 	for name, call := range map[string]func() error{
-		"bad repo":          func() error { _, err := f.CreateIssue(ctx, forge.Repo{Owner: "-x", Name: "y"}, "t", "", nil); return err },
-		"empty title":       func() error { _, err := f.CreateIssue(ctx, repo, " ", "", nil); return err },
-		"long title":        func() error { _, err := f.CreateIssue(ctx, repo, strings.Repeat("t", 257), "", nil); return err },
-		"long body":         func() error { _, err := f.CreateIssue(ctx, repo, "t", long, nil); return err },
-		"invalid UTF-8":     func() error { _, err := f.CreateIssue(ctx, repo, "t\xff", "", nil); return err },
-		"control in label":  func() error { _, err := f.CreateIssue(ctx, repo, "t", "", []string{"a\nb"}); return err },
-		"long label":        func() error { return f.AddLabels(ctx, repo, 1, []string{strings.Repeat("l", 51)}) },
-		"no labels":         func() error { return f.AddLabels(ctx, repo, 1, nil) },
-		"number 0":          func() error { _, err := f.Comment(ctx, repo, 0, "x"); return err },
-		"empty comment":     func() error { _, err := f.Comment(ctx, repo, 1, ""); return err },
-		"negative close":    func() error { _, err := f.CloseIssue(ctx, repo, -1); return err },
-		"fork head":         func() error { _, err := f.CreatePullRequest(ctx, repo, "eve:main", "main", "t", "", false); return err },
-		"option head":       func() error { _, err := f.CreatePullRequest(ctx, repo, "-x", "main", "t", "", false); return err },
-		"ref base":          func() error { _, err := f.CreatePullRequest(ctx, repo, "a", "refs/heads/main", "t", "", false); return err },
+		"bad repo": func() error {
+			_, err := f.CreateIssue(ctx, forge.Repo{Owner: "-x", Name: "y"}, "t", "", nil)
+			return err
+		},
+		"empty title":      func() error { _, err := f.CreateIssue(ctx, repo, " ", "", nil); return err },
+		"long title":       func() error { _, err := f.CreateIssue(ctx, repo, strings.Repeat("t", 257), "", nil); return err },
+		"long body":        func() error { _, err := f.CreateIssue(ctx, repo, "t", long, nil); return err },
+		"invalid UTF-8":    func() error { _, err := f.CreateIssue(ctx, repo, "t\xff", "", nil); return err },
+		"control in label": func() error { _, err := f.CreateIssue(ctx, repo, "t", "", []string{"a\nb"}); return err },
+		"long label":       func() error { return f.AddLabels(ctx, repo, 1, []string{strings.Repeat("l", 51)}) },
+		"no labels":        func() error { return f.AddLabels(ctx, repo, 1, nil) },
+		"number 0":         func() error { _, err := f.Comment(ctx, repo, 0, "x"); return err },
+		"empty comment":    func() error { _, err := f.Comment(ctx, repo, 1, ""); return err },
+		"negative close":   func() error { _, err := f.CloseIssue(ctx, repo, -1); return err },
+		"fork head":        func() error { _, err := f.CreatePullRequest(ctx, repo, "eve:main", "main", "t", "", false); return err },
+		"option head":      func() error { _, err := f.CreatePullRequest(ctx, repo, "-x", "main", "t", "", false); return err },
+		"ref base": func() error {
+			_, err := f.CreatePullRequest(ctx, repo, "a", "refs/heads/main", "t", "", false)
+			return err
+		},
 		"unknown event":     func() error { _, err := f.CreateReview(ctx, repo, 1, "DISMISS", "x"); return err },
 		"comment no body":   func() error { _, err := f.CreateReview(ctx, repo, 1, forge.ReviewComment, ""); return err },
 		"read PR number -1": func() error { _, err := f.PullRequest(ctx, repo, -1); return err },

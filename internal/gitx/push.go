@@ -69,7 +69,9 @@ func (r Repo) PushBranch(ctx context.Context, remoteURL, localRef, branch string
 	header := ""
 	if auth.Token != "" {
 		header = "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+auth.Token))
-		cmd.Env = append(cmd.Env, "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=http.extraHeader", "GIT_CONFIG_VALUE_0="+header)
+		// Scoped to the remote: should the repository's own config rewrite
+		// the URL (url.*.insteadOf), the header does not follow.
+		cmd.Env = append(cmd.Env, "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=http."+remoteURL+".extraHeader", "GIT_CONFIG_VALUE_0="+header)
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

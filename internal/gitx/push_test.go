@@ -204,3 +204,30 @@ func TestPushBranchRefusesArguments(t *testing.T) {
 		t.Fatalf("PushBranch from a sandbox's repository = %v, want ErrInvalidArgument", err)
 	}
 }
+
+// TestPushBranchTokenStaysWithItsRemote: should the repository's config
+// rewrite the forge's URL to another server, the token is not sent there.
+func TestPushBranchTokenStaysWithItsRemote(t *testing.T) {
+	repo, first, second := newRepo(t)
+	git(t, repo, "update-ref", importedRef, second)
+	forgeRoot, otherRoot := t.TempDir(), t.TempDir()
+	newRemote(t, forgeRoot, repo, first)
+	newRemote(t, otherRoot, repo, first)
+	forgeSrv := githubtest.StartGit(t, pushToken, forgeRoot)
+	other := githubtest.StartGit(t, pushToken, otherRoot)
+	git(t, repo, "config", "url."+other.URL+"/.insteadOf", forgeSrv.URL+"/")
+
+	err := gitx.HostRepo(repo).PushBranch(t.Context(), forgeSrv.URL+"/acme/widget.git", importedRef, "feature", gitx.PushAuth{Token: pushToken})
+	if err == nil {
+		t.Fatal("the push went through to the other server")
+	}
+	calls := other.Calls()
+	if len(calls) == 0 {
+		t.Fatal("the rewrite did not happen: the test proves nothing")
+	}
+	for _, c := range calls {
+		if c.Authorized {
+			t.Fatalf("the token reached the other server: %+v", c)
+		}
+	}
+}
