@@ -123,6 +123,14 @@ func TestPullRequestCalls(t *testing.T) {
 		t.Fatalf("CreatePullRequest = %+v, want %+v", pr, want)
 	}
 
+	// The same head and base again: GitHub's 422, with its reason.
+	_, err = f.CreatePullRequest(ctx, repo, "jb/fix-crash", "main", "Again", "", false)
+	var fe *forge.Error
+	if !errors.As(err, &fe) || !fe.Certain || fe.Status != 422 ||
+		fe.Msg != "Validation Failed: A pull request already exists for jb/fix-crash." {
+		t.Fatalf("second pull request: %#v", err)
+	}
+
 	n := srv.AddPullRequest("acme/widget", githubtest.PR{Title: "From a fork", Head: "topic", HeadRepo: "eve/widget", Base: "main", State: "closed"})
 	pr, err = f.PullRequest(ctx, repo, n)
 	if err != nil {
@@ -169,6 +177,14 @@ func TestErrorNeverEchoesToken(t *testing.T) {
 	}
 	if want := "forge: create issue: HTTP 401: Bad credentials: Bearer [token] [31m"; err.Error() != want {
 		t.Fatalf("err = %q, want %q", err, want)
+	}
+
+	// A validation error without a sentence names the field and code.
+	srv.Inject(githubtest.Fault{Kind: githubtest.Refuse, Status: 422,
+		Body: `{"message":"Validation Failed","errors":[{"resource":"Issue","field":"title","code":"missing_field"}]}`})
+	_, err = f.CreateIssue(t.Context(), repo, "t", "b", nil)
+	if !errors.As(err, &fe) || fe.Msg != "Validation Failed: title missing_field" {
+		t.Fatalf("err = %#v", err)
 	}
 
 	// A long message is cut.

@@ -157,8 +157,17 @@ func (g *GitHub) answerMessage(err error) string {
 	switch {
 	case errors.As(err, &er):
 		msg = er.Message
-		if len(er.Errors) > 0 && er.Errors[0].Message != "" {
-			msg += ": " + er.Errors[0].Message
+		if len(er.Errors) > 0 {
+			// A validation error says what is wrong in its first entry:
+			// a sentence, or a field and a code ("title missing_field").
+			first := er.Errors[0]
+			detail := first.Message
+			if detail == "" {
+				detail = strings.TrimSpace(first.Field + " " + first.Code)
+			}
+			if detail != "" {
+				msg += ": " + detail
+			}
 		}
 	case errors.As(err, &rl):
 		msg = "rate limited"
