@@ -127,6 +127,10 @@ func TestPushBranchTokenOnlyInEnvironment(t *testing.T) {
 	if err == nil {
 		t.Fatal("a push with the wrong token succeeded")
 	}
+	// The server's refusal quotes the credentials; git shows it.
+	if !strings.Contains(err.Error(), "Permission denied to Basic [redacted]") {
+		t.Fatalf("err = %v, want the server's refusal with the credentials removed", err)
+	}
 	if strings.Contains(err.Error(), wrong) || strings.Contains(err.Error(), basic(wrong)) {
 		t.Fatalf("the error echoes the token: %v", err)
 	}

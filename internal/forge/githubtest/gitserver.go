@@ -13,7 +13,9 @@ import (
 // GitServer serves the bare repositories under a directory over git's
 // smart HTTP protocol (git http-backend), fetch and push, to clients that
 // authenticate as the host does (basic auth, user x-access-token, the
-// token as password): OWNER/NAME.git is Root/OWNER/NAME.git.
+// token as password): OWNER/NAME.git is Root/OWNER/NAME.git. A request
+// without credentials is answered 401, one with wrong credentials 403
+// with a text that quotes them.
 type GitServer struct {
 	// URL is the server's base URL, without a trailing "/".
 	URL string
@@ -52,6 +54,13 @@ func StartGit(t testing.TB, token, root string) *GitServer {
 		g.mu.Lock()
 		g.calls = append(g.calls, GitCall{Method: r.Method, Path: r.URL.Path, Authorized: ok})
 		g.mu.Unlock()
+		if got := r.Header.Get("Authorization"); !ok && got != "" {
+			// Like GitHub, a 403 whose text git shows; unlike it, the
+			// text quotes the credentials, for tests to check they
+			// travel no further.
+			http.Error(w, "Permission denied to "+got, http.StatusForbidden)
+			return
+		}
 		if !ok {
 			w.Header().Set("WWW-Authenticate", `Basic realm="githubtest"`)
 			http.Error(w, "Unauthorized", http.StatusUnauthorized)
