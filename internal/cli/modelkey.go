@@ -60,7 +60,7 @@ func loadEndpoint(path, upstream, keyFile, keyEnv string) (*url.URL, string, err
 	} else if key, err = readAPIKeyFile(path, keyFile); err != nil {
 		return nil, "", err
 	}
-	if !visibleASCII(key) {
+	if !secfs.IsSingleToken(key) {
 		return nil, "", fmt.Errorf("%s: the API key holds characters other than visible ASCII (one key, no spaces)", path)
 	}
 	return up, key, nil
@@ -75,14 +75,4 @@ func readAPIKeyFile(at, path string) (string, error) {
 		return "", fmt.Errorf("%s.api_key_file %s: %v", at, path, err)
 	}
 	return key, nil
-}
-
-// visibleASCII reports whether s is one header-safe token.
-func visibleASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x21 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return s != ""
 }

@@ -11,7 +11,7 @@ import (
 // CreateIssue is POST /repos/{owner}/{repo}/issues.
 func (g *GitHub) CreateIssue(ctx context.Context, r Repo, title, body string, labels []string) (Issue, error) {
 	const op = "create issue"
-	if err := checkAll(op, r.checkIn(op), checkTitle(op, title), checkBody(op, body, false), checkLabels(op, labels, false)); err != nil {
+	if err := checkAll(r.checkIn(op), checkTitle(op, title), checkBody(op, body, false), checkLabels(op, labels, false)); err != nil {
 		return Issue{}, err
 	}
 	req := &github.IssueRequest{Title: &title, Body: &body}
@@ -35,7 +35,7 @@ func (g *GitHub) CreateIssue(ctx context.Context, r Repo, title, body string, la
 // Comment is POST /repos/{owner}/{repo}/issues/{number}/comments.
 func (g *GitHub) Comment(ctx context.Context, r Repo, number int, body string) (string, error) {
 	const op = "comment"
-	if err := checkAll(op, r.checkIn(op), checkNumber(op, number), checkBody(op, body, true)); err != nil {
+	if err := checkAll(r.checkIn(op), checkNumber(op, number), checkBody(op, body, true)); err != nil {
 		return "", err
 	}
 	var out *github.IssueComment
@@ -52,7 +52,7 @@ func (g *GitHub) Comment(ctx context.Context, r Repo, number int, body string) (
 // AddLabels is POST /repos/{owner}/{repo}/issues/{number}/labels.
 func (g *GitHub) AddLabels(ctx context.Context, r Repo, number int, labels []string) error {
 	const op = "add labels"
-	if err := checkAll(op, r.checkIn(op), checkNumber(op, number), checkLabels(op, labels, true)); err != nil {
+	if err := checkAll(r.checkIn(op), checkNumber(op, number), checkLabels(op, labels, true)); err != nil {
 		return err
 	}
 	return g.call(ctx, op, func(ctx context.Context) (*github.Response, error) {
@@ -65,7 +65,7 @@ func (g *GitHub) AddLabels(ctx context.Context, r Repo, number int, labels []str
 // state "closed".
 func (g *GitHub) CloseIssue(ctx context.Context, r Repo, number int) (string, error) {
 	const op = "close issue"
-	if err := checkAll(op, r.checkIn(op), checkNumber(op, number)); err != nil {
+	if err := checkAll(r.checkIn(op), checkNumber(op, number)); err != nil {
 		return "", err
 	}
 	closed := "closed"
@@ -83,7 +83,7 @@ func (g *GitHub) CloseIssue(ctx context.Context, r Repo, number int) (string, er
 // PullRequest is GET /repos/{owner}/{repo}/pulls/{number}.
 func (g *GitHub) PullRequest(ctx context.Context, r Repo, number int) (PR, error) {
 	const op = "read pull request"
-	if err := checkAll(op, r.checkIn(op), checkNumber(op, number)); err != nil {
+	if err := checkAll(r.checkIn(op), checkNumber(op, number)); err != nil {
 		return PR{}, err
 	}
 	var out *github.PullRequest
@@ -100,7 +100,7 @@ func (g *GitHub) PullRequest(ctx context.Context, r Repo, number int) (PR, error
 // CreatePullRequest is POST /repos/{owner}/{repo}/pulls.
 func (g *GitHub) CreatePullRequest(ctx context.Context, r Repo, head, base, title, body string, draft bool) (PR, error) {
 	const op = "create pull request"
-	if err := checkAll(op, r.checkIn(op), checkBranch(op, "head", head), checkBranch(op, "base", base),
+	if err := checkAll(r.checkIn(op), checkBranch(op, "head", head), checkBranch(op, "base", base),
 		checkTitle(op, title), checkBody(op, body, false)); err != nil {
 		return PR{}, err
 	}
@@ -123,7 +123,7 @@ func (g *GitHub) CreateReview(ctx context.Context, r Repo, number int, event, bo
 		return "", refused(op, "the review event must be %s, %s or %s", ReviewComment, ReviewApprove, ReviewRequestChanges)
 	}
 	// GitHub requires a body for COMMENT and REQUEST_CHANGES.
-	if err := checkAll(op, r.checkIn(op), checkNumber(op, number), checkBody(op, body, event != ReviewApprove)); err != nil {
+	if err := checkAll(r.checkIn(op), checkNumber(op, number), checkBody(op, body, event != ReviewApprove)); err != nil {
 		return "", err
 	}
 	req := &github.PullRequestReviewRequest{Event: &event}
@@ -164,7 +164,7 @@ func unreadable(op string) *Error {
 }
 
 // checkAll returns the first non-nil error.
-func checkAll(op string, errs ...*Error) error {
+func checkAll(errs ...*Error) error {
 	for _, e := range errs {
 		if e != nil {
 			return e

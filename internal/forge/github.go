@@ -15,6 +15,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/go-github/v74/github"
+
+	"agentbox/internal/secfs"
 )
 
 // Config is how New reaches the forge.
@@ -40,7 +42,7 @@ func New(c Config) (*GitHub, error) {
 	if c.Token == "" {
 		return nil, ErrNoToken
 	}
-	if !headerSafe(c.Token) {
+	if !secfs.IsSingleToken(c.Token) {
 		return nil, errors.New("forge: the token holds characters other than visible ASCII (one token, no spaces)")
 	}
 	base, err := url.Parse(c.APIURL)
@@ -155,8 +157,17 @@ func (g *GitHub) answerMessage(err error) string {
 	switch {
 	case errors.As(err, &er):
 		msg = er.Message
-		if len(er.Errors) > 0 && er.Errors[0].Message != "" {
-			msg += ": " + er.Errors[0].Message
+		if len(er.Errors) > 0 {
+			// A validation error says what is wrong in its first entry:
+			// a sentence, or a field and a code ("title missing_field").
+			first := er.Errors[0]
+			detail := first.Message
+			if detail == "" {
+				detail = strings.TrimSpace(first.Field + " " + first.Code)
+			}
+			if detail != "" {
+				msg += ": " + detail
+			}
 		}
 	case errors.As(err, &rl):
 		msg = "rate limited"
@@ -187,16 +198,6 @@ func safeMessage(s, token string) string {
 		cut--
 	}
 	return s[:cut] + "..."
-}
-
-// headerSafe reports whether s is one header-safe token.
-func headerSafe(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x21 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return s != ""
 }
 
 // refused is a call refused before anything was sent.

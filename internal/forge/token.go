@@ -1,6 +1,7 @@
 package forge
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -30,8 +31,8 @@ func LoadToken(c config.Forge) (string, error) {
 	default:
 		return "", ErrNoToken
 	}
-	if !headerSafe(token) {
-		return "", fmt.Errorf("forge: the token holds characters other than visible ASCII (one token, no spaces)")
+	if !secfs.IsSingleToken(token) {
+		return "", errors.New("forge: the token holds characters other than visible ASCII (one token, no spaces)")
 	}
 	return token, nil
 }

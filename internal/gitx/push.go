@@ -1,7 +1,6 @@
 package gitx
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"errors"
@@ -66,12 +65,15 @@ func (r Repo) PushBranch(ctx context.Context, remoteURL, localRef, branch string
 	dst := "refs/heads/" + branch
 	cmd := gitCommand(ctx, nil, r.dir, pushConfig,
 		"push", "--porcelain", "--no-verify", "--end-of-options", remoteURL, commit+":"+dst)
-	header := ""
+	credentials := ""
 	if auth.Token != "" {
-		header = "Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("x-access-token:"+auth.Token))
-		cmd.Env = append(cmd.Env, "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=http.extraHeader", "GIT_CONFIG_VALUE_0="+header)
+		credentials = base64.StdEncoding.EncodeToString([]byte("x-access-token:" + auth.Token))
+		header := "Authorization: Basic " + credentials
+		// Scoped to the remote: should the repository's own config rewrite
+		// the URL (url.*.insteadOf), the header does not follow.
+		cmd.Env = append(cmd.Env, "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=http."+remoteURL+".extraHeader", "GIT_CONFIG_VALUE_0="+header)
 	}
-	var stdout, stderr bytes.Buffer
+	var stdout, stderr boundedBuffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	runErr := cmd.Run()
 	if runErr == nil {
@@ -80,7 +82,10 @@ func (r Repo) PushBranch(ctx context.Context, remoteURL, localRef, branch string
 	if err := rejection(stdout.String(), dst); err != nil {
 		return err
 	}
-	return redact(commandError(ctx, []string{"push"}, stderr.Bytes(), runErr), auth.Token, header)
+	// The remote's messages are in git's stderr: the secrets go before it
+	// is cut (a cut could leave part of one), the rest made printable.
+	msg := printable(redact(stderr.String(), auth.Token, credentials))
+	return commandError(ctx, []string{"push"}, []byte(msg), runErr)
 }
 
 // rejection reads git push --porcelain's line for dst: a rejected
@@ -126,17 +131,12 @@ func checkRemoteURL(remote string) error {
 	return nil
 }
 
-// redact is err with each non-empty secret replaced.
-func redact(err error, secrets ...string) error {
-	msg := err.Error()
-	changed := false
-	for _, s := range secrets {
-		if s != "" && strings.Contains(msg, s) {
-			msg, changed = strings.ReplaceAll(msg, s, "[redacted]"), true
+// redact is s with each non-empty secret replaced.
+func redact(s string, secrets ...string) string {
+	for _, secret := range secrets {
+		if secret != "" {
+			s = strings.ReplaceAll(s, secret, "[redacted]")
 		}
 	}
-	if !changed {
-		return err
-	}
-	return errors.New(msg)
+	return s
 }

@@ -56,6 +56,18 @@ func ReadSecretFile(path string, maxBytes int64) (string, error) {
 	return secret, nil
 }
 
+// IsSingleToken reports whether secret is one token of visible ASCII (no
+// space, no control character): safe in an HTTP header, where a newline
+// would start another.
+func IsSingleToken(secret string) bool {
+	for i := 0; i < len(secret); i++ {
+		if secret[i] < 0x21 || secret[i] > 0x7e {
+			return false
+		}
+	}
+	return secret != ""
+}
+
 // bare is err without the path a *PathError adds.
 func bare(err error) error {
 	var pe *os.PathError
