@@ -14,6 +14,7 @@ import (
 	"agentbox/internal/backend/local/unit"
 	"agentbox/internal/cli"
 	"agentbox/internal/gitx"
+	"agentbox/internal/outboxread"
 )
 
 func main() {
@@ -33,6 +34,8 @@ func main() {
 			os.Exit(gitx.HelperMain(os.Args[1:]))
 		case agentprobe.IsHelperCommand(arg):
 			os.Exit(agentprobe.HelperMain(os.Args[1:]))
+		case outboxread.IsHelperCommand(arg):
+			os.Exit(outboxread.HelperMain(os.Args[1:]))
 		}
 	}
 	name := filepath.Base(os.Args[0])

@@ -88,6 +88,8 @@ func (b *Broker) dispatchAdmin(ctx context.Context, cc *connCtx, req *wire.Reque
 		rep = b.adminPs(ctx, req.Args, log)
 	case "exec":
 		rep = b.adminExec(ctx, cc, req.Args, files, log)
+	case "outbox-ls", "outbox-show", "outbox-resolve":
+		rep = b.adminOutbox(ctx, req.Op, req.Args, log)
 	case "new", "destroy", "start", "stop", "fetch", "rights":
 		// Mutations run on the executor, in order with sends.
 		var r *reply

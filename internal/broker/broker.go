@@ -22,6 +22,7 @@ import (
 
 	"agentbox/internal/backend"
 	"agentbox/internal/orchestrate"
+	"agentbox/internal/pubjournal"
 	"agentbox/internal/secfs"
 	"agentbox/internal/serial"
 	"agentbox/internal/store"
@@ -33,7 +34,8 @@ const (
 	LockFile   = "broker.lock"
 	AdminSock  = "admin.sock"
 	SockDir    = "sock"
-	LogDir     = "logs" // one worker log per spawn
+	LogDir     = "logs"    // one worker log per spawn
+	PublishDir = "publish" // publish journals and budgets (pubjournal)
 	SocketName = "broker.sock"
 )
 
@@ -63,6 +65,10 @@ type Config struct {
 	// Egress, when set, is told after each sandbox's proxy has been
 	// refreshed for a change of its rights (tests observe it).
 	Egress orchestrate.EgressHook
+	// Publish, when set, serves publish manifests with its forge: the
+	// journals and budgets are kept in <state>/publish (PublishDir). Nil
+	// refuses every publish.
+	Publish *orchestrate.Publishing
 }
 
 // Broker serves every sandbox's socket and the host admin socket.
@@ -137,6 +143,15 @@ func Open(cfg Config) (*Broker, error) {
 		lock.Close()
 		return nil, fmt.Errorf("model socket dir: %w", err)
 	}
+	if p := cfg.Publish; p != nil {
+		pub := *p
+		if pub.Journal, err = pubjournal.Open(filepath.Join(cfg.StateDir, PublishDir)); err != nil {
+			st.Close()
+			lock.Close()
+			return nil, fmt.Errorf("publish dir: %w", err)
+		}
+		cfg.Publish = &pub
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Broker{
 		cfg: cfg, log: cfg.Logger, store: st, lock: lock,
@@ -151,10 +166,11 @@ func Open(cfg Config) (*Broker, error) {
 	b.orchestrator = &orchestrate.Orchestrator{
 		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes, Caps: cfg.Caps, Log: cfg.Logger,
 		Serve: b.serveSandbox, Unserve: b.stopServing, ModelSockets: cfg.Model != nil, LiteLLMProfiles: cfg.Model.profiles(),
-		Go:     func(fn func(context.Context)) { b.goWorker(func() { fn(b.ctx) }) },
-		Serial: func(ctx context.Context, fn func(context.Context)) { b.runExec(ctx, nil, nil, fn) },
-		LogDir: filepath.Join(cfg.StateDir, LogDir),
-		Egress: egressHook{b: b, next: cfg.Egress},
+		Go:         func(fn func(context.Context)) { b.goWorker(func() { fn(b.ctx) }) },
+		Serial:     func(ctx context.Context, fn func(context.Context)) { b.runExec(ctx, nil, nil, fn) },
+		LogDir:     filepath.Join(cfg.StateDir, LogDir),
+		Egress:     egressHook{b: b, next: cfg.Egress},
+		Publishing: cfg.Publish,
 	}
 	b.snap.Store(&Snapshot{})
 	return b, nil
@@ -234,6 +250,7 @@ func (b *Broker) Serve() error {
 	// Spawns a previous broker left: creating ones failed, queued resume.
 	b.orchestrator.RecoverSpawns(b.ctx)
 	b.orchestrator.RecoverManifests(b.ctx, interrupted)
+	b.orchestrator.RecoverPublish(b.ctx)
 	b.runRound()
 	b.goWorker(b.roundLoop)
 	b.goWorker(b.sweepLoop)

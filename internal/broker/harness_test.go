@@ -74,6 +74,8 @@ type testEnv struct {
 	egress orchestrate.EgressHook
 	// caps is broker.Config.Caps (kept across restarts).
 	caps orchestrate.Caps
+	// publish is broker.Config.Publish (kept across restarts).
+	publish *orchestrate.Publishing
 }
 
 func newTestEnv(t testing.TB) *testEnv {
@@ -332,7 +334,7 @@ func (e *testEnv) start() {
 		h = slog.NewTextHandler(io.MultiWriter(e.logs, os.Stderr), &slog.HandlerOptions{Level: slog.LevelDebug})
 	}
 	b, err := broker.Open(broker.Config{StateDir: e.state, Backend: e.be, Logger: slog.New(h),
-		Sandboxes: e.sandboxes, InboxQuota: e.quota, Model: e.model, Egress: e.egress, Caps: e.caps})
+		Sandboxes: e.sandboxes, InboxQuota: e.quota, Model: e.model, Egress: e.egress, Caps: e.caps, Publish: e.publish})
 	if err != nil {
 		e.t.Fatal(err)
 	}

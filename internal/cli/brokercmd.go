@@ -16,6 +16,7 @@ import (
 	"agentbox/internal/agentbin"
 	"agentbox/internal/broker"
 	"agentbox/internal/config"
+	"agentbox/internal/forge"
 	"agentbox/internal/orchestrate"
 	"agentbox/internal/secfs"
 	"agentbox/internal/store"
@@ -86,6 +87,10 @@ refuses to start unless --no-limits.`,
 			if model == nil {
 				log.Info("no model key configured (broker.yaml model.api_key_file or api_key_env): sandboxes get no model socket")
 			}
+			publish, err := publishConfig(cfg, log)
+			if err != nil {
+				return exitf(ExitFailed, "broker config: %v", err)
+			}
 			be, err := deps.OpenBackend(BackendOptions{Kind: kind, StateDir: dir, NoLimits: noLimits, IncusProject: incusProject, IncusPool: incusPool, Image: image,
 				AgentBinaries: agentBinaries(dir, cfg, log)})
 			if err != nil {
@@ -102,6 +107,7 @@ refuses to start unless --no-limits.`,
 				ReadRetention: time.Duration(cfg.Inbox.ReadRetentionDays) * 24 * time.Hour,
 				Caps:          orchestrate.Caps{MaxChildren: cfg.Tree.MaxChildren, MaxQueuedSpawns: cfg.Tree.MaxQueuedSpawns},
 				Model:         model,
+				Publish:       publish,
 			})
 			if errors.Is(err, broker.ErrLocked) {
 				if pid := broker.LockHolder(dir); pid > 0 {
@@ -152,6 +158,25 @@ func agentBinaries(stateDir string, cfg *config.Broker, log *slog.Logger) map[st
 		out[name] = filepath.Join(agentbin.BinDir(stateDir, name, inst.Version), filepath.Base(a.File))
 	}
 	return out
+}
+
+// publishConfig is what publish manifests need of broker.yaml: the forge
+// with its token, and the budget. Without a token publishing is refused
+// (nil), and the broker runs.
+func publishConfig(cfg *config.Broker, log *slog.Logger) (*orchestrate.Publishing, error) {
+	if !cfg.Forge.HasToken() {
+		log.Info("no forge token configured (broker.yaml forge.token_file or token_env): publish manifests are refused")
+		return nil, nil
+	}
+	token, err := forge.LoadToken(cfg.Forge)
+	if err != nil {
+		return nil, err
+	}
+	gh, err := forge.New(forge.Config{APIURL: cfg.Forge.APIURL, Token: token})
+	if err != nil {
+		return nil, err
+	}
+	return &orchestrate.Publishing{Forge: gh, ActionsPerHour: cfg.Publish.ActionsPerHour, GitURL: cfg.Forge.GitURL, Token: token}, nil
 }
 
 // loadBrokerConfig reads broker.yaml; a missing file is the defaults.

@@ -311,11 +311,27 @@ func newInboxGrantCmd() *cobra.Command {
 			}
 			fmt.Fprintf(out, "max_running_children: %d\noperations: %s\ngrantable mounts: %s\ngrantable loose: %v\ngrantable egress: %s\n",
 				g.MaxRunningChildren, strings.Join(g.Operations, ", "), listOrNone(g.Grantable.Mounts), g.Grantable.Loose, listOrNone(g.Grantable.Egress))
+			printPublishRights(out, g.Publish)
 			return nil
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print the grant document")
 	return c
+}
+
+// printPublishRights prints a grant's publish rights, "none" when it
+// has none.
+func printPublishRights(out io.Writer, p *grant.Publish) {
+	if p == nil {
+		fmt.Fprintln(out, "publish: none")
+		return
+	}
+	repos, actions := "none", "none"
+	if p.Issues != nil {
+		repos, actions = listOrNone(p.Issues.Repos), listOrNone(p.Issues.Actions)
+	}
+	fmt.Fprintf(out, "publish issues repos: %s\npublish issues actions: %s\npublish pull_requests: %v\npublish pr_reviews: %v\n",
+		repos, actions, p.PullRequests, p.PRReviews)
 }
 
 func listOrNone(l []string) string {

@@ -115,7 +115,7 @@ it; sandbox names complete from the running broker.`,
 	})
 	root.AddCommand(newBrokerCmd(deps), newNewCmd(deps), newLsCmd(deps), newPsCmd(deps), newUsageCmd(deps), newRightsCmd(deps), newExecCmd(deps),
 		newStartCmd(deps), newStopCmd(deps), newDestroyCmd(deps), newFetchCmd(deps), newAttachCmd(deps), newLogsCmd(deps), newInboxCmd(deps),
-		newImageCmd(deps), newAgentCmd(deps))
+		newImageCmd(deps), newAgentCmd(deps), newOutboxCmd(deps))
 	return root
 }
 

@@ -572,7 +572,16 @@ func newSendPublishCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "publish (--issue NAME | --pr NAME)",
 		Short: "Publish a staged outbox manifest (orchestrators with publish rights)",
-		Args:  cobra.NoArgs,
+		Long: `Publish NAME.json staged in ~/.jailbee/issue-outbox (--issue: an issue
+proposal) or ~/.jailbee/pr-outbox (--pr: a pull request source or a review).
+The broker reads it inside this sandbox, checks it against the grant's publish
+rights and the hourly budget, answers started, and then done with the URLs and
+issue numbers, or failed with the forge's message. --wait returns on started:
+wait for the final status of the same id. One publish runs at a time. A
+proposal published already is refused; one that failed part way continues
+with its actions not applied when sent again with a new id. Formats and rules:
+docs/publish.md.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			p := &manifest.Publish{Outbox: manifest.OutboxIssue, Manifest: issue}
 			switch {

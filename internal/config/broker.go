@@ -138,6 +138,10 @@ type Broker struct {
 	Model Model
 	// Mounts are the host directories a sandbox may be given, by name.
 	Mounts map[string]MountDir
+	// Forge is where and with which token outboxes are published.
+	Forge Forge
+	// Publish bounds what an orchestrator may publish.
+	Publish Publish
 }
 
 // PinnableAgents are the agents `agents:` may pin.
@@ -240,7 +244,9 @@ func DefaultBroker() *Broker {
 			First: DefaultSandboxUIDFirst,
 			Count: DefaultSandboxUIDCount,
 		},
-		Model: Model{Upstream: DefaultModelUpstream},
+		Model:   Model{Upstream: DefaultModelUpstream},
+		Forge:   Forge{APIURL: DefaultForgeAPIURL, GitURL: DefaultForgeGitURL},
+		Publish: Publish{ActionsPerHour: DefaultPublishActionsPerHour},
 	}
 }
 
@@ -298,6 +304,7 @@ func ParseBroker(data []byte) (*Broker, error) {
 		"inbox":        b.Inbox.fields(),
 		"tree":         b.Tree.fields(),
 		"sandbox_uids": b.SandboxUIDs.fields(),
+		"publish":      b.Publish.fields(),
 	}
 	var uidsKey *yaml.Node
 	err = eachKey(root, "", func(key string, k, v *yaml.Node) error {
@@ -310,6 +317,8 @@ func ParseBroker(data []byte) (*Broker, error) {
 		case "mounts":
 			b.Mounts = map[string]MountDir{}
 			return decodeMounts(v, b.Mounts)
+		case "forge":
+			return decodeForge(v, &b.Forge)
 		}
 		fields, ok := sections[key]
 		if !ok {
@@ -344,6 +353,7 @@ func (b *Broker) Validate() error {
 		{"inbox", b.Inbox.fields()},
 		{"tree", b.Tree.fields()},
 		{"sandbox_uids", b.SandboxUIDs.fields()},
+		{"publish", b.Publish.fields()},
 	} {
 		for _, f := range s.fields {
 			if !f.inBounds(f.get()) {
@@ -353,6 +363,9 @@ func (b *Broker) Validate() error {
 	}
 	if msg := b.SandboxUIDs.rangeProblem(); msg != "" {
 		return &Error{Path: "sandbox_uids", Msg: msg}
+	}
+	if err := b.Forge.Validate(); err != nil {
+		return err
 	}
 	for name, m := range b.Mounts {
 		if !grant.ValidMount(name) {

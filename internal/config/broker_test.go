@@ -33,6 +33,12 @@ model:
   upstream: http://127.0.0.1:9000
   api_key_file: /etc/jailbee/anthropic-key
   max_output_tokens_per_hour: 100000
+forge:
+  api_url: http://127.0.0.1:8080/api
+  git_url: file:///srv/git/{owner}/{name}.git
+  token_env: GITHUB_TOKEN
+publish:
+  actions_per_hour: 12
 `
 
 func TestParseBrokerFull(t *testing.T) {
@@ -46,6 +52,8 @@ func TestParseBrokerFull(t *testing.T) {
 		Tree:        Tree{MaxChildren: 10, MaxQueuedSpawns: 5, MaxUnreadItems: 300, MaxUnreadBytes: 20 << 20},
 		SandboxUIDs: UIDRange{First: 200000, Count: 65536},
 		Model:       Model{Upstream: "http://127.0.0.1:9000", APIKeyFile: "/etc/jailbee/anthropic-key", MaxOutputTokensPerHour: 100000},
+		Forge:       Forge{APIURL: "http://127.0.0.1:8080/api/", GitURL: "file:///srv/git/{owner}/{name}.git", TokenEnv: "GITHUB_TOKEN"},
+		Publish:     Publish{ActionsPerHour: 12},
 	}
 	if !reflect.DeepEqual(b, want) {
 		t.Fatalf("\n got: %+v\nwant: %+v", b, want)
@@ -59,6 +67,8 @@ func TestDefaultBroker(t *testing.T) {
 		Tree:        Tree{MaxChildren: 64, MaxQueuedSpawns: 32, MaxUnreadItems: 2000, MaxUnreadBytes: 64 << 20},
 		SandboxUIDs: UIDRange{First: 1073741824, Count: 1048576},
 		Model:       Model{Upstream: DefaultModelUpstream},
+		Forge:       Forge{APIURL: "https://api.github.com/", GitURL: "https://github.com/{owner}/{name}.git"},
+		Publish:     Publish{ActionsPerHour: 30},
 	}
 	if got := DefaultBroker(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("DefaultBroker() = %+v, want %+v", got, want)

@@ -317,6 +317,11 @@ func checkCap(c grant.Cap) error {
 	if err := r.CheckSyntax(p); err != nil {
 		return &Error{Msg: err.Error()}
 	}
+	if c.Publish != nil {
+		if err := c.Publish.Check(p + ".publish"); err != nil {
+			return &Error{Msg: err.Error()}
+		}
+	}
 	return nil
 }
 

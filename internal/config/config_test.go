@@ -127,6 +127,17 @@ func TestCapListsKeepNilVersusEmpty(t *testing.T) {
 	}
 }
 
+func TestCapPublish(t *testing.T) {
+	c, err := Parse([]byte("orchestration:\n  cap:\n    publish:\n      issues: {repos: [o/r], actions: [comment]}\n      pr_reviews: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := c.Orchestration.Cap.Publish
+	if p == nil || p.Issues == nil || p.Issues.Repos[0] != "o/r" || p.Issues.Actions[0] != "comment" || p.PullRequests || !p.PRReviews {
+		t.Fatalf("got %+v", p)
+	}
+}
+
 func TestParseRefusals(t *testing.T) {
 	tests := []struct{ name, yaml, want string }{
 		{"unknown agent key", "agents:\n  claude:\n    comand: claude\n", "agents.claude.comand: unknown key (line 3)"},
@@ -164,6 +175,8 @@ func TestParseRefusals(t *testing.T) {
 		{"idle past max", "orchestration: {idle_after_seconds: 604801}\n", "orchestration.idle_after_seconds: must be 1 to 604800 seconds"},
 		{"cap operation unknown", "orchestration:\n  cap: {operations: [fly]}\n", "orchestration.cap.operations[0]: unknown operation (want one of [destroy import message publish refresh restart rights spawn stop])"},
 		{"cap children past max", "orchestration:\n  cap: {max_running_children: 65}\n", "orchestration.cap.max_running_children: must be 0 to 64"},
+		{"cap publish unknown key", "orchestration:\n  cap:\n    publish: {merge: true}\n", "orchestration.cap.publish.merge: unknown key (line 3)"},
+		{"cap publish bad action", "orchestration:\n  cap:\n    publish: {issues: {repos: [o/r], actions: [delete]}}\n", "orchestration.cap.publish.issues.actions has an unknown action (want create, comment, label or close)"},
 		{"cap bad egress", "orchestration:\n  cap: {egress: [\"http://x\"]}\n", "orchestration.cap.egress has an invalid host (want a lowercase host name, optionally *.domain)"},
 		{"default runner bad", "orchestration:\n  default_runner: {agent: codex}\n", "orchestration.default_runner.agent must be `claude` or `claude-jb`"},
 	}

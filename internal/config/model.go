@@ -104,14 +104,15 @@ func decodeModel(n *yaml.Node, m *Model) error {
 	return nil
 }
 
-// upstreamProblem says what is wrong with an upstream URL, or "".
-func upstreamProblem(s string) string {
+// upstreamProblem says what is wrong with an upstream URL, or "";
+// example is a good one, and instead says where the key goes instead.
+func upstreamProblem(s, example, instead string) string {
 	u, err := url.Parse(s)
 	switch {
 	case err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.Opaque != "":
-		return "must be an http or https URL such as https://api.anthropic.com"
+		return "must be an http or https URL such as " + example
 	case u.User != nil:
-		return "must not hold credentials (the key goes in api_key_file or api_key_env)"
+		return "must not hold credentials (" + instead + ")"
 	case u.RawQuery != "" || u.Fragment != "" || strings.HasSuffix(s, "?") || strings.HasSuffix(s, "#"):
 		return "must not have a query or fragment"
 	}
@@ -156,20 +157,36 @@ func decodeEndpointKey(p, key string, k, v *yaml.Node, upstream, keyFile, keyEnv
 	}
 	switch key {
 	case "upstream":
-		if msg := upstreamProblem(v.Value); msg != "" {
+		if msg := upstreamProblem(v.Value, DefaultModelUpstream, "the key goes in api_key_file or api_key_env"); msg != "" {
 			return errAt(p, v, "%s", msg)
 		}
 		*upstream = strings.TrimSuffix(v.Value, "/")
 	case "api_key_file":
-		if !strings.HasPrefix(v.Value, "/") && !strings.HasPrefix(v.Value, "~/") || strings.ContainsRune(v.Value, 0) {
-			return errAt(p, v, "must be an absolute path or start with ~/")
+		if msg := keyFileProblem(v.Value); msg != "" {
+			return errAt(p, v, "%s", msg)
 		}
 		*keyFile = v.Value
 	case "api_key_env":
-		if !envNamePattern.MatchString(v.Value) {
-			return errAt(p, v, "must be an environment variable's name (letters, digits, _)")
+		if msg := keyEnvProblem(v.Value); msg != "" {
+			return errAt(p, v, "%s", msg)
 		}
 		*keyEnv = v.Value
 	}
 	return nil
+}
+
+// keyFileProblem says what is wrong with the path of a key file, or "".
+func keyFileProblem(path string) string {
+	if !strings.HasPrefix(path, "/") && !strings.HasPrefix(path, "~/") || strings.ContainsRune(path, 0) {
+		return "must be an absolute path or start with ~/"
+	}
+	return ""
+}
+
+// keyEnvProblem says what is wrong with the name of a key's variable, or "".
+func keyEnvProblem(name string) string {
+	if !envNamePattern.MatchString(name) {
+		return "must be an environment variable's name (letters, digits, _)"
+	}
+	return ""
 }

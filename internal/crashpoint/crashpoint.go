@@ -23,6 +23,7 @@ const (
 	UpdateMerged      = "update-merged"      // an update merged in the child, its message is not delivered
 	DestroyUnitGone   = "destroy-unit-gone"  // a sandbox's unit and files are gone, its record is not
 	ImportTransferred = "import-transferred" // an import's ref landed, its status is not recorded
+	PublishCalled     = "publish-called"     // a publish action's forge call returned, its outcome is not journaled
 )
 
 // Points a branchbox launch passes.

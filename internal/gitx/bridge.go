@@ -179,12 +179,18 @@ func (b *boundedBuffer) text() string {
 	if len(s) > maxStderrBytes {
 		s = s[:maxStderrBytes] + "..."
 	}
+	return printable(strings.TrimSpace(s))
+}
+
+// printable is s with every unprintable character (controls, escapes)
+// replaced by a space.
+func printable(s string) string {
 	return strings.Map(func(r rune) rune {
 		if unicode.IsPrint(r) {
 			return r
 		}
 		return ' '
-	}, strings.TrimSpace(s))
+	}, s)
 }
 
 // Head returns the branch HEAD is on ("" when detached) and the commit it

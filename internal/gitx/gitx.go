@@ -96,12 +96,7 @@ func runAsOwner(ctx context.Context, dir string, args ...string) (string, error)
 
 // runAs is runWithConfig with the process's attributes (nil: the broker's).
 func runAs(ctx context.Context, attr *syscall.SysProcAttr, dir string, config []string, args ...string) (string, error) {
-	full := append(append([]string{}, safeConfig...), config...)
-	full = append(full, args...)
-	cmd := exec.CommandContext(ctx, "git", full...)
-	cmd.Dir = dir
-	cmd.Env = gitEnv()
-	cmd.SysProcAttr = attr
+	cmd := gitCommand(ctx, attr, dir, config, args...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout = &stdout
 	cmd.Stderr = &stderr
@@ -109,6 +104,18 @@ func runAs(ctx context.Context, attr *syscall.SysProcAttr, dir string, config []
 		return "", commandError(ctx, args, stderr.Bytes(), err)
 	}
 	return strings.TrimSpace(stdout.String()), nil
+}
+
+// gitCommand is host git with args in dir: safeConfig, then config, then
+// args; gitEnv; the process's attributes attr (nil: the broker's).
+func gitCommand(ctx context.Context, attr *syscall.SysProcAttr, dir string, config []string, args ...string) *exec.Cmd {
+	full := append(append([]string{}, safeConfig...), config...)
+	full = append(full, args...)
+	cmd := exec.CommandContext(ctx, "git", full...)
+	cmd.Dir = dir
+	cmd.Env = gitEnv()
+	cmd.SysProcAttr = attr
+	return cmd
 }
 
 // commandError names the git subcommand and carries git's own message,

@@ -67,6 +67,9 @@ type Grant struct {
 	Grantable           Rights   `json:"grantable"`
 	DefaultRunner       *Runner  `json:"default_runner"`
 	DefaultRunnerSource *string  `json:"default_runner_source"`
+	// Publish is absent from grants stored before publish rights existed,
+	// and from any grant that gives none: omitted, it grants nothing.
+	Publish *Publish `json:"publish,omitempty"`
 }
 
 // DefaultMaxRunningChildren is the running-children slot count of Default.
@@ -96,6 +99,7 @@ type Cap struct {
 	Mounts             []string `yaml:"mounts" json:"mounts,omitempty"`
 	Loose              *bool    `yaml:"loose" json:"loose,omitempty"`
 	Egress             []string `yaml:"egress" json:"egress,omitempty"`
+	Publish            *Publish `yaml:"publish" json:"publish,omitempty"`
 }
 
 // Capped returns the effective grant: g with everything the cap does not
@@ -122,6 +126,7 @@ func (g Grant) Capped(c Cap) Grant {
 	if c.Egress != nil {
 		out.Grantable.Egress = slices.DeleteFunc(out.Grantable.Egress, func(h string) bool { return !coveredByAny(c.Egress, h) })
 	}
+	out.Publish = g.Publish.capped(c.Publish)
 	if out.Grantable.Mounts == nil {
 		out.Grantable.Mounts = []string{}
 	}
@@ -140,6 +145,7 @@ type rawGrant struct {
 	Grantable           *json.RawMessage `json:"grantable"`
 	DefaultRunner       *json.RawMessage `json:"default_runner"`
 	DefaultRunnerSource *string          `json:"default_runner_source"`
+	Publish             *json.RawMessage `json:"publish"`
 }
 
 // Parse decodes a grant document strictly: at most MaxDocBytes, one JSON
@@ -208,6 +214,16 @@ func Parse(data []byte) (Grant, error) {
 	}
 	if (g.DefaultRunner == nil) != (g.DefaultRunnerSource == nil) {
 		return Grant{}, errors.New("grant: default_runner and default_runner_source must both be set or both be null")
+	}
+	if raw.Publish != nil && string(*raw.Publish) != "null" {
+		var p Publish
+		if err := strictUnmarshal(*raw.Publish, &p); err != nil {
+			return Grant{}, fmt.Errorf("grant: publish: %w", err)
+		}
+		if err := p.Check("publish"); err != nil {
+			return Grant{}, fmt.Errorf("grant: %w", err)
+		}
+		g.Publish = &p
 	}
 	return g, nil
 }

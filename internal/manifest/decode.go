@@ -665,6 +665,12 @@ func (d *decoder) rights() (*Rights, error) {
 
 var publishNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\.json$`)
 
+// ValidPublishName reports whether name may name an outbox manifest: a
+// file name matching the spec's pattern, never a path or .progress.json.
+func ValidPublishName(name string) bool {
+	return publishNameRE.MatchString(name) && !strings.HasSuffix(name, ".progress.json")
+}
+
 func (d *decoder) publish() (*Publish, error) {
 	if err := d.allow("outbox", "manifest"); err != nil {
 		return nil, err
@@ -680,7 +686,7 @@ func (d *decoder) publish() (*Publish, error) {
 	if x.Manifest, err = d.o.reqStr("manifest"); err != nil {
 		return nil, err
 	}
-	if !publishNameRE.MatchString(x.Manifest) || strings.HasSuffix(x.Manifest, ".progress.json") {
+	if !ValidPublishName(x.Manifest) {
 		return nil, refuse("`manifest` must be a file name matching ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\\.json$, never a path or .progress.json")
 	}
 	return &x, nil

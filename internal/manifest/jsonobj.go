@@ -160,6 +160,19 @@ func (o *object) strList(key string) ([]string, error) {
 	return out, nil
 }
 
+// list reads an optional JSON list, its items kept raw; absent and null
+// give nil.
+func (o *object) list(key string) ([]json.RawMessage, error) {
+	if !o.present(key) {
+		return nil, nil
+	}
+	var raw []json.RawMessage
+	if err := json.Unmarshal(o.fields[key], &raw); err != nil {
+		return nil, refuse("`%s` must be a list", o.name(key))
+	}
+	return raw, nil
+}
+
 // integer reads an optional JSON integer literal (no fraction, no
 // exponent) in [0, limit]; absent and null give ok=false. The error text
 // is given by the caller.

@@ -76,6 +76,8 @@ type Orchestrator struct {
 	LiteLLMProfiles map[string]bool
 	// Egress is told when an egress or loose right ends (nil: no proxy).
 	Egress EgressHook
+	// Publishing serves publish manifests (nil: publish is refused).
+	Publishing *Publishing
 
 	mu sync.Mutex
 	// queueMu makes counting an orchestrator's slots and taking one (a
@@ -84,10 +86,11 @@ type Orchestrator struct {
 	// rightsMu makes reading a sandbox's rights, attaching or detaching
 	// their mounts and recording the change one step (manifests, host
 	// changes, expiry and re-attachment at start alike).
-	rightsMu  sync.Mutex
-	inflight  inflight               // commands running in sandboxes, for Interrupt
-	grants    map[string]grant.Grant // parsed grant documents by their text
-	finishing map[string]bool        // orchestrators whose pending finishes run (ScheduleFinishes)
+	rightsMu   sync.Mutex
+	inflight   inflight               // commands running in sandboxes, for Interrupt
+	grants     map[string]grant.Grant // parsed grant documents by their text
+	finishing  map[string]bool        // orchestrators whose pending finishes run (ScheduleFinishes)
+	publishing map[string]string      // orchestrator -> its running publish manifest (one at a time)
 }
 
 func (o *Orchestrator) notify(names ...string) {

@@ -54,6 +54,8 @@ func (o *Orchestrator) Send(ctx context.Context, req wire.Caller, raw json.RawMe
 		return o.Rights(ctx, req, m)
 	case manifest.TypeRefresh:
 		return o.Refresh(ctx, req, m)
+	case manifest.TypePublish:
+		return o.Publish(ctx, req, m, from)
 	default:
 		return store.Sent{}, asRefusal(manifest.NotAvailable(m.Type))
 	}

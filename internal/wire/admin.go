@@ -200,3 +200,56 @@ type ServiceInfo struct {
 	PID      int    `json:"pid,omitempty"`       // running: its pane's pid in the sandbox
 	ExitCode *int   `json:"exit_code,omitempty"` // exited: its status (absent: ended by a signal)
 }
+
+// OutboxAction is one action of a publish proposal as journaled: State is
+// "" (not tried), prepared, applied, uncertain or failed.
+type OutboxAction struct {
+	Kind   string `json:"kind"`
+	State  string `json:"state"`
+	URL    string `json:"url,omitempty"`
+	Number int    `json:"number,omitempty"` // the issue or pull request it created or touched
+	Detail string `json:"detail,omitempty"` // the forge's safe message of a failure
+}
+
+// OutboxJournal is a publish proposal's journal, as stored in the broker's
+// state dir and answered by "outbox-ls", "outbox-show" and
+// "outbox-resolve". State is running, done, failed or blocked.
+type OutboxJournal struct {
+	Version  int             `json:"version"`
+	Sandbox  string          `json:"sandbox"`
+	Outbox   string          `json:"outbox"`
+	Name     string          `json:"name"`
+	Ref      string          `json:"ref"` // the publish manifest whose final status reports it
+	State    string          `json:"state"`
+	Proposal json.RawMessage `json:"proposal"`
+	Actions  []OutboxAction  `json:"actions"`
+	Updated  int64           `json:"updated_ms"`
+}
+
+// Key names a proposal: "<sandbox>/<outbox>/<name>".
+func (j *OutboxJournal) Key() string { return j.Sandbox + "/" + j.Outbox + "/" + j.Name }
+
+// Next is the index of the first action not applied, len(Actions) when
+// all are.
+func (j *OutboxJournal) Next() int {
+	for i, a := range j.Actions {
+		if a.State != "applied" {
+			return i
+		}
+	}
+	return len(j.Actions)
+}
+
+// OutboxArgs are the arguments of "outbox-show" (Key) and
+// "outbox-resolve" (Key and exactly one of Applied with URL, or Retry).
+type OutboxArgs struct {
+	Key     string `json:"key"`
+	Applied bool   `json:"applied,omitempty"`
+	URL     string `json:"url,omitempty"`
+	Retry   bool   `json:"retry,omitempty"`
+}
+
+// OutboxList is the result of "outbox-ls".
+type OutboxList struct {
+	Proposals []OutboxJournal `json:"proposals"`
+}

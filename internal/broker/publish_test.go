@@ -1,0 +1,391 @@
+package broker_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"agentbox/internal/crashpoint"
+	"agentbox/internal/forge"
+	"agentbox/internal/forge/githubtest"
+	"agentbox/internal/inbox"
+	"agentbox/internal/manifest"
+	"agentbox/internal/orchestrate"
+	"agentbox/internal/testutil/testbin"
+	"agentbox/internal/wire"
+)
+
+// testToken is the forge token of the publish tests: it must never reach
+// a sandbox.
+const testToken = "ghp_publishTestToken0123456789"
+
+// publishGrant grants publish on owner/repo: every issue action but
+// those in without, pull requests and reviews.
+func publishGrant(without ...string) json.RawMessage {
+	var actions []string
+	for _, a := range []string{"create", "comment", "label", "close"} {
+		if !strings.Contains(strings.Join(without, ","), a) {
+			actions = append(actions, a)
+		}
+	}
+	doc, _ := json.Marshal(map[string]any{"version": 1, "max_running_children": 2,
+		"operations": []string{"spawn", "message", "publish"}, "grantable": map[string]any{},
+		"publish": map[string]any{"issues": map[string]any{"repos": []string{"owner/repo"}, "actions": actions},
+			"pull_requests": true, "pr_reviews": true}})
+	return doc
+}
+
+// newPublishEnv is a broker whose forge is a githubtest server, with an
+// orchestrator "lead" holding grant.
+func newPublishEnv(t *testing.T, perHour int, grant json.RawMessage) (*testEnv, *githubtest.Server, *inbox.Client) {
+	return newPublishEnvWith(t, perHour, grant, nil)
+}
+
+// newPublishEnvWith is newPublishEnv with prepare run on the env before
+// its broker starts.
+func newPublishEnvWith(t *testing.T, perHour int, grant json.RawMessage, prepare func(*testEnv)) (*testEnv, *githubtest.Server, *inbox.Client) {
+	gh := githubtest.Start(t, testToken)
+	f, err := forge.New(forge.Config{APIURL: gh.URL, Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := newTestEnvStopped(t)
+	e.publish = &orchestrate.Publishing{Forge: f, ActionsPerHour: perHour}
+	if prepare != nil {
+		prepare(e)
+	}
+	e.start()
+	if err := e.admin("new", wire.NewArgs{Name: "lead", Repo: e.repo, Role: "orchestrator", Grant: grant}, nil); err != nil {
+		t.Fatal(err)
+	}
+	return e, gh, e.client("lead")
+}
+
+// stage writes content to ~/.jailbee/<outbox>-outbox/name in sandbox sb,
+// as its agent would.
+func (e *testEnv) stage(sb, outbox, name, content string) {
+	e.t.Helper()
+	dir := "~/.jailbee/" + outbox + "-outbox"
+	res, err := e.execIn(sb, content, "sh", "-c", "mkdir -p "+dir+" && cat > "+dir+"/"+name)
+	if err != nil || res.exit != 0 {
+		e.t.Fatalf("stage %s: %v %+v", name, err, res)
+	}
+}
+
+func publish(t testing.TB, c *inbox.Client, id, outbox, name string) wire.StatusItem {
+	t.Helper()
+	return sendManifest(t, c, map[string]any{"id": id, "type": "publish", "outbox": outbox, "manifest": name})
+}
+
+// proposal is an issue proposal on repo of the actions given as JSON.
+func proposal(repo string, actions ...string) string {
+	return fmt.Sprintf(`{"version": 1, "repo": %q, "actions": [%s]}`, repo, strings.Join(actions, ","))
+}
+
+// TestPublishIssueProposal: an orchestrator with publish rights stages a
+// proposal of every action kind; the broker reads it from the outbox
+// inside the sandbox, answers started, and the worker applies each action
+// through the forge with the host's token and reports done with the URLs
+// and issue numbers. The token is in no status and no broker log line.
+func TestPublishIssueProposal(t *testing.T) {
+	e, gh, lead := newPublishEnv(t, 30, publishGrant())
+	e.stage("lead", "issue", "all.json", proposal("owner/repo",
+		`{"kind": "create", "title": "Parser drops tabs", "body": "Seen in CI.", "labels": ["bug"]}`,
+		`{"kind": "comment", "issue": 1, "body": "Fixed on fix/tabs."}`,
+		`{"kind": "label", "issue": 1, "labels": ["fixed"]}`,
+		`{"kind": "close", "issue": 1}`))
+
+	wantStatus(t, publish(t, lead, "pub-1", "issue", "all.json"), "started", "publishing issue/all.json: 4 action(s)")
+	done := statusOf(t, lead, "pub-1", "done", "failed")
+	issueURL := gh.URL + "owner/repo/issues/1"
+	want := fmt.Sprintf("published issue/all.json: create #1 %s; comment #1 %s#issuecomment-", issueURL, issueURL)
+	if done.State != "done" || !strings.HasPrefix(done.Detail, want) || !strings.HasSuffix(done.Detail, "; label #1; close #1 "+issueURL) {
+		t.Fatalf("final status %s %q", done.State, done.Detail)
+	}
+	var paths []string
+	for _, c := range gh.Calls() {
+		if !c.Authorized {
+			t.Errorf("call %s %s without the token", c.Method, c.Path)
+		}
+		paths = append(paths, c.Method+" "+c.Path)
+	}
+	if got := strings.Join(paths, ", "); got != "POST /repos/owner/repo/issues, POST /repos/owner/repo/issues/1/comments, POST /repos/owner/repo/issues/1/labels, PATCH /repos/owner/repo/issues/1" {
+		t.Fatalf("calls: %s", got)
+	}
+	is, _ := gh.Issue("owner/repo", 1)
+	if is.State != "closed" || strings.Join(is.Labels, ",") != "bug,fixed" || len(is.Comments) != 1 {
+		t.Fatalf("issue on the forge: %+v", is)
+	}
+
+	// Published once: the same name again is refused, and nothing is sent.
+	wantStatus(t, publish(t, lead, "pub-2", "issue", "all.json"), "refused",
+		"`issue/all.json` was published already: stage a new manifest under a new name")
+	if n := len(gh.Calls()); n != 4 {
+		t.Fatalf("%d calls after a refused publish", n)
+	}
+
+	var list wire.OutboxList
+	if err := e.admin("outbox-ls", nil, &list); err != nil || len(list.Proposals) != 1 || list.Proposals[0].State != "done" {
+		t.Fatalf("outbox-ls: %v %+v", err, list)
+	}
+	wantWireError(t, "resolve with a bad URL", e.admin("outbox-resolve", wire.OutboxArgs{Key: "lead/issue/all.json", Applied: true, URL: "javascript:alert(1)"}, nil),
+		wire.CodeBadRequest, "--applied needs --url: the http(s) URL of what was applied, at most 2048 bytes")
+	wantWireError(t, "resolve of a done proposal", e.admin("outbox-resolve", wire.OutboxArgs{Key: "lead/issue/all.json", Retry: true}, nil),
+		wire.CodeBadRequest, "`lead/issue/all.json` has no uncertain action (it is done)")
+	wantWireError(t, "show of a path", e.admin("outbox-show", wire.OutboxArgs{Key: "../../etc"}, nil),
+		wire.CodeBadRequest, "no proposal `../../etc` (want SANDBOX/OUTBOX/NAME, as `jailbee outbox ls` shows it)")
+	if strings.Contains(done.Detail, testToken) || strings.Contains(e.logs.String(), testToken) {
+		t.Fatal("the token leaked into a status or the broker log")
+	}
+}
+
+// TestPublishRefusals: what the decoder, the outbox reader and the policy
+// refuse, before anything reaches the forge.
+func TestPublishRefusals(t *testing.T) {
+	e, gh, lead := newPublishEnv(t, 30, publishGrant("close"))
+	e.child("kid", "lead")
+	e.stage("lead", "issue", "ok.json", proposal("owner/repo", `{"kind": "create", "title": "t"}`))
+	e.stage("lead", "issue", "close.json", proposal("owner/repo", `{"kind": "close", "issue": 3}`))
+	e.stage("lead", "issue", "other.json", proposal("owner/other", `{"kind": "create", "title": "t"}`))
+	e.stage("lead", "issue", "bad.json", `{"version": 1, "repo": "owner/repo", "actions": [{"kind": "create", "title": "t", "force": true}]}`)
+	e.mustExec("lead", "sh", "-c", "ln -s ok.json ~/.jailbee/issue-outbox/link.json")
+	e.stage("lead", "issue", "big.json", proposal("owner/repo", `{"kind": "create", "title": "t", "body": "`+strings.Repeat("x", manifest.MaxOutboxBytes)+`"}`))
+	e.stage("kid", "issue", "ok.json", proposal("owner/repo", `{"kind": "create", "title": "t"}`))
+
+	const where = "in your issue outbox (~/.jailbee/issue-outbox)"
+	for _, c := range []struct{ name, state, detail string }{
+		{"a/b.json", "refused", "`manifest` must be a file name matching ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\\.json$, never a path or .progress.json"},
+		{"x.progress.json", "refused", "`manifest` must be a file name matching ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\\.json$, never a path or .progress.json"},
+		{"link.json", "refused", "`link.json` " + where + " is not a regular file (symlinks are refused)"},
+		{"none.json", "refused", "`none.json` " + where + " does not exist"},
+		{"big.json", "refused", "`big.json` " + where + " exceeds 262144 bytes"},
+		{"bad.json", "refused", "`bad.json`: unknown key `actions[].force`"},
+		{"close.json", "refused", "issue action `close` is not in this container's publish rights"},
+		{"other.json", "refused", "repository `owner/other` is not in this container's publish rights"},
+	} {
+		wantStatus(t, publish(t, lead, "p-"+strings.NewReplacer("/", "-", ".", "-").Replace(c.name), "issue", c.name), c.state, c.detail)
+	}
+	wantStatus(t, publish(t, e.client("kid"), "p-kid", "issue", "ok.json"), "refused", manifest.DetailChildTypes)
+	if n := len(gh.Calls()); n != 0 {
+		t.Fatalf("%d forge calls after refusals", n)
+	}
+}
+
+// TestPublishBudget: each action reserves the sliding hour's budget up
+// front; a policy refusal gives it back, a forge failure after the
+// reservation does not.
+func TestPublishBudget(t *testing.T) {
+	e, gh, lead := newPublishEnv(t, 5, publishGrant("close"))
+	create := `{"kind": "create", "title": "t"}`
+	e.stage("lead", "issue", "five-refused.json", proposal("owner/repo", create, create, create, create, `{"kind": "close", "issue": 1}`))
+	e.stage("lead", "issue", "four.json", proposal("owner/repo", create, create, create, create))
+	e.stage("lead", "issue", "fails.json", proposal("owner/repo", `{"kind": "comment", "issue": 99, "body": "x"}`))
+	e.stage("lead", "issue", "one.json", proposal("owner/repo", create))
+
+	wantStatus(t, publish(t, lead, "b-1", "issue", "five-refused.json"), "refused", "issue action `close` is not in this container's publish rights")
+	wantStatus(t, publish(t, lead, "b-2", "issue", "four.json"), "started", "publishing issue/four.json: 4 action(s)")
+	if st := statusOf(t, lead, "b-2", "done", "failed"); st.State != "done" {
+		t.Fatalf("four.json: %+v", st)
+	}
+	gh.Inject(githubtest.Fault{Kind: githubtest.Refuse, Status: 422, Body: `{"message": "Validation Failed"}`})
+	wantStatus(t, publish(t, lead, "b-3", "issue", "fails.json"), "started", "publishing issue/fails.json: 1 action(s)")
+	failed := statusOf(t, lead, "b-3", "done", "failed")
+	if failed.State != "failed" || !strings.HasPrefix(failed.Detail, "issue/fails.json: action 1 (comment) failed: forge: comment: HTTP 422") {
+		t.Fatalf("fails.json: %+v", failed)
+	}
+	st := publish(t, lead, "b-4", "issue", "one.json")
+	if st.State != "refused" || !strings.HasPrefix(st.Detail, "publish budget exhausted: 5 of 5 actions used in the last hour, 1 more wanted") {
+		t.Fatalf("past the budget: %+v", st)
+	}
+}
+
+// TestPublishPendingCap: 20 pending manifests in the outboxes are
+// accepted, a 21st refuses publishing; published ones do not count.
+func TestPublishPendingCap(t *testing.T) {
+	e, _, lead := newPublishEnv(t, 30, publishGrant())
+	stageN := func(from, to int) {
+		e.mustExec("lead", "sh", "-c", fmt.Sprintf(`mkdir -p ~/.jailbee/issue-outbox ~/.jailbee/pr-outbox && for i in $(seq %d %d); do
+			echo '{"version":1,"repo":"owner/repo","actions":[{"kind":"create","title":"t"}]}' > ~/.jailbee/issue-outbox/p$i.json; done`, from, to))
+	}
+	stageN(1, manifest.MaxOutboxPending)
+	wantStatus(t, publish(t, lead, "c-1", "issue", "p1.json"), "started", "publishing issue/p1.json: 1 action(s)")
+	if st := statusOf(t, lead, "c-1", "done", "failed"); st.State != "done" {
+		t.Fatalf("p1: %+v", st)
+	}
+	stageN(manifest.MaxOutboxPending+1, manifest.MaxOutboxPending+1) // 20 pending again: p1 is published
+	wantStatus(t, publish(t, lead, "c-2", "issue", "p2.json"), "started", "publishing issue/p2.json: 1 action(s)")
+	statusOf(t, lead, "c-2", "done", "failed")
+	stageN(manifest.MaxOutboxPending+2, manifest.MaxOutboxPending+3) // 21 pending
+	wantStatus(t, publish(t, lead, "c-3", "issue", "p3.json"), "refused",
+		"your outboxes hold more than 20 pending manifests: remove the published or abandoned ones")
+}
+
+// newPublishCrashEnv is a broker process (dying at point) whose
+// broker.yaml names the githubtest forge and a token file, with an
+// orchestrator "lead" holding publish rights.
+func newPublishCrashEnv(t *testing.T, point string) (*crashEnv, *githubtest.Server) {
+	gh := githubtest.Start(t, testToken)
+	c := &crashEnv{t: t, bin: testbin.Jailbee(t), state: shortTempDir(t), repo: makeRepo(t)}
+	if err := os.MkdirAll(c.state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(c.state, "forge-token")
+	cfg := fmt.Sprintf("forge:\n  api_url: %q\n  token_file: %q\n", gh.URL, tokenFile)
+	if err := os.WriteFile(tokenFile, []byte(testToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(c.state, "broker.yaml"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.p = startProcBrokerVia(t, c.bin, c.state, []string{"env", crashpoint.EnvVar + "=" + point})
+	c.p.newSandbox(wire.NewArgs{Name: "lead", Repo: c.repo, Role: "orchestrator", Grant: publishGrant()})
+	return c, gh
+}
+
+// TestPublishCrashAfterTheForgeCall: the broker dies (kill -9) after an
+// action's forge call and before its journal says so. The next broker
+// reports the publish failed with the action uncertain and publishes
+// nothing more: a person resolves it as applied (with the URL found on
+// the forge), the proposal continues; its next action is uncertain too (a
+// 502 after the change), and resolved with --retry it is sent once more
+// and the proposal is done.
+func TestPublishCrashAfterTheForgeCall(t *testing.T) {
+	c, gh := newPublishCrashEnv(t, crashpoint.PublishCalled)
+	c.exec("lead", "sh", "-c", `mkdir -p ~/.jailbee/issue-outbox && echo '`+proposal("owner/repo",
+		`{"kind": "create", "title": "Crash"}`, `{"kind": "comment", "issue": 1, "body": "after"}`)+`' > ~/.jailbee/issue-outbox/crash.json`)
+	var st wire.StatusItem
+	c.p.client("lead").Call(context.Background(), "send", map[string]any{"manifest": map[string]any{
+		"version": 1, "id": "pub-1", "type": "publish", "outbox": "issue", "manifest": "crash.json"}}, &st) // may die first
+	c.died()
+	lead := c.p.client("lead")
+	const key = "lead/issue/crash.json"
+	failed := statusOf(t, lead, "pub-1", "failed")
+	wantStatus(t, failed, "failed", "issue/crash.json: action 1 (create) failed: the broker stopped while publishing after sending it (outcome uncertain: it may have been applied); nothing more is done until a person resolves it (jailbee outbox resolve "+key+")")
+	if is, ok := gh.Issue("owner/repo", 1); !ok || is.Title != "Crash" {
+		t.Fatalf("the forge call before the crash: %+v", is)
+	}
+
+	var j wire.OutboxJournal
+	if err := c.p.adminCall("outbox-show", wire.OutboxArgs{Key: key}, &j); err != nil || j.State != "blocked" || j.Actions[0].State != "uncertain" || j.Actions[1].State != "" {
+		t.Fatalf("journal after the crash: %v %+v", err, j)
+	}
+	// Blocked: publishing it again is refused.
+	wantStatus(t, publish(t, lead, "pub-2", "issue", "crash.json"), "refused",
+		"`issue/crash.json` has an action whose outcome is uncertain: it waits for a person (jailbee outbox resolve "+key+")")
+
+	gh.Inject(githubtest.Fault{Method: "POST", Path: "/repos/owner/repo/issues/1/comments", Kind: githubtest.ApplyThenStatus, Status: 502, Body: `{"message": "Bad Gateway"}`})
+	issueURL := gh.URL + "owner/repo/issues/1"
+	if err := c.p.adminCall("outbox-resolve", wire.OutboxArgs{Key: key, Applied: true, URL: issueURL}, &j); err != nil {
+		t.Fatal(err)
+	}
+	again := statusOf(t, lead, "pub-1", "failed")
+	if !strings.HasPrefix(again.Detail, "issue/crash.json: action 2 (comment) failed: forge: comment: HTTP 502") || !strings.Contains(again.Detail, "outcome uncertain") {
+		t.Fatalf("after resolve --applied: %+v", again)
+	}
+	if err := c.p.adminCall("outbox-resolve", wire.OutboxArgs{Key: key, Retry: true}, &j); err != nil {
+		t.Fatal(err)
+	}
+	done := statusOf(t, lead, "pub-1", "done")
+	if !strings.HasPrefix(done.Detail, "published issue/crash.json: create "+issueURL+"; comment #1 "+issueURL+"#issuecomment-") {
+		t.Fatalf("after resolve --retry: %+v", done)
+	}
+	if is, _ := gh.Issue("owner/repo", 1); len(is.Comments) != 2 || len(gh.Calls()) != 3 {
+		t.Fatalf("the retry sent the comment once more: %d comments, calls %+v", len(is.Comments), gh.Calls())
+	}
+	if strings.Contains(c.p.stderr.String(), testToken) {
+		t.Fatal("the token is in the broker's log")
+	}
+}
+
+// withOrigin gives the env's host repository an origin remote, a bare
+// repository at the git URL broker.yaml's forge.git_url would name for
+// owner/repo (a file:// template here), with main pushed to it.
+func withOrigin(origin *string) func(*testEnv) {
+	return func(e *testEnv) {
+		root := e.t.TempDir()
+		e.publish.GitURL = "file://" + root + "/{owner}/{name}.git"
+		*origin = filepath.Join(root, "owner", "repo.git")
+		hostGit(e.t, "", "init", "-q", "--bare", *origin)
+		hostGit(e.t, e.repo, "remote", "add", "origin", "file://"+*origin)
+		hostGit(e.t, e.repo, "push", "-q", "origin", "main")
+	}
+}
+
+// TestPublishPullRequestSource: a child's branch is fetched to the host,
+// pushed from there to the orchestrator's own repository as a
+// fast-forward, and its pull request opened; a foreign branch, another
+// repository and a push that is not a fast-forward (never forced) are
+// refused.
+func TestPublishPullRequestSource(t *testing.T) {
+	var origin string
+	e, gh, lead := newPublishEnvWith(t, 30, publishGrant(), withOrigin(&origin))
+	e.child("kid", "lead")
+	e.mustExec("kid", "sh", "-c", commitCmd+" --allow-empty -m 'the work'")
+	head := e.mustExec("kid", "git", "rev-parse", "HEAD")
+	source := func(repo, branch string) string {
+		return fmt.Sprintf(`{"version": 1, "kind": "source", "repo": %q, "branch": %q, "base": "main", "title": "Kid's work", "body": "Done.", "draft": true}`, repo, branch)
+	}
+	e.stage("lead", "pr", "src.json", source("owner/repo", "work/kid"))
+	e.stage("lead", "pr", "foreign.json", source("owner/repo", "someone/else"))
+	e.stage("lead", "pr", "other.json", source("owner/other", "work/kid"))
+
+	wantStatus(t, publish(t, lead, "s-1", "pr", "src.json"), "started", "publishing pr/src.json: 1 action(s)")
+	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "published pr/src.json: source #1 "+gh.URL+"owner/repo/pull/1")
+	if got := hostGit(t, origin, "rev-parse", "refs/heads/work/kid"); got != head {
+		t.Fatalf("origin's work/kid = %s, want the child's HEAD %s", got, head)
+	}
+	if pr, ok := gh.PullRequest("owner/repo", 1); !ok || pr.Head != "work/kid" || pr.Base != "main" || !pr.Draft {
+		t.Fatalf("pull request on the forge: %+v", pr)
+	}
+	wantStatus(t, publish(t, lead, "s-2", "pr", "foreign.json"), "refused", "branch `someone/else` is neither this orchestrator's branch nor one of its children's")
+	wantStatus(t, publish(t, lead, "s-3", "pr", "other.json"), "refused", "repository `owner/other` is not this orchestrator's repository (the host repository's origin remote)")
+
+	// Someone else moved origin's branch: the next push is not a
+	// fast-forward and is refused, never forced.
+	hostGit(t, e.repo, "commit", "-q", "--allow-empty", "-m", "elsewhere")
+	hostGit(t, e.repo, "push", "-q", "--force", "origin", "HEAD:refs/heads/work/kid")
+	moved := hostGit(t, origin, "rev-parse", "refs/heads/work/kid")
+	e.mustExec("kid", "sh", "-c", commitCmd+" --allow-empty -m 'more work'")
+	e.stage("lead", "pr", "src-2.json", source("owner/repo", "work/kid"))
+	wantStatus(t, publish(t, lead, "s-4", "pr", "src-2.json"), "started", "publishing pr/src-2.json: 1 action(s)")
+	failed := statusOf(t, lead, "s-4", "done", "failed")
+	if failed.State != "failed" || !strings.Contains(failed.Detail, "not a fast-forward") {
+		t.Fatalf("the diverged push: %+v", failed)
+	}
+	if got := hostGit(t, origin, "rev-parse", "refs/heads/work/kid"); got != moved {
+		t.Fatal("origin's branch was overwritten")
+	}
+}
+
+// TestPublishReview: a review of the pull request a child was spawned
+// from (kind pr) is submitted; one of another pull request is refused.
+func TestPublishReview(t *testing.T) {
+	var origin string
+	e, gh, lead := newPublishEnvWith(t, 30, publishGrant(), func(e *testEnv) {
+		e.withAgent()
+		withOrigin(&origin)(e)
+	})
+	hostGit(t, e.repo, "push", "-q", "origin", "HEAD:refs/pull/7/head")
+	gh.AddPullRequest("owner/repo", githubtest.PR{Number: 7, Title: "contribution", Head: "contrib", Base: "main", State: "open"})
+	spawn(t, lead, "s-pr", map[string]any{"version": 2, "kind": "pr", "pr": 7, "prompt": "review it", "on_done": "keep"})
+	messageFrom(t, lead, "pr-7", "done")
+	review := func(pr int) string {
+		return fmt.Sprintf(`{"version": 1, "kind": "review", "repo": "owner/repo", "pr": %d, "event": "REQUEST_CHANGES", "body": "Add a test."}`, pr)
+	}
+	e.stage("lead", "pr", "review-7.json", review(7))
+	e.stage("lead", "pr", "review-8.json", review(8))
+	wantStatus(t, publish(t, lead, "r-1", "pr", "review-7.json"), "started", "publishing pr/review-7.json: 1 action(s)")
+	done := statusOf(t, lead, "r-1", "done", "failed")
+	if done.State != "done" || !strings.HasPrefix(done.Detail, "published pr/review-7.json: review #7 "+gh.URL+"owner/repo/pull/7#pullrequestreview-") {
+		t.Fatalf("review: %+v", done)
+	}
+	if pr, _ := gh.PullRequest("owner/repo", 7); len(pr.Reviews) != 1 {
+		t.Fatalf("reviews on the forge: %+v", pr.Reviews)
+	}
+	wantStatus(t, publish(t, lead, "r-2", "pr", "review-8.json"), "refused",
+		"pull request 8 is not bound to this orchestrator: review only pull requests a child was spawned from (kind pr)")
+}

@@ -1,0 +1,157 @@
+package manifest
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+var issueSeeds = []string{
+	`{"version": 1, "repo": "owner/name", "actions": [
+	  {"kind": "create", "title": "Parser drops tabs", "body": "Seen in #3.", "labels": ["bug", "bug"]},
+	  {"kind": "comment", "issue": 12, "body": "Fixed on fix/issue-12."},
+	  {"kind": "label", "issue": 12, "labels": ["fixed"]},
+	  {"kind": "close", "issue": 12}]}`,
+	`{"version": 1, "repo": "o/r", "actions": [{"kind": "create", "title": "t"}]}`,
+}
+
+var prSeeds = []string{
+	`{"version": 1, "kind": "source", "repo": "owner/name", "branch": "fix/issue-12", "base": "main", "title": "Fix 12", "body": "Closes #12.", "draft": true}`,
+	`{"version": 1, "kind": "review", "repo": "owner/name", "pr": 7, "event": "REQUEST_CHANGES", "body": "Please add a test."}`,
+	`{"version": 1, "kind": "review", "repo": "owner/name", "pr": 7, "event": "APPROVE"}`,
+}
+
+func TestDecodeIssueProposal(t *testing.T) {
+	p, err := DecodeIssueProposal([]byte(issueSeeds[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &IssueProposal{Repo: "owner/name", Actions: []IssueAction{
+		{Kind: "create", Title: "Parser drops tabs", Body: "Seen in #3.", Labels: []string{"bug"}},
+		{Kind: "comment", Issue: 12, Body: "Fixed on fix/issue-12."},
+		{Kind: "label", Issue: 12, Labels: []string{"fixed"}},
+		{Kind: "close", Issue: 12},
+	}}
+	if !reflect.DeepEqual(p, want) {
+		t.Fatalf("got %+v", p)
+	}
+	if k := strings.Join(p.Kinds(), ","); k != "create,comment,label,close" {
+		t.Fatalf("kinds %s", k)
+	}
+}
+
+func TestDecodePRManifest(t *testing.T) {
+	m, err := DecodePRManifest([]byte(prSeeds[0]))
+	if err != nil || m.Review != nil || *m.Source != (PRSource{Repo: "owner/name", Branch: "fix/issue-12", Base: "main", Title: "Fix 12", Body: "Closes #12.", Draft: true}) {
+		t.Fatalf("%v %+v", err, m)
+	}
+	m, err = DecodePRManifest([]byte(prSeeds[1]))
+	if err != nil || m.Source != nil || *m.Review != (PRReview{Repo: "owner/name", PR: 7, Event: EventRequestChanges, Body: "Please add a test."}) {
+		t.Fatalf("%v %+v", err, m)
+	}
+}
+
+func actions(n int) string {
+	return strings.TrimSuffix(strings.Repeat(`{"kind":"close","issue":1},`, n), ",")
+}
+
+func TestOutboxRefusals(t *testing.T) {
+	body := func(n int) string {
+		return fmt.Sprintf(`{"version":1,"repo":"o/r","actions":[{"kind":"comment","issue":1,"body":"%s"}]}`, strings.Repeat("x", n))
+	}
+	padded := func(n int) string { // a valid proposal of exactly n bytes
+		head := `{"version":1,"repo":"o/r","actions":[{"kind":"close","issue":1}]}`
+		return head[:len(head)-1] + strings.Repeat(" ", n-len(head)) + "}"
+	}
+	for _, c := range []struct{ raw, want string }{
+		{body(MaxOutboxBody), ""},
+		{body(MaxOutboxBody + 1), "`actions[].body` exceeds 65536 bytes"},
+		{`{"version":1,"repo":"o/r","actions":[` + actions(MaxOutboxActions) + `]}`, ""},
+		{`{"version":1,"repo":"o/r","actions":[` + actions(MaxOutboxActions+1) + `]}`, "`actions` has more than 50 actions"},
+		{padded(MaxOutboxBytes), ""},
+		{padded(MaxOutboxBytes + 1), "outbox manifest exceeds 262144 bytes"},
+		{`{"version":1,"repo":"o/r","actions":[]}`, "`actions` must list 1 to 50 actions"},
+		{`{"version":1,"repo":"o/r","actions":[{"kind":"close","issue":1,"body":"x"}]}`, "unknown key `actions[].body`"},
+		{`{"version":1,"repo":"o/r","actions":[{"kind":"close","issue":1,"issue":2}]}`, "duplicate key `actions[].issue`"},
+		{`{"version":1,"repo":"o/r","repo":"o/s","actions":[{"kind":"close","issue":1}]}`, "duplicate key `repo`"},
+		{`{"version":1,"repo":"o/r","actions":[{"kind":"delete","issue":1}]}`, "`actions[].kind` must be create, comment, label or close"},
+		{`{"version":1,"repo":"o/r","actions":[{"kind":"close","issue":0}]}`, "`actions[].issue` must be a positive integer"},
+		{`{"version":1,"repo":"o/r","actions":[{"kind":"close","issue":1.5}]}`, "`actions[].issue` must be a positive integer"},
+		{`{"version":1,"repo":"o/r","actions":[{"kind":"create","title":"a\nb"}]}`, "`actions[].title` must be 1 to 256 bytes on one line"},
+		{`{"version":1,"repo":"o/r","actions":[{"kind":"label","issue":1,"labels":[]}]}`, "`actions[].labels` must list 1 to 20 labels"},
+		{`{"version":1,"repo":"o/r","actions":[{"kind":"comment","issue":1}]}`, "`actions[].body` is required"},
+		{`{"version":1,"repo":"../r","actions":[{"kind":"close","issue":1}]}`, "`repo` must be owner/name"},
+		{`{"version":2,"repo":"o/r","actions":[{"kind":"close","issue":1}]}`, "`version` must be 1"},
+		{`{"version":1,"repo":"o/r","actions":[{"kind":"close","issue":1}],"pr":1}`, "unknown key `pr`"},
+		{`{"version":1,"repo":"o/r","actions":[{"kind":"close","issue":1}]} {}`, "trailing data after the manifest"},
+	} {
+		_, err := DecodeIssueProposal([]byte(c.raw))
+		if got := errString(err); got != c.want {
+			t.Errorf("%.80s:\n got %q\nwant %q", c.raw, got, c.want)
+		}
+	}
+	for _, c := range []struct{ raw, want string }{
+		{`{"version":1,"kind":"merge","repo":"o/r"}`, "`kind` must be source or review"},
+		{`{"version":1,"kind":"source","repo":"o/r","branch":"x","base":"main","title":"t","force":true}`, "unknown key `force`"},
+		{`{"version":1,"kind":"source","repo":"o/r","branch":"a..b","base":"main","title":"t"}`, "`branch` is not a valid branch name"},
+		{`{"version":1,"kind":"review","repo":"o/r","pr":1,"event":"MERGE","body":"x"}`, "`event` must be COMMENT, APPROVE or REQUEST_CHANGES"},
+		{`{"version":1,"kind":"review","repo":"o/r","pr":1,"event":"COMMENT"}`, "`body` is required"},
+	} {
+		_, err := DecodePRManifest([]byte(c.raw))
+		if got := errString(err); got != c.want {
+			t.Errorf("%.80s:\n got %q\nwant %q", c.raw, got, c.want)
+		}
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// decodeOutbox decodes raw as a pr-outbox (pr) or issue-outbox manifest
+// and returns it with its canonical encoding.
+func decodeOutbox(raw []byte, pr bool) (any, []byte, error) {
+	if pr {
+		m, err := DecodePRManifest(raw)
+		if err != nil {
+			return nil, nil, err
+		}
+		return m, m.Encode(), nil
+	}
+	p, err := DecodeIssueProposal(raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, p.Encode(), nil
+}
+
+func FuzzDecodeOutbox(f *testing.F) {
+	for _, s := range issueSeeds {
+		f.Add([]byte(s), false)
+	}
+	for _, s := range prSeeds {
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, raw []byte, pr bool) {
+		got, enc, err := decodeOutbox(raw, pr)
+		if err != nil {
+			var r *Refusal
+			if !errors.As(err, &r) || r.Detail == "" {
+				t.Fatalf("refusal without detail: %#v", err)
+			}
+			return
+		}
+		again, _, err := decodeOutbox(enc, pr)
+		if err != nil {
+			t.Fatalf("re-decode of %s refused: %v", enc, err)
+		}
+		if !reflect.DeepEqual(again, got) {
+			t.Fatalf("round trip changed the manifest: %s", enc)
+		}
+	})
+}

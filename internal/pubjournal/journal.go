@@ -1,0 +1,188 @@
+// Package pubjournal keeps publish's durable records under the broker's
+// state dir (never in a sandbox): a journal per outbox proposal, recording
+// each action as prepared (before the forge call), applied (with its URL)
+// or uncertain, and each orchestrator's sliding-hour action budget. Every
+// write is atomic and durable (secfs.WriteFileAtomic: fsync + rename)
+// under an flock of the directory's lock file, so a crash leaves either
+// the old record or the new one.
+package pubjournal
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"agentbox/internal/secfs"
+	"agentbox/internal/wire"
+)
+
+// Action states.
+const (
+	Pending   = ""          // not tried yet
+	Prepared  = "prepared"  // about to be sent: the forge call may be in flight
+	Applied   = "applied"   // the forge answered success
+	Uncertain = "uncertain" // may or may not have been applied: a person decides
+	Failed    = "failed"    // the forge certainly refused it
+)
+
+// Proposal states.
+const (
+	Running = "running" // a worker is applying its actions
+	Done    = "done"    // every action applied
+	Halted  = "failed"  // stopped at a certainly refused action
+	Blocked = "blocked" // an action is uncertain: waits for `jailbee outbox resolve`
+)
+
+// Action and Journal are the wire's shapes (the admin socket's outbox
+// ops answer them as they are stored). Journal.Proposal is the canonical
+// manifest (manifest.IssueProposal.Encode or PRManifest.Encode): what is
+// applied, whatever the outbox file holds later.
+type (
+	Action  = wire.OutboxAction
+	Journal = wire.OutboxJournal
+)
+
+// Dir holds the journals and budgets: <root>/<sandbox>/<outbox>/<name>
+// and <root>/<sandbox>/budget.json.
+type Dir struct {
+	root string
+	mu   sync.Mutex // with the flock: one writer at a time
+}
+
+// Open makes (or checks) root, a private directory.
+func Open(root string) (*Dir, error) {
+	if err := secfs.EnsurePrivateDir(root); err != nil {
+		return nil, err
+	}
+	return &Dir{root: root}, nil
+}
+
+// lock holds the in-process mutex and an flock of <root>/lock until the
+// returned func is called.
+func (d *Dir) lock() (func(), error) {
+	d.mu.Lock()
+	f, err := os.OpenFile(filepath.Join(d.root, "lock"), os.O_RDWR|os.O_CREATE|unix.O_NOFOLLOW, 0o600)
+	if err != nil {
+		d.mu.Unlock()
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX); err != nil {
+		f.Close()
+		d.mu.Unlock()
+		return nil, err
+	}
+	return func() { f.Close(); d.mu.Unlock() }, nil
+}
+
+// Update runs fn on the journal of sandbox/outbox/name (nil when there is
+// none) under the lock, and saves what fn returns (nil: nothing saved).
+func (d *Dir) Update(sandbox, outbox, name string, fn func(*Journal) (*Journal, error)) error {
+	unlock, err := d.lock()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	j, err := d.load(sandbox, outbox, name)
+	if err != nil {
+		return err
+	}
+	next, err := fn(j)
+	if err != nil || next == nil {
+		return err
+	}
+	return d.save(next)
+}
+
+// Load returns the journal of sandbox/outbox/name; nil when there is none.
+func (d *Dir) Load(sandbox, outbox, name string) (*Journal, error) {
+	unlock, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return d.load(sandbox, outbox, name)
+}
+
+func (d *Dir) path(sandbox, outbox, name string) string {
+	return filepath.Join(d.root, sandbox, outbox, name)
+}
+
+// maxJournalBytes bounds a journal read back: the canonical proposal is at
+// most the outbox cap, its actions' URLs a few KiB.
+const maxJournalBytes = 1 << 20
+
+func (d *Dir) load(sandbox, outbox, name string) (*Journal, error) {
+	data, err := secfs.ReadFileNoFollow(d.path(sandbox, outbox, name), maxJournalBytes)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var j Journal
+	if err := json.Unmarshal(data, &j); err != nil {
+		return nil, fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
+	}
+	return &j, nil
+}
+
+func (d *Dir) save(j *Journal) error {
+	dir := filepath.Join(d.root, j.Sandbox, j.Outbox)
+	if err := secfs.EnsurePrivateDir(dir); err != nil {
+		return err
+	}
+	j.Version = 1
+	j.Updated = time.Now().UnixMilli()
+	data, err := json.Marshal(j)
+	if err != nil {
+		return err
+	}
+	return secfs.WriteFileAtomic(filepath.Join(dir, j.Name), data, 0o600)
+}
+
+// All returns every journal, ordered by key.
+func (d *Dir) All() ([]*Journal, error) {
+	unlock, err := d.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	var out []*Journal
+	for _, sb := range dirNames(d.root) {
+		for _, ob := range dirNames(filepath.Join(d.root, sb)) {
+			entries, err := os.ReadDir(filepath.Join(d.root, sb, ob))
+			if err != nil {
+				return nil, err
+			}
+			for _, e := range entries {
+				j, err := d.load(sb, ob, e.Name())
+				if err != nil {
+					return nil, err
+				}
+				if j != nil {
+					out = append(out, j)
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// dirNames lists the directories in dir (os.ReadDir sorts them); none
+// when it cannot be read.
+func dirNames(dir string) []string {
+	entries, _ := os.ReadDir(dir)
+	var out []string
+	for _, e := range entries {
+		if e.IsDir() {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
