@@ -315,24 +315,28 @@ func withOrigin(origin *string) func(*testEnv) {
 	}
 }
 
-// TestPublishPullRequestSource: a child's branch is fetched to the host,
-// pushed from there to the orchestrator's own repository as a
-// fast-forward, and its pull request opened; a foreign branch, another
-// repository and a push that is not a fast-forward (never forced) are
-// refused.
+// TestPublishPullRequestSource: a source names a child's import as its
+// done report carried it (imported_ref and imported_sha); the commit is
+// brought from the orchestrator's repository to the host, pushed from
+// there to the child's branch of the orchestrator's own repository as a
+// fast-forward, and its pull request opened. A ref the orchestrator wrote
+// itself under refs/jailbee/from/, another commit than the import's,
+// another repository and a push that is not a fast-forward (never
+// forced) are refused.
 func TestPublishPullRequestSource(t *testing.T) {
 	var origin string
 	e, gh, lead := newPublishEnvWith(t, 30, publishGrant(), withOrigin(&origin))
 	e.child("kid", "lead")
-	e.mustExec("kid", "sh", "-c", commitCmd+" --allow-empty -m 'the work'")
-	head := e.mustExec("kid", "git", "rev-parse", "HEAD")
-	source := func(repo, branch string) string {
-		return fmt.Sprintf(`{"version": 1, "kind": "source", "repo": %q, "branch": %q, "base": "main", "title": "Kid's work", "body": "Done.", "draft": true}`, repo, branch)
+	head, st := e.reportDone("kid", "d-kid")
+	wantStatus(t, st, "done", "delivered to lead: imported as refs/jailbee/from/kid/work/kid at "+head[:12]+"; this child is kept")
+	done := messageFrom(t, lead, "kid", "done")
+	if done.ImportedRef != "refs/jailbee/from/kid/work/kid" || done.ImportedSHA != head {
+		t.Fatalf("kid's done report: %+v", done)
 	}
-	e.stage("lead", "pr", "src.json", source("owner/repo", "work/kid"))
-	e.stage("lead", "pr", "foreign.json", source("owner/repo", "someone/else"))
-	e.stage("lead", "pr", "other.json", source("owner/other", "work/kid"))
-
+	source := func(repo, ref, sha string) string {
+		return fmt.Sprintf(`{"version": 1, "kind": "source", "repo": %q, "source": %q, "source_sha": %q, "base": "main", "title": "Kid's work", "body": "Done.", "draft": true}`, repo, ref, sha)
+	}
+	e.stage("lead", "pr", "src.json", source("owner/repo", done.ImportedRef, head))
 	wantStatus(t, publish(t, lead, "s-1", "pr", "src.json"), "started", "publishing pr/src.json: 1 action(s)")
 	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "published pr/src.json: source #1 "+gh.URL+"owner/repo/pull/1")
 	if got := hostGit(t, origin, "rev-parse", "refs/heads/work/kid"); got != head {
@@ -341,18 +345,27 @@ func TestPublishPullRequestSource(t *testing.T) {
 	if pr, ok := gh.PullRequest("owner/repo", 1); !ok || pr.Head != "work/kid" || pr.Base != "main" || !pr.Draft {
 		t.Fatalf("pull request on the forge: %+v", pr)
 	}
-	wantStatus(t, publish(t, lead, "s-2", "pr", "foreign.json"), "refused", "branch `someone/else` is neither this orchestrator's branch nor one of its children's")
-	wantStatus(t, publish(t, lead, "s-3", "pr", "other.json"), "refused", "repository `owner/other` is not this orchestrator's repository (the host repository's origin remote)")
 
-	// Someone else moved origin's branch: the next push is not a
-	// fast-forward and is refused, never forced.
+	// lead writes its own ref under refs/jailbee/from/, aimed at main.
+	leadHead := e.mustExec("lead", "git", "rev-parse", "HEAD")
+	e.mustExec("lead", "git", "update-ref", "refs/jailbee/from/kid/main", leadHead)
+	e.stage("lead", "pr", "forged.json", source("owner/repo", "refs/jailbee/from/kid/main", leadHead))
+	wantStatus(t, publish(t, lead, "s-2", "pr", "forged.json"), "refused",
+		"source `refs/jailbee/from/kid/main` at "+leadHead+" is not a child's import: name the imported_ref and imported_sha of a done report in your inbox")
+	e.stage("lead", "pr", "other-sha.json", source("owner/repo", done.ImportedRef, leadHead))
+	wantStatus(t, publish(t, lead, "s-3", "pr", "other-sha.json"), "refused",
+		"source `refs/jailbee/from/kid/work/kid` at "+leadHead+" is not a child's import: name the imported_ref and imported_sha of a done report in your inbox")
+	e.stage("lead", "pr", "other.json", source("owner/other", done.ImportedRef, head))
+	wantStatus(t, publish(t, lead, "s-4", "pr", "other.json"), "refused", "repository `owner/other` is not this orchestrator's repository (the host repository's origin remote)")
+
+	// Someone else moved origin's branch: the push is not a fast-forward
+	// and is refused, never forced.
 	hostGit(t, e.repo, "commit", "-q", "--allow-empty", "-m", "elsewhere")
 	hostGit(t, e.repo, "push", "-q", "--force", "origin", "HEAD:refs/heads/work/kid")
 	moved := hostGit(t, origin, "rev-parse", "refs/heads/work/kid")
-	e.mustExec("kid", "sh", "-c", commitCmd+" --allow-empty -m 'more work'")
-	e.stage("lead", "pr", "src-2.json", source("owner/repo", "work/kid"))
-	wantStatus(t, publish(t, lead, "s-4", "pr", "src-2.json"), "started", "publishing pr/src-2.json: 1 action(s)")
-	failed := statusOf(t, lead, "s-4", "done", "failed")
+	e.stage("lead", "pr", "src-2.json", source("owner/repo", done.ImportedRef, head))
+	wantStatus(t, publish(t, lead, "s-5", "pr", "src-2.json"), "started", "publishing pr/src-2.json: 1 action(s)")
+	failed := statusOf(t, lead, "s-5", "done", "failed")
 	if failed.State != "failed" || !strings.Contains(failed.Detail, "not a fast-forward") {
 		t.Fatalf("the diverged push: %+v", failed)
 	}
@@ -362,17 +375,20 @@ func TestPublishPullRequestSource(t *testing.T) {
 }
 
 // TestPublishReview: a review of the pull request a child was spawned
-// from (kind pr) is submitted; one of another pull request is refused.
+// from (kind pr) is submitted, and a rework of it pushed to its branch;
+// the same for another pull request is refused.
 func TestPublishReview(t *testing.T) {
 	var origin string
 	e, gh, lead := newPublishEnvWith(t, 30, publishGrant(), func(e *testEnv) {
 		e.withAgent()
 		withOrigin(&origin)(e)
 	})
-	hostGit(t, e.repo, "push", "-q", "origin", "HEAD:refs/pull/7/head")
+	// Pull request 7's branch, contrib, is one commit behind its head.
+	hostGit(t, e.repo, "commit", "-q", "--allow-empty", "-m", "contribution")
+	hostGit(t, e.repo, "push", "-q", "origin", "HEAD:refs/pull/7/head", "HEAD~1:refs/heads/contrib")
 	gh.AddPullRequest("owner/repo", githubtest.PR{Number: 7, Title: "contribution", Head: "contrib", Base: "main", State: "open"})
 	spawn(t, lead, "s-pr", map[string]any{"version": 2, "kind": "pr", "pr": 7, "prompt": "review it", "on_done": "keep"})
-	messageFrom(t, lead, "pr-7", "done")
+	imported := messageFrom(t, lead, "pr-7", "done")
 	review := func(pr int) string {
 		return fmt.Sprintf(`{"version": 1, "kind": "review", "repo": "owner/repo", "pr": %d, "event": "REQUEST_CHANGES", "body": "Add a test."}`, pr)
 	}
@@ -387,5 +403,23 @@ func TestPublishReview(t *testing.T) {
 		t.Fatalf("reviews on the forge: %+v", pr.Reviews)
 	}
 	wantStatus(t, publish(t, lead, "r-2", "pr", "review-8.json"), "refused",
-		"pull request 8 is not bound to this orchestrator: review only pull requests a child was spawned from (kind pr)")
+		"pull request 8 is not bound to this orchestrator: only pull requests a child was spawned from (kind pr)")
+
+	// A rework: the PR child's import goes to pull request 7's own
+	// branch, as a fast-forward; no new pull request is opened.
+	rework := func(pr int) string {
+		return fmt.Sprintf(`{"version": 1, "kind": "source", "repo": "owner/repo", "source": %q, "source_sha": %q, "pr": %d}`, imported.ImportedRef, imported.ImportedSHA, pr)
+	}
+	e.stage("lead", "pr", "rework-7.json", rework(7))
+	e.stage("lead", "pr", "rework-8.json", rework(8))
+	wantStatus(t, publish(t, lead, "w-1", "pr", "rework-7.json"), "started", "publishing pr/rework-7.json: 1 action(s)")
+	wantStatus(t, statusOf(t, lead, "w-1", "done", "failed"), "done", "published pr/rework-7.json: source #7 "+gh.URL+"owner/repo/pull/7")
+	if got := hostGit(t, origin, "rev-parse", "refs/heads/contrib"); got != imported.ImportedSHA {
+		t.Fatalf("origin's contrib = %s, want the import %s", got, imported.ImportedSHA)
+	}
+	if _, ok := gh.PullRequest("owner/repo", 8); ok {
+		t.Fatal("a rework opened a pull request")
+	}
+	wantStatus(t, publish(t, lead, "w-2", "pr", "rework-8.json"), "refused",
+		"pull request 8 is not bound to this orchestrator: only pull requests a child was spawned from (kind pr)")
 }

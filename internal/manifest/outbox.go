@@ -7,6 +7,7 @@ import (
 	"unicode/utf8"
 
 	"agentbox/internal/grant"
+	"agentbox/internal/shortname"
 )
 
 // Outbox bounds (the host notes' caps).
@@ -68,11 +69,26 @@ type PRManifest struct {
 	Review *PRReview
 }
 
-// PRSource opens a pull request from Branch (pushed from the host's copy)
-// into Base.
+// PRSource publishes a child's imported work: the commit SourceSHA that
+// the orchestrator's ref Source (an import, refs/jailbee/from/CHILD/BRANCH)
+// points at is pushed to the child's branch, and a pull request from it
+// into Base opened; or, with PR set (a rework), pushed to that pull
+// request's branch, which then shows it.
 type PRSource struct {
-	Repo, Branch, Base, Title, Body string
-	Draft                           bool
+	Repo, Source, SourceSHA string
+	PR                      int // a rework of this pull request; 0 opens one
+	Base, Title, Body       string
+	Draft                   bool
+}
+
+// ImportRefPrefix is where an import puts a child's branch in its
+// orchestrator's repository (the imported_ref of a done report).
+const ImportRefPrefix = "refs/jailbee/from/"
+
+// Import is the child and branch Source names.
+func (s *PRSource) Import() (child, branch string) {
+	child, branch, _ = strings.Cut(strings.TrimPrefix(s.Source, ImportRefPrefix), "/")
+	return child, branch
 }
 
 // Review events.
@@ -189,7 +205,7 @@ func DecodePRManifest(raw []byte) (*PRManifest, error) {
 }
 
 func prSource(o *object) (*PRSource, error) {
-	if err := o.allow("version", "kind", "repo", "branch", "base", "title", "body", "draft"); err != nil {
+	if err := o.allow("version", "kind", "repo", "source", "source_sha", "pr", "base", "title", "body", "draft"); err != nil {
 		return nil, err
 	}
 	var s PRSource
@@ -197,8 +213,29 @@ func prSource(o *object) (*PRSource, error) {
 	if s.Repo, err = repoField(o); err != nil {
 		return nil, err
 	}
-	if s.Branch, err = branchField(o, "branch"); err != nil {
+	if s.Source, err = o.reqStr("source"); err != nil {
 		return nil, err
+	}
+	child, branch := s.Import()
+	if !strings.HasPrefix(s.Source, ImportRefPrefix) || len(s.Source) > MaxRefLen || !shortname.Valid(child) ||
+		branchName("source", branch) != nil {
+		return nil, refuse("`source` must be the imported_ref of a child's done report (%sCHILD/BRANCH)", ImportRefPrefix)
+	}
+	if s.SourceSHA, err = o.reqStr("source_sha"); err != nil {
+		return nil, err
+	}
+	if !commitRE.MatchString(s.SourceSHA) {
+		return nil, refuse("`source_sha` must be the imported_sha of that report (40 hex digits)")
+	}
+	if o.present("pr") {
+		// A rework: the pull request exists, with its base, title and body.
+		for _, k := range []string{"base", "title", "body", "draft"} {
+			if o.has(k) {
+				return nil, refuse("`%s` cannot be combined with `pr` (a rework pushes to the pull request as it is)", k)
+			}
+		}
+		s.PR, err = number(o, "pr")
+		return &s, err
 	}
 	if s.Base, err = branchField(o, "base"); err != nil {
 		return nil, err
@@ -344,8 +381,12 @@ func (p *IssueProposal) Encode() []byte {
 func (m *PRManifest) Encode() []byte {
 	doc := map[string]any{"version": 1}
 	if s := m.Source; s != nil {
-		doc["kind"], doc["repo"], doc["branch"], doc["base"] = PRSourceKind, s.Repo, s.Branch, s.Base
-		doc["title"], doc["body"], doc["draft"] = s.Title, s.Body, s.Draft
+		doc["kind"], doc["repo"], doc["source"], doc["source_sha"] = PRSourceKind, s.Repo, s.Source, s.SourceSHA
+		if s.PR != 0 {
+			doc["pr"] = s.PR
+		} else {
+			doc["base"], doc["title"], doc["body"], doc["draft"] = s.Base, s.Title, s.Body, s.Draft
+		}
 	}
 	if r := m.Review; r != nil {
 		doc["kind"], doc["repo"], doc["pr"], doc["event"], doc["body"] = PRReviewKind, r.Repo, r.PR, r.Event, r.Body

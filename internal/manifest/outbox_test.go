@@ -18,7 +18,8 @@ var issueSeeds = []string{
 }
 
 var prSeeds = []string{
-	`{"version": 1, "kind": "source", "repo": "owner/name", "branch": "fix/issue-12", "base": "main", "title": "Fix 12", "body": "Closes #12.", "draft": true}`,
+	`{"version": 1, "kind": "source", "repo": "owner/name", "source": "refs/jailbee/from/fix-issue-12/fix/issue-12", "source_sha": "0123456789abcdef0123456789abcdef01234567", "base": "main", "title": "Fix 12", "body": "Closes #12.", "draft": true}`,
+	`{"version": 1, "kind": "source", "repo": "owner/name", "source": "refs/jailbee/from/pr-7/pr/7", "source_sha": "0123456789abcdef0123456789abcdef01234567", "pr": 7}`,
 	`{"version": 1, "kind": "review", "repo": "owner/name", "pr": 7, "event": "REQUEST_CHANGES", "body": "Please add a test."}`,
 	`{"version": 1, "kind": "review", "repo": "owner/name", "pr": 7, "event": "APPROVE"}`,
 }
@@ -43,11 +44,20 @@ func TestDecodeIssueProposal(t *testing.T) {
 }
 
 func TestDecodePRManifest(t *testing.T) {
+	const sha = "0123456789abcdef0123456789abcdef01234567"
 	m, err := DecodePRManifest([]byte(prSeeds[0]))
-	if err != nil || m.Review != nil || *m.Source != (PRSource{Repo: "owner/name", Branch: "fix/issue-12", Base: "main", Title: "Fix 12", Body: "Closes #12.", Draft: true}) {
+	if err != nil || m.Review != nil || *m.Source != (PRSource{Repo: "owner/name", Source: "refs/jailbee/from/fix-issue-12/fix/issue-12",
+		SourceSHA: sha, Base: "main", Title: "Fix 12", Body: "Closes #12.", Draft: true}) {
 		t.Fatalf("%v %+v", err, m)
 	}
+	if child, branch := m.Source.Import(); child != "fix-issue-12" || branch != "fix/issue-12" {
+		t.Fatalf("import of %s: %q %q", m.Source.Source, child, branch)
+	}
 	m, err = DecodePRManifest([]byte(prSeeds[1]))
+	if err != nil || m.Review != nil || *m.Source != (PRSource{Repo: "owner/name", Source: "refs/jailbee/from/pr-7/pr/7", SourceSHA: sha, PR: 7}) {
+		t.Fatalf("%v %+v", err, m)
+	}
+	m, err = DecodePRManifest([]byte(prSeeds[2]))
 	if err != nil || m.Source != nil || *m.Review != (PRReview{Repo: "owner/name", PR: 7, Event: EventRequestChanges, Body: "Please add a test."}) {
 		t.Fatalf("%v %+v", err, m)
 	}
@@ -94,12 +104,20 @@ func TestOutboxRefusals(t *testing.T) {
 	}
 	for _, c := range []struct{ raw, want string }{
 		{`{"version":1,"kind":"merge","repo":"o/r"}`, "`kind` must be source or review"},
-		{`{"version":1,"kind":"source","repo":"o/r","branch":"x","base":"main","title":"t","force":true}`, "unknown key `force`"},
-		{`{"version":1,"kind":"source","repo":"o/r","branch":"a..b","base":"main","title":"t"}`, "`branch` is not a valid branch name"},
+		{`{"version":1,"kind":"source","repo":"o/r","source":"refs/jailbee/from/k/x","source_sha":SHA,"base":"main","title":"t","force":true}`, "unknown key `force`"},
+		{`{"version":1,"kind":"source","repo":"o/r","branch":"x","base":"main","title":"t"}`, "unknown key `branch`"},
+		{`{"version":1,"kind":"source","repo":"o/r","source":"refs/jailbee/from/k/a..b","source_sha":SHA,"base":"main","title":"t"}`, "`source` must be the imported_ref of a child's done report (refs/jailbee/from/CHILD/BRANCH)"},
+		{`{"version":1,"kind":"source","repo":"o/r","source":"refs/heads/main","source_sha":SHA,"base":"main","title":"t"}`, "`source` must be the imported_ref of a child's done report (refs/jailbee/from/CHILD/BRANCH)"},
+		{`{"version":1,"kind":"source","repo":"o/r","source":"refs/jailbee/from/Kid/x","source_sha":SHA,"base":"main","title":"t"}`, "`source` must be the imported_ref of a child's done report (refs/jailbee/from/CHILD/BRANCH)"},
+		{`{"version":1,"kind":"source","repo":"o/r","source":"refs/jailbee/from/k","source_sha":SHA,"base":"main","title":"t"}`, "`source` must be the imported_ref of a child's done report (refs/jailbee/from/CHILD/BRANCH)"},
+		{`{"version":1,"kind":"source","repo":"o/r","source":"refs/jailbee/from/k/x","source_sha":"HEAD","base":"main","title":"t"}`, "`source_sha` must be the imported_sha of that report (40 hex digits)"},
+		{`{"version":1,"kind":"source","repo":"o/r","source":"refs/jailbee/from/k/x","source_sha":SHA,"title":"t"}`, "`base` is required"},
+		{`{"version":1,"kind":"source","repo":"o/r","source":"refs/jailbee/from/k/x","source_sha":SHA,"pr":3,"title":"t"}`, "`title` cannot be combined with `pr` (a rework pushes to the pull request as it is)"},
+		{`{"version":1,"kind":"source","repo":"o/r","source":"refs/jailbee/from/k/x","source_sha":SHA,"pr":0}`, "`pr` must be a positive integer"},
 		{`{"version":1,"kind":"review","repo":"o/r","pr":1,"event":"MERGE","body":"x"}`, "`event` must be COMMENT, APPROVE or REQUEST_CHANGES"},
 		{`{"version":1,"kind":"review","repo":"o/r","pr":1,"event":"COMMENT"}`, "`body` is required"},
 	} {
-		_, err := DecodePRManifest([]byte(c.raw))
+		_, err := DecodePRManifest([]byte(strings.ReplaceAll(c.raw, "SHA", `"`+strings.Repeat("a", 40)+`"`)))
 		if got := errString(err); got != c.want {
 			t.Errorf("%.80s:\n got %q\nwant %q", c.raw, got, c.want)
 		}

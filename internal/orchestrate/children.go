@@ -21,7 +21,7 @@ const importTimeout = 10 * time.Minute
 
 // ImportRefPrefix is where an import puts a child's branch in its
 // orchestrator's repository: ImportRefPrefix + <child> + "/" + <branch>.
-const ImportRefPrefix = "refs/jailbee/from/"
+const ImportRefPrefix = manifest.ImportRefPrefix
 
 // childManifest runs an orchestrator's manifest about one of its children
 // whose work happens outside the store (import, stop, destroy): the id is

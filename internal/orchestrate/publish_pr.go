@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 
 	"agentbox/internal/forge"
@@ -15,9 +16,10 @@ import (
 
 // prPolicy checks a pr-outbox manifest beyond the grant: its repository
 // must be the orchestrator's own (the host repository's origin is that
-// repository's git remote); a source's branch the orchestrator's own or
-// one of its children's; a review's pull request one a child of the
-// orchestrator was spawned from (kind pr).
+// repository's git remote); a source must be an import a done report in
+// its inbox carries (ref and commit), so its branch is its child's; a
+// review's pull request, and a rework's, one a child of the orchestrator
+// was spawned from (kind pr).
 func (o *Orchestrator) prPolicy(ctx context.Context, w *pubWork) error {
 	orch, err := o.Store.Sandbox(ctx, w.sandbox)
 	if err != nil {
@@ -36,19 +38,38 @@ func (o *Orchestrator) prPolicy(ctx context.Context, w *pubWork) error {
 	if err != nil {
 		return err
 	}
+	pr := 0
 	if s := w.pr.Source; s != nil {
-		if _, ok := branchOwner(orch, kids, s.Branch); !ok {
-			return refusef("branch `%s` is neither this orchestrator's branch nor one of its children's", s.Branch)
+		// Only what the broker imported: the orchestrator's repository is
+		// its own to write, refs under refs/jailbee/from/ included.
+		imported, err := o.Store.DeliveredImport(ctx, orch.Name, s.Source, s.SourceSHA)
+		if err != nil {
+			return err
 		}
-		return nil
-	}
-	for _, k := range kids {
-		var doc spawnDoc
-		if json.Unmarshal([]byte(k.SpawnDoc), &doc) == nil && doc.Kind == manifest.KindPR && doc.PR == w.pr.Review.PR {
+		if !imported {
+			return refusef("source `%s` at %s is not a child's import: name the imported_ref and imported_sha of a done report in your inbox", s.Source, s.SourceSHA)
+		}
+		if pr = s.PR; pr == 0 {
 			return nil
 		}
+	} else {
+		pr = w.pr.Review.PR
 	}
-	return refusef("pull request %d is not bound to this orchestrator: review only pull requests a child was spawned from (kind pr)", w.pr.Review.PR)
+	if !boundPR(kids, pr) {
+		return refusef("pull request %d is not bound to this orchestrator: only pull requests a child was spawned from (kind pr)", pr)
+	}
+	return nil
+}
+
+// boundPR reports whether a child was spawned from pull request pr.
+func boundPR(kids []store.Sandbox, pr int) bool {
+	for _, k := range kids {
+		var doc spawnDoc
+		if json.Unmarshal([]byte(k.SpawnDoc), &doc) == nil && doc.Kind == manifest.KindPR && doc.PR == pr {
+			return true
+		}
+	}
+	return false
 }
 
 // ownRepo reports whether repo's git remote (broker.yaml forge.git_url) is
@@ -63,24 +84,16 @@ func (o *Orchestrator) ownRepo(ctx context.Context, orch store.Sandbox, repo str
 	return origin != "" && norm(origin) == norm(forge.GitURL(o.Publishing.GitURL, r))
 }
 
-// branchOwner is the sandbox of the tree whose branch is branch: the
-// orchestrator or one of its children.
-func branchOwner(orch store.Sandbox, kids []store.Sandbox, branch string) (string, bool) {
-	if orch.Branch == branch {
-		return orch.Name, true
-	}
-	for _, k := range kids {
-		if k.Branch == branch {
-			return k.Name, true
-		}
-	}
-	return "", false
-}
+// PublishRefPrefix is where a source's commit is put in the user's
+// repository before its push: PublishRefPrefix + <orchestrator> + "/" +
+// <child> + "/" + <branch>.
+const PublishRefPrefix = "refs/jailbee/publish/"
 
-// applyPR makes a pr-outbox manifest's one action: a source's branch is
-// brought into the host repository from its sandbox, pushed from there to
-// the forge (a fast-forward only, never forced) and its pull request
-// opened; a review is submitted.
+// applyPR makes a pr-outbox manifest's one action: a source's commit is
+// brought from the orchestrator's import into the host repository, pushed
+// from there to the forge (a fast-forward only, never forced) and its pull
+// request opened (or, for a rework, pushed to the pull request's branch);
+// a review is submitted.
 func (o *Orchestrator) applyPR(ctx context.Context, j *pubjournal.Journal) (actionResult, error) {
 	m, err := manifest.DecodePRManifest(j.Proposal)
 	if err != nil {
@@ -97,32 +110,57 @@ func (o *Orchestrator) applyPR(ctx context.Context, j *pubjournal.Journal) (acti
 	if err != nil {
 		return actionResult{}, &forge.Error{Op: "publish", Certain: true, Msg: err.Error()}
 	}
-	if err := o.pushSource(ctx, j.Sandbox, repo, s.Branch); err != nil {
+	_, target := s.Import()
+	var rework forge.PR
+	if s.PR != 0 {
+		if rework, err = f.PullRequest(ctx, repo, s.PR); err != nil {
+			return actionResult{}, err
+		}
+		if !strings.EqualFold(rework.HeadRepo, s.Repo) || rework.State != "open" {
+			return actionResult{}, &forge.Error{Op: "push", Certain: true,
+				Msg: fmt.Sprintf("pull request %d is not open with its branch in %s: its branch cannot be pushed to", s.PR, s.Repo)}
+		}
+		target = rework.HeadRef
+	}
+	if err := o.pushSource(ctx, j.Sandbox, repo, s, target); err != nil {
 		return actionResult{}, err
 	}
-	pr, err := f.CreatePullRequest(ctx, repo, s.Branch, s.Base, s.Title, s.Body, s.Draft)
+	if s.PR != 0 {
+		return actionResult{URL: rework.URL, Number: s.PR}, nil
+	}
+	pr, err := f.CreatePullRequest(ctx, repo, target, s.Base, s.Title, s.Body, s.Draft)
 	return actionResult{URL: pr.URL, Number: pr.Number}, err
 }
 
-// pushSource fetches branch from the sandbox of orch's tree that has it
-// into the host repository (jailbee fetch's ref) and pushes that copy.
-// A refusal of the remote (not a fast-forward, a rule) is certain; any
-// other push failure uncertain.
-func (o *Orchestrator) pushSource(ctx context.Context, orch string, repo forge.Repo, branch string) error {
+// pushSource brings the commit s names from the orchestrator's import ref
+// into the host repository (through the bridge: upload-pack in the
+// orchestrator's sandbox, host git fetching that one commit, no sandbox
+// config read) and pushes that copy to branch. The ref must still point
+// at source_sha. A refusal of the remote (not a fast-forward, a rule) is
+// certain; any other push failure uncertain.
+func (o *Orchestrator) pushSource(ctx context.Context, orch string, repo forge.Repo, s *manifest.PRSource, branch string) error {
 	sb, err := o.Store.Sandbox(ctx, orch)
 	if err != nil {
 		return &forge.Error{Op: "push", Certain: true, Msg: "the orchestrator's record cannot be read"}
 	}
-	kids, err := o.Store.Children(ctx, orch)
-	owner, ok := branchOwner(sb, kids, branch)
-	if err != nil || !ok {
-		return &forge.Error{Op: "push", Certain: true, Msg: "the branch is no longer in this orchestrator's tree"}
-	}
-	fetched, err := o.FetchSandbox(ctx, FetchRequest{Name: owner, Branch: branch})
+	ctx, cancel := context.WithTimeout(ctx, importTimeout)
+	defer cancel()
+	src := o.checkout(orch)
+	at, err := gitx.RevParse(ctx, src, s.Source)
 	if err != nil {
-		return &forge.Error{Op: "push", Certain: true, Msg: "the branch could not be brought to the host: " + refusalText(err)}
+		return &forge.Error{Op: "push", Certain: true, Msg: fmt.Sprintf("source %s cannot be read in your repository", s.Source)}
 	}
-	err = gitx.HostRepo(sb.Repo).PushBranch(ctx, forge.GitURL(o.Publishing.GitURL, repo), fetched.Ref, branch, gitx.PushAuth{Token: o.Publishing.Token})
+	if at != s.SourceSHA {
+		return &forge.Error{Op: "push", Certain: true, Msg: fmt.Sprintf("source %s is at %s, not at source_sha %s", s.Source, at, s.SourceSHA)}
+	}
+	child, _ := s.Import()
+	ref := PublishRefPrefix + orch + "/" + child + "/" + branch
+	host := gitx.HostRepo(sb.Repo)
+	if err := gitx.Transfer(ctx, src, s.SourceSHA, host, ref, gitx.TransferOptions{Common: []string{ref}}); err != nil {
+		o.logger().Error("publish: bring the source to the host", "sandbox", orch, "err", err)
+		return &forge.Error{Op: "push", Certain: true, Msg: "the source could not be brought to the host (see the broker log)"}
+	}
+	err = host.PushBranch(ctx, forge.GitURL(o.Publishing.GitURL, repo), ref, branch, gitx.PushAuth{Token: o.Publishing.Token})
 	switch {
 	case err == nil:
 		return nil
@@ -131,11 +169,4 @@ func (o *Orchestrator) pushSource(ctx context.Context, orch string, repo forge.R
 	}
 	o.logger().Error("publish push", "sandbox", orch, "branch", branch, "err", err)
 	return &forge.Error{Op: "push", Msg: "the push failed (see the broker log)"}
-}
-
-func refusalText(err error) string {
-	if r, ok := AsRefusal(err); ok {
-		return r.Detail
-	}
-	return "see the broker log"
 }

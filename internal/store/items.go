@@ -319,6 +319,18 @@ func (s *Store) ListItems(ctx context.Context, sandbox string, all bool) (_ []It
 	return out, rows.Err()
 }
 
+// DeliveredImport reports whether sandbox's inbox holds, read or not, a
+// done report that imported commit sha at ref: a commit the broker
+// itself brought into that sandbox's repository for it (publish's
+// sources).
+func (s *Store) DeliveredImport(ctx context.Context, sandbox, ref, sha string) (found bool, err error) {
+	defer s.settle(&err)
+	err = s.db.QueryRowContext(detach(ctx), `SELECT EXISTS (SELECT 1 FROM items WHERE sandbox = ? AND type = ?
+		AND json_extract(doc, '$.imported_ref') = ? AND json_extract(doc, '$.imported_sha') = ?)`,
+		sandbox, wire.ItemMessage, ref, sha).Scan(&found)
+	return found, err
+}
+
 // unreadByID finds an unread item in the cache.
 func (s *Store) unreadByID(ctx context.Context, sandbox, id string) (Item, error) {
 	items, err := s.unread(ctx, sandbox)
