@@ -15,11 +15,7 @@ import (
 // shows each service's state: pid, exit code or signal, not started.
 func TestPsTableAndJSON(t *testing.T) {
 	code := 3
-	var asked string
 	f := newFakeAdmin(t, func(r adminRequest) *wire.Response {
-		var a wire.NameArgs
-		json.Unmarshal(r.Args, &a)
-		asked = r.Op + " " + a.Name
 		return okReply(wire.PsResult{Services: []wire.ServiceInfo{
 			{Name: "aux", State: "not started"},
 			{Name: "db", Selected: true, State: "running", PID: 42},
@@ -38,8 +34,12 @@ func TestPsTableAndJSON(t *testing.T) {
 		"db       yes       running (pid 42)\n" +
 		"web      yes       exited (code 3)\n" +
 		"worker   yes       exited (signal)\n"
-	if out.String() != want || asked != "ps kid" {
-		t.Errorf("ps (asked %q):\n%s\nwant\n%s", asked, out.String(), want)
+	var a wire.NameArgs
+	if reqs := f.requests(); len(reqs) != 1 || reqs[0].Op != "ps" || json.Unmarshal(reqs[0].Args, &a) != nil || a.Name != "kid" {
+		t.Errorf("ps asked the broker %+v, want ps of kid", reqs)
+	}
+	if out.String() != want {
+		t.Errorf("ps:\n%s\nwant\n%s", out.String(), want)
 	}
 	out.Reset()
 	if code := runWith(t, strings.NewReader(""), &out, io.Discard, "ps", "kid", "--json"); code != 0 {
