@@ -34,10 +34,6 @@ func (o *Orchestrator) prPolicy(ctx context.Context, w *pubWork) error {
 	if !o.ownRepo(ctx, orch, repo) {
 		return refusef("repository `%s` is not this orchestrator's repository (the host repository's %s remote)", repo, PRRemote)
 	}
-	kids, err := o.Store.Children(ctx, orch.Name)
-	if err != nil {
-		return err
-	}
 	pr := 0
 	if s := w.pr.Source; s != nil {
 		// Only what the broker imported: the orchestrator's repository is
@@ -55,21 +51,30 @@ func (o *Orchestrator) prPolicy(ctx context.Context, w *pubWork) error {
 	} else {
 		pr = w.pr.Review.PR
 	}
-	if !boundPR(kids, pr) {
+	bound, err := o.boundPR(ctx, orch.Name, pr)
+	if err != nil {
+		return err
+	}
+	if !bound {
 		return refusef("pull request %d is not bound to this orchestrator: only pull requests a child was spawned from (kind pr)", pr)
 	}
 	return nil
 }
 
-// boundPR reports whether a child was spawned from pull request pr.
-func boundPR(kids []store.Sandbox, pr int) bool {
+// boundPR reports whether a child of orch was spawned from pull request
+// pr.
+func (o *Orchestrator) boundPR(ctx context.Context, orch string, pr int) (bool, error) {
+	kids, err := o.Store.Children(ctx, orch)
+	if err != nil {
+		return false, err
+	}
 	for _, k := range kids {
 		var doc spawnDoc
 		if json.Unmarshal([]byte(k.SpawnDoc), &doc) == nil && doc.Kind == manifest.KindPR && doc.PR == pr {
-			return true
+			return true, nil
 		}
 	}
-	return false
+	return false, nil
 }
 
 // ownRepo reports whether repo's git remote (broker.yaml forge.git_url) is

@@ -158,7 +158,8 @@ func (o *Orchestrator) runStartup(ctx context.Context, sb store.Sandbox, log io.
 			return false, err
 		}
 	}
-	if len(plan.services) > 0 {
+	started = len(plan.services) > 0
+	if started {
 		if err := enter(PhaseServices); err != nil {
 			return false, err
 		}
@@ -170,15 +171,15 @@ func (o *Orchestrator) runStartup(ctx context.Context, sb store.Sandbox, log io.
 	}
 	if len(plan.onStart) > 0 {
 		if err := enter(PhaseOnStart); err != nil {
-			return len(plan.services) > 0, err
+			return started, err
 		}
 		for i, cmd := range plan.onStart {
 			if err := o.runStep(ctx, sb.Name, fmt.Sprintf("on_start command %d", i+1), cmd, log); err != nil {
-				return len(plan.services) > 0, err
+				return started, err
 			}
 		}
 	}
-	return len(plan.services) > 0, nil
+	return started, nil
 }
 
 // runSetup runs the setup commands sandbox name has not yet run to
