@@ -16,7 +16,6 @@ import (
 	"agentbox/internal/inbox"
 	"agentbox/internal/modelproxy/modeltest"
 	"agentbox/internal/testutil/agenttest"
-	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -124,11 +123,7 @@ func TestClaudeChildToDone(t *testing.T) {
 	}
 	// Usage: what the upstream reported, counted for the child.
 	// (The last answer may still be on its way when done arrives.)
-	wait.For(t, "the usage to be recorded", func() bool {
-		r := up.Reported()
-		return usageOf(e, "fix-c").Requests == r.Requests && r.Requests >= 2
-	})
-	wantUsage(t, usageOf(e, "fix-c"), up.Reported())
+	waitUsageSettles(t, e, "fix-c", up, 2)
 	if out := e.mustExec("fix-c", "sh", "-c", `ls "$HOME/.claude/sessions"`); out == "" {
 		t.Fatal("the CLI wrote no session file: did it start past its first-run dialogs?")
 	}
@@ -253,8 +248,7 @@ func TestClaudeInOrchestrator(t *testing.T) {
 			t.Fatalf("%s %s without the host's key", s.Method, s.Path)
 		}
 	}
-	wait.For(t, "the usage to be recorded", func() bool { return usageOf(e, "lead").Requests == up.Reported().Requests })
-	wantUsage(t, usageOf(e, "lead"), up.Reported())
+	waitUsageSettles(t, e, "lead", up, 1)
 }
 
 // TestClaudeJBRunnerThroughItsProfile: a claude-jb runner's Claude Code
@@ -305,6 +299,5 @@ func TestClaudeJBRunnerThroughItsProfile(t *testing.T) {
 			t.Fatalf("a request for another model than the profile's route: %.300s", s.Body)
 		}
 	}
-	wait.For(t, "the usage to be recorded", func() bool { return usageOf(e, "fix-g").Requests == grok.Reported().Requests })
-	wantUsage(t, usageOf(e, "fix-g"), grok.Reported())
+	waitUsageSettles(t, e, "fix-g", grok, 2)
 }

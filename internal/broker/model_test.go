@@ -1,6 +1,7 @@
 package broker_test
 
 import (
+	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 
 	"agentbox/internal/broker"
 	"agentbox/internal/modelproxy/modeltest"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -32,10 +34,32 @@ func usageOf(e *testEnv, name string) wire.Usage {
 // upstream reported.
 func wantUsage(t *testing.T, got wire.Usage, up modeltest.Total) {
 	t.Helper()
-	want := wire.Usage{Requests: up.Requests, InputTokens: up.Input, OutputTokens: up.Output,
-		CacheReadInputTokens: up.CacheRead, CacheCreationInputTokens: up.CacheCreation}
-	if got != want {
+	if want := usageFrom(up); got != want {
 		t.Fatalf("recorded usage %+v, the upstream reported %+v", got, want)
+	}
+}
+
+func usageFrom(up modeltest.Total) wire.Usage {
+	return wire.Usage{Requests: up.Requests, InputTokens: up.Input, OutputTokens: up.Output,
+		CacheReadInputTokens: up.CacheRead, CacheCreationInputTokens: up.CacheCreation}
+}
+
+// waitUsageSettles waits for up to have answered requests messages (a
+// session's last turn may come after the event the test waited for) and
+// then for name's recorded usage to equal what up reported, both read in
+// one poll: the proxy records a request after its answer ends.
+func waitUsageSettles(t *testing.T, e *testEnv, name string, up *modeltest.Server, requests int64) {
+	t.Helper()
+	wait.For(t, fmt.Sprintf("the upstream to answer %d requests", requests), func() bool { return up.Reported().Requests >= requests })
+	var got, want wire.Usage
+	for deadline := time.Now().Add(wait.Guard); ; time.Sleep(10 * time.Millisecond) {
+		got, want = usageOf(e, name), usageFrom(up.Reported())
+		if got == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("recorded usage %+v, the upstream reported %+v", got, want)
+		}
 	}
 }
 
