@@ -113,13 +113,30 @@ func (s Spec) Argv(prompt string) []string {
 // StartArgv starts the agent in a detached tmux session's window named
 // after it (a new session when there is none yet, else a new window).
 func StartArgv(s Spec, prompt string, newSession bool) []string {
-	cmd := s.Argv(prompt)
+	cmd := TmuxArgs(s.Argv(prompt))
 	// -P -F: tmux prints the new pane's pid (what PaneArgv prints), which
 	// spares the first observation a command.
 	if newSession {
 		return append([]string{"tmux", "new-session", "-d", "-P", "-F", "#{pane_pid}", "-s", Session, "-n", s.Name, "-x", "200", "-y", "50", "--"}, cmd...)
 	}
 	return append([]string{"tmux", "new-window", "-d", "-P", "-F", "#{pane_pid}", "-t", Session + ":", "-n", s.Name, "--"}, cmd...)
+}
+
+// TmuxArgs escapes args for tmux's command line, which reads an argument
+// ending in ';' as the end of a command even after "--": the rest would
+// run as tmux commands and the ';' would be lost. tmux turns "\;" at an
+// argument's end into ";", so inserting one backslash before a final ';'
+// passes every argument through unchanged ("a\;" becomes "a\\;", which
+// tmux reads back as "a\;").
+func TmuxArgs(args []string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		if strings.HasSuffix(a, ";") {
+			a = a[:len(a)-1] + `\;`
+		}
+		out[i] = a
+	}
+	return out
 }
 
 // HasSessionArgv succeeds when the agents' tmux session exists.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"agentbox/internal/config"
 	"agentbox/internal/grant"
+	"agentbox/internal/testutil/wait"
 )
 
 func repo(t *testing.T, yaml string) *config.Repo {
@@ -225,5 +227,33 @@ func TestParsePanes(t *testing.T) {
 	}
 	if got := panes[1].Lines; len(got) != MaxPaneLines || got[len(got)-1] != "last" {
 		t.Errorf("a long pane kept %d lines ending %q, want %d ending last", len(got), got[len(got)-1], MaxPaneLines)
+	}
+}
+
+// TestTmuxArgsReachTheCommandWhole: arguments given through tmux's
+// command line (a real tmux server on a socket of the test's own) reach
+// the command unchanged, whatever they end in: without TmuxArgs one
+// ending in ';' loses it and what follows runs as tmux commands.
+func TestTmuxArgsReachTheCommandWhole(t *testing.T) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("no tmux on this machine")
+	}
+	dir := t.TempDir()
+	sock, out := filepath.Join(dir, "s"), filepath.Join(dir, "out")
+	args := []string{"fix it;", ";", `a\;`, `b\\;`, "; c", "semi;colon", "display-message -p x;", "\\", "end"}
+	script := `printf '%s\n' "$@" > "` + out + `.tmp" && mv "` + out + `.tmp" "` + out + `"`
+	argv := append([]string{"tmux", "-S", sock, "-f", "/dev/null", "new-session", "-d", "--", "sh", "-c", script, "sh"}, TmuxArgs(args)...)
+	t.Cleanup(func() { exec.Command("tmux", "-S", sock, "kill-server").Run() })
+	if b, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
+		t.Fatalf("tmux: %v\n%s", err, b)
+	}
+	var got []byte
+	wait.For(t, "the command to write its arguments", func() bool {
+		var err error
+		got, err = os.ReadFile(out)
+		return err == nil
+	})
+	if want := strings.Join(args, "\n") + "\n"; string(got) != want {
+		t.Fatalf("the command got\n%q\nwant\n%q", got, want)
 	}
 }

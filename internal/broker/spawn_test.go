@@ -165,7 +165,9 @@ var fullSHA = regexp.MustCompile(`^[0-9a-f]{40}$`)
 // the child from the orchestrator's HEAD, its agent (the scripted one)
 // commits and reports done; the report arrives imported at the child's
 // exact commit in the orchestrator's repository, and the child is
-// destroyed (on_done defaults to destroy with the default grant).
+// destroyed (on_done defaults to destroy with the default grant). The
+// prompt ends in ';', which tmux's command line would take for the end of
+// its command: the agent must get it whole.
 func TestSpawnForkToDoneAndImport(t *testing.T) {
 	e := newTestEnv(t)
 	e.withAgent()
@@ -173,13 +175,13 @@ func TestSpawnForkToDoneAndImport(t *testing.T) {
 	lead := e.client("lead")
 	leadHead := e.mustExec("lead", "git", "rev-parse", "HEAD")
 
-	wantStatus(t, spawn(t, lead, "spawn-a", map[string]any{"branch": "fix/a", "prompt": "fix A", "note": "task A"}),
+	wantStatus(t, spawn(t, lead, "spawn-a", map[string]any{"branch": "fix/a", "prompt": "fix A; run the tests;", "note": "task A"}),
 		"started", "creation of child `fix-a` started")
 	done := messageFrom(t, lead, "fix-a", "done")
 	if done.ImportedRef != "refs/jailbee/from/fix-a/fix/a" || !fullSHA.MatchString(done.ImportedSHA) || done.OnDone != "destroy" || done.ImportError != "" {
 		t.Fatalf("done report: %+v", done)
 	}
-	if done.Body != "done: fix A" || done.OriginID == "" {
+	if done.Body != "done: fix A; run the tests;" || done.OriginID == "" {
 		t.Fatalf("done report body %q origin %q", done.Body, done.OriginID)
 	}
 	// The import is the agent's commit, on top of the orchestrator's HEAD.
@@ -189,7 +191,7 @@ func TestSpawnForkToDoneAndImport(t *testing.T) {
 	if got := e.mustExec("lead", "git", "rev-parse", done.ImportedSHA+"~1"); got != leadHead {
 		t.Fatalf("the child's commit's parent is %s, want the orchestrator's HEAD %s", got, leadHead)
 	}
-	if got := e.mustExec("lead", "git", "show", "-s", "--format=%s", done.ImportedSHA); got != "agent: fix A" {
+	if got := e.mustExec("lead", "git", "show", "-s", "--format=%s", done.ImportedSHA); got != "agent: fix A; run the tests;" {
 		t.Fatalf("imported commit %q", got)
 	}
 	st := statusOf(t, lead, "spawn-a", "done", "failed")
