@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"strconv"
 	"strings"
 )
@@ -25,7 +26,8 @@ const MaxServiceLog = 8 << 20
 // a file (as a tmux argument, text ending in ';' would split the tmux
 // command), its old window goes, and the new one's output is kept, bounded,
 // in its log. Every tmux command in one call: remain-on-exit is set before
-// the server can see the command end.
+// the server can see the command end, and the pipe is in place before the
+// server reads the pane's first output.
 const serviceScript = `set -eu
 n=$1 d="$HOME/` + ServiceLogDir + `"
 mkdir -p "$d"
@@ -38,13 +40,23 @@ if tmux has-session -t "=` + Session + `" 2>/dev/null; then
 else
 	set -- new-session -d -s "` + Session + `" -n "$n" -x 200 -y 50
 fi
-exec tmux "$@" -- sh "$d/$n.sh" \; set-option -w -t "$t" remain-on-exit on \; pipe-pane -t "$t" "exec head -c $MAXLOG > '$d/$n.log'"
+exec tmux "$@" -- sh "$d/$n.sh" \; set-option -w -t "$t" remain-on-exit on \; pipe-pane -t "$t" "$LOGGER > '$d/$n.log'"
 `
+
+// serviceLogger writes a pane's output to its log (MaxServiceLog bytes
+// at most) as it comes. The tmux server runs it with the server's
+// environment, so the bound is in its text. head -c alone keeps its output in stdio's buffer
+// until it ends, and with remain-on-exit the pipe stays open: a service's
+// last few KiB (all of a short one's) never reached its log. stdbuf
+// (coreutils, beside head) makes head's output unbuffered. (Not dd:
+// without iflag=fullblock it counts reads, not bytes; with it, it
+// buffers too.)
+var serviceLogger = fmt.Sprintf(`if command -v stdbuf >/dev/null; then exec stdbuf -o0 head -c %[1]d; else exec head -c %[1]d; fi`, MaxServiceLog)
 
 // StartServiceArgv (re)starts service name with command in the sandbox's
 // tmux session (a new session when there is none).
 func StartServiceArgv(name, command string) []string {
-	return []string{"env", "MAXLOG=" + strconv.Itoa(MaxServiceLog), "sh", "-c", serviceScript, "sh", name, command}
+	return []string{"env", "LOGGER=" + serviceLogger, "sh", "-c", serviceScript, "sh", name, command}
 }
 
 // ListServicesArgv prints one line per window of the session: its name,
