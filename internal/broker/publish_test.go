@@ -290,7 +290,7 @@ func TestPublishCrashAfterTheForgeCall(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := statusOf(t, lead, "pub-1", "done")
-	if !strings.HasPrefix(done.Detail, "published issue/crash.json: create "+issueURL+"; comment #1 "+issueURL+"#issuecomment-") {
+	if !strings.HasPrefix(done.Detail, "published issue/crash.json: create #1 "+issueURL+"; comment #1 "+issueURL+"#issuecomment-") {
 		t.Fatalf("after resolve --retry: %+v", done)
 	}
 	if is, _ := gh.Issue("owner/repo", 1); len(is.Comments) != 2 || len(gh.Calls()) != 3 {

@@ -3,6 +3,7 @@ package orchestrate
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"agentbox/internal/manifest"
@@ -101,7 +102,8 @@ func (o *Orchestrator) ResolveOutbox(ctx context.Context, key string, applied bo
 	}
 	i := j.Next()
 	if applied {
-		j.Actions[i] = pubjournal.Action{Kind: j.Actions[i].Kind, State: pubjournal.Applied, URL: url, Detail: "resolved by hand as applied"}
+		j.Actions[i] = pubjournal.Action{Kind: j.Actions[i].Kind, State: pubjournal.Applied, URL: url, Number: numberInURL(url),
+			Detail: "resolved by hand as applied"}
 	} else {
 		j.Actions[i] = pubjournal.Action{Kind: j.Actions[i].Kind}
 	}
@@ -113,4 +115,26 @@ func (o *Orchestrator) ResolveOutbox(ctx context.Context, key string, applied bo
 	o.appendStatus(ctx, j.Sandbox, j.Ref, wire.StateStarted, fmt.Sprintf("%s/%s: resolved on the host, publishing continues", j.Outbox, j.Name))
 	o.startPublish(&pubWork{sandbox: j.Sandbox, outbox: j.Outbox, name: j.Name, ref: j.Ref})
 	return j, nil
+}
+
+// numberInURL is the issue or pull request number a URL a person gave
+// ends in (.../issues/N, .../pull/N, before any #fragment), or 0: what a
+// create the forge answered would have recorded.
+func numberInURL(u string) int {
+	u, _, _ = strings.Cut(u, "#")
+	u, _, _ = strings.Cut(u, "?")
+	parts := strings.Split(strings.TrimSuffix(u, "/"), "/")
+	if len(parts) < 2 {
+		return 0
+	}
+	switch parts[len(parts)-2] {
+	case "issues", "pull", "pulls":
+	default:
+		return 0
+	}
+	n, err := strconv.Atoi(parts[len(parts)-1])
+	if err != nil || n <= 0 || strconv.Itoa(n) != parts[len(parts)-1] {
+		return 0
+	}
+	return n
 }
