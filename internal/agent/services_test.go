@@ -35,17 +35,17 @@ func TestParseServices(t *testing.T) {
 	}
 }
 
-// TestServiceLogKeepsItsFirstOutput: a service that prints at once and
-// exits (the case its log matters most for) has that output in its log
-// and its exit code in its window, through a real tmux server (its socket
-// and the service's home in the test's own directories).
-func TestServiceLogKeepsItsFirstOutput(t *testing.T) {
+// tmuxHome gives the test a home of its own and a run that runs argv with
+// it, against a real tmux server whose socket is in the test's own
+// directory (killed at the end).
+func tmuxHome(t *testing.T) (home string, run func(argv []string) []byte) {
+	t.Helper()
 	if _, err := exec.LookPath("tmux"); err != nil {
 		t.Skip("no tmux on this machine")
 	}
 	home, sockets := t.TempDir(), t.TempDir()
 	env := append(os.Environ(), "HOME="+home, "TMUX_TMPDIR="+sockets, "TMUX=")
-	run := func(argv []string) []byte {
+	run = func(argv []string) []byte {
 		t.Helper()
 		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.Env = env
@@ -60,6 +60,15 @@ func TestServiceLogKeepsItsFirstOutput(t *testing.T) {
 		cmd.Env = env
 		cmd.Run()
 	})
+	return home, run
+}
+
+// TestServiceLogKeepsItsFirstOutput: a service that prints at once and
+// exits (the case its log matters most for) has that output in its log
+// and its exit code in its window, through a real tmux server (its socket
+// and the service's home in the test's own directories).
+func TestServiceLogKeepsItsFirstOutput(t *testing.T) {
+	home, run := tmuxHome(t)
 	for round := range 3 { // the second and third restart it
 		run(StartServiceArgv("quick", fmt.Sprintf("echo quick-output-%d; exit 4", round)))
 		var st ServiceState
@@ -85,26 +94,7 @@ func TestServiceLogKeepsItsFirstOutput(t *testing.T) {
 // TestServiceLogBound: a run's log keeps MaxServiceLog bytes of output,
 // at the limit and one byte past it.
 func TestServiceLogBound(t *testing.T) {
-	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Skip("no tmux on this machine")
-	}
-	home, sockets := t.TempDir(), t.TempDir()
-	env := append(os.Environ(), "HOME="+home, "TMUX_TMPDIR="+sockets, "TMUX=")
-	run := func(argv []string) []byte {
-		t.Helper()
-		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.Env = env
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("%q: %v\n%s", argv, err, out)
-		}
-		return out
-	}
-	t.Cleanup(func() {
-		cmd := exec.Command("tmux", "kill-server")
-		cmd.Env = env
-		cmd.Run()
-	})
+	home, run := tmuxHome(t)
 	// The agent's window first, as in a sandbox: the server runs the log
 	// writer with its own environment, not the service start's.
 	run([]string{"tmux", "new-session", "-d", "-s", Session, "-n", "agent", "--", "sleep", "1000"})
