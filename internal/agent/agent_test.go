@@ -235,18 +235,11 @@ func TestParsePanes(t *testing.T) {
 // the command unchanged, whatever they end in: without TmuxArgs one
 // ending in ';' loses it and what follows runs as tmux commands.
 func TestTmuxArgsReachTheCommandWhole(t *testing.T) {
-	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Skip("no tmux on this machine")
-	}
-	dir := t.TempDir()
-	sock, out := filepath.Join(dir, "s"), filepath.Join(dir, "out")
+	home, run := tmuxHome(t)
+	out := filepath.Join(home, "out")
 	args := []string{"fix it;", ";", `a\;`, `b\\;`, "; c", "semi;colon", "display-message -p x;", "\\", "end"}
 	script := `printf '%s\n' "$@" > "` + out + `.tmp" && mv "` + out + `.tmp" "` + out + `"`
-	argv := append([]string{"tmux", "-S", sock, "-f", "/dev/null", "new-session", "-d", "--", "sh", "-c", script, "sh"}, TmuxArgs(args)...)
-	t.Cleanup(func() { exec.Command("tmux", "-S", sock, "kill-server").Run() })
-	if b, err := exec.Command(argv[0], argv[1:]...).CombinedOutput(); err != nil {
-		t.Fatalf("tmux: %v\n%s", err, b)
-	}
+	run(append([]string{"tmux", "-f", "/dev/null", "new-session", "-d", "--", "sh", "-c", script, "sh"}, TmuxArgs(args)...))
 	var got []byte
 	wait.For(t, "the command to write its arguments", func() bool {
 		var err error

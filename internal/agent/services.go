@@ -45,12 +45,12 @@ exec tmux "$@" -- sh "$d/$n.sh" \; set-option -w -t "$t" remain-on-exit on \; pi
 
 // serviceLogger writes a pane's output to its log (MaxServiceLog bytes
 // at most) as it comes. The tmux server runs it with the server's
-// environment, so the bound is in its text. head -c alone keeps its output in stdio's buffer
-// until it ends, and with remain-on-exit the pipe stays open: a service's
-// last few KiB (all of a short one's) never reached its log. stdbuf
-// (coreutils, beside head) makes head's output unbuffered. (Not dd:
-// without iflag=fullblock it counts reads, not bytes; with it, it
-// buffers too.)
+// environment, so the bound is in its text. head -c alone keeps its
+// output in stdio's buffer until it ends, and with remain-on-exit the pipe
+// stays open: a service's last few KiB (all of a short one's) never
+// reached its log. stdbuf (coreutils, beside head) makes head's output
+// unbuffered. (Not dd: without iflag=fullblock it counts reads, not
+// bytes; with it, it buffers too.)
 var serviceLogger = fmt.Sprintf(`if command -v stdbuf >/dev/null; then exec stdbuf -o0 head -c %[1]d; else exec head -c %[1]d; fi`, MaxServiceLog)
 
 // StartServiceArgv (re)starts service name with command in the sandbox's
