@@ -131,6 +131,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 		{"ExecUsersAndDir", testExecUsersAndDir},
 		{"ExecTerminal", testExecTerminal},
 		{"ExecCancelEndsCommand", testExecCancel},
+		{"ExecCancelEndsForks", testExecCancelForks},
 		{"StopEndsEveryProcess", testStopEndsEveryProcess},
 		{"CheckoutPersistsAcrossStop", testPersistsAcrossStop},
 		{"AttachDetachSocket", testAttachDetach},
@@ -559,6 +560,39 @@ func testExecCancel(s *suite) {
 	wait.For(s.t, "the sandbox's state", func() bool {
 		return Exec(s.t, s.b, name, backend.ExecOptions{Argv: []string{"sh", "-c", "kill -0 $(cat /tmp/pid)"}}).Code != 0
 	})
+}
+
+// testExecCancelForks: a cancelled command that forks all the time leaves
+// nothing behind, not even what it forked while the cancel was under way.
+// Each child writes ~/late a moment after it was forked, so a survivor
+// shows up there after Exec has returned.
+func testExecCancelForks(s *suite) {
+	t, b := s.t, s.b
+	name := s.started("forks")
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Exec(ctx, name, backend.ExecOptions{Argv: []string{"sh", "-c",
+			`while :; do (sleep 0.3; echo x >> "$HOME/late") & sleep 0.005; done`}})
+		done <- err
+	}()
+	wait.For(t, "the command's children to write", func() bool {
+		return Exec(t, b, name, backend.ExecOptions{Argv: []string{"sh", "-c", `test -s "$HOME/late"`}}).Code == 0
+	})
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a cancelled Exec returned no error")
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("cancelling did not end the command")
+	}
+	Sh(t, b, name, `rm -f "$HOME/late"`)
+	time.Sleep(time.Second) // three times what a child sleeps
+	if out := Sh(t, b, name, `cat "$HOME/late" 2>/dev/null | wc -l`); out != "0" {
+		t.Fatalf("%s children of a cancelled command ran on after Exec returned", out)
+	}
 }
 
 // testStopEndsEveryProcess: what a command left running in the background

@@ -283,9 +283,17 @@ const execMarker = "JAILBEE_EXEC"
 
 // killScript kills, inside the container, every process whose environment
 // holds the line $1. It runs as the command's uid, so it can end nothing
-// but what that uid could end itself.
-const killScript = `for p in /proc/[0-9]*; do
-	if tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qxF -- "$1"; then kill -KILL "${p#/proc/}" 2>/dev/null; fi
+// but what that uid could end itself. One pass is not enough: a process
+// forked after the pass listed /proc, by a parent killed later in it,
+// would live on, so passes repeat until one finds nothing to kill.
+const killScript = `while :; do
+	found=
+	for p in /proc/[0-9]*; do
+		if tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qxF -- "$1"; then
+			kill -KILL "${p#/proc/}" 2>/dev/null && found=1
+		fi
+	done
+	[ -n "$found" ] || exit 0
 done`
 
 // killExec ends a cancelled command's processes in the container.
