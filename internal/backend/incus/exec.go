@@ -285,8 +285,13 @@ const execMarker = "JAILBEE_EXEC"
 // holds the line $1. It runs as the command's uid, so it can end nothing
 // but what that uid could end itself. One pass is not enough: a process
 // forked after the pass listed /proc, by a parent killed later in it,
-// would live on, so passes repeat until one finds nothing to kill.
-const killScript = `while :; do
+// would live on, so passes repeat until one finds nothing to kill. A
+// killed process is found again until it has exited; one that never can
+// (stuck in the kernel) must not keep the script spinning in the sandbox
+// after the broker gave up on it, so the passes are bounded too.
+const killScript = `n=0
+while [ "$n" -lt 100 ]; do
+	n=$((n + 1))
 	found=
 	for p in /proc/[0-9]*; do
 		if tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qxF -- "$1"; then
