@@ -262,6 +262,34 @@ func TestRightsReattachedAtStart(t *testing.T) {
 	wantRights(t, st, wire.StateDone, "granted mount data (no expiry)")
 }
 
+// TestRightsLooseGrantsNoAddress: an orchestrator with grantable loose
+// (and a repository with no egress cap) cannot give a child an address
+// entry, by a rights manifest or a spawn: the child's proxy would let it
+// reach that address even where it refuses one (the host's loopback, the
+// metadata service), which the orchestrator's own loose never reaches.
+func TestRightsLooseGrantsNoAddress(t *testing.T) {
+	e, _ := rightsEnv(t)
+	c := e.client("orch")
+	const refusal = "is not grantable: an address is granted only by a grantable entry that names it"
+	st := sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"egress": []string{"127.0.0.1"}, "for": "5m"}})
+	wantRights(t, st, wire.StateRefused, "egress `127.0.0.1` "+refusal)
+	st = spawn(t, c, "spawn-a", map[string]any{"branch": "fix/a", "prompt": "p",
+		"rights": map[string]any{"mounts": []string{}, "loose": true, "egress": []string{"169.254.169.254"}}})
+	wantRights(t, st, wire.StateRefused, "egress `169.254.169.254` "+refusal)
+	// A name is still the loose orchestrator's to grant.
+	st = sendRights(t, c, map[string]any{"id": "r2", "child": "kid", "grant": map[string]any{"egress": []string{"example.org"}, "for": "5m"}})
+	wantRights(t, st, wire.StateDone, "granted egress example.org for 5m")
+	var res wire.RightsResult
+	if err := e.admin("rights", wire.RightsArgs{Name: "kid"}, &res); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res.Rights {
+		if r.Kind == "egress" && r.Item != "example.org" {
+			t.Fatalf("the child holds egress %s", r.Item)
+		}
+	}
+}
+
 // TestRightsSpawnMount: a spawn's mount right is attached when the child
 // is made, owned by orchestration and permanent.
 func TestRightsSpawnMount(t *testing.T) {

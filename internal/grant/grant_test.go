@@ -158,6 +158,10 @@ func TestCheckRights(t *testing.T) {
 	gl := g
 	gl.Grantable.Loose = true
 	capEgress := Cap{Egress: []string{"*.example.com"}}
+	wild := g
+	wild.Grantable = Rights{Egress: []string{"*.0.0.1"}}
+	addr := g
+	addr.Grantable = Rights{Egress: []string{"10.1.2.3"}}
 	tests := []struct {
 		name string
 		g    Grant
@@ -177,6 +181,17 @@ func TestCheckRights(t *testing.T) {
 		{"loose allows egress inside repo cap", gl, capEgress, Rights{Egress: []string{"a.example.com"}}, ""},
 		{"loose refuses egress outside repo cap", gl, capEgress, Rights{Egress: []string{"evil.org"}}, "egress `evil.org` is not grantable"},
 		{"empty repo egress cap allows none by loose", gl, Cap{Egress: []string{}}, Rights{Egress: []string{"evil.org"}}, "egress `evil.org` is not grantable"},
+		// An address entry reaches what the proxy refuses otherwise: only an
+		// entry naming it passes it on.
+		{"loose never grants loopback", gl, Cap{}, Rights{Egress: []string{"127.0.0.1"}}, "egress `127.0.0.1` is not grantable: an address is granted only by a grantable entry that names it"},
+		{"loose never grants the metadata service", gl, Cap{}, Rights{Egress: []string{"169.254.169.254"}}, "egress `169.254.169.254` is not grantable: an address is granted only by a grantable entry that names it"},
+		{"loose never grants a private address", gl, Cap{}, Rights{Egress: []string{"10.0.0.1"}}, "egress `10.0.0.1` is not grantable: an address is granted only by a grantable entry that names it"},
+		{"loose never grants a public address", gl, Cap{}, Rights{Egress: []string{"93.184.216.34"}}, "egress `93.184.216.34` is not grantable: an address is granted only by a grantable entry that names it"},
+		{"loose inside a repo cap naming the address", gl, Cap{Egress: []string{"127.0.0.1"}}, Rights{Egress: []string{"127.0.0.1"}}, "egress `127.0.0.1` is not grantable: an address is granted only by a grantable entry that names it"},
+		{"a wildcard never grants an address", wild, Cap{}, Rights{Egress: []string{"127.0.0.1"}}, "egress `127.0.0.1` is not grantable: an address is granted only by a grantable entry that names it"},
+		{"an entry naming the address grants it", addr, Cap{}, Rights{Egress: []string{"10.1.2.3"}}, ""},
+		{"an entry naming another address does not", addr, Cap{}, Rights{Egress: []string{"10.1.2.4"}}, "egress `10.1.2.4` is not grantable: an address is granted only by a grantable entry that names it"},
+		{"an address entry outside the repo cap", addr, capEgress, Rights{Egress: []string{"10.1.2.3"}}, "egress `10.1.2.3` is not grantable: an address is granted only by a grantable entry that names it"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

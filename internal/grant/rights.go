@@ -3,6 +3,7 @@ package grant
 import (
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"regexp"
 	"strings"
 )
@@ -121,11 +122,30 @@ func CheckRights(effective Grant, repo Cap, r Rights) error {
 		return fmt.Errorf("loose is not grantable")
 	}
 	for _, h := range r.Egress {
+		if IsAddress(h) {
+			// A sandbox's address entry is granted as such: its proxy
+			// lets it reach the address even where it refuses one
+			// (loopback, private, the host's own). So only an entry
+			// naming the address passes it on, never loose or a
+			// wildcard, or a loose orchestrator could give a child the
+			// host's loopback it cannot reach itself.
+			if !contains(g.Egress, h) {
+				return fmt.Errorf("egress `%s` is not grantable: an address is granted only by a grantable entry that names it", h)
+			}
+			continue
+		}
 		if g.EgressRight(repo, h) == "" {
 			return fmt.Errorf("egress `%s` is not grantable", h)
 		}
 	}
 	return nil
+}
+
+// IsAddress reports whether an egress entry is an IP address literal
+// rather than a host name.
+func IsAddress(entry string) bool {
+	_, err := netip.ParseAddr(entry)
+	return err == nil
 }
 
 // CheckSyntax validates each item of r and its list sizes; field names the
