@@ -34,7 +34,7 @@ func (b *Broker) listenEgress(sb store.Sandbox, dir string) (net.Listener, *egre
 	ln.SetUnlinkOnClose(false)
 	es := &egressServer{}
 	es.proxy = egress.New(egress.Config{Sandbox: sb.Name, Log: b.logEgress})
-	es.set(b.egressRights(context.Background(), sb.Name))
+	es.refresh(func() *egress.Rights { return b.egressRights(context.Background(), sb.Name) })
 	return ln, es, nil
 }
 
@@ -50,11 +50,15 @@ func (b *Broker) egressRights(ctx context.Context, name string) *egress.Rights {
 	return &egress.Rights{Rights: grant.Rights{Egress: r.Egress, Loose: r.Loose}, Cap: grant.Cap{Egress: r.RepoCap}}
 }
 
-// set gives the proxy r (nil: nothing) and cuts the live connections of
-// every right r no longer holds.
-func (es *egressServer) set(r *egress.Rights) {
+// refresh gives the proxy the rights read returns (nil: nothing) and cuts
+// the live connections of every right they no longer hold. The read and
+// the change are one step under es.mu: of two refreshes, the one that
+// read last applies last, so a revoke's refresh is never undone by an
+// older reading.
+func (es *egressServer) refresh(read func() *egress.Rights) {
 	es.mu.Lock()
 	defer es.mu.Unlock()
+	r := read()
 	old := es.rules
 	if r == nil {
 		es.rules = egress.Rights{}
@@ -83,7 +87,7 @@ func (b *Broker) RefreshEgress(ctx context.Context, name string) error {
 	if srv == nil || srv.egress == nil {
 		return nil
 	}
-	srv.egress.set(b.egressRights(ctx, name))
+	srv.egress.refresh(func() *egress.Rights { return b.egressRights(ctx, name) })
 	return nil
 }
 

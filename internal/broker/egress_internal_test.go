@@ -66,13 +66,14 @@ func TestEgressSetCutsLostRights(t *testing.T) {
 		_, err := io.ReadFull(c, make([]byte, 1))
 		return err == nil
 	}
-	es.set(&egress.Rights{Rights: grant.Rights{Egress: []string{"127.0.0.1"}}})
+	set := func(r *egress.Rights) { es.refresh(func() *egress.Rights { return r }) }
+	set(&egress.Rights{Rights: grant.Rights{Egress: []string{"127.0.0.1"}}})
 	c := tunnelThrough(t, sock, dst.Addr().String())
-	es.set(&egress.Rights{Rights: grant.Rights{Egress: []string{"127.0.0.1", "example.com"}}})
+	set(&egress.Rights{Rights: grant.Rights{Egress: []string{"127.0.0.1", "example.com"}}})
 	if !alive(c) {
 		t.Fatal("a tunnel of a right still held was cut")
 	}
-	es.set(&egress.Rights{Rights: grant.Rights{Egress: []string{"example.com"}}})
+	set(&egress.Rights{Rights: grant.Rights{Egress: []string{"example.com"}}})
 	// The cut closes the tunnel: reading it ends (the deadline only keeps
 	// a broken cut from hanging the test).
 	if _, err := io.Copy(io.Discard, c); err != nil {

@@ -7,8 +7,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
+	"agentbox/internal/backend"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
@@ -149,4 +151,43 @@ func hostAddr(t *testing.T) string {
 		}
 	}
 	return ""
+}
+
+// TestEgressRevokeWhileServed: a broker that starts serves each running
+// sandbox in turn, the orchestrator before its child here. The
+// orchestrator revokes the child's egress while the child's proxy is
+// being made (after it read the rights, before the broker lists it as
+// served, so the revoke's refresh does not find it). The proxy must still
+// refuse the revoked host once the child is served.
+func TestEgressRevokeWhileServed(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "hello from the host")
+	}))
+	defer srv.Close()
+	url := srv.URL + "/"
+	e := newTestEnv(t)
+	if err := e.admin("new", wire.NewArgs{Name: "a-lead", Repo: e.repo, Role: "orchestrator", Grant: json.RawMessage(egressGrant)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.child("z-kid", "a-lead")
+	st := sendRights(t, e.client("a-lead"), map[string]any{"id": "r1", "child": "z-kid", "grant": map[string]any{"egress": []string{"127.0.0.1"}, "for": "1h"}})
+	wantRights(t, st, wire.StateDone, "granted egress 127.0.0.1 for 1h")
+	if code, body := fetch(e, "z-kid", url); code != "200" || body != "hello from the host" {
+		t.Fatalf("the granted child through the proxy: %s %q", code, body)
+	}
+	var once sync.Once
+	e.onAttach = func(name string, socket backend.SocketKind) {
+		if name != "z-kid" || socket != backend.ModelSocket {
+			return
+		}
+		once.Do(func() {
+			st := sendRights(t, e.client("a-lead"), map[string]any{"id": "r2", "child": "z-kid", "revoke": map[string]any{"egress": []string{"127.0.0.1"}}})
+			wantRights(t, st, wire.StateDone, "revoked egress 127.0.0.1")
+		})
+	}
+	e.restart()
+	e.onAttach = nil
+	if code, body := fetch(e, "z-kid", url); code != "403" || body != "egress to 127.0.0.1 is not granted to this sandbox" {
+		t.Fatalf("after the revoke while the child was served: %s %q", code, body)
+	}
 }

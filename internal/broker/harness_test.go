@@ -76,6 +76,9 @@ type testEnv struct {
 	caps orchestrate.Caps
 	// publish is broker.Config.Publish (kept across restarts).
 	publish *orchestrate.Publishing
+	// onAttach, when set, runs before each AttachSocket of the backend
+	// (kept across restarts).
+	onAttach func(name string, socket backend.SocketKind)
 }
 
 func newTestEnv(t testing.TB) *testEnv {
@@ -326,7 +329,7 @@ func hostGit(t testing.TB, dir string, args ...string) string {
 
 func (e *testEnv) start() {
 	e.t.Helper()
-	e.be = &recBackend{Backend: e.openBackend()}
+	e.be = &recBackend{Backend: e.openBackend(), onAttach: e.onAttach}
 	// Info, as a broker runs by default: a debug line per request would
 	// weigh on the benchmarks and fill e.logs.
 	h := slog.NewTextHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelInfo})
@@ -338,11 +341,12 @@ func (e *testEnv) start() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	e.b = b // already while it starts: an onAttach hook may dial a sandbox served before
 	if err := b.Serve(); err != nil {
+		e.b = nil
 		b.Close()
 		e.t.Fatal(err)
 	}
-	e.b = b
 	e.t.Cleanup(func() {
 		if e.b == b {
 			e.b.Close()
@@ -712,8 +716,16 @@ func wantWireError(t testing.TB, what string, err error, code wire.Code, detail 
 // failed create is left (its cgroups are named by uuid).
 type recBackend struct {
 	backend.Backend
-	mu    sync.Mutex
-	uuids []string
+	mu       sync.Mutex
+	uuids    []string
+	onAttach func(name string, socket backend.SocketKind)
+}
+
+func (r *recBackend) AttachSocket(ctx context.Context, name string, socket backend.SocketKind, dir string) error {
+	if r.onAttach != nil {
+		r.onAttach(name, socket)
+	}
+	return r.Backend.AttachSocket(ctx, name, socket, dir)
 }
 
 func (r *recBackend) Create(ctx context.Context, opts backend.CreateOptions) (backend.Instance, error) {

@@ -186,6 +186,9 @@ func (b *Broker) serveSandbox(sb store.Sandbox) error {
 	}
 	b.serving[sb.Name] = srv
 	b.mu.Unlock()
+	// A rights change while the sockets were made (its refresh found no
+	// server, or the old one) reaches the proxy now.
+	b.RefreshEgress(b.ctx, sb.Name)
 	if old != nil && old.model != nil && (srv.model == nil || old.model.dir != srv.model.dir) {
 		if err := secfs.RemoveTree(old.model.dir); err != nil {
 			b.log.Warn("cannot remove model socket dir", "sandbox", sb.Name, "err", err)
