@@ -68,7 +68,9 @@ type Config struct {
 	Upstream *url.URL
 	// Key is the host's API key, sent as x-api-key.
 	Key string
-	// Client sends the upstream requests (nil: a client of its own).
+	// Client sends the upstream requests (nil: a client of its own). New
+	// uses a copy whose CheckRedirect follows no redirect, whatever this
+	// one's says: a redirect would carry the key to another host.
 	Client *http.Client
 	// Record receives each response's usage, once, when the response has
 	// ended (also when it ended early). Nil records nothing.
@@ -97,16 +99,21 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Key == "" {
 		return nil, errors.New("modelproxy: no API key")
 	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Transport: &http.Transport{
-			Proxy:                 http.ProxyFromEnvironment,
-			ForceAttemptHTTP2:     true,
-			TLSHandshakeTimeout:   30 * time.Second,
-			ResponseHeaderTimeout: StreamIdleTimeout,
-			MaxIdleConnsPerHost:   MaxConcurrent,
-			IdleConnTimeout:       ConnIdleTimeout,
-		}}
+	client := http.Client{Transport: &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		ForceAttemptHTTP2:     true,
+		TLSHandshakeTimeout:   30 * time.Second,
+		ResponseHeaderTimeout: StreamIdleTimeout,
+		MaxIdleConnsPerHost:   MaxConcurrent,
+		IdleConnTimeout:       ConnIdleTimeout,
+	}}
+	if cfg.Client != nil {
+		client = *cfg.Client
 	}
+	// A redirect would send the key and the body to wherever it points:
+	// none is followed, the 3xx is the answer (and refused in serve).
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	cfg.Client = &client
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -215,6 +222,12 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 		return apiError(w, http.StatusBadGateway, "api_error", "the model upstream could not be reached")
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		// Not followed, and its Location (an address of the upstream's
+		// choosing) is not passed on.
+		p.cfg.Log.Warn("model upstream answered a redirect", "path", r.URL.Path, "status", resp.StatusCode)
+		return apiError(w, http.StatusBadGateway, "api_error", "the model upstream answered with a redirect, which is not followed")
+	}
 	for k, v := range resp.Header {
 		if containsFold(responseHeaders, k) || strings.HasPrefix(k, "Anthropic-Ratelimit-") {
 			w.Header()[k] = v

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -365,6 +366,59 @@ func TestUpstreamFailures(t *testing.T) {
 	}
 	if u := w.recorded(); u.Requests != 1 || u.InputTokens != 9 {
 		t.Fatalf("usage of a cut stream: %+v", u)
+	}
+}
+
+// TestUpstreamRedirectNotFollowed: a 3xx from the upstream is never
+// followed (the key and the body would go wherever it points), with the
+// proxy's own client or one the caller gave; the sandbox gets a 502 in
+// the API's format naming neither the target nor the upstream.
+func TestUpstreamRedirectNotFollowed(t *testing.T) {
+	var mu sync.Mutex
+	var reached []string
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		reached = append(reached, r.Header.Get("X-Api-Key"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"stolen":true}`)
+	}))
+	defer target.Close()
+	// Another host name for the same loopback, as a redirect elsewhere.
+	elsewhere := strings.Replace(target.URL, "127.0.0.1", "localhost", 1)
+	status := http.StatusTemporaryRedirect
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		http.Redirect(w, r, elsewhere+"/steal"+r.URL.Path, status)
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	for _, client := range []*http.Client{nil, {}} {
+		_, c := serveOnSocket(t, modelproxy.Config{Upstream: u, Key: hostKey, Client: client})
+		for _, status = range []int{http.StatusTemporaryRedirect, http.StatusPermanentRedirect, http.StatusFound} {
+			for _, get := range []bool{false, true} {
+				var resp *http.Response
+				var err error
+				if get {
+					resp, err = c.Get("http://localhost/v1/models")
+				} else {
+					resp, err = c.Post("http://localhost/v1/messages", "application/json", strings.NewReader(modeltest.RequestBody("hi", false)))
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				body := readAll(t, resp)
+				if resp.StatusCode != 502 || apiErrorType(t, body) != "api_error" || resp.Header.Get("Location") != "" ||
+					strings.Contains(body, "steal") || strings.Contains(body, up.URL[len("http://"):]) || strings.Contains(body, hostKey) {
+					t.Errorf("client %v, a %d (GET %v): %d %v %q", client != nil, status, get, resp.StatusCode, resp.Header, body)
+				}
+			}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reached) != 0 {
+		t.Fatalf("the redirect target was reached %d times (keys %q)", len(reached), reached)
 	}
 }
 
