@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"agentbox/internal/wire"
@@ -50,6 +51,11 @@ const (
 	StreamIdleTimeout = 5 * time.Minute
 	// ConnIdleTimeout closes a keep-alive connection with no request.
 	ConnIdleTimeout = 2 * time.Minute
+	// MaxConns is how many connections one sandbox's model socket holds
+	// open at once, requests or not (a connection that never sends a
+	// request still costs the broker a descriptor and a goroutine); one
+	// more is closed as soon as it is accepted.
+	MaxConns = 64
 	// maxHeaderBytes bounds a request's headers.
 	maxHeaderBytes = 64 << 10
 	// maxUsageBody bounds how much of a non-streamed response is kept to
@@ -139,7 +145,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	stop := context.AfterFunc(ctx, func() { srv.Close() })
 	defer stop()
-	err := srv.Serve(ln)
+	err := srv.Serve(&limitListener{Listener: ln, slots: make(chan struct{}, MaxConns)})
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -176,6 +182,22 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int64) {
+	// A body left unread (a refusal, a GET) is still read by net/http
+	// after the answer (up to 256 KiB), with no deadline of its own: a
+	// client that never sends it would hold the connection for ever. So
+	// the connection goes with the answer, and the read deadline set here
+	// ends that read at once; readBody lifts both once the body is read.
+	unread := r.ContentLength != 0
+	if unread {
+		rc := http.NewResponseController(w)
+		w.Header().Set("Connection", "close")
+		_ = rc.SetReadDeadline(time.Now().Add(p.cfg.ReadTimeout))
+		defer func() {
+			if unread {
+				_ = rc.SetReadDeadline(time.Now())
+			}
+		}()
+	}
 	if !allowedPath(r.Method, r.URL.Path) {
 		return apiError(w, http.StatusNotFound, "not_found_error", "the model socket serves POST /v1/messages, POST /v1/messages/count_tokens and GET /v1/models only")
 	}
@@ -194,6 +216,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	if !ok {
 		return status, n
 	}
+	unread = unread && r.Method != http.MethodPost
 
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -270,6 +293,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (body []byte, s
 		return nil, status, n, false
 	}
 	_ = rc.SetReadDeadline(time.Time{})
+	w.Header().Del("Connection")
 	return body, 0, 0, true
 }
 
@@ -310,6 +334,52 @@ func (p *Proxy) copyResponse(ctx context.Context, cancel context.CancelFunc, w h
 			return n, err
 		}
 	}
+}
+
+// limitListener accepts at most cap(slots) connections open at once and
+// closes any more as soon as they are accepted (rather than leave them
+// queued, so a client learns at once).
+type limitListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &limitConn{Conn: c, slots: l.slots}, nil
+		default:
+			c.Close()
+		}
+	}
+}
+
+// limitConn gives its slot back when closed (once: net/http may close a
+// connection more than once).
+type limitConn struct {
+	net.Conn
+	slots chan struct{}
+	once  sync.Once
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { <-c.slots })
+	return err
+}
+
+// CloseWrite lets net/http half-close the connection before it closes it
+// after an answer with Connection: close, as it does with the bare one.
+func (c *limitConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
 }
 
 // apiError answers in the Messages API's error format.

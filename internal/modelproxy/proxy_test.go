@@ -334,6 +334,108 @@ func TestSlowClientHoldsOnlyItsOwnSlot(t *testing.T) {
 	}
 }
 
+// rawAnswer sends req on a fresh connection to sock and reads until the
+// proxy closes it; the deadline only guards the test.
+func rawAnswer(t *testing.T, sock, req string) string {
+	t.Helper()
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	answer, err := io.ReadAll(conn)
+	if err != nil {
+		t.Errorf("%.40q: the connection was not closed with the answer: %q %v", req, answer, err)
+	}
+	return string(answer)
+}
+
+// TestUnreadBodyDoesNotHoldTheConnection: a request whose body the proxy
+// never reads (a refused path, a refusal by Admit, a GET) and the client
+// never sends is answered at once and its connection closed, rather than
+// held waiting for the body; a request whose body was read keeps its
+// connection.
+func TestUnreadBodyDoesNotHoldTheConnection(t *testing.T) {
+	w := newWorld(t, nil)
+	for _, tc := range []struct{ req, status string }{
+		{"POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n", "404"},
+		{"POST /nope HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", "404"},
+		{"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n", "200"},
+		{"GET /v1/models HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", "200"},
+	} {
+		if answer := rawAnswer(t, w.sock, tc.req); !strings.HasPrefix(answer, "HTTP/1.1 "+tc.status+" ") {
+			t.Errorf("%.40q: %q", tc.req, answer)
+		}
+	}
+	refused := newWorld(t, func(c *modelproxy.Config) { c.Admit = func() error { return errBudget } })
+	if answer := rawAnswer(t, refused.sock, "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"); !strings.HasPrefix(answer, "HTTP/1.1 429 ") {
+		t.Errorf("refused by Admit: %q", answer)
+	}
+	resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+	if readAll(t, resp); resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("a request read whole: %d, connection closed %v", resp.StatusCode, resp.Close)
+	}
+}
+
+// TestConnectionLimit: MaxConns connections open at once are all served;
+// one more is closed unanswered; once one goes, a new one is served.
+func TestConnectionLimit(t *testing.T) {
+	w := newWorld(t, nil)
+	const get = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+	// serveOne sends a request on a new connection and reads its answer,
+	// leaving the connection open; it reports false if the proxy closed
+	// the connection instead.
+	serveOne := func() (net.Conn, bool) {
+		conn, err := net.Dial("unix", w.sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(conn, get)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			conn.Close()
+			return nil, false
+		}
+		readAll(t, resp)
+		return conn, resp.StatusCode == 200
+	}
+	var open []net.Conn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	for i := 0; i < modelproxy.MaxConns; i++ {
+		conn, ok := serveOne()
+		if !ok {
+			t.Fatalf("connection %d of %d not served", i+1, modelproxy.MaxConns)
+		}
+		open = append(open, conn)
+	}
+	if conn, ok := serveOne(); ok {
+		conn.Close()
+		t.Fatal("one connection past the limit was served")
+	}
+	open[0].Close()
+	served := false
+	for i := 0; i < 200 && !served; i++ {
+		var conn net.Conn
+		if conn, served = serveOne(); served {
+			open[0] = conn
+		} else {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if !served {
+		t.Fatal("a connection closed did not give its place back")
+	}
+}
+
 // TestUpstreamFailures: an unreachable upstream is a 502 in the API's
 // format that names neither the key nor the upstream; an upstream that
 // goes silent mid-stream is cut, and what it reported is still counted.
