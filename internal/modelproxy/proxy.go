@@ -263,6 +263,9 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	if resp.StatusCode == http.StatusOK && r.URL.Path == "/v1/messages" && p.cfg.Record != nil {
 		u := meter.usage()
 		u.Requests = 1
+		if !meter.final {
+			u.OutputTokens = max(u.OutputTokens, outputCharge(body))
+		}
 		p.cfg.Record(u)
 	}
 	if copyErr != nil {

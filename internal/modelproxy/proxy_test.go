@@ -189,6 +189,53 @@ func TestStreamPassesThroughAsItArrives(t *testing.T) {
 	}
 }
 
+// waitRecorded waits (generously) until w has recorded n requests.
+func (w *world) waitRecorded(t *testing.T, n int64) modelproxy.Usage {
+	t.Helper()
+	for i := 0; i < 1000; i++ {
+		if u := w.recorded(); u.Requests >= n {
+			return u
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("usage of %d requests never recorded: %+v", n, w.recorded())
+	return modelproxy.Usage{}
+}
+
+// TestStreamCutBeforeUsageChargesMaxTokens: a client that reads a
+// stream's whole text and hangs up before message_delta (which carries
+// the output tokens) is charged the request's max_tokens as output, or
+// UnknownMaxTokens when the request names none.
+func TestStreamCutBeforeUsageChargesMaxTokens(t *testing.T) {
+	noMax := `{"model":"scripted-model","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		body string
+		want int64
+	}{
+		{modeltest.RequestBody("hi", true), 1024},
+		{noMax, modelproxy.UnknownMaxTokens},
+	} {
+		hold := make(chan struct{})
+		defer close(hold)
+		w := newWorld(t, nil, modeltest.Turn{Text: "the whole answer", Input: 7, Output: 50, HoldEnd: hold})
+		resp := w.post(t, "/v1/messages", tc.body)
+		r := bufio.NewReader(resp.Body)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				t.Fatalf("the stream ended before its text: %v", err)
+			}
+			if strings.HasPrefix(line, "event: content_block_stop") {
+				break
+			}
+		}
+		resp.Body.Close()
+		if got, want := w.waitRecorded(t, 1), (modelproxy.Usage{Requests: 1, InputTokens: 7, OutputTokens: tc.want}); got != want {
+			t.Errorf("usage %+v, want %+v", got, want)
+		}
+	}
+}
+
 // TestOnlyTheModelAPI: anything but the model calls is refused in the
 // API's error format and never reaches the upstream; count_tokens and
 // the model list pass and count no usage.
@@ -466,7 +513,8 @@ func TestUpstreamFailures(t *testing.T) {
 	if types := modeltest.EventTypes(string(got)); len(types) != 1 || types[0] != "message_start" {
 		t.Fatalf("a silent upstream: %q", got)
 	}
-	if u := w.recorded(); u.Requests != 1 || u.InputTokens != 9 {
+	// It never reported its output: the request's max_tokens is charged.
+	if u := w.recorded(); u.Requests != 1 || u.InputTokens != 9 || u.OutputTokens != 1024 {
 		t.Fatalf("usage of a cut stream: %+v", u)
 	}
 }
