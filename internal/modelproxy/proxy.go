@@ -61,6 +61,10 @@ const (
 	// maxUsageBody bounds how much of a non-streamed response is kept to
 	// read its usage (it is forwarded whole either way).
 	maxUsageBody = 8 << 20
+	// usageDrainTimeout bounds how long the rest of a non-streamed answer
+	// is read, for its usage, after its client went away (the answer is
+	// already written upstream: reading it costs nothing more).
+	usageDrainTimeout = 10 * time.Second
 )
 
 // Usage is what one response reported: a request and its tokens (the
@@ -218,8 +222,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	}
 	unread = unread && r.Method != http.MethodPost
 
-	ctx, cancel := context.WithCancel(r.Context())
+	// The client going away ends the upstream request (a stream stops
+	// being generated), except a plain answer's body: it is read on for
+	// its usage (copyResponse).
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
+	follow := context.AfterFunc(r.Context(), cancel)
+	defer follow()
 	target := *p.cfg.Upstream
 	target.Path = strings.TrimSuffix(target.Path, "/") + r.URL.Path
 	target.RawQuery = r.URL.RawQuery
@@ -259,6 +268,9 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	w.WriteHeader(resp.StatusCode)
 	meter := &usageMeter{}
 	streamed := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	if !streamed {
+		follow()
+	}
 	n, copyErr := p.copyResponse(ctx, cancel, w, resp.Body, meter, streamed)
 	if resp.StatusCode == http.StatusOK && r.URL.Path == "/v1/messages" && p.cfg.Record != nil {
 		u := meter.usage()
@@ -302,13 +314,17 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (body []byte, s
 
 // copyResponse passes the upstream's body on as it arrives, flushing
 // after every read, feeding the meter, and cancelling the upstream
-// request (cancel) when it stays silent for StreamIdleTimeout.
+// request (cancel) when it stays silent for StreamIdleTimeout. A plain
+// body whose client went away is read on into the meter (at most
+// maxUsageBody, for usageDrainTimeout), so its usage is still counted; a
+// stream is not (that would let it be generated to its end).
 func (p *Proxy) copyResponse(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, body io.Reader, meter *usageMeter, streamed bool) (int64, error) {
 	rc := http.NewResponseController(w)
 	idle := time.AfterFunc(p.cfg.StreamIdle, cancel)
 	defer idle.Stop()
 	buf := make([]byte, 32<<10)
 	var n int64
+	var writeErr error // the client went away: nothing more is written
 	for {
 		k, err := body.Read(buf)
 		if k > 0 {
@@ -318,19 +334,36 @@ func (p *Proxy) copyResponse(ctx context.Context, cancel context.CancelFunc, w h
 			} else {
 				meter.feedBody(buf[:k])
 			}
-			if _, werr := w.Write(buf[:k]); werr != nil {
-				return n, werr
+			if writeErr == nil {
+				_, werr := w.Write(buf[:k])
+				if werr == nil {
+					werr = rc.Flush()
+				}
+				if werr != nil {
+					if streamed {
+						return n, werr
+					}
+					writeErr = werr
+					drain := time.AfterFunc(usageDrainTimeout, cancel)
+					defer drain.Stop()
+				} else {
+					n += int64(k)
+				}
 			}
-			n += int64(k)
-			_ = rc.Flush()
+			if writeErr != nil && meter.bodyCut {
+				return n, writeErr // its usage cannot be read
+			}
 		}
 		if errors.Is(err, io.EOF) {
 			if !streamed {
 				meter.endBody()
 			}
-			return n, nil
+			return n, writeErr
 		}
 		if err != nil {
+			if writeErr != nil {
+				return n, writeErr
+			}
 			if ctx.Err() != nil && !errors.Is(ctx.Err(), context.Canceled) {
 				return n, ctx.Err()
 			}

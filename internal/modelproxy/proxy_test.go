@@ -236,6 +236,31 @@ func TestStreamCutBeforeUsageChargesMaxTokens(t *testing.T) {
 	}
 }
 
+// TestPlainAnswerCutCountsItsUsage: a client that reads the start of a
+// plain (non-streamed) answer and hangs up is still charged the usage
+// the answer reports at its end; an answer too long for its usage to be
+// read (over maxUsageBody) is charged the request's max_tokens.
+func TestPlainAnswerCutCountsItsUsage(t *testing.T) {
+	w := newWorld(t, nil, modeltest.Turn{Text: strings.Repeat("v", 2<<20), Input: 5, Output: 777})
+	resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+	if _, err := io.ReadFull(resp.Body, make([]byte, 64<<10)); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the answer's start: %d %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+	if got, want := w.waitRecorded(t, 1), (modelproxy.Usage{Requests: 1, InputTokens: 5, OutputTokens: 777}); got != want {
+		t.Errorf("hung up: usage %+v, want %+v", got, want)
+	}
+
+	w = newWorld(t, nil, modeltest.Turn{Text: strings.Repeat("v", 9<<20), Input: 5, Output: 777})
+	resp = w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, `"output_tokens":777`) {
+		t.Fatalf("a long answer: %d, %d bytes", resp.StatusCode, len(body))
+	}
+	if got, want := w.waitRecorded(t, 1), (modelproxy.Usage{Requests: 1, OutputTokens: 1024}); got != want {
+		t.Errorf("a long answer: usage %+v, want %+v", got, want)
+	}
+}
+
 // TestOnlyTheModelAPI: anything but the model calls is refused in the
 // API's error format and never reaches the upstream; count_tokens and
 // the model list pass and count no usage.
