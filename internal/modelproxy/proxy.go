@@ -47,7 +47,8 @@ const (
 	// request's headers and body: a slow client holds only its own slot.
 	RequestReadTimeout = 60 * time.Second
 	// StreamIdleTimeout bounds how long an upstream may send nothing in a
-	// response (the API pings a stream every few seconds).
+	// response (the API pings a stream every few seconds), and how long
+	// one write of an answer may wait on a client that does not read it.
 	StreamIdleTimeout = 5 * time.Minute
 	// ConnIdleTimeout closes a keep-alive connection with no request.
 	ConnIdleTimeout = 2 * time.Minute
@@ -186,6 +187,9 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int64) {
+	// A deadline left by the connection's previous request must not cut
+	// this one's answer.
+	p.writeDeadline(w)
 	// A body left unread (a refusal, a GET) is still read by net/http
 	// after the answer (up to 256 KiB), with no deadline of its own: a
 	// client that never sends it would hold the connection for ever. So
@@ -247,6 +251,10 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	}
 	up.Header.Set("X-Api-Key", p.cfg.Key)
 	resp, err := p.cfg.Client.Do(up)
+	// A client that stops reading must not hold the handler, its slot and
+	// the request for ever: every write to it has StreamIdle to go
+	// through (this one covers an answer written whole after the handler).
+	p.writeDeadline(w)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return 499, 0 // the client went away
@@ -299,6 +307,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (body []byte, s
 		// The rest of the body is never read: the connection goes with
 		// the answer (the read deadline stays, so nothing waits on it).
 		w.Header().Set("Connection", "close")
+		p.writeDeadline(w) // reading may have taken longer than it
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			status, n = apiError(w, http.StatusRequestEntityTooLarge, "request_too_large", fmt.Sprintf("the request is over %d bytes", MaxRequestBytes))
@@ -335,6 +344,7 @@ func (p *Proxy) copyResponse(ctx context.Context, cancel context.CancelFunc, w h
 				meter.feedBody(buf[:k])
 			}
 			if writeErr == nil {
+				p.writeDeadline(w)
 				_, werr := w.Write(buf[:k])
 				if werr == nil {
 					werr = rc.Flush()
@@ -416,6 +426,11 @@ func (c *limitConn) CloseWrite() error {
 		return cw.CloseWrite()
 	}
 	return nil
+}
+
+// writeDeadline gives the next writes to the client StreamIdle.
+func (p *Proxy) writeDeadline(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(p.cfg.StreamIdle))
 }
 
 // apiError answers in the Messages API's error format.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -258,6 +259,46 @@ func TestPlainAnswerCutCountsItsUsage(t *testing.T) {
 	}
 	if got, want := w.waitRecorded(t, 1), (modelproxy.Usage{Requests: 1, OutputTokens: 1024}); got != want {
 		t.Errorf("a long answer: usage %+v, want %+v", got, want)
+	}
+}
+
+// TestStalledReaderEndsItsRequest: clients that send streamed requests
+// and never read the answers hold every slot only until a write to them
+// has waited StreamIdle; then their requests end (charged max_tokens, as
+// cut short) and a new request is served.
+func TestStalledReaderEndsItsRequest(t *testing.T) {
+	turn := modeltest.Turn{Text: strings.Repeat("y", 4<<20), Chunk: 64 << 10, Input: 3, Output: 50}
+	w := newWorld(t, func(c *modelproxy.Config) { c.StreamIdle = 300 * time.Millisecond }, turn)
+	body := modeltest.RequestBody("hi", true)
+	for i := 0; i < modelproxy.MaxConcurrent; i++ {
+		conn, err := net.Dial("unix", w.sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close() // open, never read, until the test ends
+		fmt.Fprintf(conn, "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	}
+	for i := 0; len(w.up.Seen()) < modelproxy.MaxConcurrent; i++ {
+		if i == 1000 {
+			t.Fatalf("the upstream saw %d of the stalled requests", len(w.up.Seen()))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	last := 0
+	for i := 0; i < 1000 && last != 200; i++ {
+		resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+		readAll(t, resp)
+		if last = resp.StatusCode; last != 200 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if last != 200 {
+		t.Fatalf("stalled readers still hold the slots: %d", last)
+	}
+	stalled := int64(modelproxy.MaxConcurrent)
+	want := modelproxy.Usage{Requests: stalled + 1, InputTokens: 3 * (stalled + 1), OutputTokens: 1024*stalled + 50}
+	if got := w.waitRecorded(t, stalled+1); got != want {
+		t.Fatalf("usage %+v, want %+v", got, want)
 	}
 }
 
