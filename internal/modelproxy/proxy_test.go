@@ -267,8 +267,10 @@ func TestPlainAnswerCutCountsItsUsage(t *testing.T) {
 // has waited StreamIdle; then their requests end (charged max_tokens, as
 // cut short) and a new request is served.
 func TestStalledReaderEndsItsRequest(t *testing.T) {
-	turn := modeltest.Turn{Text: strings.Repeat("y", 4<<20), Chunk: 64 << 10, Input: 3, Output: 50}
-	w := newWorld(t, func(c *modelproxy.Config) { c.StreamIdle = 300 * time.Millisecond }, turn)
+	long := modeltest.Turn{Text: strings.Repeat("y", 4<<20), Chunk: 64 << 10, Input: 3, Output: 50}
+	short := modeltest.Turn{Text: "short", Input: 3, Output: 50} // the answer to a second turn
+	w := newWorld(t, func(c *modelproxy.Config) { c.StreamIdle = 300 * time.Millisecond }, long, short)
+	second := `{"model":"scripted-model","max_tokens":1024,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"a"},{"role":"user","content":"b"}]}`
 	body := modeltest.RequestBody("hi", true)
 	for i := 0; i < modelproxy.MaxConcurrent; i++ {
 		conn, err := net.Dial("unix", w.sock)
@@ -286,7 +288,7 @@ func TestStalledReaderEndsItsRequest(t *testing.T) {
 	}
 	last := 0
 	for i := 0; i < 1000 && last != 200; i++ {
-		resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+		resp := w.post(t, "/v1/messages", second)
 		readAll(t, resp)
 		if last = resp.StatusCode; last != 200 {
 			time.Sleep(10 * time.Millisecond)
