@@ -13,7 +13,9 @@
 // place; only known headers go either way. Responses, server-sent events
 // included, are streamed through as they arrive, and their usage is
 // counted (Usage) from the response body or the stream's message_start
-// and message_delta events. Failures are answered in the API's own error
+// and message_delta events; a response that ends before its final usage
+// is charged its request's max_tokens as output. Redirects are never
+// followed. Failures are answered in the API's own error
 // format, never with the key, the upstream's address or a host path.
 package modelproxy
 
