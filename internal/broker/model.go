@@ -50,7 +50,8 @@ type ModelConfig struct {
 	// MaxOutputTokensPerHour bounds one tree's output tokens in any
 	// BudgetWindow; 0 is no bound.
 	MaxOutputTokensPerHour int64
-	// Client sends the upstream requests (nil: modelproxy's own).
+	// Client sends the upstream requests (nil: modelproxy's own); it
+	// follows no redirect either way.
 	Client *http.Client
 	// ReadTimeout and StreamIdle replace modelproxy's bounds when set
 	// (tests shorten them).

@@ -13,7 +13,9 @@
 // place; only known headers go either way. Responses, server-sent events
 // included, are streamed through as they arrive, and their usage is
 // counted (Usage) from the response body or the stream's message_start
-// and message_delta events. Failures are answered in the API's own error
+// and message_delta events; a response that ends before its final usage
+// is charged its request's max_tokens as output. Redirects are never
+// followed. Failures are answered in the API's own error
 // format, never with the key, the upstream's address or a host path.
 package modelproxy
 
@@ -28,6 +30,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"agentbox/internal/wire"
@@ -46,15 +49,25 @@ const (
 	// request's headers and body: a slow client holds only its own slot.
 	RequestReadTimeout = 60 * time.Second
 	// StreamIdleTimeout bounds how long an upstream may send nothing in a
-	// response (the API pings a stream every few seconds).
+	// response (the API pings a stream every few seconds), and how long
+	// one write of an answer may wait on a client that does not read it.
 	StreamIdleTimeout = 5 * time.Minute
 	// ConnIdleTimeout closes a keep-alive connection with no request.
 	ConnIdleTimeout = 2 * time.Minute
+	// MaxConns is how many connections one sandbox's model socket holds
+	// open at once, requests or not (a connection that never sends a
+	// request still costs the broker a descriptor and a goroutine); one
+	// more is closed as soon as it is accepted.
+	MaxConns = 64
 	// maxHeaderBytes bounds a request's headers.
 	maxHeaderBytes = 64 << 10
 	// maxUsageBody bounds how much of a non-streamed response is kept to
 	// read its usage (it is forwarded whole either way).
 	maxUsageBody = 8 << 20
+	// usageDrainTimeout bounds how long the rest of a non-streamed answer
+	// is read, for its usage, after its client went away (the answer is
+	// already written upstream: reading it costs nothing more).
+	usageDrainTimeout = 10 * time.Second
 )
 
 // Usage is what one response reported: a request and its tokens (the
@@ -68,7 +81,9 @@ type Config struct {
 	Upstream *url.URL
 	// Key is the host's API key, sent as x-api-key.
 	Key string
-	// Client sends the upstream requests (nil: a client of its own).
+	// Client sends the upstream requests (nil: a client of its own). New
+	// uses a copy whose CheckRedirect follows no redirect, whatever this
+	// one's says: a redirect would carry the key to another host.
 	Client *http.Client
 	// Record receives each response's usage, once, when the response has
 	// ended (also when it ended early). Nil records nothing.
@@ -97,16 +112,21 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Key == "" {
 		return nil, errors.New("modelproxy: no API key")
 	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Transport: &http.Transport{
-			Proxy:                 http.ProxyFromEnvironment,
-			ForceAttemptHTTP2:     true,
-			TLSHandshakeTimeout:   30 * time.Second,
-			ResponseHeaderTimeout: StreamIdleTimeout,
-			MaxIdleConnsPerHost:   MaxConcurrent,
-			IdleConnTimeout:       ConnIdleTimeout,
-		}}
+	client := http.Client{Transport: &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		ForceAttemptHTTP2:     true,
+		TLSHandshakeTimeout:   30 * time.Second,
+		ResponseHeaderTimeout: StreamIdleTimeout,
+		MaxIdleConnsPerHost:   MaxConcurrent,
+		IdleConnTimeout:       ConnIdleTimeout,
+	}}
+	if cfg.Client != nil {
+		client = *cfg.Client
 	}
+	// A redirect would send the key and the body to wherever it points:
+	// none is followed, the 3xx is the answer (and refused in serve).
+	client.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	cfg.Client = &client
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
@@ -132,7 +152,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	stop := context.AfterFunc(ctx, func() { srv.Close() })
 	defer stop()
-	err := srv.Serve(ln)
+	err := srv.Serve(&limitListener{Listener: ln, slots: make(chan struct{}, MaxConns)})
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -169,6 +189,25 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int64) {
+	// A deadline left by the connection's previous request must not cut
+	// this one's answer.
+	p.writeDeadline(w)
+	// A body left unread (a refusal, a GET) is still read by net/http
+	// after the answer (up to 256 KiB), with no deadline of its own: a
+	// client that never sends it would hold the connection for ever. So
+	// the connection goes with the answer, and the read deadline set here
+	// ends that read at once; readBody lifts both once the body is read.
+	unread := r.ContentLength != 0
+	if unread {
+		rc := http.NewResponseController(w)
+		w.Header().Set("Connection", "close")
+		_ = rc.SetReadDeadline(time.Now().Add(p.cfg.ReadTimeout))
+		defer func() {
+			if unread {
+				_ = rc.SetReadDeadline(time.Now())
+			}
+		}()
+	}
 	if !allowedPath(r.Method, r.URL.Path) {
 		return apiError(w, http.StatusNotFound, "not_found_error", "the model socket serves POST /v1/messages, POST /v1/messages/count_tokens and GET /v1/models only")
 	}
@@ -187,9 +226,15 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	if !ok {
 		return status, n
 	}
+	unread = unread && r.Method != http.MethodPost
 
-	ctx, cancel := context.WithCancel(r.Context())
+	// The client going away ends the upstream request (a stream stops
+	// being generated), except a plain answer's body: it is read on for
+	// its usage (copyResponse).
+	ctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
 	defer cancel()
+	follow := context.AfterFunc(r.Context(), cancel)
+	defer follow()
 	target := *p.cfg.Upstream
 	target.Path = strings.TrimSuffix(target.Path, "/") + r.URL.Path
 	target.RawQuery = r.URL.RawQuery
@@ -208,6 +253,10 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	}
 	up.Header.Set("X-Api-Key", p.cfg.Key)
 	resp, err := p.cfg.Client.Do(up)
+	// A client that stops reading must not hold the handler, its slot and
+	// the request for ever: every write to it has StreamIdle to go
+	// through (this one covers an answer written whole after the handler).
+	p.writeDeadline(w)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return 499, 0 // the client went away
@@ -215,6 +264,12 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 		return apiError(w, http.StatusBadGateway, "api_error", "the model upstream could not be reached")
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode >= 300 && resp.StatusCode < 400 {
+		// Not followed, and its Location (an address of the upstream's
+		// choosing) is not passed on.
+		p.cfg.Log.Warn("model upstream answered a redirect", "path", r.URL.Path, "status", resp.StatusCode)
+		return apiError(w, http.StatusBadGateway, "api_error", "the model upstream answered with a redirect, which is not followed")
+	}
 	for k, v := range resp.Header {
 		if containsFold(responseHeaders, k) || strings.HasPrefix(k, "Anthropic-Ratelimit-") {
 			w.Header()[k] = v
@@ -223,10 +278,16 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	w.WriteHeader(resp.StatusCode)
 	meter := &usageMeter{}
 	streamed := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	if !streamed {
+		follow()
+	}
 	n, copyErr := p.copyResponse(ctx, cancel, w, resp.Body, meter, streamed)
 	if resp.StatusCode == http.StatusOK && r.URL.Path == "/v1/messages" && p.cfg.Record != nil {
 		u := meter.usage()
 		u.Requests = 1
+		if !meter.final {
+			u.OutputTokens = max(u.OutputTokens, outputCharge(body))
+		}
 		p.cfg.Record(u)
 	}
 	if copyErr != nil {
@@ -248,6 +309,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (body []byte, s
 		// The rest of the body is never read: the connection goes with
 		// the answer (the read deadline stays, so nothing waits on it).
 		w.Header().Set("Connection", "close")
+		p.writeDeadline(w) // reading may have taken longer than it
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			status, n = apiError(w, http.StatusRequestEntityTooLarge, "request_too_large", fmt.Sprintf("the request is over %d bytes", MaxRequestBytes))
@@ -257,18 +319,23 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (body []byte, s
 		return nil, status, n, false
 	}
 	_ = rc.SetReadDeadline(time.Time{})
+	w.Header().Del("Connection")
 	return body, 0, 0, true
 }
 
 // copyResponse passes the upstream's body on as it arrives, flushing
 // after every read, feeding the meter, and cancelling the upstream
-// request (cancel) when it stays silent for StreamIdleTimeout.
+// request (cancel) when it stays silent for StreamIdleTimeout. A plain
+// body whose client went away is read on into the meter (at most
+// maxUsageBody, for usageDrainTimeout), so its usage is still counted; a
+// stream is not (that would let it be generated to its end).
 func (p *Proxy) copyResponse(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, body io.Reader, meter *usageMeter, streamed bool) (int64, error) {
 	rc := http.NewResponseController(w)
 	idle := time.AfterFunc(p.cfg.StreamIdle, cancel)
 	defer idle.Stop()
 	buf := make([]byte, 32<<10)
 	var n int64
+	var writeErr error // the client went away: nothing more is written
 	for {
 		k, err := body.Read(buf)
 		if k > 0 {
@@ -278,25 +345,94 @@ func (p *Proxy) copyResponse(ctx context.Context, cancel context.CancelFunc, w h
 			} else {
 				meter.feedBody(buf[:k])
 			}
-			if _, werr := w.Write(buf[:k]); werr != nil {
-				return n, werr
+			if writeErr == nil {
+				p.writeDeadline(w)
+				_, werr := w.Write(buf[:k])
+				if werr == nil {
+					werr = rc.Flush()
+				}
+				if werr != nil {
+					if streamed {
+						return n, werr
+					}
+					writeErr = werr
+					drain := time.AfterFunc(usageDrainTimeout, cancel)
+					defer drain.Stop()
+				} else {
+					n += int64(k)
+				}
 			}
-			n += int64(k)
-			_ = rc.Flush()
+			if writeErr != nil && meter.bodyCut {
+				return n, writeErr // its usage cannot be read
+			}
 		}
 		if errors.Is(err, io.EOF) {
 			if !streamed {
 				meter.endBody()
 			}
-			return n, nil
+			return n, writeErr
 		}
 		if err != nil {
+			if writeErr != nil {
+				return n, writeErr
+			}
 			if ctx.Err() != nil && !errors.Is(ctx.Err(), context.Canceled) {
 				return n, ctx.Err()
 			}
 			return n, err
 		}
 	}
+}
+
+// limitListener accepts at most cap(slots) connections open at once and
+// closes any more as soon as they are accepted (rather than leave them
+// queued, so a client learns at once).
+type limitListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &limitConn{Conn: c, slots: l.slots}, nil
+		default:
+			c.Close()
+		}
+	}
+}
+
+// limitConn gives its slot back when closed (once: net/http may close a
+// connection more than once).
+type limitConn struct {
+	net.Conn
+	slots chan struct{}
+	once  sync.Once
+}
+
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { <-c.slots })
+	return err
+}
+
+// CloseWrite lets net/http half-close the connection before it closes it
+// after an answer with Connection: close, as it does with the bare one.
+func (c *limitConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return nil
+}
+
+// writeDeadline gives the next writes to the client StreamIdle.
+func (p *Proxy) writeDeadline(w http.ResponseWriter) {
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(p.cfg.StreamIdle))
 }
 
 // apiError answers in the Messages API's error format.

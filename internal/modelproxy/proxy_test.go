@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -188,6 +190,120 @@ func TestStreamPassesThroughAsItArrives(t *testing.T) {
 	}
 }
 
+// waitRecorded waits (generously) until w has recorded n requests.
+func (w *world) waitRecorded(t *testing.T, n int64) modelproxy.Usage {
+	t.Helper()
+	for i := 0; i < 1000; i++ {
+		if u := w.recorded(); u.Requests >= n {
+			return u
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("usage of %d requests never recorded: %+v", n, w.recorded())
+	return modelproxy.Usage{}
+}
+
+// TestStreamCutBeforeUsageChargesMaxTokens: a client that reads a
+// stream's whole text and hangs up before message_delta (which carries
+// the output tokens) is charged the request's max_tokens as output, or
+// UnknownMaxTokens when the request names none.
+func TestStreamCutBeforeUsageChargesMaxTokens(t *testing.T) {
+	noMax := `{"model":"scripted-model","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		body string
+		want int64
+	}{
+		{modeltest.RequestBody("hi", true), 1024},
+		{noMax, modelproxy.UnknownMaxTokens},
+	} {
+		hold := make(chan struct{})
+		defer close(hold)
+		w := newWorld(t, nil, modeltest.Turn{Text: "the whole answer", Input: 7, Output: 50, HoldEnd: hold})
+		resp := w.post(t, "/v1/messages", tc.body)
+		r := bufio.NewReader(resp.Body)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				t.Fatalf("the stream ended before its text: %v", err)
+			}
+			if strings.HasPrefix(line, "event: content_block_stop") {
+				break
+			}
+		}
+		resp.Body.Close()
+		if got, want := w.waitRecorded(t, 1), (modelproxy.Usage{Requests: 1, InputTokens: 7, OutputTokens: tc.want}); got != want {
+			t.Errorf("usage %+v, want %+v", got, want)
+		}
+	}
+}
+
+// TestPlainAnswerCutCountsItsUsage: a client that reads the start of a
+// plain (non-streamed) answer and hangs up is still charged the usage
+// the answer reports at its end; an answer too long for its usage to be
+// read (over maxUsageBody) is charged the request's max_tokens.
+func TestPlainAnswerCutCountsItsUsage(t *testing.T) {
+	w := newWorld(t, nil, modeltest.Turn{Text: strings.Repeat("v", 2<<20), Input: 5, Output: 777})
+	resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+	if _, err := io.ReadFull(resp.Body, make([]byte, 64<<10)); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("the answer's start: %d %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+	if got, want := w.waitRecorded(t, 1), (modelproxy.Usage{Requests: 1, InputTokens: 5, OutputTokens: 777}); got != want {
+		t.Errorf("hung up: usage %+v, want %+v", got, want)
+	}
+
+	w = newWorld(t, nil, modeltest.Turn{Text: strings.Repeat("v", 9<<20), Input: 5, Output: 777})
+	resp = w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, `"output_tokens":777`) {
+		t.Fatalf("a long answer: %d, %d bytes", resp.StatusCode, len(body))
+	}
+	if got, want := w.waitRecorded(t, 1), (modelproxy.Usage{Requests: 1, OutputTokens: 1024}); got != want {
+		t.Errorf("a long answer: usage %+v, want %+v", got, want)
+	}
+}
+
+// TestStalledReaderEndsItsRequest: clients that send streamed requests
+// and never read the answers hold every slot only until a write to them
+// has waited StreamIdle; then their requests end (charged max_tokens, as
+// cut short) and a new request is served.
+func TestStalledReaderEndsItsRequest(t *testing.T) {
+	long := modeltest.Turn{Text: strings.Repeat("y", 4<<20), Chunk: 64 << 10, Input: 3, Output: 50}
+	short := modeltest.Turn{Text: "short", Input: 3, Output: 50} // the answer to a second turn
+	w := newWorld(t, func(c *modelproxy.Config) { c.StreamIdle = 300 * time.Millisecond }, long, short)
+	second := `{"model":"scripted-model","max_tokens":1024,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"a"},{"role":"user","content":"b"}]}`
+	body := modeltest.RequestBody("hi", true)
+	for i := 0; i < modelproxy.MaxConcurrent; i++ {
+		conn, err := net.Dial("unix", w.sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close() // open, never read, until the test ends
+		fmt.Fprintf(conn, "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	}
+	for i := 0; len(w.up.Seen()) < modelproxy.MaxConcurrent; i++ {
+		if i == 1000 {
+			t.Fatalf("the upstream saw %d of the stalled requests", len(w.up.Seen()))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	last := 0
+	for i := 0; i < 1000 && last != 200; i++ {
+		resp := w.post(t, "/v1/messages", second)
+		readAll(t, resp)
+		if last = resp.StatusCode; last != 200 {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if last != 200 {
+		t.Fatalf("stalled readers still hold the slots: %d", last)
+	}
+	stalled := int64(modelproxy.MaxConcurrent)
+	want := modelproxy.Usage{Requests: stalled + 1, InputTokens: 3 * (stalled + 1), OutputTokens: 1024*stalled + 50}
+	if got := w.waitRecorded(t, stalled+1); got != want {
+		t.Fatalf("usage %+v, want %+v", got, want)
+	}
+}
+
 // TestOnlyTheModelAPI: anything but the model calls is refused in the
 // API's error format and never reaches the upstream; count_tokens and
 // the model list pass and count no usage.
@@ -333,6 +449,108 @@ func TestSlowClientHoldsOnlyItsOwnSlot(t *testing.T) {
 	}
 }
 
+// rawAnswer sends req on a fresh connection to sock and reads until the
+// proxy closes it; the deadline only guards the test.
+func rawAnswer(t *testing.T, sock, req string) string {
+	t.Helper()
+	conn, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	answer, err := io.ReadAll(conn)
+	if err != nil {
+		t.Errorf("%.40q: the connection was not closed with the answer: %q %v", req, answer, err)
+	}
+	return string(answer)
+}
+
+// TestUnreadBodyDoesNotHoldTheConnection: a request whose body the proxy
+// never reads (a refused path, a refusal by Admit, a GET) and the client
+// never sends is answered at once and its connection closed, rather than
+// held waiting for the body; a request whose body was read keeps its
+// connection.
+func TestUnreadBodyDoesNotHoldTheConnection(t *testing.T) {
+	w := newWorld(t, nil)
+	for _, tc := range []struct{ req, status string }{
+		{"POST /v1/files HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n", "404"},
+		{"POST /nope HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", "404"},
+		{"GET /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n", "200"},
+		{"GET /v1/models HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n", "200"},
+	} {
+		if answer := rawAnswer(t, w.sock, tc.req); !strings.HasPrefix(answer, "HTTP/1.1 "+tc.status+" ") {
+			t.Errorf("%.40q: %q", tc.req, answer)
+		}
+	}
+	refused := newWorld(t, func(c *modelproxy.Config) { c.Admit = func() error { return errBudget } })
+	if answer := rawAnswer(t, refused.sock, "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"); !strings.HasPrefix(answer, "HTTP/1.1 429 ") {
+		t.Errorf("refused by Admit: %q", answer)
+	}
+	resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+	if readAll(t, resp); resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("a request read whole: %d, connection closed %v", resp.StatusCode, resp.Close)
+	}
+}
+
+// TestConnectionLimit: MaxConns connections open at once are all served;
+// one more is closed unanswered; once one goes, a new one is served.
+func TestConnectionLimit(t *testing.T) {
+	w := newWorld(t, nil)
+	const get = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+	// serveOne sends a request on a new connection and reads its answer,
+	// leaving the connection open; it reports false if the proxy closed
+	// the connection instead.
+	serveOne := func() (net.Conn, bool) {
+		conn, err := net.Dial("unix", w.sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(conn, get)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			conn.Close()
+			return nil, false
+		}
+		readAll(t, resp)
+		return conn, resp.StatusCode == 200
+	}
+	var open []net.Conn
+	defer func() {
+		for _, c := range open {
+			c.Close()
+		}
+	}()
+	for i := 0; i < modelproxy.MaxConns; i++ {
+		conn, ok := serveOne()
+		if !ok {
+			t.Fatalf("connection %d of %d not served", i+1, modelproxy.MaxConns)
+		}
+		open = append(open, conn)
+	}
+	if conn, ok := serveOne(); ok {
+		conn.Close()
+		t.Fatal("one connection past the limit was served")
+	}
+	open[0].Close()
+	served := false
+	for i := 0; i < 200 && !served; i++ {
+		var conn net.Conn
+		if conn, served = serveOne(); served {
+			open[0] = conn
+		} else {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if !served {
+		t.Fatal("a connection closed did not give its place back")
+	}
+}
+
 // TestUpstreamFailures: an unreachable upstream is a 502 in the API's
 // format that names neither the key nor the upstream; an upstream that
 // goes silent mid-stream is cut, and what it reported is still counted.
@@ -363,8 +581,62 @@ func TestUpstreamFailures(t *testing.T) {
 	if types := modeltest.EventTypes(string(got)); len(types) != 1 || types[0] != "message_start" {
 		t.Fatalf("a silent upstream: %q", got)
 	}
-	if u := w.recorded(); u.Requests != 1 || u.InputTokens != 9 {
+	// It never reported its output: the request's max_tokens is charged.
+	if u := w.recorded(); u.Requests != 1 || u.InputTokens != 9 || u.OutputTokens != 1024 {
 		t.Fatalf("usage of a cut stream: %+v", u)
+	}
+}
+
+// TestUpstreamRedirectNotFollowed: a 3xx from the upstream is never
+// followed (the key and the body would go wherever it points), with the
+// proxy's own client or one the caller gave; the sandbox gets a 502 in
+// the API's format naming neither the target nor the upstream.
+func TestUpstreamRedirectNotFollowed(t *testing.T) {
+	var mu sync.Mutex
+	var reached []string
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		reached = append(reached, r.Header.Get("X-Api-Key"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"stolen":true}`)
+	}))
+	defer target.Close()
+	// Another host name for the same loopback, as a redirect elsewhere.
+	elsewhere := strings.Replace(target.URL, "127.0.0.1", "localhost", 1)
+	status := http.StatusTemporaryRedirect
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		http.Redirect(w, r, elsewhere+"/steal"+r.URL.Path, status)
+	}))
+	defer up.Close()
+	u, _ := url.Parse(up.URL)
+	for _, client := range []*http.Client{nil, {}} {
+		_, c := serveOnSocket(t, modelproxy.Config{Upstream: u, Key: hostKey, Client: client})
+		for _, status = range []int{http.StatusTemporaryRedirect, http.StatusPermanentRedirect, http.StatusFound} {
+			for _, get := range []bool{false, true} {
+				var resp *http.Response
+				var err error
+				if get {
+					resp, err = c.Get("http://localhost/v1/models")
+				} else {
+					resp, err = c.Post("http://localhost/v1/messages", "application/json", strings.NewReader(modeltest.RequestBody("hi", false)))
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				body := readAll(t, resp)
+				if resp.StatusCode != 502 || apiErrorType(t, body) != "api_error" || resp.Header.Get("Location") != "" ||
+					strings.Contains(body, "steal") || strings.Contains(body, up.URL[len("http://"):]) || strings.Contains(body, hostKey) {
+					t.Errorf("client %v, a %d (GET %v): %d %v %q", client != nil, status, get, resp.StatusCode, resp.Header, body)
+				}
+			}
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(reached) != 0 {
+		t.Fatalf("the redirect target was reached %d times (keys %q)", len(reached), reached)
 	}
 }
 

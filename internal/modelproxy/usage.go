@@ -21,9 +21,36 @@ type usageMeter struct {
 	skip    bool // the current line went over maxEventLine
 	body    bytes.Buffer
 	bodyCut bool
+	// final: the response's final output tokens were read (a plain
+	// body's usage, or a stream's message_delta).
+	final bool
 }
 
 func (m *usageMeter) usage() Usage { return m.u }
+
+// UnknownMaxTokens is the output charged for a response cut short (see
+// outputCharge) whose request names no usable max_tokens: the most any
+// current model may write in one answer.
+const UnknownMaxTokens = 128_000
+
+// maxChargedTokens bounds the max_tokens charged, so no request's figure
+// can overflow a total.
+const maxChargedTokens = 1 << 40
+
+// outputCharge is the output charged for a response that ended before
+// its final usage (a stream before message_delta, a body whose usage was
+// not read): the request's max_tokens, the most the upstream may have
+// written, since hanging up just before the usage must not make an answer
+// cheap.
+func outputCharge(request []byte) int64 {
+	var req struct {
+		MaxTokens *int64 `json:"max_tokens"`
+	}
+	if json.Unmarshal(request, &req) != nil || req.MaxTokens == nil || *req.MaxTokens <= 0 {
+		return UnknownMaxTokens
+	}
+	return min(*req.MaxTokens, maxChargedTokens)
+}
 
 // apiUsage is the API's usage object.
 type apiUsage struct {
@@ -72,6 +99,7 @@ func (m *usageMeter) endBody() {
 	}
 	if json.Unmarshal(m.body.Bytes(), &msg) == nil {
 		m.apply(msg.Usage)
+		m.final = msg.Usage != nil && msg.Usage.OutputTokens != nil
 	}
 	m.body.Reset()
 }
@@ -143,5 +171,8 @@ func (m *usageMeter) readLine(line []byte) {
 		}
 	case "message_delta":
 		m.apply(ev.Usage)
+		if ev.Usage != nil && ev.Usage.OutputTokens != nil {
+			m.final = true
+		}
 	}
 }

@@ -36,3 +36,25 @@ func FuzzStreamUsage(f *testing.F) {
 		}
 	})
 }
+
+// TestOutputCharge: a cut response is charged the request's max_tokens,
+// up to maxChargedTokens; a request without a usable one is charged
+// UnknownMaxTokens.
+func TestOutputCharge(t *testing.T) {
+	for body, want := range map[string]int64{
+		`{"max_tokens":1024,"stream":true}`:         1024,
+		`{"max_tokens":1099511627776}`:              maxChargedTokens,
+		`{"max_tokens":1099511627777}`:              maxChargedTokens,
+		`{"max_tokens":0}`:                          UnknownMaxTokens,
+		`{"max_tokens":-5}`:                         UnknownMaxTokens,
+		`{"max_tokens":"1024"}`:                     UnknownMaxTokens,
+		`{"max_tokens":1e3}`:                        UnknownMaxTokens,
+		`{"max_tokens":99999999999999999999999999}`: UnknownMaxTokens,
+		`{"model":"x"}`:                             UnknownMaxTokens,
+		`not json`:                                  UnknownMaxTokens,
+	} {
+		if got := outputCharge([]byte(body)); got != want {
+			t.Errorf("%s: %d, want %d", body, got, want)
+		}
+	}
+}

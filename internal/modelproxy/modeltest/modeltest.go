@@ -8,6 +8,7 @@
 package modeltest
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -31,6 +32,10 @@ type Turn struct {
 	// Hold, when set, is waited on after message_start is sent (streams
 	// only): a test sees the first event arrive before the rest exists.
 	Hold <-chan struct{}
+	// HoldEnd, when set, is waited on before message_delta, the event
+	// that carries the final output tokens (streams only): a test sees
+	// the whole text arrive before the usage does.
+	HoldEnd <-chan struct{}
 	// Chunk splits the text into deltas of this many bytes (0: one).
 	Chunk int
 }
@@ -105,7 +110,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		fmt.Fprintf(w, `{"input_tokens":%d}`, len(body)/4)
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/messages":
-		s.messages(w, body)
+		s.messages(r.Context(), w, body)
 	default:
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusNotFound)
@@ -113,7 +118,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (s *Server) messages(w http.ResponseWriter, body []byte) {
+func (s *Server) messages(ctx context.Context, w http.ResponseWriter, body []byte) {
 	var req struct {
 		Stream   bool `json:"stream"`
 		Messages []struct {
@@ -145,7 +150,7 @@ func (s *Server) messages(w http.ResponseWriter, body []byte) {
 	s.mu.Unlock()
 	w.Header().Set("Request-Id", fmt.Sprintf("req_scripted_%d", n))
 	if req.Stream {
-		stream(w, turn, n)
+		stream(ctx, w, turn, n)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
@@ -177,7 +182,8 @@ func message(t Turn, n int) map[string]any {
 }
 
 // stream writes turn as the API's server-sent events, flushing each.
-func stream(w http.ResponseWriter, t Turn, n int) {
+// A hold ends early when the request does (the client went away).
+func stream(ctx context.Context, w http.ResponseWriter, t Turn, n int) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	rc := http.NewResponseController(w)
@@ -190,8 +196,8 @@ func stream(w http.ResponseWriter, t Turn, n int) {
 	start["content"], start["stop_reason"] = []any{}, nil
 	start["usage"] = usage(t, 1)
 	send("message_start", map[string]any{"type": "message_start", "message": start})
-	if t.Hold != nil {
-		<-t.Hold
+	if !wait(ctx, t.Hold) {
+		return
 	}
 	index := 0
 	if t.Text != "" {
@@ -209,9 +215,26 @@ func stream(w http.ResponseWriter, t Turn, n int) {
 		send("content_block_delta", map[string]any{"type": "content_block_delta", "index": index, "delta": map[string]any{"type": "input_json_delta", "partial_json": string(in)}})
 		send("content_block_stop", map[string]any{"type": "content_block_stop", "index": index})
 	}
+	if !wait(ctx, t.HoldEnd) {
+		return
+	}
 	send("message_delta", map[string]any{"type": "message_delta", "delta": map[string]any{"stop_reason": stopReason(t), "stop_sequence": nil},
 		"usage": map[string]any{"output_tokens": t.Output}})
 	send("message_stop", map[string]any{"type": "message_stop"})
+}
+
+// wait waits on hold (nil: no wait) and reports whether the request is
+// still there.
+func wait(ctx context.Context, hold <-chan struct{}) bool {
+	if hold == nil {
+		return true
+	}
+	select {
+	case <-hold:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 func chunks(s string, size int) []string {
