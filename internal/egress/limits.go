@@ -26,6 +26,13 @@ const (
 	// ResponseHeadTimeout bounds how long an upstream may take to answer
 	// a forwarded request with its head.
 	ResponseHeadTimeout = 2 * time.Minute
+	// HalfClosedTimeout bounds a tunnel once one side has ended it: the
+	// other way is kept open only while something moves on it at least
+	// this often. A client that closed while its destination stays silent
+	// (gave up on it, or meant to pin the slot) would otherwise hold its
+	// slot, two descriptors and two goroutines for as long as the
+	// destination keeps the connection open.
+	HalfClosedTimeout = 2 * time.Minute
 	// replyTimeout bounds writing the proxy's own short answers.
 	replyTimeout = 10 * time.Second
 	// acceptBackoffMin and acceptBackoffMax bound the pause after a failed

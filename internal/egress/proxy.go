@@ -72,6 +72,9 @@ type Config struct {
 	// HeadTimeout replaces the package's HeadTimeout when set (tests
 	// shorten it).
 	HeadTimeout time.Duration
+	// HalfClosedTimeout replaces the package's HalfClosedTimeout when set
+	// (tests shorten it).
+	HalfClosedTimeout time.Duration
 }
 
 // Proxy is one sandbox's egress proxy.
@@ -102,6 +105,9 @@ func New(cfg Config) *Proxy {
 	}
 	if cfg.HeadTimeout <= 0 {
 		cfg.HeadTimeout = HeadTimeout
+	}
+	if cfg.HalfClosedTimeout <= 0 {
+		cfg.HalfClosedTimeout = HalfClosedTimeout
 	}
 	return &Proxy{cfg: cfg, policy: cfg.Policy, live: map[*liveConn]struct{}{}}
 }
@@ -248,7 +254,7 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 		defer up.Close()
 		context.AfterFunc(ctx, func() { up.Close() })
 		if rq.connect {
-			rec.Up, rec.Down = tunnel(c, br, up)
+			rec.Up, rec.Down = tunnel(c, br, up, p.cfg.HalfClosedTimeout)
 		} else {
 			rec.Up, rec.Down, err = forward(c, rq.req, up)
 		}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -330,5 +331,101 @@ func TestServeEndClosesTunnels(t *testing.T) {
 	}
 	if _, err := net.Dial("unix", sock); err == nil {
 		t.Fatal("the stopped proxy still accepts")
+	}
+}
+
+// silentServer accepts on 127.0.0.1 and keeps each connection open, never
+// writing to it nor closing it, until the test ends.
+func silentServer(t *testing.T) (port string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	return portOf(ln.Addr())
+}
+
+// TestTunnelEndsAfterClientLeaves: clients that open a tunnel and close
+// it while their destination stays open and silent do not keep their
+// slots: each tunnel ends, and after MaxConns of them the proxy admits a
+// new one.
+func TestTunnelEndsAfterClientLeaves(t *testing.T) {
+	port := silentServer(t)
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), HalfClosedTimeout: 100 * time.Millisecond})
+	for i := range egress.MaxConns {
+		c, _, resp := tp.ask(t, "CONNECT 127.0.0.1:"+port+" HTTP/1.1\r\n\r\n")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("tunnel %d: CONNECT answered %s", i, resp.Status)
+		}
+		c.Close()
+	}
+	for range egress.MaxConns {
+		if r := tp.record(t); r.Verdict != egress.Allowed {
+			t.Fatalf("record %+v", r)
+		}
+	}
+	_, _, resp := tp.ask(t, "CONNECT 127.0.0.1:"+port+" HTTP/1.1\r\n\r\n")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("after %d clients left, CONNECT answered %s", egress.MaxConns, resp.Status)
+	}
+}
+
+// TestHalfClosedTunnelKeepsMoving: after the client's half-close, a
+// destination that keeps sending is passed on to the end, however long
+// that takes: the half-closed timeout counts silence, not the whole.
+func TestHalfClosedTunnelKeepsMoving(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const chunks = 150
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.Copy(io.Discard, c) // the client's half-close
+		for range chunks {
+			if _, err := io.WriteString(c, "x"); err != nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), HalfClosedTimeout: time.Second})
+	c, br, resp := tp.ask(t, "CONNECT 127.0.0.1:"+portOf(ln.Addr())+" HTTP/1.1\r\n\r\n")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT answered %s", resp.Status)
+	}
+	c.(*net.UnixConn).CloseWrite()
+	got, err := io.ReadAll(br)
+	if err != nil || len(got) != chunks {
+		t.Fatalf("read %d bytes, %v; want %d", len(got), err, chunks)
+	}
+	if r := tp.record(t); r.Verdict != egress.Allowed || r.Down != chunks {
+		t.Fatalf("record %+v", r)
 	}
 }
