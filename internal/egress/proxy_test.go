@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -427,5 +429,135 @@ func TestHalfClosedTunnelKeepsMoving(t *testing.T) {
 	}
 	if r := tp.record(t); r.Verdict != egress.Allowed || r.Down != chunks {
 		t.Fatalf("record %+v", r)
+	}
+}
+
+// refuseN sends n requests the proxy refuses (nothing is granted) and
+// checks each answer.
+func refuseN(t *testing.T, tp *testProxy, n int) {
+	t.Helper()
+	for range n {
+		if status, _ := tp.refusal(t, "CONNECT pypi.org:443 HTTP/1.1\r\n\r\n"); status != http.StatusForbidden {
+			t.Fatalf("answered %d; want 403", status)
+		}
+	}
+}
+
+// TestRefusalLogAtLimit: RefusalLogBurst refusals in one period are each
+// logged, and no summary follows.
+func TestRefusalLogAtLimit(t *testing.T) {
+	tp := startProxy(t, egress.Config{RefusalLogPeriod: time.Hour})
+	refuseN(t, tp, egress.RefusalLogBurst)
+	for range egress.RefusalLogBurst {
+		if r := tp.record(t); r.Host != "pypi.org" || r.Reason != "egress to pypi.org is not granted to this sandbox" {
+			t.Fatalf("record %+v", r)
+		}
+	}
+	tp.stop()
+	if len(tp.records) != 0 {
+		t.Fatalf("a record past the %d refusals: %+v", egress.RefusalLogBurst, <-tp.records)
+	}
+}
+
+// TestRefusalLogPastLimit: one refusal past RefusalLogBurst is not logged
+// on its own but counted in a summary, written when the proxy stops at the
+// latest.
+func TestRefusalLogPastLimit(t *testing.T) {
+	tp := startProxy(t, egress.Config{RefusalLogPeriod: time.Hour})
+	refuseN(t, tp, egress.RefusalLogBurst+1)
+	for range egress.RefusalLogBurst {
+		if r := tp.record(t); r.Host != "pypi.org" {
+			t.Fatalf("record %+v", r)
+		}
+	}
+	tp.stop()
+	r := tp.record(t)
+	if r.Verdict != egress.Refused || r.Host != "" || r.Sandbox != "fix-12" || r.Reason != "1 more refused connection not logged" {
+		t.Fatalf("summary %+v", r)
+	}
+	if len(tp.records) != 0 {
+		t.Fatalf("a record after the summary: %+v", <-tp.records)
+	}
+}
+
+var (
+	droppedRe = regexp.MustCompile(`^(\d+) more refused connections? not logged`)
+	silentRe  = regexp.MustCompile(`(?:^|; )(\d+) connections? closed without a request$`)
+)
+
+// TestLogFlood: a sandbox that opens connections as fast as it can, some
+// sending nothing and some a refused request, gets at most
+// RefusalLogBurst records and one summary per period into the log, and
+// the summaries count every connection not logged on its own.
+func TestLogFlood(t *testing.T) {
+	tp := startProxy(t, egress.Config{RefusalLogPeriod: egress.RefusalLogPeriod})
+	const perWorker, workers = 500, 4
+	// The records are read while the flood goes on: a proxy that logged
+	// them all would otherwise wait on a full channel.
+	type tally struct{ records, logged, dropped, silent int }
+	counted := make(chan tally, 1)
+	var fail error
+	go func() {
+		var n tally
+		defer func() { counted <- n }()
+		for n.logged+n.dropped+n.silent < perWorker*workers {
+			var r egress.Record
+			select {
+			case r = <-tp.records:
+			case <-time.After(10 * time.Second):
+				fail = fmt.Errorf("no record for 10 s after %d: %d refusals logged, %d counted as not logged, %d as sent nothing; want %d in all",
+					n.records, n.logged, n.dropped, n.silent, perWorker*workers)
+				return
+			}
+			n.records++
+			d, s := droppedRe.FindStringSubmatch(r.Reason), silentRe.FindStringSubmatch(r.Reason)
+			if d == nil && s == nil {
+				n.logged++
+				// Read on after a wrong record: the proxy must not wait.
+				if fail == nil && (r.Verdict != egress.Refused || r.Host != "pypi.org" && !strings.HasPrefix(r.Reason, "more than ")) {
+					fail = fmt.Errorf("a connection that sent no request logged on its own: %+v", r)
+				}
+			}
+			if d != nil {
+				k, _ := strconv.Atoi(d[1])
+				n.dropped += k
+			}
+			if s != nil {
+				k, _ := strconv.Atoi(s[1])
+				n.silent += k
+			}
+		}
+	}()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				c, err := net.Dial("unix", tp.sock)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if i%2 == 0 {
+					c.SetDeadline(time.Now().Add(10 * time.Second))
+					io.WriteString(c, "CONNECT pypi.org:443 HTTP/1.1\r\n\r\n")
+					io.Copy(io.Discard, c) // until the answer's end
+				}
+				c.Close()
+			}
+		})
+	}
+	wg.Wait()
+	n := <-counted
+	records, dropped, silent := n.records, n.dropped, n.silent
+	periods := int(time.Since(start)/egress.RefusalLogPeriod) + 1
+	if most := periods * (egress.RefusalLogBurst + 1); records > most {
+		t.Fatalf("%d records for %d connections in %d periods; want at most %d", records, perWorker*workers, periods, most)
+	}
+	if fail != nil {
+		t.Fatal(fail)
+	}
+	if silent == 0 || dropped == 0 {
+		t.Fatalf("summaries counted %d refusals and %d connections that sent nothing; want both", dropped, silent)
 	}
 }
