@@ -39,13 +39,16 @@ type testProxy struct {
 	*egress.Proxy
 	sock    string
 	records chan egress.Record
+	stop    func() // stops the proxy and waits for Serve to return
 }
 
 func rights(egressEntries ...string) egress.Rights {
 	return egress.Rights{Rights: grant.Rights{Egress: egressEntries}}
 }
 
-// startProxy serves a proxy on a Unix socket until the test ends.
+// startProxy serves a proxy on a Unix socket until the test ends. Unless
+// cfg says otherwise, every refusal is logged one by one (each refusal
+// log period is over at once): only the tests of that limit meet it.
 func startProxy(t testing.TB, cfg egress.Config) *testProxy {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "egress.sock")
@@ -61,16 +64,20 @@ func serveOn(t testing.TB, ln net.Listener, cfg egress.Config, addr string) *tes
 	tp := &testProxy{sock: addr, records: make(chan egress.Record, 1024)}
 	cfg.Sandbox = "fix-12"
 	cfg.Log = func(r egress.Record) { tp.records <- r }
+	if cfg.RefusalLogPeriod == 0 {
+		cfg.RefusalLogPeriod = time.Nanosecond
+	}
 	tp.Proxy = egress.New(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- tp.Serve(ctx, ln) }()
-	t.Cleanup(func() {
+	tp.stop = sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Serve: %v", err)
 		}
 	})
+	t.Cleanup(tp.stop)
 	return tp
 }
 

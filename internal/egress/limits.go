@@ -26,6 +26,22 @@ const (
 	// ResponseHeadTimeout bounds how long an upstream may take to answer
 	// a forwarded request with its head.
 	ResponseHeadTimeout = 2 * time.Minute
+	// HalfClosedTimeout bounds a tunnel once one side has ended it: the
+	// other way is kept open only while something moves on it at least
+	// this often. A client that closed while its destination stays silent
+	// (gave up on it, or meant to pin the slot) would otherwise hold its
+	// slot, two descriptors and two goroutines for as long as the
+	// destination keeps the connection open.
+	HalfClosedTimeout = 2 * time.Minute
+	// RefusalLogBurst is how many refused connections one proxy logs one
+	// by one in each RefusalLogPeriod. The period's further refusals, and
+	// every connection that closed without sending a request, are only
+	// counted, and logged as one summary record at the period's end: a
+	// sandbox that opens connections as fast as it can writes a few lines
+	// a second to the broker log, not thousands.
+	RefusalLogBurst = 20
+	// RefusalLogPeriod is the period of RefusalLogBurst.
+	RefusalLogPeriod = time.Second
 	// replyTimeout bounds writing the proxy's own short answers.
 	replyTimeout = 10 * time.Second
 	// acceptBackoffMin and acceptBackoffMax bound the pause after a failed

@@ -6,13 +6,15 @@
 //
 // Each connection is decided on its own: the sandbox's current rights
 // (Policy) must allow the host, the host's resolver resolves the name, and
-// loopback, private, link-local, shared, reserved and multicast addresses
-// and the host's own are refused unless the destination is an address
-// literal granted as such. The proxy dials the address it checked, never
+// loopback, private, link-local, shared, reserved, documentation,
+// translated and multicast addresses and the host's own are refused unless
+// the destination is an address literal granted as such. The proxy dials the address it checked, never
 // the name again, so an answer that changes between check and dial
 // (DNS rebinding) cannot steer it. Refusals are answered 403 with a
 // one-line reason; failures to reach the destination 502, or 504 when it
-// timed out. Every connection ends in one Record.
+// timed out. Every connection that sent a request ends in one Record; past
+// RefusalLogBurst a second, refusals are counted into one summary Record
+// instead, as are connections that sent nothing.
 //
 // Live connections are kept per right that allowed them: CloseRight cuts
 // those of a revoked or expired right.
@@ -29,6 +31,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,7 +48,8 @@ const (
 )
 
 // Record is the log record of one connection, given to Config.Log when it
-// has ended.
+// has ended; or the summary of the connections a period did not log one
+// by one (Host empty, Reason says how many: RefusalLogBurst).
 type Record struct {
 	Sandbox  string
 	Host     string // "" when the request named none
@@ -72,6 +76,12 @@ type Config struct {
 	// HeadTimeout replaces the package's HeadTimeout when set (tests
 	// shorten it).
 	HeadTimeout time.Duration
+	// HalfClosedTimeout replaces the package's HalfClosedTimeout when set
+	// (tests shorten it).
+	HalfClosedTimeout time.Duration
+	// RefusalLogPeriod replaces the package's RefusalLogPeriod when set
+	// (tests lengthen it).
+	RefusalLogPeriod time.Duration
 }
 
 // Proxy is one sandbox's egress proxy.
@@ -82,6 +92,19 @@ type Proxy struct {
 	mu     sync.Mutex
 	policy Policy
 	live   map[*liveConn]struct{}
+
+	logs logLimit
+}
+
+// logLimit is what bounds a proxy's refusal records: RefusalLogBurst of
+// them per period, the rest counted for one summary record.
+type logLimit struct {
+	mu      sync.Mutex
+	start   time.Time   // of the current period
+	logged  int         // refusals logged one by one in it
+	dropped int         // refusals not logged since the last summary
+	silent  int         // connections that sent no request, since the last summary
+	timer   *time.Timer // writes the summary at the period's end
 }
 
 // liveConn is one allowed connection: the right that allowed it, and how
@@ -102,6 +125,12 @@ func New(cfg Config) *Proxy {
 	}
 	if cfg.HeadTimeout <= 0 {
 		cfg.HeadTimeout = HeadTimeout
+	}
+	if cfg.HalfClosedTimeout <= 0 {
+		cfg.HalfClosedTimeout = HalfClosedTimeout
+	}
+	if cfg.RefusalLogPeriod <= 0 {
+		cfg.RefusalLogPeriod = RefusalLogPeriod
 	}
 	return &Proxy{cfg: cfg, policy: cfg.Policy, live: map[*liveConn]struct{}{}}
 }
@@ -164,6 +193,7 @@ func (p *Proxy) release(lc *liveConn) {
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
+	defer p.flushLog() // what was counted is not left unsaid
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	var delay time.Duration
@@ -204,10 +234,89 @@ func (p *Proxy) refuseBusy(c net.Conn) {
 	p.log(Record{Sandbox: p.cfg.Sandbox, Verdict: Refused, Reason: e.msg})
 }
 
+// log hands r to Config.Log; a refusal past the period's RefusalLogBurst
+// is only counted for the summary.
 func (p *Proxy) log(r Record) {
-	if p.cfg.Log != nil {
-		p.cfg.Log(r)
+	if p.cfg.Log == nil {
+		return
 	}
+	if r.Verdict == Refused {
+		l := &p.logs
+		l.mu.Lock()
+		if now := time.Now(); p.renewPeriod(now) >= RefusalLogBurst {
+			l.dropped++
+			p.summaryAfter(now)
+			l.mu.Unlock()
+			return
+		}
+		l.logged++
+		l.mu.Unlock()
+	}
+	p.cfg.Log(r)
+}
+
+// countSilent counts a connection that closed without sending a request:
+// it is never logged on its own, only in the summary.
+func (p *Proxy) countSilent() {
+	if p.cfg.Log == nil {
+		return
+	}
+	p.logs.mu.Lock()
+	now := time.Now()
+	p.renewPeriod(now)
+	p.logs.silent++
+	p.summaryAfter(now)
+	p.logs.mu.Unlock()
+}
+
+// renewPeriod starts a new period when the current one is over and
+// returns how many refusals the period has logged. p.logs.mu is held.
+func (p *Proxy) renewPeriod(now time.Time) int {
+	l := &p.logs
+	if now.Sub(l.start) >= p.cfg.RefusalLogPeriod {
+		l.start, l.logged = now, 0
+	}
+	return l.logged
+}
+
+// summaryAfter makes sure the summary is written at the current period's
+// end. p.logs.mu is held.
+func (p *Proxy) summaryAfter(now time.Time) {
+	l := &p.logs
+	if l.timer == nil {
+		l.timer = time.AfterFunc(l.start.Add(p.cfg.RefusalLogPeriod).Sub(now), p.flushLog)
+	}
+}
+
+// flushLog writes the summary of what was counted and not logged, if
+// anything was.
+func (p *Proxy) flushLog() {
+	l := &p.logs
+	l.mu.Lock()
+	if l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
+	dropped, silent := l.dropped, l.silent
+	l.dropped, l.silent = 0, 0
+	l.mu.Unlock()
+	var parts []string
+	if dropped > 0 {
+		parts = append(parts, fmt.Sprintf("%d more refused %s not logged", dropped, plural(dropped, "connection")))
+	}
+	if silent > 0 {
+		parts = append(parts, fmt.Sprintf("%d %s closed without a request", silent, plural(silent, "connection")))
+	}
+	if len(parts) > 0 && p.cfg.Log != nil {
+		p.cfg.Log(Record{Sandbox: p.cfg.Sandbox, Verdict: Refused, Reason: strings.Join(parts, "; ")})
+	}
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
 }
 
 // handle serves one client connection: one request head, then a tunnel or
@@ -215,7 +324,12 @@ func (p *Proxy) log(r Record) {
 func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	start := time.Now()
 	rec := Record{Sandbox: p.cfg.Sandbox}
+	silent := false
 	defer func() {
+		if silent {
+			p.countSilent()
+			return
+		}
 		rec.Duration = time.Since(start)
 		p.log(rec)
 	}()
@@ -228,6 +342,10 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	br := bufio.NewReader(lr)
 	c.SetReadDeadline(time.Now().Add(p.cfg.HeadTimeout))
 	rq, err := readHead(br, lr)
+	if errors.Is(err, errNoRequest) {
+		silent = true // nothing to answer
+		return
+	}
 	if err != nil {
 		p.fail(c, &rec, err)
 		return
@@ -248,7 +366,7 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 		defer up.Close()
 		context.AfterFunc(ctx, func() { up.Close() })
 		if rq.connect {
-			rec.Up, rec.Down = tunnel(c, br, up)
+			rec.Up, rec.Down = tunnel(c, br, up, p.cfg.HalfClosedTimeout)
 		} else {
 			rec.Up, rec.Down, err = forward(c, rq.req, up)
 		}
@@ -267,12 +385,10 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 
 // fail records err and answers it when it is an httpError. Any other
 // error broke a connection whose answer had begun: there is nothing left
-// to say. A client that sent nothing gets no answer either.
+// to say.
 func (p *Proxy) fail(c net.Conn, rec *Record, err error) {
 	var he *httpError
 	switch {
-	case errors.Is(err, errNoRequest):
-		rec.Verdict, rec.Reason = Refused, err.Error()
 	case errors.As(err, &he):
 		rec.Verdict, rec.Reason = Failed, he.msg
 		if he.status < 500 {

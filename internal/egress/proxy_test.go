@@ -7,7 +7,10 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -111,9 +114,11 @@ func TestRefusals(t *testing.T) {
 		"v6loop.test":    {"::1"},
 		"mapped.test":    {"::ffff:127.0.0.1"},
 		"mixed.test":     {"93.184.215.14", "127.0.0.1"},
+		"bench.test":     {"198.18.0.1"},
+		"6to4.test":      {"2002:7f00:1::"},
 	}
 	pol := egress.Rights{Rights: grant.Rights{Egress: []string{"evil.example", "private.test", "ula.test", "metadata.test", "cgnat.test",
-		"zero.test", "multicast.test", "v6loop.test", "mapped.test", "mixed.test", "*.0.0.1", "pypi.org"}}}
+		"zero.test", "multicast.test", "v6loop.test", "mapped.test", "mixed.test", "bench.test", "6to4.test", "*.0.0.1", "pypi.org"}}}
 	tp := startProxy(t, egress.Config{Policy: pol, Resolver: res})
 	tests := []struct {
 		target string
@@ -131,6 +136,8 @@ func TestRefusals(t *testing.T) {
 		{"v6loop.test:443", 403, "egress to v6loop.test refused: it resolves to a loopback address"},
 		{"mapped.test:443", 403, "egress to mapped.test refused: it resolves to a loopback address"},
 		{"mixed.test:443", 403, "egress to mixed.test refused: it resolves to a loopback address"},
+		{"bench.test:443", 403, "egress to bench.test refused: it resolves to a reserved address"},
+		{"6to4.test:443", 403, "egress to 6to4.test refused: it resolves to a translated address"},
 		// Covered by a wildcard, but not granted as an address: refused.
 		{"127.0.0.1:" + port, 403, "egress to 127.0.0.1 refused: a loopback address (only an address granted as such may be one)"},
 		{"evil.org:443", 403, "egress to evil.org is not granted to this sandbox"},
@@ -330,5 +337,231 @@ func TestServeEndClosesTunnels(t *testing.T) {
 	}
 	if _, err := net.Dial("unix", sock); err == nil {
 		t.Fatal("the stopped proxy still accepts")
+	}
+}
+
+// silentServer accepts on 127.0.0.1 and keeps each connection open, never
+// writing to it nor closing it, until the test ends.
+func silentServer(t *testing.T) (port string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	return portOf(ln.Addr())
+}
+
+// TestTunnelEndsAfterClientLeaves: clients that open a tunnel and close
+// it while their destination stays open and silent do not keep their
+// slots: each tunnel ends, and after MaxConns of them the proxy admits a
+// new one.
+func TestTunnelEndsAfterClientLeaves(t *testing.T) {
+	port := silentServer(t)
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), HalfClosedTimeout: 100 * time.Millisecond})
+	for i := range egress.MaxConns {
+		c, _, resp := tp.ask(t, "CONNECT 127.0.0.1:"+port+" HTTP/1.1\r\n\r\n")
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("tunnel %d: CONNECT answered %s", i, resp.Status)
+		}
+		c.Close()
+	}
+	for range egress.MaxConns {
+		if r := tp.record(t); r.Verdict != egress.Allowed {
+			t.Fatalf("record %+v", r)
+		}
+	}
+	_, _, resp := tp.ask(t, "CONNECT 127.0.0.1:"+port+" HTTP/1.1\r\n\r\n")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("after %d clients left, CONNECT answered %s", egress.MaxConns, resp.Status)
+	}
+}
+
+// TestHalfClosedTunnelKeepsMoving: after the client's half-close, a
+// destination that keeps sending is passed on to the end, however long
+// that takes: the half-closed timeout counts silence, not the whole.
+func TestHalfClosedTunnelKeepsMoving(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const chunks = 150
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		io.Copy(io.Discard, c) // the client's half-close
+		for range chunks {
+			if _, err := io.WriteString(c, "x"); err != nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), HalfClosedTimeout: time.Second})
+	c, br, resp := tp.ask(t, "CONNECT 127.0.0.1:"+portOf(ln.Addr())+" HTTP/1.1\r\n\r\n")
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("CONNECT answered %s", resp.Status)
+	}
+	c.(*net.UnixConn).CloseWrite()
+	got, err := io.ReadAll(br)
+	if err != nil || len(got) != chunks {
+		t.Fatalf("read %d bytes, %v; want %d", len(got), err, chunks)
+	}
+	if r := tp.record(t); r.Verdict != egress.Allowed || r.Down != chunks {
+		t.Fatalf("record %+v", r)
+	}
+}
+
+// refuseN sends n requests the proxy refuses (nothing is granted) and
+// checks each answer.
+func refuseN(t *testing.T, tp *testProxy, n int) {
+	t.Helper()
+	for range n {
+		if status, _ := tp.refusal(t, "CONNECT pypi.org:443 HTTP/1.1\r\n\r\n"); status != http.StatusForbidden {
+			t.Fatalf("answered %d; want 403", status)
+		}
+	}
+}
+
+// TestRefusalLogAtLimit: RefusalLogBurst refusals in one period are each
+// logged, and no summary follows.
+func TestRefusalLogAtLimit(t *testing.T) {
+	tp := startProxy(t, egress.Config{RefusalLogPeriod: time.Hour})
+	refuseN(t, tp, egress.RefusalLogBurst)
+	for range egress.RefusalLogBurst {
+		if r := tp.record(t); r.Host != "pypi.org" || r.Reason != "egress to pypi.org is not granted to this sandbox" {
+			t.Fatalf("record %+v", r)
+		}
+	}
+	tp.stop()
+	if len(tp.records) != 0 {
+		t.Fatalf("a record past the %d refusals: %+v", egress.RefusalLogBurst, <-tp.records)
+	}
+}
+
+// TestRefusalLogPastLimit: one refusal past RefusalLogBurst is not logged
+// on its own but counted in a summary, written when the proxy stops at the
+// latest.
+func TestRefusalLogPastLimit(t *testing.T) {
+	tp := startProxy(t, egress.Config{RefusalLogPeriod: time.Hour})
+	refuseN(t, tp, egress.RefusalLogBurst+1)
+	for range egress.RefusalLogBurst {
+		if r := tp.record(t); r.Host != "pypi.org" {
+			t.Fatalf("record %+v", r)
+		}
+	}
+	tp.stop()
+	r := tp.record(t)
+	if r.Verdict != egress.Refused || r.Host != "" || r.Sandbox != "fix-12" || r.Reason != "1 more refused connection not logged" {
+		t.Fatalf("summary %+v", r)
+	}
+	if len(tp.records) != 0 {
+		t.Fatalf("a record after the summary: %+v", <-tp.records)
+	}
+}
+
+var (
+	droppedRe = regexp.MustCompile(`^(\d+) more refused connections? not logged`)
+	silentRe  = regexp.MustCompile(`(?:^|; )(\d+) connections? closed without a request$`)
+)
+
+// TestLogFlood: a sandbox that opens connections as fast as it can, some
+// sending nothing and some a refused request, gets at most
+// RefusalLogBurst records and one summary per period into the log, and
+// the summaries count every connection not logged on its own.
+func TestLogFlood(t *testing.T) {
+	tp := startProxy(t, egress.Config{RefusalLogPeriod: egress.RefusalLogPeriod})
+	const perWorker, workers = 500, 4
+	// The records are read while the flood goes on: a proxy that logged
+	// them all would otherwise wait on a full channel.
+	type tally struct{ records, logged, dropped, silent int }
+	counted := make(chan tally, 1)
+	var fail error
+	go func() {
+		var n tally
+		defer func() { counted <- n }()
+		for n.logged+n.dropped+n.silent < perWorker*workers {
+			var r egress.Record
+			select {
+			case r = <-tp.records:
+			case <-time.After(10 * time.Second):
+				fail = fmt.Errorf("no record for 10 s after %d: %d refusals logged, %d counted as not logged, %d as sent nothing; want %d in all",
+					n.records, n.logged, n.dropped, n.silent, perWorker*workers)
+				return
+			}
+			n.records++
+			d, s := droppedRe.FindStringSubmatch(r.Reason), silentRe.FindStringSubmatch(r.Reason)
+			if d == nil && s == nil {
+				n.logged++
+				// Read on after a wrong record: the proxy must not wait.
+				if fail == nil && (r.Verdict != egress.Refused || r.Host != "pypi.org" && !strings.HasPrefix(r.Reason, "more than ")) {
+					fail = fmt.Errorf("a connection that sent no request logged on its own: %+v", r)
+				}
+			}
+			if d != nil {
+				k, _ := strconv.Atoi(d[1])
+				n.dropped += k
+			}
+			if s != nil {
+				k, _ := strconv.Atoi(s[1])
+				n.silent += k
+			}
+		}
+	}()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range perWorker {
+				c, err := net.Dial("unix", tp.sock)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if i%2 == 0 {
+					c.SetDeadline(time.Now().Add(10 * time.Second))
+					io.WriteString(c, "CONNECT pypi.org:443 HTTP/1.1\r\n\r\n")
+					io.Copy(io.Discard, c) // until the answer's end
+				}
+				c.Close()
+			}
+		})
+	}
+	wg.Wait()
+	n := <-counted
+	records, dropped, silent := n.records, n.dropped, n.silent
+	periods := int(time.Since(start)/egress.RefusalLogPeriod) + 1
+	if most := periods * (egress.RefusalLogBurst + 1); records > most {
+		t.Fatalf("%d records for %d connections in %d periods; want at most %d", records, perWorker*workers, periods, most)
+	}
+	if fail != nil {
+		t.Fatal(fail)
+	}
+	if silent == 0 || dropped == 0 {
+		t.Fatalf("summaries counted %d refusals and %d connections that sent nothing; want both", dropped, silent)
 	}
 }

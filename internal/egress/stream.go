@@ -18,9 +18,11 @@ const established = "HTTP/1.1 200 Connection established\r\n\r\n"
 
 // tunnel answers the CONNECT and copies both ways until both have ended
 // (or one broke: then both are closed), and returns the bytes each way.
-// What the client sent after its head is passed on first. Copying between
-// the raw connections lets the kernel splice them.
-func tunnel(c net.Conn, br *bufio.Reader, up net.Conn) (upN, downN int64) {
+// What the client sent after its head is passed on first. Once one way
+// has ended, the other goes on only while something moves on it within
+// idle (copyTunnel). Copying between the raw connections lets the kernel
+// splice them.
+func tunnel(c net.Conn, br *bufio.Reader, up net.Conn, idle time.Duration) (upN, downN int64) {
 	c.SetWriteDeadline(time.Now().Add(replyTimeout))
 	if _, err := io.WriteString(c, established); err != nil {
 		return 0, 0
@@ -36,15 +38,44 @@ func tunnel(c net.Conn, br *bufio.Reader, up net.Conn) (upN, downN int64) {
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		n, err := io.Copy(up, c)
+		n, err := copyTunnel(up, c, idle)
 		upN += n
 		endCopy(up, c, err)
+		up.SetReadDeadline(time.Now()) // the way back now runs against idle
 	})
-	n, err := io.Copy(c, up)
+	n, err := copyTunnel(c, up, idle)
 	downN = n
 	endCopy(c, up, err)
+	c.SetReadDeadline(time.Now())
 	wg.Wait()
 	return upN, downN
+}
+
+// errIdle ends a tunnel whose remaining way moved nothing within its idle
+// period.
+var errIdle = errors.New("nothing moved after the other way ended")
+
+// copyTunnel copies r to w until r ends. r has no deadline until the other
+// way has ended and set one in the past: that interrupts the copy (no
+// bytes are lost, a deadline only stops the wait for more), and from then
+// on each copy runs against a fresh deadline idle ahead; one that passes
+// with nothing moved ends the tunnel with errIdle. Copying in periods
+// rather than counting each read keeps the kernel's splice.
+func copyTunnel(w, r net.Conn, idle time.Duration) (int64, error) {
+	var total int64
+	timed := false
+	for {
+		n, err := io.Copy(w, r)
+		total += n
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return total, err
+		}
+		if timed && n == 0 {
+			return total, errIdle
+		}
+		timed = true
+		r.SetReadDeadline(time.Now().Add(idle))
+	}
 }
 
 // endCopy passes on the end of one direction: the reader's EOF as a
