@@ -33,7 +33,12 @@ func checkHost(raw string) (string, error) {
 
 // refusedRanges are refused besides what netip classifies (loopback,
 // private, link-local, multicast, unspecified); reason is what the client
-// is told. Ranges that embed an IPv4 address (NAT64, 6to4, Teredo,
+// is told. The documentation ranges (192.0.2/24, 198.51.100/24,
+// 203.0.113/24, 2001:db8::/32) and the benchmarking one (198.18/15) are
+// not refused: fake-address resolvers and test networks hand them out
+// for public hosts (here, registry.npmjs.org resolves into 203.0.113/24),
+// and what they may reach of the host is refused as its own addresses or
+// a private network. Ranges that embed an IPv4 address (NAT64, 6to4, Teredo,
 // IPv4-compatible, SIIT) are refused whole: a relay or translator on the
 // path could carry them to the embedded address, loopback and private
 // ones included.
@@ -41,13 +46,9 @@ var refusedRanges = []struct {
 	prefix netip.Prefix
 	reason string
 }{
-	{netip.MustParsePrefix("0.0.0.0/8"), "a reserved address"},    // "this network"
-	{netip.MustParsePrefix("100.64.0.0/10"), "a shared address"},  // carrier-grade NAT
-	{netip.MustParsePrefix("192.0.0.0/24"), "a reserved address"}, // IETF protocol assignments
-	{netip.MustParsePrefix("192.0.2.0/24"), "a documentation address"},
-	{netip.MustParsePrefix("198.18.0.0/15"), "a reserved address"}, // benchmarking, used as internal space
-	{netip.MustParsePrefix("198.51.100.0/24"), "a documentation address"},
-	{netip.MustParsePrefix("203.0.113.0/24"), "a documentation address"},
+	{netip.MustParsePrefix("0.0.0.0/8"), "a reserved address"},              // "this network"
+	{netip.MustParsePrefix("100.64.0.0/10"), "a shared address"},            // carrier-grade NAT
+	{netip.MustParsePrefix("192.0.0.0/24"), "a reserved address"},           // IETF protocol assignments
 	{netip.MustParsePrefix("168.63.129.16/32"), "a cloud platform address"}, // Azure's host endpoint: reached from its VMs only
 	{netip.MustParsePrefix("240.0.0.0/4"), "a reserved address"},            // and the broadcast address
 	{netip.MustParsePrefix("::/96"), "a translated address"},                // IPv4-compatible (deprecated)
@@ -56,14 +57,13 @@ var refusedRanges = []struct {
 	{netip.MustParsePrefix("64:ff9b:1::/48"), "a translated address"},
 	{netip.MustParsePrefix("100::/64"), "a reserved address"},    // discard-only
 	{netip.MustParsePrefix("2001::/32"), "a translated address"}, // Teredo
-	{netip.MustParsePrefix("2001:db8::/32"), "a documentation address"},
 	{netip.MustParsePrefix("2002::/16"), "a translated address"}, // 6to4
 	{netip.MustParsePrefix("fec0::/10"), "a private address"},    // deprecated site-local
 }
 
 // refusal says why the proxy refuses to connect to a, "" when it does not:
 // loopback, private (RFC 1918, ULA), link-local, unspecified, multicast,
-// shared (CGNAT), reserved, documentation and translated addresses
+// shared (CGNAT), reserved and translated addresses
 // (refusedRanges), and the host's own addresses (own), which reach the
 // host's services.
 func refusal(a netip.Addr, own []netip.Addr) string {

@@ -6,10 +6,10 @@
 //
 // Each connection is decided on its own: the sandbox's current rights
 // (Policy) must allow the host, the host's resolver resolves the name, and
-// loopback, private, link-local, shared, reserved, documentation,
-// translated and multicast addresses and the host's own are refused unless
-// the destination is an address literal granted as such. The proxy dials the address it checked, never
-// the name again, so an answer that changes between check and dial
+// loopback, private, link-local, shared, reserved, translated and
+// multicast addresses and the host's own are refused unless the
+// destination is an address literal granted as such. The proxy dials the
+// address it checked, never the name again, so an answer that changes between check and dial
 // (DNS rebinding) cannot steer it. Refusals are answered 403 with a
 // one-line reason; failures to reach the destination 502, or 504 when it
 // timed out. Every connection that sent a request ends in one Record; past
