@@ -55,6 +55,16 @@ func connects(e *testEnv, name, host, port string) bool {
 	return res.exit == 0
 }
 
+// helloServer is a server on the host's loopback that answers "hello
+// from the host", until the test ends.
+func helloServer(t *testing.T) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "hello from the host")
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
 // TestEgressThroughTheBroker: a sandbox's only way out is its broker's
 // egress proxy, reached through the proxy variables every command gets. A
 // child spawned with egress to the host's 127.0.0.1 (an address literal
@@ -63,10 +73,7 @@ func connects(e *testEnv, name, host, port string) bool {
 // connection that skips the proxy has no route; the broker logs each
 // connection.
 func TestEgressThroughTheBroker(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprint(w, "hello from the host")
-	}))
-	defer srv.Close()
+	srv := helloServer(t)
 	url := srv.URL + "/"
 
 	e := newTestEnv(t)
@@ -160,10 +167,7 @@ func hostAddr(t *testing.T) string {
 // served, so the revoke's refresh does not find it). The proxy must still
 // refuse the revoked host once the child is served.
 func TestEgressRevokeWhileServed(t *testing.T) {
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprint(w, "hello from the host")
-	}))
-	defer srv.Close()
+	srv := helloServer(t)
 	url := srv.URL + "/"
 	e := newTestEnv(t)
 	if err := e.admin("new", wire.NewArgs{Name: "a-lead", Repo: e.repo, Role: "orchestrator", Grant: json.RawMessage(egressGrant)}, nil); err != nil {

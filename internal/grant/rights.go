@@ -122,7 +122,7 @@ func CheckRights(effective Grant, repo Cap, r Rights) error {
 		return fmt.Errorf("loose is not grantable")
 	}
 	for _, h := range r.Egress {
-		if IsAddress(h) {
+		if isAddress(h) {
 			// A sandbox's address entry is granted as such: its proxy
 			// lets it reach the address even where it refuses one
 			// (loopback, private, the host's own). So only an entry
@@ -141,9 +141,9 @@ func CheckRights(effective Grant, repo Cap, r Rights) error {
 	return nil
 }
 
-// IsAddress reports whether an egress entry is an IP address literal
+// isAddress reports whether an egress entry is an IP address literal
 // rather than a host name.
-func IsAddress(entry string) bool {
+func isAddress(entry string) bool {
 	_, err := netip.ParseAddr(entry)
 	return err == nil
 }
