@@ -59,6 +59,10 @@ type Config struct {
 	// Caps bound each orchestrator's children and queued spawns (a zero
 	// bound: its default).
 	Caps orchestrate.Caps
+	// TreeMaxConns bounds the model and egress connections one
+	// orchestrator and its children hold at once (zero: its default,
+	// DefaultTreeMaxConns).
+	TreeMaxConns int
 	// Model, when set, gives every orchestrator and child a model socket
 	// (model.go); nil serves none.
 	Model *ModelConfig
@@ -88,6 +92,8 @@ type Broker struct {
 	serving map[string]*sandboxServer // by sandbox name
 	admin   net.Listener
 	conns   connTracker
+	// proxyConns admits the model and egress sockets' connections.
+	proxyConns *connBudget
 
 	queries  queryPool
 	executor serial.Executor
@@ -115,6 +121,13 @@ func Open(cfg Config) (*Broker, error) {
 		cfg.Logger = slog.Default()
 	}
 	quota, err := inboxQuota(cfg.InboxQuota)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.TreeMaxConns < 0 {
+		return nil, fmt.Errorf("tree connections: the bound must be positive (got %d)", cfg.TreeMaxConns)
+	}
+	descriptors, err := spareDescriptors()
 	if err != nil {
 		return nil, err
 	}
@@ -159,6 +172,7 @@ func Open(cfg Config) (*Broker, error) {
 		serving:    map[string]*sandboxServer{},
 		conflicted: map[string]bool{},
 		conns:      newConnTracker(),
+		proxyConns: newConnBudget(cmp.Or(cfg.TreeMaxConns, DefaultTreeMaxConns), descriptors),
 		queries:    queryPool{workers: make(chan struct{}, QueryWorkers)},
 		retention:  cmp.Or(cfg.ReadRetention, DefaultReadRetention),
 	}

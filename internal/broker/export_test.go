@@ -28,3 +28,11 @@ func (b *Broker) QueuedQueriesForTest() int {
 func (b *Broker) QueuedSendsForTest() int {
 	return b.executor.Waiting()
 }
+
+// TreeConnsForTest is how many model and egress connections of tree's
+// sandboxes are admitted.
+func (b *Broker) TreeConnsForTest(tree string) int {
+	b.proxyConns.mu.Lock()
+	defer b.proxyConns.mu.Unlock()
+	return b.proxyConns.byTree[tree]
+}

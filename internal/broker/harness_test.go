@@ -74,6 +74,8 @@ type testEnv struct {
 	egress orchestrate.EgressHook
 	// caps is broker.Config.Caps (kept across restarts).
 	caps orchestrate.Caps
+	// treeMaxConns is broker.Config.TreeMaxConns (kept across restarts).
+	treeMaxConns int
 	// publish is broker.Config.Publish (kept across restarts).
 	publish *orchestrate.Publishing
 	// onAttach, when set, runs before each AttachSocket of the backend
@@ -337,7 +339,8 @@ func (e *testEnv) start() {
 		h = slog.NewTextHandler(io.MultiWriter(e.logs, os.Stderr), &slog.HandlerOptions{Level: slog.LevelDebug})
 	}
 	b, err := broker.Open(broker.Config{StateDir: e.state, Backend: e.be, Logger: slog.New(h),
-		Sandboxes: e.sandboxes, InboxQuota: e.quota, Model: e.model, Egress: e.egress, Caps: e.caps, Publish: e.publish})
+		Sandboxes: e.sandboxes, InboxQuota: e.quota, Model: e.model, Egress: e.egress, Caps: e.caps, Publish: e.publish,
+		TreeMaxConns: e.treeMaxConns})
 	if err != nil {
 		e.t.Fatal(err)
 	}

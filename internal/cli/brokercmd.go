@@ -106,6 +106,7 @@ refuses to start unless --no-limits.`,
 					TreeMaxUnreadItems: cfg.Tree.MaxUnreadItems, TreeMaxUnreadBytes: cfg.Tree.MaxUnreadBytes},
 				ReadRetention: time.Duration(cfg.Inbox.ReadRetentionDays) * 24 * time.Hour,
 				Caps:          orchestrate.Caps{MaxChildren: cfg.Tree.MaxChildren, MaxQueuedSpawns: cfg.Tree.MaxQueuedSpawns},
+				TreeMaxConns:  cfg.Tree.MaxConnections,
 				Model:         model,
 				Publish:       publish,
 			})

@@ -84,6 +84,13 @@ const (
 	// DefaultTreeQueuedSpawns is tree.max_queued_spawns when broker.yaml
 	// does not set it.
 	DefaultTreeQueuedSpawns = 32
+	// MinTreeConnections and MaxTreeConnections bound
+	// tree.max_connections.
+	MinTreeConnections = 16
+	MaxTreeConnections = 1000000
+	// DefaultTreeConnections is tree.max_connections when broker.yaml
+	// does not set it.
+	DefaultTreeConnections = 1024
 	// DefaultTreeUnreadItems and DefaultTreeUnreadBytes are
 	// tree.max_unread_items and tree.max_unread_bytes when broker.yaml
 	// does not set them; their bounds are inbox's.
@@ -224,6 +231,9 @@ type Tree struct {
 	// orchestrator's inbox and its children's, together.
 	MaxUnreadItems int
 	MaxUnreadBytes int64
+	// MaxConnections bounds the model and egress connections the
+	// orchestrator and its children hold open at once.
+	MaxConnections int
 }
 
 // UIDRange is a range of host uids: First, First+1, ..., First+Count-1.
@@ -238,7 +248,7 @@ func DefaultBroker() *Broker {
 		Limits: Limits{Pids: DefaultPids, MemoryBytes: DefaultMemoryBytes, CPUWeight: DefaultCPUWeight, DiskBytes: DefaultDiskBytes},
 		Inbox: InboxQuota{MaxUnreadItems: DefaultInboxUnreadItems, MaxUnreadBytes: DefaultInboxUnreadBytes,
 			ReadRetentionDays: DefaultReadRetentionDays},
-		Tree: Tree{MaxChildren: DefaultTreeChildren, MaxQueuedSpawns: DefaultTreeQueuedSpawns,
+		Tree: Tree{MaxChildren: DefaultTreeChildren, MaxQueuedSpawns: DefaultTreeQueuedSpawns, MaxConnections: DefaultTreeConnections,
 			MaxUnreadItems: DefaultTreeUnreadItems, MaxUnreadBytes: DefaultTreeUnreadBytes},
 		SandboxUIDs: UIDRange{
 			First: DefaultSandboxUIDFirst,
@@ -486,6 +496,8 @@ func (t *Tree) fields() []field {
 			get: func() int64 { return int64(t.MaxUnreadItems) }, set: func(v int64) { t.MaxUnreadItems = int(v) }},
 		{key: "max_unread_bytes", size: true, min: MinInboxUnreadBytes, max: MaxInboxUnreadBytes,
 			get: func() int64 { return t.MaxUnreadBytes }, set: func(v int64) { t.MaxUnreadBytes = v }},
+		{key: "max_connections", min: MinTreeConnections, max: MaxTreeConnections,
+			get: func() int64 { return int64(t.MaxConnections) }, set: func(v int64) { t.MaxConnections = int(v) }},
 	}
 }
 

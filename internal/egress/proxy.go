@@ -82,6 +82,11 @@ type Config struct {
 	// RefusalLogPeriod replaces the package's RefusalLogPeriod when set
 	// (tests lengthen it).
 	RefusalLogPeriod time.Duration
+	// AdmitConn, when set, is asked for each connection within MaxConns
+	// before it is served: the broker's budget of connections across
+	// sandboxes. An error refuses the connection with 503 and the error's
+	// message; release gives the place back when the connection ends.
+	AdmitConn func() (release func(), err error)
 }
 
 // Proxy is one sandbox's egress proxy.
@@ -217,18 +222,27 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 		delay = 0
 		if p.conns.Add(1) > MaxConns {
 			p.conns.Add(-1)
-			p.refuseBusy(c)
+			p.refuseBusy(c, fmt.Sprintf("more than %d connections at once from this sandbox", MaxConns))
 			continue
+		}
+		release := func() {}
+		if p.cfg.AdmitConn != nil {
+			if release, err = p.cfg.AdmitConn(); err != nil {
+				p.conns.Add(-1)
+				p.refuseBusy(c, err.Error())
+				continue
+			}
 		}
 		wg.Go(func() {
 			defer p.conns.Add(-1)
+			defer release()
 			p.handle(ctx, c)
 		})
 	}
 }
 
-func (p *Proxy) refuseBusy(c net.Conn) {
-	e := &httpError{http.StatusServiceUnavailable, fmt.Sprintf("more than %d connections at once from this sandbox", MaxConns)}
+func (p *Proxy) refuseBusy(c net.Conn, msg string) {
+	e := &httpError{http.StatusServiceUnavailable, msg}
 	writeError(c, e, time.Second)
 	c.Close()
 	p.log(Record{Sandbox: p.cfg.Sandbox, Verdict: Refused, Reason: e.msg})

@@ -3,6 +3,7 @@ package egress_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -264,6 +265,58 @@ func TestBusy(t *testing.T) {
 	status, body := tp.refusal(t, "CONNECT pypi.org:443 HTTP/1.1\r\n\r\n")
 	if want := fmt.Sprintf("more than %d connections at once from this sandbox\n", egress.MaxConns); status != http.StatusServiceUnavailable || body != want {
 		t.Fatalf("answered %d %q", status, body)
+	}
+}
+
+// TestAdmitConn: a connection AdmitConn refuses is answered 503 with its
+// reason and does not keep its place in MaxConns; an admitted one gives
+// its admission back when it ends.
+func TestAdmitConn(t *testing.T) {
+	e := startEcho(t, "127.0.0.1:0")
+	var mu sync.Mutex
+	refuse, held := true, 0
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), AdmitConn: func() (func(), error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if refuse {
+			return nil, errors.New("the tree holds too many connections (tree.max_connections)")
+		}
+		held++
+		return func() { mu.Lock(); held--; mu.Unlock() }, nil
+	}})
+	// The refusal is written before the request is read: none is sent.
+	for range egress.MaxConns + 1 {
+		c := tp.dial(t)
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		answer, _ := io.ReadAll(c)
+		c.Close()
+		if !strings.HasPrefix(string(answer), "HTTP/1.1 503 ") || !strings.HasSuffix(string(answer), "\r\n\r\nthe tree holds too many connections (tree.max_connections)\n") {
+			t.Fatalf("refused by AdmitConn: %q", answer)
+		}
+	}
+	mu.Lock()
+	refuse = false
+	mu.Unlock()
+	c, br, resp := tp.ask(t, "CONNECT 127.0.0.1:"+e.port()+" HTTP/1.1\r\n\r\n")
+	if resp.StatusCode != 200 {
+		t.Fatalf("admitted: CONNECT answered %s", resp.Status)
+	}
+	if err := roundTrip(c, br, "ping"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := held
+		mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d admissions kept after their tunnels ended", n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

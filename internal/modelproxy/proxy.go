@@ -91,6 +91,12 @@ type Config struct {
 	// Admit, when set, is asked before each request is forwarded; an
 	// error is answered 429 with its message (e.g. a token budget spent).
 	Admit func() error
+	// AdmitConn, when set, is asked for each connection within MaxConns
+	// before it is served: the broker's budget of connections across
+	// sandboxes. An error is answered 503 (overloaded_error, with the
+	// error's message) and the connection closed; release gives the place
+	// back when the connection closes.
+	AdmitConn func() (release func(), err error)
 	// Log receives one line per request: method, path, status, bytes.
 	Log *slog.Logger
 	// ReadTimeout and StreamIdle replace RequestReadTimeout and
@@ -152,7 +158,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	stop := context.AfterFunc(ctx, func() { srv.Close() })
 	defer stop()
-	err := srv.Serve(&limitListener{Listener: ln, slots: make(chan struct{}, MaxConns)})
+	err := srv.Serve(&limitListener{Listener: ln, slots: make(chan struct{}, MaxConns), admit: p.cfg.AdmitConn})
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -386,10 +392,12 @@ func (p *Proxy) copyResponse(ctx context.Context, cancel context.CancelFunc, w h
 
 // limitListener accepts at most cap(slots) connections open at once and
 // closes any more as soon as they are accepted (rather than leave them
-// queued, so a client learns at once).
+// queued, so a client learns at once). A connection admit refuses is
+// answered 503 with the reason before it is closed.
 type limitListener struct {
 	net.Listener
 	slots chan struct{}
+	admit func() (release func(), err error)
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -400,24 +408,47 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		}
 		select {
 		case l.slots <- struct{}{}:
-			return &limitConn{Conn: c, slots: l.slots}, nil
 		default:
 			c.Close()
+			continue
 		}
+		release := func() {}
+		if l.admit != nil {
+			if release, err = l.admit(); err != nil {
+				<-l.slots
+				refuseConn(c, err.Error())
+				continue
+			}
+		}
+		return &limitConn{Conn: c, slots: l.slots, release: release}, nil
 	}
 }
 
-// limitConn gives its slot back when closed (once: net/http may close a
-// connection more than once).
+// refuseConn answers a connection that is not served with 503 in the
+// API's error format, without reading its request, and closes it; a
+// client that does not take the answer within a second loses it.
+func refuseConn(c net.Conn, message string) {
+	body := fmt.Sprintf(`{"type":"error","error":{"type":"overloaded_error","message":%q}}`, message)
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
+	c.Close()
+}
+
+// limitConn gives its slot and its admission back when closed (once:
+// net/http may close a connection more than once).
 type limitConn struct {
 	net.Conn
-	slots chan struct{}
-	once  sync.Once
+	slots   chan struct{}
+	release func()
+	once    sync.Once
 }
 
 func (c *limitConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { <-c.slots })
+	c.once.Do(func() {
+		<-c.slots
+		c.release()
+	})
 	return err
 }
 

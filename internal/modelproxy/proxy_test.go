@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -758,4 +759,58 @@ func BenchmarkModelSocket16(b *testing.B) {
 	}
 	b.Run("direct", func(b *testing.B) { run(b, directClients, up.URL) })
 	b.Run("socket", func(b *testing.B) { run(b, socketClients, "http://localhost") })
+}
+
+// TestAdmitConn: a connection AdmitConn refuses is answered 503
+// overloaded_error with the reason, without its request being read, and
+// gives its socket slot back; an admitted one gives its admission back
+// when it closes.
+func TestAdmitConn(t *testing.T) {
+	var mu sync.Mutex
+	refuse, held := true, 0
+	w := newWorld(t, func(c *modelproxy.Config) {
+		c.AdmitConn = func() (func(), error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if refuse {
+				return nil, errors.New("the tree holds too many connections (tree.max_connections)")
+			}
+			held++
+			return func() { mu.Lock(); held--; mu.Unlock() }, nil
+		}
+	})
+	// Refused MaxConns+1 times: no slot is kept by a refusal.
+	for range modelproxy.MaxConns + 1 {
+		conn, err := net.Dial("unix", w.sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		answer, _ := io.ReadAll(conn)
+		conn.Close()
+		if !strings.HasPrefix(string(answer), "HTTP/1.1 503 ") || !strings.Contains(string(answer), `"type":"overloaded_error"`) || !strings.Contains(string(answer), "tree.max_connections") {
+			t.Fatalf("refused by AdmitConn: %q", answer)
+		}
+	}
+	mu.Lock()
+	refuse = false
+	mu.Unlock()
+	resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+	if body := readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("admitted: %d %s", resp.StatusCode, body)
+	}
+	w.client.CloseIdleConnections()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		n := held
+		mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d admissions kept after their connections closed", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

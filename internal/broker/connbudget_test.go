@@ -1,0 +1,139 @@
+package broker_test
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/broker"
+	"agentbox/internal/modelproxy/modeltest"
+)
+
+// socketOf is the host path of one of sandbox name's model-directory
+// sockets (the egress proxy's, a model socket).
+func socketOf(e *testEnv, name, file string) string {
+	e.t.Helper()
+	_, random, _ := strings.Cut(filepath.Base(filepath.Dir(e.b.SocketPath(name))), ".")
+	return filepath.Join(e.state, broker.ModelDir, random, file)
+}
+
+// holdConns opens n connections to sock that send nothing, closed when
+// the test ends.
+func holdConns(t *testing.T, sock string, n int) []net.Conn {
+	t.Helper()
+	var cs []net.Conn
+	for range n {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+// egressAnswer sends one proxied GET for a host no sandbox is granted
+// on a new connection to sock and returns the status and body.
+func egressAnswer(t *testing.T, sock string) (int, string) {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	// A refusal is written and the connection closed without reading the
+	// request: the write may fail, the answer is still there to read.
+	c.Write([]byte("GET http://not-granted.example/ HTTP/1.1\r\nHost: not-granted.example\r\n\r\n"))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	var body strings.Builder
+	bufio.NewReader(resp.Body).WriteTo(&body)
+	return resp.StatusCode, body.String()
+}
+
+// awaitTreeConns waits until n connections of tree are admitted (the
+// broker accepts those held in their own time).
+func awaitTreeConns(t *testing.T, e *testEnv, tree string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for e.b.TreeConnsForTest(tree) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s holds %d connections, want %d", tree, e.b.TreeConnsForTest(tree), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestTreeConnectionFlood: a child that opens silent connections on its
+// model and egress sockets (each within its own socket's bound) fills
+// its tree's budget, tree.max_connections, and no more. Its
+// orchestrator's next connection is refused naming the bound; another
+// orchestrator's tree is served as before; a connection closed frees its
+// place. Without the tree bound, 64 children could each hold 64 + 256
+// connections, two descriptors apiece, more than the broker may open.
+func TestTreeConnectionFlood(t *testing.T) {
+	localOnly(t, "dials the sandboxes' sockets from the host")
+	up := modeltest.Start(t)
+	e := newTestEnvStopped(t)
+	u, err := url.Parse(up.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.model = &broker.ModelConfig{Upstream: u, Key: hostKey}
+	const treeMax = 16
+	e.treeMaxConns = treeMax
+	e.start()
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	e.orchestrator("other")
+	leadEgress := socketOf(e, "lead", backend.EgressSocketName)
+
+	// Both socket kinds count: half on the child's model socket, half on
+	// its egress proxy.
+	holdConns(t, socketOf(e, "kid", broker.ModelSocketName), treeMax/2)
+	held := holdConns(t, socketOf(e, "kid", backend.EgressSocketName), treeMax/2)
+
+	awaitTreeConns(t, e, "lead", treeMax)
+	code, body := egressAnswer(t, leadEgress)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "orchestrator lead and its children hold 16 model and egress connections") || !strings.Contains(body, "tree.max_connections") {
+		t.Fatalf("past the bound: %d %q", code, body)
+	}
+	if code, body := egressAnswer(t, socketOf(e, "other", backend.EgressSocketName)); code != http.StatusForbidden {
+		t.Fatalf("another tree's proxy answered %d %q, want its own 403", code, body)
+	}
+
+	// The model socket refuses in the API's format, before reading.
+	c, err := net.Dial("unix", socketOf(e, "lead", broker.ModelSocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("model socket past the bound: %v", err)
+	}
+	var mb strings.Builder
+	bufio.NewReader(resp.Body).WriteTo(&mb)
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(mb.String(), `"type":"overloaded_error"`) || !strings.Contains(mb.String(), "tree.max_connections") {
+		t.Fatalf("model socket past the bound: %d %s", resp.StatusCode, mb.String())
+	}
+
+	// One connection closed: the orchestrator is served again.
+	held[0].Close()
+	awaitTreeConns(t, e, "lead", treeMax-1)
+	if code, body := egressAnswer(t, leadEgress); code != http.StatusForbidden {
+		t.Fatalf("after a connection closed: %d %q", code, body)
+	}
+}
