@@ -2,9 +2,12 @@ package broker_test
 
 import (
 	"bufio"
+	"context"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,15 +15,24 @@ import (
 
 	"agentbox/internal/backend"
 	"agentbox/internal/broker"
+	"agentbox/internal/egress"
+	"agentbox/internal/inbox"
 	"agentbox/internal/modelproxy/modeltest"
+	"agentbox/internal/wire"
 )
 
 // socketOf is the host path of one of sandbox name's model-directory
 // sockets (the egress proxy's, a model socket).
 func socketOf(e *testEnv, name, file string) string {
 	e.t.Helper()
-	_, random, _ := strings.Cut(filepath.Base(filepath.Dir(e.b.SocketPath(name))), ".")
-	return filepath.Join(e.state, broker.ModelDir, random, file)
+	return besideSocket(e.state, e.b.SocketPath(name), file)
+}
+
+// besideSocket is the host path of file in the model directory that goes
+// with the orchestration socket sock of a broker of state.
+func besideSocket(state, sock, file string) string {
+	_, random, _ := strings.Cut(filepath.Base(filepath.Dir(sock)), ".")
+	return filepath.Join(state, broker.ModelDir, random, file)
 }
 
 // holdConns opens n connections to sock that send nothing, closed when
@@ -136,4 +148,66 @@ func TestTreeConnectionFlood(t *testing.T) {
 	if code, body := egressAnswer(t, leadEgress); code != http.StatusForbidden {
 		t.Fatalf("after a connection closed: %d %q", code, body)
 	}
+}
+
+// TestDescriptorFlood: sandboxes that hold as many egress connections as
+// each may (256) would, together, take every descriptor a broker process
+// may open (here a broker run with RLIMIT_NOFILE 1200): then no host
+// command could reach it and no sandbox could send. The broker admits
+// only what its limit leaves once it keeps its own reserve: the rest are
+// refused naming the limit, and a host command and a send between
+// sandboxes go on while the connections are held (within 15 s: each
+// silent connection would be closed after 30 s, freeing the descriptors
+// anyway).
+func TestDescriptorFlood(t *testing.T) {
+	localOnly(t, "a process broker of the local backend")
+	if _, err := exec.LookPath("prlimit"); err != nil {
+		t.Fatalf("prlimit (util-linux) runs the broker with a low open-file limit: %v", err)
+	}
+	bin, state, repo := jailbeeBin(t), shortTempDir(t), makeRepo(t)
+	p := startProcBrokerVia(t, bin, state, []string{"prlimit", "--nofile=1200:1200", "--"})
+	names := []string{"orch", "kid-1", "kid-2", "kid-3", "kid-4"}
+	p.newSandbox(wire.NewArgs{Name: "orch", Repo: repo, Role: "orchestrator"})
+	for _, kid := range names[1:] {
+		p.newSandbox(wire.NewArgs{Name: kid, Repo: repo, Branch: "work/" + kid, Role: "child", Parent: "orch"})
+	}
+	var conns []net.Conn
+	for _, name := range names {
+		conns = append(conns, holdConns(t, besideSocket(state, p.socket(name), backend.EgressSocketName), egress.MaxConns)...)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	admin, err := inbox.Dial(ctx, p.adminPath())
+	if err != nil {
+		t.Fatalf("admin socket while the connections are held: %v", err)
+	}
+	defer admin.Close()
+	if err := admin.Call(ctx, "new", wire.NewArgs{Name: "other", Repo: repo, Role: "orchestrator"}, nil); err != nil {
+		t.Fatalf("jb new while the connections are held: %v\n%s", err, p.stderr)
+	}
+	orch, err := inbox.Dial(ctx, p.socket("orch"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orch.Close()
+	var st wire.StatusItem
+	err = orch.Call(ctx, "send", map[string]any{"manifest": map[string]any{
+		"version": 1, "type": "message", "id": "m-1", "to": "kid-1", "body": "still here"}}, &st)
+	if err != nil || st.State != wire.StateDone {
+		t.Fatalf("a send while the connections are held: %+v %v", st, err)
+	}
+
+	refused := 0
+	for _, c := range conns {
+		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		answer, _ := io.ReadAll(c)
+		if strings.Contains(string(answer), "as many model and egress connections as its open-file limit allows") {
+			refused++
+		}
+	}
+	if refused == 0 || refused == len(conns) {
+		t.Fatalf("%d of %d connections refused for the open-file limit", refused, len(conns))
+	}
+	t.Logf("%d of %d connections refused for the open-file limit", refused, len(conns))
 }
