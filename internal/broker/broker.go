@@ -177,6 +177,10 @@ func Open(cfg Config) (*Broker, error) {
 		retention:  cmp.Or(cfg.ReadRetention, DefaultReadRetention),
 	}
 	b.executor.Cap = ExecQueueCap
+	if n := descriptors / descriptorsPerConn; n < lowConnBudget {
+		b.log.Warn("the open-file limit leaves room for few model and egress connections: raise it (LimitNOFILE= in a systemd unit, ulimit -Hn)",
+			"connections", max(n, 0), "reserved_descriptors", ReservedDescriptors)
+	}
 	b.orchestrator = &orchestrate.Orchestrator{
 		Store: st, Backend: cfg.Backend, Notify: b.notify, Sandboxes: cfg.Sandboxes, Caps: cfg.Caps, Log: cfg.Logger,
 		Serve: b.serveSandbox, Unserve: b.stopServing, ModelSockets: cfg.Model != nil, LiteLLMProfiles: cfg.Model.profiles(),

@@ -29,6 +29,9 @@ const (
 	// descriptorsPerConn is what one model or egress connection may hold:
 	// the sandbox's end and the upstream's.
 	descriptorsPerConn = 2
+	// lowConnBudget: with room for fewer connections than this (before
+	// any sandbox's reserve), the broker warns when it opens.
+	lowConnBudget = 256
 )
 
 // connBudget admits model and egress connections: at most treeMax per

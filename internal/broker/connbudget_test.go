@@ -210,4 +210,7 @@ func TestDescriptorFlood(t *testing.T) {
 		t.Fatalf("%d of %d connections refused for the open-file limit", refused, len(conns))
 	}
 	t.Logf("%d of %d connections refused for the open-file limit", refused, len(conns))
+	if !strings.Contains(p.stderr.String(), "the open-file limit leaves room for few model and egress connections") {
+		t.Fatalf("the broker did not warn of its low open-file limit:\n%s", p.stderr)
+	}
 }
