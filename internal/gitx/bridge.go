@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,6 +30,14 @@ const (
 	// maxListingBytes bounds a listing of changed paths (a merge's
 	// checks): a larger one fails the merge rather than be half read.
 	maxListingBytes = 16 << 20
+	// MaxHostFetchMemory bounds the heap of host git fetching a sandbox's
+	// objects (RLIMIT_DATA, inherited by its index-pack). A delta in a
+	// pack declares the size of the object it makes, and git allocates
+	// that whole: a pack of a few KiB can ask for any amount of the host's
+	// memory. Stock git never deltifies a blob over core.bigFileThreshold
+	// (512 MiB), so an honest pack needs a base and a result of at most
+	// that per index-pack thread (3): this leaves room for them.
+	MaxHostFetchMemory = 4 << 30
 )
 
 // ErrTransferTooLarge: the source sent more than the transfer's bound.
@@ -449,7 +458,11 @@ func (r Repo) fetchHost(ctx context.Context, commit, ref string, common []string
 	}
 	args = append(args, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--no-auto-maintenance")
 	args = append(append(args, tips...), "fd::3,4", "+"+commit+":"+ref)
-	cmd := exec.CommandContext(ctx, "git", args...)
+	// Through sh, so that the limit holds from git's first instruction
+	// (Go sets no rlimit on a child): ulimit -d is in KiB. It fails only
+	// where a lower hard limit holds already.
+	limited := append([]string{"-c", `ulimit -d "$0" 2>/dev/null; exec git "$@"`, strconv.Itoa(MaxHostFetchMemory >> 10)}, args...)
+	cmd := exec.CommandContext(ctx, "/bin/sh", limited...)
 	cmd.Dir, cmd.Env = r.dir, gitEnv()
 	cmd.ExtraFiles = []*os.File{stdin, stdout}
 	cmd.Stderr = stderr
