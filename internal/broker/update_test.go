@@ -3,6 +3,7 @@ package broker_test
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -217,4 +218,42 @@ func TestUpdateServesOnlyItsCommit(t *testing.T) {
 		"done", "delivered to kid: refs/jailbee/update/orch/up-base at "+hostGit(t, e.repo, "rev-parse", "main")[:12])
 	wantStatus(t, sendManifest(t, orch, map[string]any{"id": "up-orch", "type": "update", "child": "kid", "ref": "refs/heads/side"}),
 		"done", "delivered to kid: refs/jailbee/update/orch/up-orch at "+e.mustExec("orch", "git", "rev-parse", "side")[:12])
+}
+
+// TestUpdateServesNoHostTag: a child that rewrites its relay URL and asks
+// the host repository's upload-pack, during an update with a base, for the
+// tags that point into what it is sent (include-tag) gets none: the
+// broker passes on only a plain fetch's requests, so the host's annotated
+// tag (its name, message and tagger) stays on the host.
+func TestUpdateServesNoHostTag(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("orch")
+	e.child("kid", "orch")
+	orch := e.client("orch")
+	hostGit(t, e.repo, "commit", "-q", "--allow-empty", "-m", "new on main")
+	hostGit(t, e.repo, "tag", "-a", "-m", "unreleased codename", "v9-secret", "main")
+	main := hostGit(t, e.repo, "rev-parse", "main")
+	e.mustExec("kid", "sh", "-c", evilRelay)
+	want := "want " + main + " ofs-delta include-tag\n"
+	req := fmt.Sprintf("%04x%s00000009done\n", 4+len(want), want)
+	if _, err := e.execIn("kid", req, "sh", "-c", `cat > "$HOME/raw"`); err != nil {
+		t.Fatal(err)
+	}
+	sendManifest(t, orch, map[string]any{"id": "evil-tag", "type": "update", "child": "kid", "base": "main"})
+	// No answer at all when the transfer was cut before the relay kept one.
+	answer := e.mustExec("kid", "sh", "-c", `cat "$HOME/raw.out" 2>/dev/null; true`)
+	i := strings.Index(answer, "PACK")
+	if i < 0 {
+		return // the source never answered the request
+	}
+	loot := filepath.Join(t.TempDir(), "loot")
+	hostGit(t, "", "init", "-q", "--bare", loot)
+	cmd := exec.Command("git", "-C", loot, "unpack-objects", "-q")
+	cmd.Stdin = strings.NewReader(answer[i:])
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("unpack the answer: %v: %s", err, out)
+	}
+	if objs := hostGit(t, loot, "cat-file", "--batch-all-objects", "--batch-check=%(objecttype)"); strings.Contains(objs, "tag") {
+		t.Fatalf("the child got the host's tag: %s", hostGit(t, loot, "cat-file", "--batch-all-objects", "--batch-check"))
+	}
 }

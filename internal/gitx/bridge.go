@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,6 +30,14 @@ const (
 	// maxListingBytes bounds a listing of changed paths (a merge's
 	// checks): a larger one fails the merge rather than be half read.
 	maxListingBytes = 16 << 20
+	// MaxHostFetchMemory bounds the heap of host git fetching a sandbox's
+	// objects (RLIMIT_DATA, inherited by its index-pack). A delta in a
+	// pack declares the size of the object it makes, and git allocates
+	// that whole: a pack of a few KiB can ask for any amount of the host's
+	// memory. Stock git never deltifies a blob over core.bigFileThreshold
+	// (512 MiB), so an honest pack needs a base and a result of at most
+	// that per index-pack thread (3): this leaves room for them.
+	MaxHostFetchMemory = 4 << 30
 )
 
 // ErrTransferTooLarge: the source sent more than the transfer's bound.
@@ -281,7 +290,8 @@ type TransferOptions struct {
 // host through fd::) are joined by pipes the
 // caller's process holds: neither repository's config runs anywhere but
 // where that repository lives. The source serves only what commit reaches
-// (uploadPack), and no name of its refs. The source or the destination
+// (uploadPack), and no name of its refs: the destination's requests pass
+// through filterRequests. The source or the destination
 // may be the user's repository (fetchHost), not both.
 func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef string, opts TransferOptions) error {
 	if src.run == nil && dst.run == nil {
@@ -309,7 +319,7 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	defer cancel()
 
 	// source stdout -> (bounded copy) -> destination stdin;
-	// destination stdout -> source stdin.
+	// destination stdout -> (filterRequests) -> source stdin.
 	fromSrc, srcOut, err := os.Pipe()
 	if err != nil {
 		return err
@@ -319,15 +329,31 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 		closeFiles(fromSrc, srcOut)
 		return err
 	}
-	srcIn, dstOut, err := os.Pipe()
+	fromDst, dstOut, err := os.Pipe()
 	if err != nil {
 		closeFiles(fromSrc, srcOut, dstIn, toDst)
 		return err
 	}
+	srcIn, toSrc, err := os.Pipe()
+	if err != nil {
+		closeFiles(fromSrc, srcOut, dstIn, toDst, fromDst, dstOut)
+		return err
+	}
 	var wg sync.WaitGroup
-	var copyErr, srcErr, dstErr error
+	var copyErr, reqErr, srcErr, dstErr error
 	var srcStderr, dstStderr boundedBuffer
-	wg.Add(3)
+	wg.Add(4)
+	go func() {
+		defer wg.Done()
+		defer closeFiles(fromDst, toSrc)
+		// The source's upload-pack would honour more than a fetch of the
+		// commit needs (its tags, a ref name to deepen from): only that
+		// fetch's requests reach it.
+		if err := filterRequests(toSrc, fromDst); errors.Is(err, ErrTransferRequestRefused) {
+			reqErr = err
+			cancel()
+		}
+	}()
 	go func() {
 		defer wg.Done()
 		defer closeFiles(fromSrc, toDst)
@@ -357,6 +383,9 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 		defer wg.Done()
 		dstErr = fetch(ctx, dstIn, dstOut, &dstStderr, func() { closeFiles(dstIn, dstOut) })
 		closeFiles(dstIn, dstOut)
+		// Its requests end with it, whatever else of the destination's
+		// (a process it left behind) still holds its stdout.
+		fromDst.SetReadDeadline(time.Now())
 		if dstErr != nil {
 			cancel()
 		}
@@ -365,6 +394,8 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	switch {
 	case errors.Is(copyErr, ErrTransferTooLarge), errors.Is(copyErr, ErrTransferStalled):
 		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, copyErr)
+	case reqErr != nil:
+		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, reqErr)
 	case dstErr != nil && srcErr != nil:
 		return fmt.Errorf("transfer from %s to %s: %w (the source: %v)", src.name, dst.name, dstErr, srcErr)
 	case dstErr != nil:
@@ -449,7 +480,11 @@ func (r Repo) fetchHost(ctx context.Context, commit, ref string, common []string
 	}
 	args = append(args, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--no-auto-maintenance")
 	args = append(append(args, tips...), "fd::3,4", "+"+commit+":"+ref)
-	cmd := exec.CommandContext(ctx, "git", args...)
+	// Through sh, so that the limit holds from git's first instruction
+	// (Go sets no rlimit on a child): ulimit -d is in KiB. It fails only
+	// where a lower hard limit holds already.
+	limited := append([]string{"-c", `ulimit -d "$0" 2>/dev/null; exec git "$@"`, strconv.Itoa(MaxHostFetchMemory >> 10)}, args...)
+	cmd := exec.CommandContext(ctx, "/bin/sh", limited...)
 	cmd.Dir, cmd.Env = r.dir, gitEnv()
 	cmd.ExtraFiles = []*os.File{stdin, stdout}
 	cmd.Stderr = stderr
