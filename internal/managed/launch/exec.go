@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"slices"
 	"strings"
 
 	"agentbox/internal/managed/engine"
@@ -15,31 +16,62 @@ import (
 )
 
 // running loads feature name and checks with eng that its container
-// still runs.
-func running(ctx context.Context, eng *engine.Engine, cfg Config, name string) (*Record, error) {
+// still runs. It also returns the names of the container's own
+// environment as the engine records it (what docker exec starts from).
+func running(ctx context.Context, eng *engine.Engine, cfg Config, name string) (*Record, []string, error) {
 	rec, err := Load(cfg.StateRoot, name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if rec.Phase != PhaseRunning || rec.ContainerID == "" {
-		return nil, fail(CodeNotRunning, "feature %q is not running (phase %s)", name, rec.Phase)
+		return nil, nil, fail(CodeNotRunning, "feature %q is not running (phase %s)", name, rec.Phase)
 	}
 	c, err := eng.Inspect(ctx, rec.ContainerID)
 	if err != nil || c.State == nil || !c.State.Running {
-		return nil, fail(CodeNotRunning, "feature %q: its container is not running", name)
+		return nil, nil, fail(CodeNotRunning, "feature %q: its container is not running", name)
 	}
-	return rec, nil
+	var names []string
+	if c.Config != nil {
+		for _, kv := range c.Config.Env {
+			if n, _, _ := strings.Cut(kv, "="); n != "" {
+				names = append(names, n)
+			}
+		}
+	}
+	return rec, names, nil
 }
 
 // runningRecord is running with an engine client of its own, for the
 // commands that need the engine for nothing else.
-func runningRecord(ctx context.Context, cfg Config, name string) (*Record, error) {
+func runningRecord(ctx context.Context, cfg Config, name string) (*Record, []string, error) {
 	eng, err := engine.Open()
 	if err != nil {
-		return nil, &Error{Code: CodeEngine, Message: err.Error()}
+		return nil, nil, &Error{Code: CodeEngine, Message: err.Error()}
 	}
 	defer eng.Close()
 	return running(ctx, eng, cfg, name)
+}
+
+// daemonEnvNames are what the engine adds to an exec's environment
+// besides the container's configured variables (HOSTNAME from the
+// repository's Compose hostname).
+var daemonEnvNames = []string{"HOSTNAME"}
+
+// blankedEnv is the names the exec sets empty: every variable of the
+// container's own environment (containerEnv) and the engine's additions
+// that is not one of the provider's names (signed): docker exec starts
+// from the container's environment, which the repository's Compose file
+// writes, and the shell and env that start the provider hold the values,
+// so a loader or shell variable there (LD_PRELOAD naming a library of
+// the workspace) must never reach them with its value.
+func blankedEnv(containerEnv, signed []string) []string {
+	var out []string
+	for _, n := range append(slices.Clone(containerEnv), daemonEnvNames...) {
+		if !slices.Contains(signed, n) && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // providerScript runs as the container's /bin/sh: it sets the umask,
@@ -65,7 +97,7 @@ func providerScript(names []string) string {
 // provider-environment values, read and digest-checked immediately before.
 // It returns the provider's exit status.
 func ExecProvider(ctx context.Context, cfg Config, name string, req provider.Request, caller []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	rec, err := runningRecord(ctx, cfg, name)
+	rec, containerEnv, err := runningRecord(ctx, cfg, name)
 	if err != nil {
 		return 0, err
 	}
@@ -89,7 +121,8 @@ func ExecProvider(ctx context.Context, cfg Config, name string, req provider.Req
 	// env's PATH is the fixed one: the docker CLI is found the same way.
 	// The consumer's uid in a group of its own: see policy.ProviderGID.
 	user := fmt.Sprintf("%d:%d", rec.Consumer.UID, policy.ProviderGID(rec.Consumer.GID))
-	code, err := runDocker(ctx, cfg, execArgs(rec.ContainerID, user, rec.WorkspaceFolder, env, true, argv), env, stdin, stdout, stderr)
+	args := execArgs(rec.ContainerID, user, rec.WorkspaceFolder, names, blankedEnv(containerEnv, names), true, argv)
+	code, err := runDocker(ctx, cfg, args, env, stdin, stdout, stderr)
 	clear(env)
 	return code, err
 }
@@ -104,14 +137,14 @@ type ExecResult struct {
 // Exec runs argv in feature name's container as the workspace consumer,
 // in the workspace folder, with the container's own environment.
 func Exec(ctx context.Context, cfg Config, name string, argv []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	rec, err := runningRecord(ctx, cfg, name)
+	rec, _, err := runningRecord(ctx, cfg, name)
 	if err != nil {
 		return 0, err
 	}
 	if len(argv) == 0 {
 		return 0, fail(CodeUsage, "a command is required")
 	}
-	args := execArgs(rec.ContainerID, rec.ContainerUser, rec.WorkspaceFolder, nil, stdin != nil, argv)
+	args := execArgs(rec.ContainerID, rec.ContainerUser, rec.WorkspaceFolder, nil, nil, stdin != nil, argv)
 	return runDocker(ctx, cfg, args, []string{"PATH=" + provider.SafePATH}, stdin, stdout, stderr)
 }
 
