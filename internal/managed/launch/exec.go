@@ -76,17 +76,34 @@ func blankedEnv(containerEnv, signed []string) []string {
 
 // providerScript runs as the container's /bin/sh: it sets the umask,
 // turns core dumps off (the consumer may still signal the provider, and a
-// core file in the workspace would hold its environment) and starts the provider from an empty environment plus exactly the names
-// given (each a validated [A-Z_][A-Z0-9_]* name, so safe in the script's
-// text; values stay in the environment, never on a command line).
-func providerScript(names []string) string {
-	var b strings.Builder
-	b.WriteString(`umask 0022; ulimit -c 0; exec /usr/bin/env -i`)
-	for _, n := range names {
-		fmt.Fprintf(&b, ` %s="$%s"`, n, n)
+// core file in the workspace would hold its environment) and has env
+// start the provider (its arguments are "$@": the names to unset, "--",
+// the provider and its arguments). env unsets every name but PATH and
+// the provider's own rather than starting from an empty environment
+// (env -i NAME="$NAME"): that would put each value on env's command
+// line, which every process of the container may read in
+// /proc/PID/cmdline.
+const providerScript = `umask 0022; ulimit -c 0; exec /usr/bin/env "$@"`
+
+// shellEnvNames are what the container's runtime (HOME from the
+// container's passwd, TERM with a terminal) and a shell (dash, bash,
+// BusyBox ash) may add to the environment of what they start.
+var shellEnvNames = []string{"HOME", "TERM", "PWD", "OLDPWD", "SHLVL", "_"}
+
+// providerArgv is the exec's command: providerScript, with $0 the
+// signed executable, then env's arguments: -u for each of unset (the
+// blanked names and shellEnvNames, never one of signed), "--", path and
+// args.
+func providerArgv(exe, path string, args, signed, unset []string) []string {
+	argv := []string{"/bin/sh", "-c", providerScript, exe}
+	var seen []string
+	for _, n := range append(slices.Clone(unset), shellEnvNames...) {
+		if !slices.Contains(signed, n) && !slices.Contains(seen, n) {
+			seen = append(seen, n)
+			argv = append(argv, "-u", n)
+		}
 	}
-	b.WriteString(` "$@"`)
-	return b.String()
+	return append(append(argv, "--", path), args...)
 }
 
 // ExecProvider starts the coding provider in feature name's container as
@@ -117,11 +134,12 @@ func ExecProvider(ctx context.Context, cfg Config, name string, req provider.Req
 	for i, kv := range env {
 		names[i], _, _ = strings.Cut(kv, "=")
 	}
-	argv := append([]string{"/bin/sh", "-c", providerScript(names), plan.Grant().Executable, plan.Path()}, plan.Args()...)
+	blank := blankedEnv(containerEnv, names)
+	argv := providerArgv(plan.Grant().Executable, plan.Path(), plan.Args(), names, blank)
 	// env's PATH is the fixed one: the docker CLI is found the same way.
 	// The consumer's uid in a group of its own: see policy.ProviderGID.
 	user := fmt.Sprintf("%d:%d", rec.Consumer.UID, policy.ProviderGID(rec.Consumer.GID))
-	args := execArgs(rec.ContainerID, user, rec.WorkspaceFolder, names, blankedEnv(containerEnv, names), true, argv)
+	args := execArgs(rec.ContainerID, user, rec.WorkspaceFolder, names, blank, true, argv)
 	code, err := runDocker(ctx, cfg, args, env, stdin, stdout, stderr)
 	clear(env)
 	return code, err

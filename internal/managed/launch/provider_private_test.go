@@ -97,3 +97,73 @@ func TestProviderIgnoresContainerLoaderVariables(t *testing.T) {
 		t.Fatalf("the repository's preload library read the provider's token: %q", got)
 	}
 }
+
+// argvWatcher scans every process's command line in a tight loop, as
+// the consumer, and records any that holds the model token's name with
+// a value; /tmp/watch.seen says it saw a provider start. It stops when
+// /tmp/watch.stop exists.
+const argvWatcher = `#include <dirent.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+int main(void) {
+	static char buf[65536];
+	const char *needle = "MODEL_ACCESS_TOKEN=";
+	for (;;) {
+		if (access("/tmp/watch.stop", F_OK) == 0) return 0;
+		DIR *d = opendir("/proc");
+		if (!d) return 1;
+		struct dirent *e;
+		while ((e = readdir(d))) {
+			if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+			char p[64];
+			strcpy(p, "/proc/"); strcat(p, e->d_name); strcat(p, "/cmdline");
+			int fd = open(p, O_RDONLY);
+			if (fd < 0) continue;
+			ssize_t n = read(fd, buf, sizeof buf - 1);
+			close(fd);
+			if (n <= 0) continue;
+			for (ssize_t i = 0; i < n; i++) if (!buf[i]) buf[i] = ' ';
+			buf[n] = 0;
+			if (strstr(buf, "agentbox-probe env")) {
+				int o = open("/tmp/watch.seen", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+				if (o >= 0) close(o);
+			}
+			if (strstr(buf, needle)) {
+				int o = open("/tmp/watch.leak", O_WRONLY | O_CREAT | O_APPEND, 0644);
+				if (o >= 0) { write(o, buf, n); write(o, "\n", 1); close(o); }
+			}
+		}
+		closedir(d);
+	}
+}
+`
+
+// TestProviderValuesNeverOnACommandLine: a consumer process reads every
+// /proc/PID/cmdline (world-readable, unlike environ) in a loop while the
+// provider starts, again and again. No command line of the start may
+// hold a value.
+func TestProviderValuesNeverOnACommandLine(t *testing.T) {
+	files := defaultFiles()
+	files["watch.bin"] = compileC(t, argvWatcher, "-static", "-O2")
+	s := newSetup(t, files)
+	if _, err := s.start("argv"); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	if out, code := execIn(t, s, "argv", "sh", "-c",
+		"cp watch.bin /tmp/watch && chmod 0755 /tmp/watch && rm -f /tmp/watch.*; nohup /tmp/watch >/dev/null 2>&1 &"); code != 0 {
+		t.Fatalf("start the watcher: %d %s", code, out)
+	}
+	for range 20 {
+		if out := runProvider(t, s, "argv"); !strings.Contains(out, "MODEL_ACCESS_TOKEN=model-"+managedtest.Secret) {
+			t.Fatalf("provider environment: %q", out)
+		}
+	}
+	got, _ := execIn(t, s, "argv", "sh", "-c", "touch /tmp/watch.stop; sleep 0.5; test -e /tmp/watch.seen && echo seen; cat /tmp/watch.leak 2>/dev/null; true")
+	if !strings.HasPrefix(got, "seen") {
+		t.Fatalf("the watcher never saw a provider start: %q", got)
+	}
+	if strings.Contains(got, managedtest.Secret) {
+		t.Fatalf("a provider value on a command line the consumer can read:\n%s", got)
+	}
+}
