@@ -47,6 +47,9 @@ func TestFeatureUsageAndRefusals(t *testing.T) {
 		{[]string{"feature", "start", "bad/name", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "/m"}, cli.ExitUsage, "feature name"},
 		{[]string{"feature", "start", "main", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "/m"}, cli.ExitUsage, "reserved"},
 		{[]string{"feature", "exec-provider", "x"}, cli.ExitUsage, "provider"},
+		// --wait-seconds: the bound itself passes to the feature lookup, one past it is usage.
+		{[]string{"feature", "dispatch-tool", "x", "--lease", "l", "--request-id", "r", "--wait-seconds", "300"}, cli.ExitRefused, `no feature "x"`},
+		{[]string{"feature", "dispatch-tool", "x", "--lease", "l", "--request-id", "r", "--wait-seconds", "301"}, cli.ExitUsage, "--wait-seconds"},
 	} {
 		r := runCLI(t, []string{state}, tc.args...)
 		if r.code != tc.code || !strings.Contains(r.stdout+r.stderr, tc.want) {
