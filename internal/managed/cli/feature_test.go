@@ -295,7 +295,7 @@ done`
 		t.Fatalf("start the watcher: exit %d %s", r.code, r.stderr)
 	}
 	r := runCLI(t, env, append(provider, `ulimit -c; ulimit -Hc; id -u; id -g; sleep 3 & wait`, "hold-marker")...)
-	if want := fmt.Sprintf("0\n0\n1000\n%d\n", policy.ProviderGID(1000)); r.code != 0 || r.stdout != want {
+	if want := fmt.Sprintf("0\n0\n1000\n%d\n", policy.ProviderGID(1000, 0)); r.code != 0 || r.stdout != want {
 		t.Fatalf("provider: exit %d stdout %q, want %q\n%s", r.code, r.stdout, want, r.stderr)
 	}
 	r = runCLI(t, env, "feature", "exec", "cli", "--", "sh", "-c",

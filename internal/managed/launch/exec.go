@@ -137,8 +137,9 @@ func ExecProvider(ctx context.Context, cfg Config, name string, req provider.Req
 	blank := blankedEnv(containerEnv, names)
 	argv := providerArgv(plan.Grant().Executable, plan.Path(), plan.Args(), names, blank)
 	// env's PATH is the fixed one: the docker CLI is found the same way.
-	// The consumer's uid in a group of its own: see policy.ProviderGID.
-	user := fmt.Sprintf("%d:%d", rec.Consumer.UID, policy.ProviderGID(rec.Consumer.GID))
+	// The consumer's uid in a group of the lease's own: see
+	// policy.ProviderGID.
+	user := fmt.Sprintf("%d:%d", rec.Consumer.UID, policy.ProviderGID(rec.Consumer.GID, plan.Grant().Identity))
 	args := execArgs(rec.ContainerID, user, rec.WorkspaceFolder, names, blank, true, argv)
 	code, err := runDocker(ctx, cfg, args, env, stdin, stdout, stderr)
 	clear(env)
