@@ -157,9 +157,10 @@ func newFeatureExecProvider(env *Env) *cobra.Command {
 		Use:   "exec-provider NAME --provider EXE [--inherit-env NAME]... -- [ARGS...]",
 		Short: "Start the coding provider in a feature's container",
 		Long: `Start the coding provider EXE in feature NAME's container, as the workspace
-consumer's uid, in the workspace folder. It runs in a group of its own (gid
-2147483646) with core dumps off, so the consumer's other processes cannot
-read its environment through /proc.
+consumer's uid, in the workspace folder. It runs in a group of its lease's
+own (gid 2147483646 minus the lease's index) with core dumps off, so the
+consumer's other processes, and other leases' providers, cannot read its
+environment through /proc.
 
 EXE and the ordered --inherit-env names must exactly match one live
 model-identity lease. The assignment and its files are validated again first.

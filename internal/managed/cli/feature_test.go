@@ -47,6 +47,9 @@ func TestFeatureUsageAndRefusals(t *testing.T) {
 		{[]string{"feature", "start", "bad/name", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "/m"}, cli.ExitUsage, "feature name"},
 		{[]string{"feature", "start", "main", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "/m"}, cli.ExitUsage, "reserved"},
 		{[]string{"feature", "exec-provider", "x"}, cli.ExitUsage, "provider"},
+		// --wait-seconds: the bound itself passes to the feature lookup, one past it is usage.
+		{[]string{"feature", "dispatch-tool", "x", "--lease", "l", "--request-id", "r", "--wait-seconds", "300"}, cli.ExitRefused, `no feature "x"`},
+		{[]string{"feature", "dispatch-tool", "x", "--lease", "l", "--request-id", "r", "--wait-seconds", "301"}, cli.ExitUsage, "--wait-seconds"},
 	} {
 		r := runCLI(t, []string{state}, tc.args...)
 		if r.code != tc.code || !strings.Contains(r.stdout+r.stderr, tc.want) {
@@ -292,7 +295,7 @@ done`
 		t.Fatalf("start the watcher: exit %d %s", r.code, r.stderr)
 	}
 	r := runCLI(t, env, append(provider, `ulimit -c; ulimit -Hc; id -u; id -g; sleep 3 & wait`, "hold-marker")...)
-	if want := fmt.Sprintf("0\n0\n1000\n%d\n", policy.ProviderGID(1000)); r.code != 0 || r.stdout != want {
+	if want := fmt.Sprintf("0\n0\n1000\n%d\n", policy.ProviderGID(1000, 0)); r.code != 0 || r.stdout != want {
 		t.Fatalf("provider: exit %d stdout %q, want %q\n%s", r.code, r.stdout, want, r.stderr)
 	}
 	r = runCLI(t, env, "feature", "exec", "cli", "--", "sh", "-c",

@@ -452,7 +452,8 @@ func (st *step) relay(ctx context.Context, frame []byte) (*Outcome, error) {
 // mode 0400): a temporary file in the root-only .processing/, out of the
 // consumer's reach until durable(sync) has synced it (with whatever must
 // be durable before the consumer may read it), then renamed into place,
-// no replace. An existing one must hold exactly the same bytes.
+// no replace. An existing one that differs (the consumer owns it) is
+// replaced with the recorded bytes.
 func (st *step) respond(resp *spool.Response, durable func(sync func() error) error) error {
 	data := resp.Bytes()
 	name := requestFile(st.id)
@@ -471,18 +472,37 @@ func (st *step) respond(resp *spool.Response, durable func(sync func() error) er
 	}
 	err = placeFileAt(proc, tmp, int(st.resp.Fd()), name, true)
 	if errors.Is(err, os.ErrExist) {
-		got, rerr := readFileAt(int(st.resp.Fd()), name, spool.MaxResponseBytes+1)
-		if rerr != nil {
-			return rerr
-		}
-		if string(got) != string(data) {
-			return errors.New("spool: responses/ already holds a different response for this id")
-		}
 		err = nil
+		got, rerr := readFileAt(int(st.resp.Fd()), name, spool.MaxResponseBytes+1)
+		if rerr != nil || string(got) != string(data) {
+			// Only a response recorded durably is ever placed, and the
+			// consumer owns its file: it may chmod and rewrite it. The
+			// ledger is the record, so the file is written again from it
+			// (replacing) rather than the answered request failing.
+			err = st.replaceResponse(tmp, name, data)
+		}
 	}
 	if err != nil {
 		return err
 	}
 	crashpoint.Hit(crashpoint.DispatchResponded)
 	return nil
+}
+
+// replaceResponse writes data as responses/name again, replacing the
+// consumer's file: a temporary file in .processing/ (tmp), synced, then
+// renamed over it.
+func (st *step) replaceResponse(tmp, name string, data []byte) error {
+	proc := int(st.proc.Fd())
+	f, err := createFileAt(proc, tmp, data, responseMode, st.s.Layout.UID, st.s.Layout.GID)
+	if err != nil {
+		return err
+	}
+	err = unix.Fsync(int(f.Fd()))
+	f.Close()
+	if err != nil {
+		_ = unix.Unlinkat(proc, tmp, 0)
+		return fmt.Errorf("spool: write the response: %w", err)
+	}
+	return placeFileAt(proc, tmp, int(st.resp.Fd()), name, false)
 }

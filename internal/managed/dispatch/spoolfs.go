@@ -35,6 +35,11 @@ const (
 	responseMode   = 0o400 // each response file, the consumer's
 )
 
+// MaxRequestEntries bounds the entries of requests/, hidden temporary
+// files included: the spec's pending requests and room for the
+// consumer's temporary files beside them.
+const MaxRequestEntries = 4 * spool.MaxPendingRequests
+
 // Layout is one spool's expected content.
 type Layout struct {
 	Binding    []byte // .binding.json
@@ -301,12 +306,14 @@ func requestFile(id string) string { return id + ".json" }
 // bytes but need no .json name, mode or size yet. It reports whether
 // request id is there.
 func pending(d *os.File, uid int, id string) (bool, error) {
-	names, err := d.Readdirnames(-1)
-	if err != nil {
+	// One past the bound at most: the consumer may fill the directory
+	// with millions of names, which must cost the dispatcher nothing.
+	names, err := d.Readdirnames(MaxRequestEntries + 1)
+	if err != nil && !errors.Is(err, io.EOF) {
 		return false, fmt.Errorf("spool: list requests: %w", err)
 	}
-	if len(names) > 4*spool.MaxPendingRequests {
-		return false, fmt.Errorf("spool: requests/ holds %d entries, over the quota", len(names))
+	if len(names) > MaxRequestEntries {
+		return false, fmt.Errorf("spool: requests/ holds more than %d entries, over the quota", MaxRequestEntries)
 	}
 	var count int
 	var total int64

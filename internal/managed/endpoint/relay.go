@@ -111,10 +111,16 @@ func relay(ctx context.Context, path string, frame []byte, timeout time.Duration
 }
 
 // transportError wraps err, or ctx's error once ctx is done (the
-// connection was closed because of it).
+// connection was closed because of it). A *net.OpError gives way to its
+// cause: its text names the socket's path, a source path of the
+// assignment, which no message prints.
 func transportError(ctx context.Context, op string, err error) error {
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		err = ctxErr
+	}
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Err != nil {
+		err = oe.Err
 	}
 	return &TransportError{Op: op, Err: err}
 }

@@ -115,6 +115,23 @@ func TestRelayRefusedSocket(t *testing.T) {
 	transport(t, err, "connect")
 }
 
+// TestRelayErrorsHoldNoPath: the socket's path is a source path of the
+// assignment, which no message prints; the errors of a failed connect
+// name the failure only.
+func TestRelayErrorsHoldNoPath(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "host-path-marker")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{filepath.Join(dir, "none.sock"), staleSocket(t, filepath.Join(dir, "stale.sock"))} {
+		_, err := Relay(context.Background(), path, []byte(testFrame))
+		transport(t, err, "connect")
+		if strings.Contains(err.Error(), "host-path-marker") {
+			t.Fatalf("the error names the socket's path: %v", err)
+		}
+	}
+}
+
 func TestRelayClosedWithoutAnswer(t *testing.T) {
 	path := oneShot(t, func(conn *net.UnixConn) { io.ReadAll(conn) })
 	_, err := Relay(context.Background(), path, []byte(testFrame))

@@ -276,8 +276,10 @@ func (l *launcher) startProxies(ctx context.Context, c container.InspectResponse
 	return nil
 }
 
-// execArgs is the docker CLI's exec command line.
-func execArgs(id, user, workdir string, env []string, interactive bool, cmd []string) []string {
+// execArgs is the docker CLI's exec command line: each of names gets the
+// docker CLI's own value for it, each of blank an empty value; no value
+// is ever on the command line.
+func execArgs(id, user, workdir string, names, blank []string, interactive bool, cmd []string) []string {
 	args := []string{"exec"}
 	if interactive {
 		args = append(args, "--interactive")
@@ -286,9 +288,11 @@ func execArgs(id, user, workdir string, env []string, interactive bool, cmd []st
 	if workdir != "" {
 		args = append(args, "--workdir", workdir)
 	}
-	for _, kv := range env {
-		name, _, _ := strings.Cut(kv, "=")
-		args = append(args, "--env", name)
+	for _, n := range names {
+		args = append(args, "--env", n)
+	}
+	for _, n := range blank {
+		args = append(args, "--env", n+"=")
 	}
 	return append(append(args, id), cmd...)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"slices"
 	"strings"
 
 	"agentbox/internal/managed/engine"
@@ -15,46 +16,94 @@ import (
 )
 
 // running loads feature name and checks with eng that its container
-// still runs.
-func running(ctx context.Context, eng *engine.Engine, cfg Config, name string) (*Record, error) {
+// still runs. It also returns the names of the container's own
+// environment as the engine records it (what docker exec starts from).
+func running(ctx context.Context, eng *engine.Engine, cfg Config, name string) (*Record, []string, error) {
 	rec, err := Load(cfg.StateRoot, name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if rec.Phase != PhaseRunning || rec.ContainerID == "" {
-		return nil, fail(CodeNotRunning, "feature %q is not running (phase %s)", name, rec.Phase)
+		return nil, nil, fail(CodeNotRunning, "feature %q is not running (phase %s)", name, rec.Phase)
 	}
 	c, err := eng.Inspect(ctx, rec.ContainerID)
 	if err != nil || c.State == nil || !c.State.Running {
-		return nil, fail(CodeNotRunning, "feature %q: its container is not running", name)
+		return nil, nil, fail(CodeNotRunning, "feature %q: its container is not running", name)
 	}
-	return rec, nil
+	var names []string
+	if c.Config != nil {
+		for _, kv := range c.Config.Env {
+			if n, _, _ := strings.Cut(kv, "="); n != "" {
+				names = append(names, n)
+			}
+		}
+	}
+	return rec, names, nil
 }
 
 // runningRecord is running with an engine client of its own, for the
 // commands that need the engine for nothing else.
-func runningRecord(ctx context.Context, cfg Config, name string) (*Record, error) {
+func runningRecord(ctx context.Context, cfg Config, name string) (*Record, []string, error) {
 	eng, err := engine.Open()
 	if err != nil {
-		return nil, &Error{Code: CodeEngine, Message: err.Error()}
+		return nil, nil, &Error{Code: CodeEngine, Message: err.Error()}
 	}
 	defer eng.Close()
 	return running(ctx, eng, cfg, name)
 }
 
+// daemonEnvNames are what the engine adds to an exec's environment
+// besides the container's configured variables (HOSTNAME from the
+// repository's Compose hostname).
+var daemonEnvNames = []string{"HOSTNAME"}
+
+// blankedEnv is the names the exec sets empty: every variable of the
+// container's own environment (containerEnv) and the engine's additions
+// that is not one of the provider's names (signed): docker exec starts
+// from the container's environment, which the repository's Compose file
+// writes, and the shell and env that start the provider hold the values,
+// so a loader or shell variable there (LD_PRELOAD naming a library of
+// the workspace) must never reach them with its value.
+func blankedEnv(containerEnv, signed []string) []string {
+	var out []string
+	for _, n := range append(slices.Clone(containerEnv), daemonEnvNames...) {
+		if !slices.Contains(signed, n) && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
 // providerScript runs as the container's /bin/sh: it sets the umask,
 // turns core dumps off (the consumer may still signal the provider, and a
-// core file in the workspace would hold its environment) and starts the provider from an empty environment plus exactly the names
-// given (each a validated [A-Z_][A-Z0-9_]* name, so safe in the script's
-// text; values stay in the environment, never on a command line).
-func providerScript(names []string) string {
-	var b strings.Builder
-	b.WriteString(`umask 0022; ulimit -c 0; exec /usr/bin/env -i`)
-	for _, n := range names {
-		fmt.Fprintf(&b, ` %s="$%s"`, n, n)
+// core file in the workspace would hold its environment) and has env
+// start the provider (its arguments are "$@": the names to unset, "--",
+// the provider and its arguments). env unsets every name but PATH and
+// the provider's own rather than starting from an empty environment
+// (env -i NAME="$NAME"): that would put each value on env's command
+// line, which every process of the container may read in
+// /proc/PID/cmdline.
+const providerScript = `umask 0022; ulimit -c 0; exec /usr/bin/env "$@"`
+
+// shellEnvNames are what the container's runtime (HOME from the
+// container's passwd, TERM with a terminal) and a shell (dash, bash,
+// BusyBox ash) may add to the environment of what they start.
+var shellEnvNames = []string{"HOME", "TERM", "PWD", "OLDPWD", "SHLVL", "_"}
+
+// providerArgv is the exec's command: providerScript, with $0 the
+// signed executable, then env's arguments: -u for each of unset (the
+// blanked names and shellEnvNames, never one of signed), "--", path and
+// args.
+func providerArgv(exe, path string, args, signed, unset []string) []string {
+	argv := []string{"/bin/sh", "-c", providerScript, exe}
+	var seen []string
+	for _, n := range append(slices.Clone(unset), shellEnvNames...) {
+		if !slices.Contains(signed, n) && !slices.Contains(seen, n) {
+			seen = append(seen, n)
+			argv = append(argv, "-u", n)
+		}
 	}
-	b.WriteString(` "$@"`)
-	return b.String()
+	return append(append(argv, "--", path), args...)
 }
 
 // ExecProvider starts the coding provider in feature name's container as
@@ -65,7 +114,7 @@ func providerScript(names []string) string {
 // provider-environment values, read and digest-checked immediately before.
 // It returns the provider's exit status.
 func ExecProvider(ctx context.Context, cfg Config, name string, req provider.Request, caller []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	rec, err := runningRecord(ctx, cfg, name)
+	rec, containerEnv, err := runningRecord(ctx, cfg, name)
 	if err != nil {
 		return 0, err
 	}
@@ -85,11 +134,14 @@ func ExecProvider(ctx context.Context, cfg Config, name string, req provider.Req
 	for i, kv := range env {
 		names[i], _, _ = strings.Cut(kv, "=")
 	}
-	argv := append([]string{"/bin/sh", "-c", providerScript(names), plan.Grant().Executable, plan.Path()}, plan.Args()...)
+	blank := blankedEnv(containerEnv, names)
+	argv := providerArgv(plan.Grant().Executable, plan.Path(), plan.Args(), names, blank)
 	// env's PATH is the fixed one: the docker CLI is found the same way.
-	// The consumer's uid in a group of its own: see policy.ProviderGID.
-	user := fmt.Sprintf("%d:%d", rec.Consumer.UID, policy.ProviderGID(rec.Consumer.GID))
-	code, err := runDocker(ctx, cfg, execArgs(rec.ContainerID, user, rec.WorkspaceFolder, env, true, argv), env, stdin, stdout, stderr)
+	// The consumer's uid in a group of the lease's own: see
+	// policy.ProviderGID.
+	user := fmt.Sprintf("%d:%d", rec.Consumer.UID, policy.ProviderGID(rec.Consumer.GID, plan.Grant().Identity))
+	args := execArgs(rec.ContainerID, user, rec.WorkspaceFolder, names, blank, true, argv)
+	code, err := runDocker(ctx, cfg, args, env, stdin, stdout, stderr)
 	clear(env)
 	return code, err
 }
@@ -104,14 +156,14 @@ type ExecResult struct {
 // Exec runs argv in feature name's container as the workspace consumer,
 // in the workspace folder, with the container's own environment.
 func Exec(ctx context.Context, cfg Config, name string, argv []string, stdin io.Reader, stdout, stderr io.Writer) (int, error) {
-	rec, err := runningRecord(ctx, cfg, name)
+	rec, _, err := runningRecord(ctx, cfg, name)
 	if err != nil {
 		return 0, err
 	}
 	if len(argv) == 0 {
 		return 0, fail(CodeUsage, "a command is required")
 	}
-	args := execArgs(rec.ContainerID, rec.ContainerUser, rec.WorkspaceFolder, nil, stdin != nil, argv)
+	args := execArgs(rec.ContainerID, rec.ContainerUser, rec.WorkspaceFolder, nil, nil, stdin != nil, argv)
 	return runDocker(ctx, cfg, args, []string{"PATH=" + provider.SafePATH}, stdin, stdout, stderr)
 }
 

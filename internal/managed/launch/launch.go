@@ -86,7 +86,7 @@ type Request struct {
 // after its record was written, the launch is torn down first and the
 // error says which rule or step failed.
 func Start(ctx context.Context, cfg Config, req Request) (*Summary, error) {
-	if err := CheckName(req.Name); err != nil {
+	if err := CheckNewName(req.Name); err != nil {
 		return nil, err
 	}
 	if !filepath.IsAbs(req.Manifest) || filepath.Clean(req.Manifest) != req.Manifest {

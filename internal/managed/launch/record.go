@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 
 	"agentbox/internal/managed/assignment"
 	"agentbox/internal/managed/gitmeta"
@@ -45,6 +46,21 @@ func CheckName(name string) error {
 	}
 	if name == "main" {
 		return &Error{Code: CodeUsage, Message: `the feature name "main" is reserved (/workspaces/main holds the shared Git metadata)`}
+	}
+	return nil
+}
+
+// CheckNewName is CheckName for a new feature, which also may not be
+// named as one of the entries beside its worktree: the worktree is
+// features/NAME/NAME, so that entry (the ledger, the inputs) would become
+// the worktree, the consumer's. (An existing feature of such a name can
+// still be listed and torn down.)
+func CheckNewName(name string) error {
+	if err := CheckName(name); err != nil {
+		return err
+	}
+	if slices.Contains([]string{recordFile, inputsDir, ledgerDir, homeDir}, name) {
+		return &Error{Code: CodeUsage, Message: fmt.Sprintf("the feature name %q is reserved (it names an entry of the feature's state directory)", name)}
 	}
 	return nil
 }

@@ -102,7 +102,7 @@ func DispatchTool(ctx context.Context, cfg Config, name, leaseID, id string, wai
 		return nil, &Error{Code: CodeEngine, Message: err.Error()}
 	}
 	defer eng.Close()
-	rec, err := running(ctx, eng, cfg, name)
+	rec, _, err := running(ctx, eng, cfg, name)
 	if err != nil {
 		return nil, err
 	}

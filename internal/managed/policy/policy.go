@@ -85,11 +85,16 @@ var EngineEnv = []string{
 // on any file.
 const providerGID = 2147483646
 
-// ProviderGID is the gid a container-mode provider runs with: providerGID,
-// or one below it for the one consumer whose own gid that is.
-func ProviderGID(consumerGID uint32) uint32 {
-	if consumerGID == providerGID {
-		return providerGID - 1
+// ProviderGID is the gid a container-mode provider of the model-identity
+// lease at index identity runs with: providerGID minus the index, one
+// group per lease, since two leases (two consumers) may run providers in
+// one container at once and one's tree (which runs the repository's
+// code) must not read the other's values; stepping one further down past
+// the consumer's own gid, so that none is ever the consumer's.
+func ProviderGID(consumerGID uint32, identity int) uint32 {
+	g := providerGID - uint32(identity)
+	if consumerGID >= g && consumerGID <= providerGID {
+		g--
 	}
-	return providerGID
+	return g
 }

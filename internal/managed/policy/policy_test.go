@@ -3,6 +3,7 @@ package policy_test
 import (
 	"testing"
 
+	"agentbox/internal/managed/assignment"
 	"agentbox/internal/managed/policy"
 )
 
@@ -34,9 +35,14 @@ func TestAllowed(t *testing.T) {
 // from the consumer's, or the consumer's other processes could read the
 // provider's environment.
 func TestProviderGIDIsNeverTheConsumers(t *testing.T) {
-	for _, consumer := range []uint32{1, 1000, 2147483645, 2147483646, 2147483647} {
-		if got := policy.ProviderGID(consumer); got == consumer || got == 0 {
-			t.Errorf("ProviderGID(%d) = %d", consumer, got)
+	for _, consumer := range []uint32{1, 1000, 2147483582, 2147483600, 2147483645, 2147483646, 2147483647} {
+		seen := map[uint32]bool{}
+		for lease := range assignment.MaxLeases {
+			got := policy.ProviderGID(consumer, lease)
+			if got == consumer || got == 0 || seen[got] {
+				t.Errorf("ProviderGID(%d, %d) = %d", consumer, lease, got)
+			}
+			seen[got] = true
 		}
 	}
 }
