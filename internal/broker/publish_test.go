@@ -366,7 +366,7 @@ func TestPublishPullRequestSource(t *testing.T) {
 	e.stage("lead", "pr", "src-2.json", source("owner/repo", done.ImportedRef, head))
 	wantStatus(t, publish(t, lead, "s-5", "pr", "src-2.json"), "started", "publishing pr/src-2.json: 1 action(s)")
 	failed := statusOf(t, lead, "s-5", "done", "failed")
-	if failed.State != "failed" || !strings.Contains(failed.Detail, "not a fast-forward") {
+	if failed.State != "failed" || !strings.Contains(failed.Detail, "branch work/kid exists on the remote and is not where this orchestrator published it") {
 		t.Fatalf("the diverged push: %+v", failed)
 	}
 	if got := hostGit(t, origin, "rev-parse", "refs/heads/work/kid"); got != moved {
@@ -422,4 +422,83 @@ func TestPublishReview(t *testing.T) {
 	}
 	wantStatus(t, publish(t, lead, "w-2", "pr", "rework-8.json"), "refused",
 		"pull request 8 is not bound to this orchestrator: only pull requests a child was spawned from (kind pr)")
+}
+
+// TestPublishSourceNotOverAnotherBranch: the orchestrator names its
+// children's branches, so a child on branch main (or any branch the
+// remote already has) would have its import pushed over the remote's own
+// main as a fast-forward: a change landed without a pull request. A new
+// pull request's branch must be new on the remote, or where this
+// orchestrator's publish of that child's branch last moved it; a branch
+// that was already at the commit does not count as moved.
+func TestPublishSourceNotOverAnotherBranch(t *testing.T) {
+	var origin string
+	e, _, lead := newPublishEnvWith(t, 30, publishGrant(), func(e *testEnv) {
+		e.withAgent()
+		withOrigin(&origin)(e)
+	})
+	mainBefore := hostGit(t, origin, "rev-parse", "refs/heads/main")
+	source := func(m wire.MessageItem) string {
+		return fmt.Sprintf(`{"version": 1, "kind": "source", "repo": "owner/repo", "source": %q, "source_sha": %q, "base": "dev", "title": "t"}`,
+			m.ImportedRef, m.ImportedSHA)
+	}
+	const refused = "failed: forge: push: branch main exists on the remote and is not where this orchestrator published it: a new pull request needs a new branch; publish it again with a new id to continue with the actions not applied"
+	mainUnmoved := func(what string) {
+		t.Helper()
+		if got := hostGit(t, origin, "rev-parse", "refs/heads/main"); got != mainBefore {
+			t.Fatalf("%s: origin's main moved to the child's commit %s (was %s)", what, got, mainBefore)
+		}
+	}
+
+	// One on main that first publishes main as it is (nothing moves, and
+	// that is not recorded as its push), then its own commit over it.
+	if err := e.admin("new", wire.NewArgs{Name: "trunk", Repo: e.repo, Branch: "main", Role: "child", Parent: "lead"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, sendManifest(t, e.client("trunk"), map[string]any{"id": "d-1", "type": "message", "kind": "done", "body": "nothing"}), "done",
+		"delivered to lead: imported as refs/jailbee/from/trunk/main at "+mainBefore[:12]+"; this child is kept")
+	e.stage("lead", "pr", "same.json", source(messageFrom(t, lead, "trunk", "done")))
+	publish(t, lead, "p-2", "pr", "same.json")
+	if st := statusOf(t, lead, "p-2", "done", "failed"); st.State != "done" {
+		t.Fatalf("publishing main as it is: %+v", st)
+	}
+	e.reportDone("trunk", "d-2")
+	e.stage("lead", "pr", "over.json", source(messageFrom(t, lead, "trunk", "done")))
+	publish(t, lead, "p-3", "pr", "over.json")
+	wantStatus(t, statusOf(t, lead, "p-3", "done", "failed"), "failed", "pr/over.json: action 1 (source) "+refused)
+	mainUnmoved("after main as it is")
+	if err := e.admin("destroy", wire.DestroyArgs{Name: "trunk", Force: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// A child the orchestrator spawned on branch main.
+	wantStatus(t, spawn(t, lead, "s-main", map[string]any{"branch": "main", "prompt": "sneak", "on_done": "keep"}),
+		"started", "creation of child `main` started")
+	done := messageFrom(t, lead, "main", "done")
+	if done.ImportedRef != "refs/jailbee/from/main/main" {
+		t.Fatalf("done report: %+v", done)
+	}
+	e.stage("lead", "pr", "sneak.json", source(done))
+	wantStatus(t, publish(t, lead, "p-1", "pr", "sneak.json"), "started", "publishing pr/sneak.json: 1 action(s)")
+	failed := statusOf(t, lead, "p-1", "done", "failed")
+	mainUnmoved("a child on main")
+	wantStatus(t, failed, "failed", "pr/sneak.json: action 1 (source) "+refused)
+
+	// Its own new branch, published and then moved on by the same child.
+	e.child("kid", "lead")
+	e.reportDone("kid", "d-3")
+	e.stage("lead", "pr", "kid-1.json", source(messageFrom(t, lead, "kid", "done")))
+	publish(t, lead, "p-4", "pr", "kid-1.json")
+	if st := statusOf(t, lead, "p-4", "done", "failed"); st.State != "done" {
+		t.Fatalf("a new branch: %+v", st)
+	}
+	e.mustExec("kid", "sh", "-c", commitCmd+" --allow-empty -m more")
+	head := e.mustExec("kid", "git", "rev-parse", "HEAD")
+	sendManifest(t, e.client("kid"), map[string]any{"id": "d-4", "type": "message", "kind": "done", "body": "more"})
+	e.stage("lead", "pr", "kid-2.json", source(messageFrom(t, lead, "kid", "done")))
+	publish(t, lead, "p-5", "pr", "kid-2.json")
+	statusOf(t, lead, "p-5", "done", "failed") // the pull request exists already: the forge may refuse a second
+	if got := hostGit(t, origin, "rev-parse", "refs/heads/work/kid"); got != head {
+		t.Fatalf("origin's work/kid = %s, want the child's new commit %s", got, head)
+	}
 }
