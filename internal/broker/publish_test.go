@@ -502,3 +502,30 @@ func TestPublishSourceNotOverAnotherBranch(t *testing.T) {
 		t.Fatalf("origin's work/kid = %s, want the child's new commit %s", got, head)
 	}
 }
+
+// TestPublishJournalOfEscapedText: the journal keeps the proposal
+// re-encoded, where each '<' of a body takes six bytes (\u003c). An
+// outbox file within its bound full of them must still make a journal
+// the broker reads back: else the worker stops without a final status,
+// and a restarted broker's recovery (and `jailbee outbox ls`) fail for
+// every sandbox, not just this one.
+func TestPublishJournalOfEscapedText(t *testing.T) {
+	e, _, lead := newPublishEnv(t, 30, publishGrant())
+	body := strings.Repeat("<", manifest.MaxOutboxBody-1024)
+	var actions []string
+	for range 4 {
+		actions = append(actions, `{"kind": "comment", "issue": 1, "body": "`+body+`"}`)
+	}
+	file := proposal("owner/repo", actions...)
+	if len(file) > manifest.MaxOutboxBytes {
+		t.Fatalf("the proposal is %d bytes, past the outbox's bound", len(file))
+	}
+	e.stage("lead", "issue", "create.json", proposal("owner/repo", `{"kind": "create", "title": "t"}`))
+	wantStatus(t, publish(t, lead, "p-0", "issue", "create.json"), "started", "publishing issue/create.json: 1 action(s)")
+	statusOf(t, lead, "p-0", "done")
+	e.stage("lead", "issue", "lt.json", file)
+	wantStatus(t, publish(t, lead, "p-1", "issue", "lt.json"), "started", "publishing issue/lt.json: 4 action(s)")
+	if st := statusOf(t, lead, "p-1", "done", "failed"); st.State != "done" {
+		t.Fatalf("final status: %+v", st)
+	}
+}

@@ -379,7 +379,7 @@ func (o *Orchestrator) applyAction(ctx context.Context, j *pubjournal.Journal, i
 	if j.Outbox == manifest.OutboxPR {
 		return o.applyPR(ctx, j)
 	}
-	p, err := manifest.DecodeIssueProposal(j.Proposal)
+	p, err := manifest.DecodeCanonicalIssueProposal(j.Proposal)
 	if err != nil {
 		return actionResult{}, &forge.Error{Op: "publish", Certain: true, Msg: "the journaled proposal cannot be read"}
 	}

@@ -107,7 +107,7 @@ const PushedRefPrefix = "refs/jailbee/pushed/"
 // request opened (or, for a rework, pushed to the pull request's branch);
 // a review is submitted.
 func (o *Orchestrator) applyPR(ctx context.Context, j *pubjournal.Journal) (actionResult, error) {
-	m, err := manifest.DecodePRManifest(j.Proposal)
+	m, err := manifest.DecodeCanonicalPRManifest(j.Proposal)
 	if err != nil {
 		return actionResult{}, &forge.Error{Op: "publish", Certain: true, Msg: "the journaled manifest cannot be read"}
 	}

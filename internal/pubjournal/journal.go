@@ -18,6 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"agentbox/internal/manifest"
 	"agentbox/internal/secfs"
 	"agentbox/internal/wire"
 )
@@ -113,9 +114,20 @@ func (d *Dir) path(sandbox, outbox, name string) string {
 	return filepath.Join(d.root, sandbox, outbox, name)
 }
 
-// maxJournalBytes bounds a journal read back: the canonical proposal is at
-// most the outbox cap, its actions' URLs a few KiB.
-const maxJournalBytes = 1 << 20
+// Bounds of a journal, written and read back alike: a journal too large
+// to read would stop its worker without a final status and make All (so
+// `jailbee outbox ls` and a restarted broker's recovery, for every
+// sandbox) fail.
+const (
+	// maxActionRecords is room for what a journal holds besides its
+	// canonical proposal (manifest.MaxCanonicalBytes): each action's
+	// state, URL and the forge's message.
+	maxActionRecords = 1 << 20
+	maxJournalBytes  = manifest.MaxCanonicalBytes + maxActionRecords
+)
+
+// ErrTooLarge: a journal past maxJournalBytes is not written.
+var ErrTooLarge = errors.New("publish journal larger than its bound")
 
 func (d *Dir) load(sandbox, outbox, name string) (*Journal, error) {
 	data, err := secfs.ReadFileNoFollow(d.path(sandbox, outbox, name), maxJournalBytes)
@@ -142,6 +154,9 @@ func (d *Dir) save(j *Journal) error {
 	data, err := json.Marshal(j)
 	if err != nil {
 		return err
+	}
+	if len(data) > maxJournalBytes {
+		return fmt.Errorf("journal %s: %w (%d bytes)", j.Key(), ErrTooLarge, maxJournalBytes)
 	}
 	return secfs.WriteFileAtomic(filepath.Join(dir, j.Name), data, 0o600)
 }

@@ -1,8 +1,10 @@
 package pubjournal
 
 import (
+	"encoding/json"
 	"errors"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -65,5 +67,35 @@ func TestBudget(t *testing.T) {
 	}
 	if used, _ := d.Used("lead", now.Add(time.Hour)); used != 30 {
 		t.Fatalf("used %d", used)
+	}
+}
+
+// TestJournalAtItsBound: a journal of maxJournalBytes is written and read
+// back; one byte more is not written (the journal before it stays).
+func TestJournalAtItsBound(t *testing.T) {
+	d := openDir(t)
+	sized := func(n int) *Journal {
+		j := &Journal{Version: 1, Sandbox: "lead", Outbox: "issue", Name: "big.json", State: Running, Updated: time.Now().UnixMilli(),
+			Proposal: []byte(`""`), Actions: []Action{{Kind: "create"}}}
+		data, err := json.Marshal(j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j.Proposal = []byte(`"` + strings.Repeat("x", n-len(data)) + `"`)
+		return j
+	}
+	if err := d.Update("lead", "issue", "big.json", func(*Journal) (*Journal, error) { return sized(maxJournalBytes), nil }); err != nil {
+		t.Fatalf("a journal at the bound: %v", err)
+	}
+	j, err := d.Load("lead", "issue", "big.json")
+	if err != nil || j == nil || len(j.Proposal) != len(sized(maxJournalBytes).Proposal) {
+		t.Fatalf("read back: %v", err)
+	}
+	err = d.Update("lead", "issue", "big.json", func(*Journal) (*Journal, error) { return sized(maxJournalBytes + 1), nil })
+	if !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a journal past the bound: %v, want ErrTooLarge", err)
+	}
+	if all, err := d.All(); err != nil || len(all) != 1 || len(all[0].Proposal) != len(sized(maxJournalBytes).Proposal) {
+		t.Fatalf("after the refused write: %v", err)
 	}
 }
