@@ -528,4 +528,14 @@ func TestPublishJournalOfEscapedText(t *testing.T) {
 	if st := statusOf(t, lead, "p-1", "done", "failed"); st.State != "done" {
 		t.Fatalf("final status: %+v", st)
 	}
+	// Its journal (1.5 MiB) is past one admin reply line (1 MiB): the
+	// host's outbox ls and show still answer, without the proposal.
+	var list wire.OutboxList
+	if err := e.admin("outbox-ls", nil, &list); err != nil || len(list.Proposals) != 2 || list.More {
+		t.Fatalf("outbox-ls: %v %d", err, len(list.Proposals))
+	}
+	var j wire.OutboxJournal
+	if err := e.admin("outbox-show", wire.OutboxArgs{Key: "lead/issue/lt.json"}, &j); err != nil || j.State != "done" || len(j.Actions) != 4 || string(j.Proposal) != "null" {
+		t.Fatalf("outbox-show: %v %s", err, j.State)
+	}
 }

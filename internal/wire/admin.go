@@ -251,5 +251,6 @@ type OutboxArgs struct {
 
 // OutboxList is the result of "outbox-ls".
 type OutboxList struct {
-	Proposals []OutboxJournal `json:"proposals"`
+	Proposals []OutboxJournal `json:"proposals"`      // without their proposal
+	More      bool            `json:"more,omitempty"` // some did not fit in the answer
 }
