@@ -285,11 +285,11 @@ func (o *Orchestrator) pendingCap(sandbox string, read outboxread.Result) error 
 		if outboxread.Dirs[outbox] == "" || !manifest.ValidPublishName(name) {
 			continue
 		}
-		j, err := o.Publishing.Journal.Load(sandbox, outbox, name)
+		state, err := o.Publishing.Journal.State(sandbox, outbox, name)
 		if err != nil {
 			return err
 		}
-		if j == nil || j.State != pubjournal.Done {
+		if state != pubjournal.Done {
 			pending++
 		}
 	}

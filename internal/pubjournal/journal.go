@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -108,6 +109,50 @@ func (d *Dir) Load(sandbox, outbox, name string) (*Journal, error) {
 	}
 	defer unlock()
 	return d.load(sandbox, outbox, name)
+}
+
+// State returns the state of the journal of sandbox/outbox/name, "" when
+// there is none. It reads the journal only up to its "state" (written
+// before the proposal): the pending cap asks it of every staged name, up
+// to 128, on each publish and on the broker's executor, and loading them
+// whole (up to maxJournalBytes each) took seconds that every sandbox
+// waited for.
+func (d *Dir) State(sandbox, outbox, name string) (string, error) {
+	unlock, err := d.lock()
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	f, err := os.OpenFile(d.path(sandbox, outbox, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	dec := json.NewDecoder(io.LimitReader(f, maxJournalBytes))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return "", fmt.Errorf("journal %s/%s/%s: not a JSON object", sandbox, outbox, name)
+	}
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return "", fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
+		}
+		if key == "state" {
+			var state string
+			if err := dec.Decode(&state); err != nil {
+				return "", fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
+			}
+			return state, nil
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return "", fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
+		}
+	}
+	return "", fmt.Errorf("journal %s/%s/%s: no state", sandbox, outbox, name)
 }
 
 func (d *Dir) path(sandbox, outbox, name string) string {

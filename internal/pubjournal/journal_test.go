@@ -3,6 +3,7 @@ package pubjournal
 import (
 	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -97,5 +98,39 @@ func TestJournalAtItsBound(t *testing.T) {
 	}
 	if all, err := d.All(); err != nil || len(all) != 1 || len(all[0].Proposal) != len(sized(maxJournalBytes).Proposal) {
 		t.Fatalf("after the refused write: %v", err)
+	}
+}
+
+// TestJournalStateReadsTheHeadOnly: State answers what Load does, from
+// the fields before the proposal: a journal whose proposal is cut off
+// (Load fails) still has its state read.
+func TestJournalStateReadsTheHeadOnly(t *testing.T) {
+	d := openDir(t)
+	if st, err := d.State("lead", "issue", "none.json"); st != "" || err != nil {
+		t.Fatalf("no journal: %q %v", st, err)
+	}
+	big := []byte(`"` + strings.Repeat("x", maxJournalBytes-4096) + `"`)
+	if err := d.Update("lead", "issue", "a.json", func(*Journal) (*Journal, error) {
+		return &Journal{Sandbox: "lead", Outbox: "issue", Name: "a.json", Ref: "p-1", State: Done, Proposal: big}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := d.State("lead", "issue", "a.json"); st != Done || err != nil {
+		t.Fatalf("State = %q %v", st, err)
+	}
+	// Cut the file inside its proposal.
+	path := d.path("lead", "issue", "a.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data[:len(data)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Load("lead", "issue", "a.json"); err == nil {
+		t.Fatal("Load of a cut journal succeeded")
+	}
+	if st, err := d.State("lead", "issue", "a.json"); st != Done || err != nil {
+		t.Fatalf("State of a cut journal = %q %v", st, err)
 	}
 }
