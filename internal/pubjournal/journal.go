@@ -206,7 +206,11 @@ func (d *Dir) save(j *Journal) error {
 	return secfs.WriteFileAtomic(filepath.Join(dir, j.Name), data, 0o600)
 }
 
-// All returns every journal, ordered by key.
+// All returns every journal, ordered by key, with its proposal only when
+// it is running (what a restarted broker's recovery writes back): the
+// journals of every sandbox accumulate, up to maxJournalBytes each, and
+// all of them whole would be read into memory at each start and each
+// `jailbee outbox ls`. The proposal is written last, so it is not read.
 func (d *Dir) All() ([]*Journal, error) {
 	unlock, err := d.lock()
 	if err != nil {
@@ -221,7 +225,7 @@ func (d *Dir) All() ([]*Journal, error) {
 				return nil, err
 			}
 			for _, e := range entries {
-				j, err := d.load(sb, ob, e.Name())
+				j, err := d.loadHead(sb, ob, e.Name(), func(j *Journal) bool { return j.State == Running })
 				if err != nil {
 					return nil, err
 				}
@@ -232,6 +236,67 @@ func (d *Dir) All() ([]*Journal, error) {
 		}
 	}
 	return out, nil
+}
+
+// loadHead is load reading the proposal only when want says so, from the
+// fields before it. A journal written before the proposal went last has
+// it in the middle: it is then read through, and dropped.
+func (d *Dir) loadHead(sandbox, outbox, name string, want func(*Journal) bool) (*Journal, error) {
+	f, err := os.OpenFile(d.path(sandbox, outbox, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	bad := func(err error) (*Journal, error) {
+		return nil, fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
+	}
+	dec := json.NewDecoder(io.LimitReader(f, maxJournalBytes))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return bad(errors.New("not a JSON object"))
+	}
+	var j Journal
+	seenActions := false
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return bad(err)
+		}
+		var into any
+		switch key {
+		case "version":
+			into = &j.Version
+		case "sandbox":
+			into = &j.Sandbox
+		case "outbox":
+			into = &j.Outbox
+		case "name":
+			into = &j.Name
+		case "ref":
+			into = &j.Ref
+		case "state":
+			into = &j.State
+		case "actions":
+			into, seenActions = &j.Actions, true
+		case "updated_ms":
+			into = &j.Updated
+		case "proposal":
+			if want(&j) {
+				into = &j.Proposal
+			} else if seenActions {
+				return &j, nil // last: nothing more to read
+			}
+		}
+		if into == nil {
+			into = new(json.RawMessage)
+		}
+		if err := dec.Decode(into); err != nil {
+			return bad(err)
+		}
+	}
+	return &j, nil
 }
 
 // dirNames lists the directories in dir (os.ReadDir sorts them); none

@@ -134,3 +134,59 @@ func TestJournalStateReadsTheHeadOnly(t *testing.T) {
 		t.Fatalf("State of a cut journal = %q %v", st, err)
 	}
 }
+
+// TestJournalAllLeavesProposalsUnread: All gives the proposal of a running
+// journal only (what recovery writes back), and reads no other: a done
+// journal cut inside its proposal (written last) is still listed. A
+// journal written with its proposal before its actions is read through.
+func TestJournalAllLeavesProposalsUnread(t *testing.T) {
+	d := openDir(t)
+	big := []byte(`"` + strings.Repeat("x", 1<<20) + `"`)
+	for _, name := range []string{"done.json", "running.json"} {
+		state := Done
+		if name == "running.json" {
+			state = Running
+		}
+		if err := d.Update("lead", "issue", name, func(*Journal) (*Journal, error) {
+			return &Journal{Sandbox: "lead", Outbox: "issue", Name: name, State: state, Proposal: big,
+				Actions: []Action{{Kind: "create", State: Applied, URL: "u"}}}, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := d.path("lead", "issue", "done.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data[:len(data)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := `{"version":1,"sandbox":"lead","outbox":"pr","name":"old.json","ref":"p-9","state":"failed","proposal":{"version":1},"actions":[{"kind":"source","state":"failed"}],"updated_ms":7}`
+	if err := os.MkdirAll(filepath.Dir(d.path("lead", "pr", "old.json")), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.path("lead", "pr", "old.json"), []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	all, err := d.All()
+	if err != nil || len(all) != 3 {
+		t.Fatalf("All: %v, %d journals", err, len(all))
+	}
+	for _, j := range all {
+		switch j.Name {
+		case "done.json":
+			if j.Proposal != nil || j.State != Done || len(j.Actions) != 1 || j.Actions[0].URL != "u" {
+				t.Fatalf("done: %+v", j.Actions)
+			}
+		case "running.json":
+			if len(j.Proposal) != len(big) || j.State != Running {
+				t.Fatalf("running: %d bytes of proposal", len(j.Proposal))
+			}
+		case "old.json":
+			if j.Proposal != nil || j.State != Halted || len(j.Actions) != 1 || j.Updated != 7 || j.Ref != "p-9" {
+				t.Fatalf("old: %+v", j)
+			}
+		}
+	}
+}
