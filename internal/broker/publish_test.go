@@ -2,10 +2,12 @@ package broker_test
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -537,5 +539,47 @@ func TestPublishJournalOfEscapedText(t *testing.T) {
 	var j wire.OutboxJournal
 	if err := e.admin("outbox-show", wire.OutboxArgs{Key: "lead/issue/lt.json"}, &j); err != nil || j.State != "done" || len(j.Actions) != 4 || string(j.Proposal) != "null" {
 		t.Fatalf("outbox-show: %v %s", err, j.State)
+	}
+}
+
+// TestPublishSourceBringsOnlyNewObjects: the source's commit comes to the
+// host repository offering the orchestrator's start commit as common
+// ground (a commit both sides have): it brings the child's new objects,
+// not the whole history again. Else each first publish of a child's
+// branch wrote a pack the size of the repository into the user's
+// repository: at 30 publishes an hour, as many copies.
+func TestPublishSourceBringsOnlyNewObjects(t *testing.T) {
+	var origin string
+	e, _, lead := newPublishEnvWith(t, 30, publishGrant(), func(e *testEnv) {
+		big := make([]byte, 4<<20)
+		rand.Read(big)
+		if err := os.WriteFile(filepath.Join(e.repo, "big.bin"), big, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		hostGit(t, e.repo, "add", "big.bin")
+		hostGit(t, e.repo, "commit", "-q", "-m", "history")
+		hostGit(t, e.repo, "gc", "-q")
+		withOrigin(&origin)(e)
+	})
+	packKiB := func() int {
+		for _, line := range strings.Split(hostGit(t, e.repo, "count-objects", "-v"), "\n") {
+			if v, ok := strings.CutPrefix(line, "size-pack: "); ok {
+				n, _ := strconv.Atoi(v)
+				return n
+			}
+		}
+		t.Fatal("no size-pack")
+		return 0
+	}
+	e.child("kid", "lead")
+	head, _ := e.reportDone("kid", "d-kid")
+	before := packKiB()
+	e.stage("lead", "pr", "src.json", fmt.Sprintf(`{"version": 1, "kind": "source", "repo": "owner/repo", "source": "refs/jailbee/from/kid/work/kid", "source_sha": %q, "base": "main", "title": "t"}`, head))
+	publish(t, lead, "s-1", "pr", "src.json")
+	if st := statusOf(t, lead, "s-1", "done", "failed"); st.State != "done" {
+		t.Fatalf("publish: %+v", st)
+	}
+	if grew := packKiB() - before; grew > 1024 {
+		t.Fatalf("the host repository grew by %d KiB for a one-file commit", grew)
 	}
 }

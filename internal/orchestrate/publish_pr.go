@@ -168,7 +168,10 @@ func (o *Orchestrator) pushSource(ctx context.Context, orch string, repo forge.R
 	child, _ := s.Import()
 	ref := PublishRefPrefix + orch + "/" + child + "/" + branch
 	host := gitx.HostRepo(sb.Repo)
-	if err := gitx.Transfer(ctx, src, s.SourceSHA, host, ref, gitx.TransferOptions{Common: []string{ref}}); err != nil {
+	// Common ground the orchestrator has and the host too: its start (or
+	// last fetched) commit. Without it the whole history came again, one
+	// copy in the user's repository for each child's first publish.
+	if err := gitx.Transfer(ctx, src, s.SourceSHA, host, ref, gitx.TransferOptions{Common: []string{ref, sb.Imported}}); err != nil {
 		o.logger().Error("publish: bring the source to the host", "sandbox", orch, "err", err)
 		return &forge.Error{Op: "push", Certain: true, Msg: "the source could not be brought to the host (see the broker log)"}
 	}
