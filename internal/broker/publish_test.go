@@ -583,3 +583,29 @@ func TestPublishSourceBringsOnlyNewObjects(t *testing.T) {
 		t.Fatalf("the host repository grew by %d KiB for a one-file commit", grew)
 	}
 }
+
+// TestPublishReworkNotOntoTheDefaultBranch: a rework pushes to its pull
+// request's own branch, and a pull request may come from the
+// repository's default branch (main into a release branch): any child's
+// import would then fast-forward main with no review. A pull request
+// whose branch is its repository's default branch is not reworked.
+func TestPublishReworkNotOntoTheDefaultBranch(t *testing.T) {
+	var origin string
+	e, gh, lead := newPublishEnvWith(t, 30, publishGrant(), func(e *testEnv) {
+		e.withAgent()
+		withOrigin(&origin)(e)
+	})
+	mainBefore := hostGit(t, origin, "rev-parse", "refs/heads/main")
+	hostGit(t, e.repo, "push", "-q", "origin", "main:refs/pull/9/head", "main:refs/heads/release")
+	gh.AddPullRequest("owner/repo", githubtest.PR{Number: 9, Title: "release", Head: "main", HeadRepo: "owner/repo", Base: "release", State: "open"})
+	spawn(t, lead, "s-pr", map[string]any{"version": 2, "kind": "pr", "pr": 9, "prompt": "work", "on_done": "keep"})
+	imported := messageFrom(t, lead, "pr-9", "done")
+	e.stage("lead", "pr", "rework-9.json", fmt.Sprintf(`{"version": 1, "kind": "source", "repo": "owner/repo", "source": %q, "source_sha": %q, "pr": 9}`,
+		imported.ImportedRef, imported.ImportedSHA))
+	wantStatus(t, publish(t, lead, "w-1", "pr", "rework-9.json"), "started", "publishing pr/rework-9.json: 1 action(s)")
+	st := statusOf(t, lead, "w-1", "done", "failed")
+	if got := hostGit(t, origin, "rev-parse", "refs/heads/main"); got != mainBefore {
+		t.Fatalf("origin's main moved to %s (was %s): %+v", got, mainBefore, st)
+	}
+	wantStatus(t, st, "failed", "pr/rework-9.json: action 1 (source) failed: forge: push: pull request 9's branch main is the default branch of owner/repo: it is not pushed to; publish it again with a new id to continue with the actions not applied")
+}

@@ -132,6 +132,17 @@ func (o *Orchestrator) applyPR(ctx context.Context, j *pubjournal.Journal) (acti
 			return actionResult{}, &forge.Error{Op: "push", Certain: true,
 				Msg: fmt.Sprintf("pull request %d is not open with its branch in %s: its branch cannot be pushed to", s.PR, s.Repo)}
 		}
+		// A pull request may come from the default branch (main into a
+		// release branch): reworking it would land any child's commit on
+		// main unreviewed. Unknown is refused too.
+		switch rework.HeadDefault {
+		case "":
+			return actionResult{}, &forge.Error{Op: "push", Certain: true,
+				Msg: fmt.Sprintf("the forge did not say the default branch of %s: pull request %d's branch is not pushed to", rework.HeadRepo, s.PR)}
+		case rework.HeadRef:
+			return actionResult{}, &forge.Error{Op: "push", Certain: true,
+				Msg: fmt.Sprintf("pull request %d's branch %s is the default branch of %s: it is not pushed to", s.PR, rework.HeadRef, rework.HeadRepo)}
+		}
 		target = rework.HeadRef
 	}
 	if err := o.pushSource(ctx, j.Sandbox, repo, s, target); err != nil {
