@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/url"
+	"slices"
 	"strings"
 	"unicode"
 
+	"agentbox/internal/pubjournal"
 	"agentbox/internal/wire"
 )
 
@@ -28,17 +30,13 @@ func (b *Broker) adminOutbox(ctx context.Context, op string, raw json.RawMessage
 		if err != nil {
 			return b.adminFailure(op, err, log)
 		}
-		list := wire.OutboxList{Proposals: []wire.OutboxJournal{}}
-		for _, j := range all {
-			list.Proposals = append(list.Proposals, *j)
-		}
-		return replyOK(list)
+		return replyOK(outboxList(all))
 	case "outbox-show":
 		j, err := b.orchestrator.Outbox(a.Key)
 		if err != nil {
 			return b.adminFailure(op, err, log)
 		}
-		return replyOK(j)
+		return replyOK(outboxShown(j))
 	}
 	if a.Applied == a.Retry {
 		return replyErr(wire.Errorf(wire.CodeBadRequest, "give exactly one of --applied --url URL or --retry"))
@@ -73,4 +71,45 @@ func resolveURL(u string) bool {
 	}
 	p, err := url.Parse(u)
 	return err == nil && (p.Scheme == "https" || p.Scheme == "http") && p.Host != "" && p.User == nil
+}
+
+// outboxList is outbox-ls's answer within one reply line
+// (maxResultBytes): each journal without its proposal (up to 1.5 MiB
+// each; outbox-show has it), those not done first, and More when some had
+// to be left out. Journals accumulate: done ones are kept.
+func outboxList(all []*pubjournal.Journal) wire.OutboxList {
+	list := wire.OutboxList{Proposals: []wire.OutboxJournal{}}
+	slices.SortStableFunc(all, func(a, b *pubjournal.Journal) int {
+		return boolOrder(a.State == pubjournal.Done) - boolOrder(b.State == pubjournal.Done)
+	})
+	budget := maxResultBytes - len(`{"proposals":[],"more":true}`)
+	for _, j := range all {
+		c := *j
+		c.Proposal = nil
+		raw, err := json.Marshal(c)
+		if budget -= len(raw) + 1; err != nil || budget < 0 {
+			list.More = true
+			break
+		}
+		list.Proposals = append(list.Proposals, c)
+	}
+	return list
+}
+
+func boolOrder(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// outboxShown is outbox-show's answer: j, without its proposal when the
+// two would not fit in one reply line.
+func outboxShown(j *pubjournal.Journal) *pubjournal.Journal {
+	if raw, err := json.Marshal(j); err == nil && len(raw) <= maxResultBytes {
+		return j
+	}
+	c := *j
+	c.Proposal = nil
+	return &c
 }

@@ -2,10 +2,12 @@ package broker_test
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -366,7 +368,7 @@ func TestPublishPullRequestSource(t *testing.T) {
 	e.stage("lead", "pr", "src-2.json", source("owner/repo", done.ImportedRef, head))
 	wantStatus(t, publish(t, lead, "s-5", "pr", "src-2.json"), "started", "publishing pr/src-2.json: 1 action(s)")
 	failed := statusOf(t, lead, "s-5", "done", "failed")
-	if failed.State != "failed" || !strings.Contains(failed.Detail, "not a fast-forward") {
+	if failed.State != "failed" || !strings.Contains(failed.Detail, "branch work/kid exists on the remote and is not where this orchestrator published it") {
 		t.Fatalf("the diverged push: %+v", failed)
 	}
 	if got := hostGit(t, origin, "rev-parse", "refs/heads/work/kid"); got != moved {
@@ -422,4 +424,188 @@ func TestPublishReview(t *testing.T) {
 	}
 	wantStatus(t, publish(t, lead, "w-2", "pr", "rework-8.json"), "refused",
 		"pull request 8 is not bound to this orchestrator: only pull requests a child was spawned from (kind pr)")
+}
+
+// TestPublishSourceNotOverAnotherBranch: the orchestrator names its
+// children's branches, so a child on branch main (or any branch the
+// remote already has) would have its import pushed over the remote's own
+// main as a fast-forward: a change landed without a pull request. A new
+// pull request's branch must be new on the remote, or where this
+// orchestrator's publish of that child's branch last moved it; a branch
+// that was already at the commit does not count as moved.
+func TestPublishSourceNotOverAnotherBranch(t *testing.T) {
+	var origin string
+	e, _, lead := newPublishEnvWith(t, 30, publishGrant(), func(e *testEnv) {
+		e.withAgent()
+		withOrigin(&origin)(e)
+	})
+	mainBefore := hostGit(t, origin, "rev-parse", "refs/heads/main")
+	source := func(m wire.MessageItem) string {
+		return fmt.Sprintf(`{"version": 1, "kind": "source", "repo": "owner/repo", "source": %q, "source_sha": %q, "base": "dev", "title": "t"}`,
+			m.ImportedRef, m.ImportedSHA)
+	}
+	const refused = "failed: forge: push: branch main exists on the remote and is not where this orchestrator published it: a new pull request needs a new branch; publish it again with a new id to continue with the actions not applied"
+	mainUnmoved := func(what string) {
+		t.Helper()
+		if got := hostGit(t, origin, "rev-parse", "refs/heads/main"); got != mainBefore {
+			t.Fatalf("%s: origin's main moved to the child's commit %s (was %s)", what, got, mainBefore)
+		}
+	}
+
+	// One on main that first publishes main as it is (nothing moves, and
+	// that is not recorded as its push), then its own commit over it.
+	if err := e.admin("new", wire.NewArgs{Name: "trunk", Repo: e.repo, Branch: "main", Role: "child", Parent: "lead"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, sendManifest(t, e.client("trunk"), map[string]any{"id": "d-1", "type": "message", "kind": "done", "body": "nothing"}), "done",
+		"delivered to lead: imported as refs/jailbee/from/trunk/main at "+mainBefore[:12]+"; this child is kept")
+	e.stage("lead", "pr", "same.json", source(messageFrom(t, lead, "trunk", "done")))
+	publish(t, lead, "p-2", "pr", "same.json")
+	if st := statusOf(t, lead, "p-2", "done", "failed"); st.State != "done" {
+		t.Fatalf("publishing main as it is: %+v", st)
+	}
+	e.reportDone("trunk", "d-2")
+	e.stage("lead", "pr", "over.json", source(messageFrom(t, lead, "trunk", "done")))
+	publish(t, lead, "p-3", "pr", "over.json")
+	wantStatus(t, statusOf(t, lead, "p-3", "done", "failed"), "failed", "pr/over.json: action 1 (source) "+refused)
+	mainUnmoved("after main as it is")
+	if err := e.admin("destroy", wire.DestroyArgs{Name: "trunk", Force: true}, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	// A child the orchestrator spawned on branch main.
+	wantStatus(t, spawn(t, lead, "s-main", map[string]any{"branch": "main", "prompt": "sneak", "on_done": "keep"}),
+		"started", "creation of child `main` started")
+	done := messageFrom(t, lead, "main", "done")
+	if done.ImportedRef != "refs/jailbee/from/main/main" {
+		t.Fatalf("done report: %+v", done)
+	}
+	e.stage("lead", "pr", "sneak.json", source(done))
+	wantStatus(t, publish(t, lead, "p-1", "pr", "sneak.json"), "started", "publishing pr/sneak.json: 1 action(s)")
+	failed := statusOf(t, lead, "p-1", "done", "failed")
+	mainUnmoved("a child on main")
+	wantStatus(t, failed, "failed", "pr/sneak.json: action 1 (source) "+refused)
+
+	// Its own new branch, published and then moved on by the same child.
+	e.child("kid", "lead")
+	e.reportDone("kid", "d-3")
+	e.stage("lead", "pr", "kid-1.json", source(messageFrom(t, lead, "kid", "done")))
+	publish(t, lead, "p-4", "pr", "kid-1.json")
+	if st := statusOf(t, lead, "p-4", "done", "failed"); st.State != "done" {
+		t.Fatalf("a new branch: %+v", st)
+	}
+	e.mustExec("kid", "sh", "-c", commitCmd+" --allow-empty -m more")
+	head := e.mustExec("kid", "git", "rev-parse", "HEAD")
+	sendManifest(t, e.client("kid"), map[string]any{"id": "d-4", "type": "message", "kind": "done", "body": "more"})
+	e.stage("lead", "pr", "kid-2.json", source(messageFrom(t, lead, "kid", "done")))
+	publish(t, lead, "p-5", "pr", "kid-2.json")
+	statusOf(t, lead, "p-5", "done", "failed") // the pull request exists already: the forge may refuse a second
+	if got := hostGit(t, origin, "rev-parse", "refs/heads/work/kid"); got != head {
+		t.Fatalf("origin's work/kid = %s, want the child's new commit %s", got, head)
+	}
+}
+
+// TestPublishJournalOfEscapedText: the journal keeps the proposal
+// re-encoded, where each '<' of a body takes six bytes (\u003c). An
+// outbox file within its bound full of them must still make a journal
+// the broker reads back: else the worker stops without a final status,
+// and a restarted broker's recovery (and `jailbee outbox ls`) fail for
+// every sandbox, not just this one.
+func TestPublishJournalOfEscapedText(t *testing.T) {
+	e, _, lead := newPublishEnv(t, 30, publishGrant())
+	body := strings.Repeat("<", manifest.MaxOutboxBody-1024)
+	var actions []string
+	for range 4 {
+		actions = append(actions, `{"kind": "comment", "issue": 1, "body": "`+body+`"}`)
+	}
+	file := proposal("owner/repo", actions...)
+	if len(file) > manifest.MaxOutboxBytes {
+		t.Fatalf("the proposal is %d bytes, past the outbox's bound", len(file))
+	}
+	e.stage("lead", "issue", "create.json", proposal("owner/repo", `{"kind": "create", "title": "t"}`))
+	wantStatus(t, publish(t, lead, "p-0", "issue", "create.json"), "started", "publishing issue/create.json: 1 action(s)")
+	statusOf(t, lead, "p-0", "done")
+	e.stage("lead", "issue", "lt.json", file)
+	wantStatus(t, publish(t, lead, "p-1", "issue", "lt.json"), "started", "publishing issue/lt.json: 4 action(s)")
+	if st := statusOf(t, lead, "p-1", "done", "failed"); st.State != "done" {
+		t.Fatalf("final status: %+v", st)
+	}
+	// Its journal (1.5 MiB) is past one admin reply line (1 MiB): the
+	// host's outbox ls and show still answer, without the proposal.
+	var list wire.OutboxList
+	if err := e.admin("outbox-ls", nil, &list); err != nil || len(list.Proposals) != 2 || list.More {
+		t.Fatalf("outbox-ls: %v %d", err, len(list.Proposals))
+	}
+	var j wire.OutboxJournal
+	if err := e.admin("outbox-show", wire.OutboxArgs{Key: "lead/issue/lt.json"}, &j); err != nil || j.State != "done" || len(j.Actions) != 4 || string(j.Proposal) != "null" {
+		t.Fatalf("outbox-show: %v %s", err, j.State)
+	}
+}
+
+// TestPublishSourceBringsOnlyNewObjects: the source's commit comes to the
+// host repository offering the orchestrator's start commit as common
+// ground (a commit both sides have): it brings the child's new objects,
+// not the whole history again. Else each first publish of a child's
+// branch wrote a pack the size of the repository into the user's
+// repository: at 30 publishes an hour, as many copies.
+func TestPublishSourceBringsOnlyNewObjects(t *testing.T) {
+	var origin string
+	e, _, lead := newPublishEnvWith(t, 30, publishGrant(), func(e *testEnv) {
+		big := make([]byte, 4<<20)
+		rand.Read(big)
+		if err := os.WriteFile(filepath.Join(e.repo, "big.bin"), big, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		hostGit(t, e.repo, "add", "big.bin")
+		hostGit(t, e.repo, "commit", "-q", "-m", "history")
+		hostGit(t, e.repo, "gc", "-q")
+		withOrigin(&origin)(e)
+	})
+	packKiB := func() int {
+		for _, line := range strings.Split(hostGit(t, e.repo, "count-objects", "-v"), "\n") {
+			if v, ok := strings.CutPrefix(line, "size-pack: "); ok {
+				n, _ := strconv.Atoi(v)
+				return n
+			}
+		}
+		t.Fatal("no size-pack")
+		return 0
+	}
+	e.child("kid", "lead")
+	head, _ := e.reportDone("kid", "d-kid")
+	before := packKiB()
+	e.stage("lead", "pr", "src.json", fmt.Sprintf(`{"version": 1, "kind": "source", "repo": "owner/repo", "source": "refs/jailbee/from/kid/work/kid", "source_sha": %q, "base": "main", "title": "t"}`, head))
+	publish(t, lead, "s-1", "pr", "src.json")
+	if st := statusOf(t, lead, "s-1", "done", "failed"); st.State != "done" {
+		t.Fatalf("publish: %+v", st)
+	}
+	if grew := packKiB() - before; grew > 1024 {
+		t.Fatalf("the host repository grew by %d KiB for a one-file commit", grew)
+	}
+}
+
+// TestPublishReworkNotOntoTheDefaultBranch: a rework pushes to its pull
+// request's own branch, and a pull request may come from the
+// repository's default branch (main into a release branch): any child's
+// import would then fast-forward main with no review. A pull request
+// whose branch is its repository's default branch is not reworked.
+func TestPublishReworkNotOntoTheDefaultBranch(t *testing.T) {
+	var origin string
+	e, gh, lead := newPublishEnvWith(t, 30, publishGrant(), func(e *testEnv) {
+		e.withAgent()
+		withOrigin(&origin)(e)
+	})
+	mainBefore := hostGit(t, origin, "rev-parse", "refs/heads/main")
+	hostGit(t, e.repo, "push", "-q", "origin", "main:refs/pull/9/head", "main:refs/heads/release")
+	gh.AddPullRequest("owner/repo", githubtest.PR{Number: 9, Title: "release", Head: "main", HeadRepo: "owner/repo", Base: "release", State: "open"})
+	spawn(t, lead, "s-pr", map[string]any{"version": 2, "kind": "pr", "pr": 9, "prompt": "work", "on_done": "keep"})
+	imported := messageFrom(t, lead, "pr-9", "done")
+	e.stage("lead", "pr", "rework-9.json", fmt.Sprintf(`{"version": 1, "kind": "source", "repo": "owner/repo", "source": %q, "source_sha": %q, "pr": 9}`,
+		imported.ImportedRef, imported.ImportedSHA))
+	wantStatus(t, publish(t, lead, "w-1", "pr", "rework-9.json"), "started", "publishing pr/rework-9.json: 1 action(s)")
+	st := statusOf(t, lead, "w-1", "done", "failed")
+	if got := hostGit(t, origin, "rev-parse", "refs/heads/main"); got != mainBefore {
+		t.Fatalf("origin's main moved to %s (was %s): %+v", got, mainBefore, st)
+	}
+	wantStatus(t, st, "failed", "pr/rework-9.json: action 1 (source) failed: forge: push: pull request 9's branch main is the default branch of owner/repo: it is not pushed to; publish it again with a new id to continue with the actions not applied")
 }

@@ -38,7 +38,9 @@ func newOutboxLsCmd() *cobra.Command {
 		Long: `List every publish proposal: its name (SANDBOX/OUTBOX/NAME), state (running,
 done, failed or blocked: an action is uncertain), the publish manifest that
 reports it, how many of its actions were applied, and when it last changed.
---json prints {"proposals": [...]} with every journal as stored.`,
+Proposals not done come first. --json prints {"proposals": [...]} with each
+journal as stored but without its proposal (outbox show --json has it), and
+"more": true when there were more than one answer holds.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var list wire.OutboxList
@@ -55,7 +57,13 @@ reports it, how many of its actions were applied, and when it last changed.
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\n", j.Key(), j.State, j.Ref, applied(j), len(j.Actions),
 					time.UnixMilli(j.Updated).UTC().Format(time.RFC3339))
 			}
-			return tw.Flush()
+			if err := tw.Flush(); err != nil {
+				return err
+			}
+			if list.More {
+				fmt.Fprintln(out, "(more proposals than one answer holds, done ones last: every journal is under the broker state dir, publish/)")
+			}
+			return nil
 		},
 	}
 	addStateFlag(c, &state)
@@ -81,7 +89,8 @@ func newOutboxShowCmd() *cobra.Command {
 		Short: "Show a publish proposal's actions",
 		Long: `Show one proposal: each action with its state, URL, issue number and, for a
 failed or uncertain one, the forge's message. --json prints the journal as
-stored, the canonical proposal included.`,
+stored, the canonical proposal included unless it is too large for one
+answer (then null).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var j wire.OutboxJournal

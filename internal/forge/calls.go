@@ -154,6 +154,8 @@ func prOf(op string, p *github.PullRequest) (PR, error) {
 		HeadRef:  p.GetHead().GetRef(),
 		HeadRepo: p.GetHead().GetRepo().GetFullName(),
 		BaseRef:  p.GetBase().GetRef(),
+
+		HeadDefault: p.GetHead().GetRepo().GetDefaultBranch(),
 	}, nil
 }
 

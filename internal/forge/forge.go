@@ -38,6 +38,9 @@ type PR struct {
 	HeadRef  string // the head branch
 	HeadRepo string // "owner/name" of the head branch's repository ("" when it was deleted)
 	BaseRef  string // the base branch
+	// HeadDefault is the default branch of the head branch's repository
+	// ("" when the answer did not say).
+	HeadDefault string
 }
 
 // Review events CreateReview accepts.

@@ -118,7 +118,7 @@ func TestPullRequestCalls(t *testing.T) {
 	wantCall(t, srv, "POST", "/repos/acme/widget/pulls", map[string]any{
 		"title": "Fix the crash", "head": "jb/fix-crash", "base": "main", "body": "Fixes #1.", "draft": true})
 	want := forge.PR{Number: 1, URL: srv.URL + "acme/widget/pull/1", State: "open",
-		HeadRef: "jb/fix-crash", HeadRepo: "acme/widget", BaseRef: "main"}
+		HeadRef: "jb/fix-crash", HeadRepo: "acme/widget", BaseRef: "main", HeadDefault: "main"}
 	if pr != want {
 		t.Fatalf("CreatePullRequest = %+v, want %+v", pr, want)
 	}
@@ -131,13 +131,13 @@ func TestPullRequestCalls(t *testing.T) {
 		t.Fatalf("second pull request: %#v", err)
 	}
 
-	n := srv.AddPullRequest("acme/widget", githubtest.PR{Title: "From a fork", Head: "topic", HeadRepo: "eve/widget", Base: "main", State: "closed"})
+	n := srv.AddPullRequest("acme/widget", githubtest.PR{Title: "From a fork", Head: "topic", HeadRepo: "eve/widget", HeadDefault: "trunk", Base: "main", State: "closed"})
 	pr, err = f.PullRequest(ctx, repo, n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantCall(t, srv, "GET", "/repos/acme/widget/pulls/2", nil)
-	want = forge.PR{Number: 2, URL: srv.URL + "acme/widget/pull/2", State: "closed", HeadRef: "topic", HeadRepo: "eve/widget", BaseRef: "main"}
+	want = forge.PR{Number: 2, URL: srv.URL + "acme/widget/pull/2", State: "closed", HeadRef: "topic", HeadRepo: "eve/widget", BaseRef: "main", HeadDefault: "trunk"}
 	if pr != want {
 		t.Fatalf("PullRequest = %+v, want %+v", pr, want)
 	}

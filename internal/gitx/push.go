@@ -39,6 +39,11 @@ var pushConfig = []string{
 	"-c", "push.recurseSubmodules=no",
 }
 
+// ErrBranchMoved reports a leased push (PushBranchFrom) refused because
+// the remote branch is not where the caller expected it: nothing was
+// changed.
+var ErrBranchMoved = errors.New("the remote branch is not where this push expected it")
+
 // PushBranch pushes the commit localRef names in r (the user's own
 // repository on the host, e.g. a child's imported ref) to refs/heads/branch
 // of remoteURL (an https, http or file URL without credentials), as a
@@ -46,25 +51,59 @@ var pushConfig = []string{
 // remote rule ErrPushRefused. Other errors leave open whether the branch
 // was updated. No hook runs; the token is never in an error.
 func (r Repo) PushBranch(ctx context.Context, remoteURL, localRef, branch string, auth PushAuth) error {
+	_, err := r.push(ctx, remoteURL, localRef, branch, nil, auth)
+	return err
+}
+
+// PushBranchFrom is PushBranch for a branch the remote must have at from,
+// or not at all (from ""): a remote branch anywhere else, including one
+// made since the caller looked, is ErrBranchMoved (git's
+// --force-with-lease, checked on the remote as it updates). from must be
+// an ancestor of the pushed commit, so the push is still a fast-forward.
+// A remote branch already at the commit is no change: moved reports
+// whether the push changed the remote branch.
+func (r Repo) PushBranchFrom(ctx context.Context, remoteURL, localRef, branch, from string, auth PushAuth) (moved bool, err error) {
+	return r.push(ctx, remoteURL, localRef, branch, &from, auth)
+}
+
+// push is PushBranch, leased to *from when from is not nil.
+func (r Repo) push(ctx context.Context, remoteURL, localRef, branch string, from *string, auth PushAuth) (bool, error) {
 	if r.run != nil {
-		return fmt.Errorf("%w: PushBranch runs on the host's repository only", ErrInvalidArgument)
+		return false, fmt.Errorf("%w: PushBranch runs on the host's repository only", ErrInvalidArgument)
 	}
 	if err := checkRemoteURL(remoteURL); err != nil {
-		return err
+		return false, err
 	}
 	if err := checkFullRef(ctx, "ref", localRef); err != nil {
-		return err
+		return false, err
 	}
 	if err := CheckBranchName(ctx, branch); err != nil {
-		return err
+		return false, err
 	}
 	commit, err := ResolveCommit(ctx, r.dir, localRef)
 	if err != nil {
-		return err
+		return false, err
 	}
 	dst := "refs/heads/" + branch
-	cmd := gitCommand(ctx, nil, r.dir, pushConfig,
-		"push", "--porcelain", "--no-verify", "--end-of-options", remoteURL, commit+":"+dst)
+	args := []string{"push", "--porcelain", "--no-verify"}
+	if from != nil {
+		if *from != "" {
+			if !shaPattern.MatchString(*from) {
+				return false, fmt.Errorf("%w: lease %q is not a full object id", ErrInvalidArgument, *from)
+			}
+			// The lease lets git move the branch from *from to anything:
+			// only a descendant keeps it a fast-forward.
+			_, err := run(ctx, r.dir, "merge-base", "--is-ancestor", *from, commit)
+			if exitCode(err) == 1 {
+				return false, ErrNotFastForward
+			}
+			if err != nil {
+				return false, err
+			}
+		}
+		args = append(args, "--force-with-lease="+dst+":"+*from)
+	}
+	cmd := gitCommand(ctx, nil, r.dir, pushConfig, append(args, "--end-of-options", remoteURL, commit+":"+dst)...)
 	credentials := ""
 	if auth.Token != "" {
 		credentials = base64.StdEncoding.EncodeToString([]byte("x-access-token:" + auth.Token))
@@ -77,15 +116,29 @@ func (r Repo) PushBranch(ctx context.Context, remoteURL, localRef, branch string
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	runErr := cmd.Run()
 	if runErr == nil {
-		return nil
+		return updated(stdout.String(), dst), nil
 	}
 	if err := rejection(stdout.String(), dst); err != nil {
-		return err
+		return false, err
 	}
 	// The remote's messages are in git's stderr: the secrets go before it
 	// is cut (a cut could leave part of one), the rest made printable.
 	msg := printable(redact(stderr.String(), auth.Token, credentials))
-	return commandError(ctx, []string{"push"}, []byte(msg), runErr)
+	return false, commandError(ctx, []string{"push"}, []byte(msg), runErr)
+}
+
+// updated reads git push --porcelain's line for dst: whether the remote
+// branch was made (*) or moved ( , +), not found where it was already (=).
+// Anything unexpected is no move: a caller records a move as its own.
+func updated(porcelain, dst string) bool {
+	for line := range strings.SplitSeq(porcelain, "\n") {
+		flag, rest, ok := strings.Cut(line, "\t")
+		refs, _, _ := strings.Cut(rest, "\t")
+		if ok && strings.HasSuffix(refs, ":"+dst) {
+			return flag == "*" || flag == " " || flag == "+"
+		}
+	}
+	return false
 }
 
 // rejection reads git push --porcelain's line for dst: a rejected
@@ -102,6 +155,9 @@ func rejection(porcelain, dst string) error {
 		}
 		if strings.HasPrefix(summary, "[remote rejected]") {
 			return ErrPushRefused
+		}
+		if strings.Contains(summary, "stale info") {
+			return ErrBranchMoved
 		}
 		return ErrNotFastForward
 	}
@@ -139,4 +195,20 @@ func redact(s string, secrets ...string) string {
 		}
 	}
 	return s
+}
+
+// SetRef points ref (a full ref) at commit in r, the user's repository on
+// the host, as the repository's owner.
+func (r Repo) SetRef(ctx context.Context, ref, commit string) error {
+	if r.run != nil {
+		return fmt.Errorf("%w: SetRef runs on the host's repository only", ErrInvalidArgument)
+	}
+	if err := checkFullRef(ctx, "ref", ref); err != nil {
+		return err
+	}
+	if !shaPattern.MatchString(commit) {
+		return fmt.Errorf("%w: commit %q is not a full object id", ErrInvalidArgument, commit)
+	}
+	_, err := runAsOwner(ctx, r.dir, "update-ref", "--no-deref", ref, commit)
+	return err
 }

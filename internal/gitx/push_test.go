@@ -235,3 +235,55 @@ func TestPushBranchTokenStaysWithItsRemote(t *testing.T) {
 		}
 	}
 }
+
+// TestPushBranchFromLease: a leased push moves the remote branch only from
+// where the caller expects it (absent, or a commit), over http with the
+// token too; a branch already at the commit is no change.
+func TestPushBranchFromLease(t *testing.T) {
+	repo, first, second := newRepo(t)
+	git(t, repo, "update-ref", importedRef, second)
+	root := t.TempDir()
+	bare := newRemote(t, root, repo, first) // feature at first
+	srv := githubtest.StartGit(t, pushToken, root)
+	url := srv.URL + "/acme/widget.git"
+	host := gitx.HostRepo(repo)
+	auth := gitx.PushAuth{Token: pushToken}
+
+	// feature exists: a push that expects no branch, or another commit,
+	// changes nothing.
+	for _, from := range []string{"", second} {
+		if _, err := host.PushBranchFrom(t.Context(), url, importedRef, "feature", from, auth); !errors.Is(err, gitx.ErrBranchMoved) {
+			t.Fatalf("push over feature expecting %q: %v, want ErrBranchMoved", from, err)
+		}
+	}
+	if got := git(t, bare, "rev-parse", "refs/heads/feature"); got != first {
+		t.Fatalf("remote feature moved to %s", got)
+	}
+	// A lease that is not an ancestor of the commit would rewind it.
+	git(t, repo, "update-ref", "refs/jailbee/old", first)
+	if _, err := host.PushBranchFrom(t.Context(), url, "refs/jailbee/old", "feature", second, auth); !errors.Is(err, gitx.ErrNotFastForward) {
+		t.Fatalf("push rewinding the lease: %v, want ErrNotFastForward", err)
+	}
+	// From where it is: a fast-forward.
+	moved, err := host.PushBranchFrom(t.Context(), url, importedRef, "feature", first, auth)
+	if err != nil || !moved {
+		t.Fatalf("leased fast-forward: moved %v, %v", moved, err)
+	}
+	if got := git(t, bare, "rev-parse", "refs/heads/feature"); got != second {
+		t.Fatalf("remote feature = %s, want %s", got, second)
+	}
+	// Already there: success, nothing moved, whatever the lease.
+	if moved, err := host.PushBranchFrom(t.Context(), url, importedRef, "feature", "", auth); err != nil || moved {
+		t.Fatalf("up-to-date leased push: moved %v, %v", moved, err)
+	}
+	// A new branch, expecting none.
+	if moved, err := host.PushBranchFrom(t.Context(), "file://"+bare, importedRef, "topic/new", "", gitx.PushAuth{}); err != nil || !moved {
+		t.Fatalf("new branch: moved %v, %v", moved, err)
+	}
+	if got := git(t, bare, "rev-parse", "refs/heads/topic/new"); got != second {
+		t.Fatalf("remote topic/new = %s, want %s", got, second)
+	}
+	if err := host.SetRef(t.Context(), "refs/jailbee/pushed/x", second); err != nil || git(t, repo, "rev-parse", "refs/jailbee/pushed/x") != second {
+		t.Fatalf("SetRef: %v", err)
+	}
+}

@@ -14,6 +14,11 @@ import (
 const (
 	// MaxOutboxBytes bounds one outbox manifest file.
 	MaxOutboxBytes = 256 << 10
+	// MaxCanonicalBytes bounds the canonical form (Encode) of a manifest
+	// decoded from a file within MaxOutboxBytes, as a journal keeps it:
+	// json.Marshal writes each '<', '>' and '&' of a text as six bytes
+	// (\u003c), and nothing longer, so it can be six times the file.
+	MaxCanonicalBytes = 6 * MaxOutboxBytes
 	// MaxOutboxBody bounds each body in an outbox manifest.
 	MaxOutboxBody = 64 << 10
 	// MaxOutboxActions bounds the actions of one issue proposal.
@@ -109,7 +114,17 @@ type PRReview struct {
 // DecodeIssueProposal decodes an issue-outbox manifest strictly: unknown
 // and duplicate keys refused, every bound checked. Refusals are *Refusal.
 func DecodeIssueProposal(raw []byte) (*IssueProposal, error) {
-	o, err := outboxObject(raw)
+	return decodeIssueProposal(raw, MaxOutboxBytes)
+}
+
+// DecodeCanonicalIssueProposal decodes what Encode wrote (a journal's
+// copy) as DecodeIssueProposal does, within MaxCanonicalBytes.
+func DecodeCanonicalIssueProposal(raw []byte) (*IssueProposal, error) {
+	return decodeIssueProposal(raw, MaxCanonicalBytes)
+}
+
+func decodeIssueProposal(raw []byte, limit int) (*IssueProposal, error) {
+	o, err := outboxObject(raw, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +200,17 @@ func issueAction(raw json.RawMessage) (IssueAction, error) {
 // DecodePRManifest decodes a pr-outbox manifest strictly: a source or a
 // review, told apart by `kind`.
 func DecodePRManifest(raw []byte) (*PRManifest, error) {
-	o, err := outboxObject(raw)
+	return decodePRManifest(raw, MaxOutboxBytes)
+}
+
+// DecodeCanonicalPRManifest decodes what Encode wrote (a journal's copy)
+// as DecodePRManifest does, within MaxCanonicalBytes.
+func DecodeCanonicalPRManifest(raw []byte) (*PRManifest, error) {
+	return decodePRManifest(raw, MaxCanonicalBytes)
+}
+
+func decodePRManifest(raw []byte, limit int) (*PRManifest, error) {
+	o, err := outboxObject(raw, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -277,10 +302,11 @@ func prReview(o *object) (*PRReview, error) {
 	return &r, nil
 }
 
-// outboxObject checks an outbox file's bounds and envelope (version 1).
-func outboxObject(raw []byte) (*object, error) {
-	if len(raw) > MaxOutboxBytes {
-		return nil, refuse("outbox manifest exceeds %d bytes", MaxOutboxBytes)
+// outboxObject checks an outbox manifest's size (at most limit) and
+// envelope (version 1).
+func outboxObject(raw []byte, limit int) (*object, error) {
+	if len(raw) > limit {
+		return nil, refuse("outbox manifest exceeds %d bytes", limit)
 	}
 	if !utf8.Valid(raw) {
 		return nil, refuse("outbox manifest is not valid UTF-8")
@@ -370,14 +396,16 @@ func labels(o *object, required bool) ([]string, error) {
 	return grant.Dedupe(list), nil
 }
 
-// Encode writes p back as an issue-outbox manifest DecodeIssueProposal
-// accepts (the journal keeps this canonical form).
+// Encode writes p back as an issue-outbox manifest
+// DecodeCanonicalIssueProposal accepts (the journal keeps this canonical
+// form; its escapes may take it past MaxOutboxBytes).
 func (p *IssueProposal) Encode() []byte {
 	raw, _ := json.Marshal(map[string]any{"version": 1, "repo": p.Repo, "actions": p.Actions})
 	return raw
 }
 
-// Encode writes m back as a pr-outbox manifest DecodePRManifest accepts.
+// Encode writes m back as a pr-outbox manifest DecodeCanonicalPRManifest
+// accepts.
 func (m *PRManifest) Encode() []byte {
 	doc := map[string]any{"version": 1}
 	if s := m.Source; s != nil {

@@ -173,3 +173,39 @@ func FuzzDecodeOutbox(f *testing.F) {
 		}
 	})
 }
+
+// TestOutboxCanonicalBound: a file within MaxOutboxBytes whose bodies are
+// all '<' encodes (six bytes each) past MaxOutboxBytes and within
+// MaxCanonicalBytes, and its canonical copy decodes again; a canonical
+// copy of MaxCanonicalBytes decodes, one byte more is refused.
+func TestOutboxCanonicalBound(t *testing.T) {
+	var acts []string
+	for range 4 {
+		acts = append(acts, `{"kind":"comment","issue":1,"body":"`+strings.Repeat("<", MaxOutboxBody-512)+`"}`)
+	}
+	file := `{"version":1,"repo":"o/r","actions":[` + strings.Join(acts, ",") + `]}`
+	p, err := DecodeIssueProposal([]byte(file))
+	if err != nil || len(file) > MaxOutboxBytes {
+		t.Fatalf("%d bytes: %v", len(file), err)
+	}
+	canonical := p.Encode()
+	if len(canonical) <= MaxOutboxBytes || len(canonical) > MaxCanonicalBytes {
+		t.Fatalf("canonical copy of %d bytes", len(canonical))
+	}
+	if again, err := DecodeCanonicalIssueProposal(canonical); err != nil || !reflect.DeepEqual(again, p) {
+		t.Fatalf("canonical copy: %v", err)
+	}
+	padded := func(n int) []byte { // a canonical-looking proposal of exactly n bytes
+		head := `{"version":1,"repo":"o/r","actions":[{"kind":"close","issue":1}]}`
+		return []byte(head[:len(head)-1] + strings.Repeat(" ", n-len(head)) + "}")
+	}
+	if _, err := DecodeCanonicalIssueProposal(padded(MaxCanonicalBytes)); err != nil {
+		t.Fatalf("at the bound: %v", err)
+	}
+	if _, err := DecodeCanonicalPRManifest(padded(MaxCanonicalBytes + 1)); errString(err) != "outbox manifest exceeds 1572864 bytes" {
+		t.Fatalf("past the bound: %v", err)
+	}
+	if _, err := DecodeCanonicalIssueProposal(padded(MaxCanonicalBytes + 1)); errString(err) != "outbox manifest exceeds 1572864 bytes" {
+		t.Fatalf("past the bound: %v", err)
+	}
+}

@@ -285,11 +285,11 @@ func (o *Orchestrator) pendingCap(sandbox string, read outboxread.Result) error 
 		if outboxread.Dirs[outbox] == "" || !manifest.ValidPublishName(name) {
 			continue
 		}
-		j, err := o.Publishing.Journal.Load(sandbox, outbox, name)
+		state, err := o.Publishing.Journal.State(sandbox, outbox, name)
 		if err != nil {
 			return err
 		}
-		if j == nil || j.State != pubjournal.Done {
+		if state != pubjournal.Done {
 			pending++
 		}
 	}
@@ -379,7 +379,7 @@ func (o *Orchestrator) applyAction(ctx context.Context, j *pubjournal.Journal, i
 	if j.Outbox == manifest.OutboxPR {
 		return o.applyPR(ctx, j)
 	}
-	p, err := manifest.DecodeIssueProposal(j.Proposal)
+	p, err := manifest.DecodeCanonicalIssueProposal(j.Proposal)
 	if err != nil {
 		return actionResult{}, &forge.Error{Op: "publish", Certain: true, Msg: "the journaled proposal cannot be read"}
 	}

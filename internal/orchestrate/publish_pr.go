@@ -94,13 +94,20 @@ func (o *Orchestrator) ownRepo(ctx context.Context, orch store.Sandbox, repo str
 // <child> + "/" + <branch>.
 const PublishRefPrefix = "refs/jailbee/publish/"
 
+// PushedRefPrefix records, in the user's repository, where a new pull
+// request's publish last moved its branch on the remote: PushedRefPrefix
+// + <orchestrator> + "/" + <child> + "/" + <branch>. The orchestrator names
+// its children's branches, so the name alone does not make a remote branch
+// its own: only one its publish created (or moved since) is.
+const PushedRefPrefix = "refs/jailbee/pushed/"
+
 // applyPR makes a pr-outbox manifest's one action: a source's commit is
 // brought from the orchestrator's import into the host repository, pushed
 // from there to the forge (a fast-forward only, never forced) and its pull
 // request opened (or, for a rework, pushed to the pull request's branch);
 // a review is submitted.
 func (o *Orchestrator) applyPR(ctx context.Context, j *pubjournal.Journal) (actionResult, error) {
-	m, err := manifest.DecodePRManifest(j.Proposal)
+	m, err := manifest.DecodeCanonicalPRManifest(j.Proposal)
 	if err != nil {
 		return actionResult{}, &forge.Error{Op: "publish", Certain: true, Msg: "the journaled manifest cannot be read"}
 	}
@@ -124,6 +131,17 @@ func (o *Orchestrator) applyPR(ctx context.Context, j *pubjournal.Journal) (acti
 		if !strings.EqualFold(rework.HeadRepo, s.Repo) || rework.State != "open" {
 			return actionResult{}, &forge.Error{Op: "push", Certain: true,
 				Msg: fmt.Sprintf("pull request %d is not open with its branch in %s: its branch cannot be pushed to", s.PR, s.Repo)}
+		}
+		// A pull request may come from the default branch (main into a
+		// release branch): reworking it would land any child's commit on
+		// main unreviewed. Unknown is refused too.
+		switch rework.HeadDefault {
+		case "":
+			return actionResult{}, &forge.Error{Op: "push", Certain: true,
+				Msg: fmt.Sprintf("the forge did not say the default branch of %s: pull request %d's branch is not pushed to", rework.HeadRepo, s.PR)}
+		case rework.HeadRef:
+			return actionResult{}, &forge.Error{Op: "push", Certain: true,
+				Msg: fmt.Sprintf("pull request %d's branch %s is the default branch of %s: it is not pushed to", s.PR, rework.HeadRef, rework.HeadRepo)}
 		}
 		target = rework.HeadRef
 	}
@@ -161,17 +179,60 @@ func (o *Orchestrator) pushSource(ctx context.Context, orch string, repo forge.R
 	child, _ := s.Import()
 	ref := PublishRefPrefix + orch + "/" + child + "/" + branch
 	host := gitx.HostRepo(sb.Repo)
-	if err := gitx.Transfer(ctx, src, s.SourceSHA, host, ref, gitx.TransferOptions{Common: []string{ref}}); err != nil {
+	// Common ground the orchestrator has and the host too: its start (or
+	// last fetched) commit. Without it the whole history came again, one
+	// copy in the user's repository for each child's first publish.
+	if err := gitx.Transfer(ctx, src, s.SourceSHA, host, ref, gitx.TransferOptions{Common: []string{ref, sb.Imported}}); err != nil {
 		o.logger().Error("publish: bring the source to the host", "sandbox", orch, "err", err)
 		return &forge.Error{Op: "push", Certain: true, Msg: "the source could not be brought to the host (see the broker log)"}
 	}
-	err = host.PushBranch(ctx, forge.GitURL(o.Publishing.GitURL, repo), ref, branch, gitx.PushAuth{Token: o.Publishing.Token})
+	url, auth := forge.GitURL(o.Publishing.GitURL, repo), gitx.PushAuth{Token: o.Publishing.Token}
+	if s.PR != 0 {
+		err = host.PushBranch(ctx, url, ref, branch, auth)
+	} else {
+		err = o.pushOwnBranch(ctx, sb.Repo, url, ref, PushedRefPrefix+orch+"/"+child+"/"+branch, branch, s.SourceSHA, auth)
+	}
 	switch {
 	case err == nil:
 		return nil
+	case errors.As(err, new(*forge.Error)):
+		return err
+	case errors.Is(err, errNotOwnBranch):
+		return &forge.Error{Op: "push", Certain: true, Msg: fmt.Sprintf("branch %s exists on the remote and is not where this orchestrator published it: a new pull request needs a new branch", branch)}
 	case errors.Is(err, gitx.ErrNotFastForward), errors.Is(err, gitx.ErrPushRefused):
 		return &forge.Error{Op: "push", Certain: true, Msg: err.Error()}
 	}
 	o.logger().Error("publish push", "sandbox", orch, "branch", branch, "err", err)
 	return &forge.Error{Op: "push", Msg: "the push failed (see the broker log)"}
+}
+
+// errNotOwnBranch: a new pull request's branch is on the remote, but not
+// where this orchestrator's publish left it.
+var errNotOwnBranch = errors.New("not the orchestrator's own branch")
+
+// pushOwnBranch pushes ref to branch only if the remote has no such branch
+// or has it where pushed records this orchestrator's last push of it
+// (gitx.PushBranchFrom), and records a push that moved it.
+func (o *Orchestrator) pushOwnBranch(ctx context.Context, repo, url, ref, pushed, branch, commit string, auth gitx.PushAuth) error {
+	host := gitx.HostRepo(repo)
+	from, err := gitx.ResolveCommit(ctx, repo, pushed)
+	if errors.Is(err, gitx.ErrUnknownRevision) {
+		from, err = "", nil
+	}
+	if err != nil {
+		o.logger().Error("publish: read the push record", "ref", pushed, "err", err)
+		return &forge.Error{Op: "push", Certain: true, Msg: "the push record could not be read (see the broker log)"}
+	}
+	moved, err := host.PushBranchFrom(ctx, url, ref, branch, from, auth)
+	if errors.Is(err, gitx.ErrBranchMoved) {
+		return errNotOwnBranch
+	}
+	// A branch that was already at the commit is not recorded: that it is
+	// there says nothing of who put it there.
+	if err == nil && moved {
+		if rerr := host.SetRef(ctx, pushed, commit); rerr != nil {
+			o.logger().Error("publish: record the push", "ref", pushed, "err", rerr)
+		}
+	}
+	return err
 }

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"sync"
@@ -18,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"agentbox/internal/manifest"
 	"agentbox/internal/secfs"
 	"agentbox/internal/wire"
 )
@@ -109,13 +111,68 @@ func (d *Dir) Load(sandbox, outbox, name string) (*Journal, error) {
 	return d.load(sandbox, outbox, name)
 }
 
+// State returns the state of the journal of sandbox/outbox/name, "" when
+// there is none. It reads the journal only up to its "state" (written
+// before the proposal): the pending cap asks it of every staged name, up
+// to 128, on each publish and on the broker's executor, and loading them
+// whole (up to maxJournalBytes each) took seconds that every sandbox
+// waited for.
+func (d *Dir) State(sandbox, outbox, name string) (string, error) {
+	unlock, err := d.lock()
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
+	f, err := os.OpenFile(d.path(sandbox, outbox, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	dec := json.NewDecoder(io.LimitReader(f, maxJournalBytes))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return "", fmt.Errorf("journal %s/%s/%s: not a JSON object", sandbox, outbox, name)
+	}
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return "", fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
+		}
+		if key == "state" {
+			var state string
+			if err := dec.Decode(&state); err != nil {
+				return "", fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
+			}
+			return state, nil
+		}
+		var skip json.RawMessage
+		if err := dec.Decode(&skip); err != nil {
+			return "", fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
+		}
+	}
+	return "", fmt.Errorf("journal %s/%s/%s: no state", sandbox, outbox, name)
+}
+
 func (d *Dir) path(sandbox, outbox, name string) string {
 	return filepath.Join(d.root, sandbox, outbox, name)
 }
 
-// maxJournalBytes bounds a journal read back: the canonical proposal is at
-// most the outbox cap, its actions' URLs a few KiB.
-const maxJournalBytes = 1 << 20
+// Bounds of a journal, written and read back alike: a journal too large
+// to read would stop its worker without a final status and make All (so
+// `jailbee outbox ls` and a restarted broker's recovery, for every
+// sandbox) fail.
+const (
+	// maxActionRecords is room for what a journal holds besides its
+	// canonical proposal (manifest.MaxCanonicalBytes): each action's
+	// state, URL and the forge's message.
+	maxActionRecords = 1 << 20
+	maxJournalBytes  = manifest.MaxCanonicalBytes + maxActionRecords
+)
+
+// ErrTooLarge: a journal past maxJournalBytes is not written.
+var ErrTooLarge = errors.New("publish journal larger than its bound")
 
 func (d *Dir) load(sandbox, outbox, name string) (*Journal, error) {
 	data, err := secfs.ReadFileNoFollow(d.path(sandbox, outbox, name), maxJournalBytes)
@@ -143,10 +200,17 @@ func (d *Dir) save(j *Journal) error {
 	if err != nil {
 		return err
 	}
+	if len(data) > maxJournalBytes {
+		return fmt.Errorf("journal %s: %w (%d bytes)", j.Key(), ErrTooLarge, maxJournalBytes)
+	}
 	return secfs.WriteFileAtomic(filepath.Join(dir, j.Name), data, 0o600)
 }
 
-// All returns every journal, ordered by key.
+// All returns every journal, ordered by key, with its proposal only when
+// it is running (what a restarted broker's recovery writes back): the
+// journals of every sandbox accumulate, up to maxJournalBytes each, and
+// all of them whole would be read into memory at each start and each
+// `jailbee outbox ls`. The proposal is written last, so it is not read.
 func (d *Dir) All() ([]*Journal, error) {
 	unlock, err := d.lock()
 	if err != nil {
@@ -161,7 +225,7 @@ func (d *Dir) All() ([]*Journal, error) {
 				return nil, err
 			}
 			for _, e := range entries {
-				j, err := d.load(sb, ob, e.Name())
+				j, err := d.loadHead(sb, ob, e.Name(), func(j *Journal) bool { return j.State == Running })
 				if err != nil {
 					return nil, err
 				}
@@ -172,6 +236,67 @@ func (d *Dir) All() ([]*Journal, error) {
 		}
 	}
 	return out, nil
+}
+
+// loadHead is load reading the proposal only when want says so, from the
+// fields before it. A journal written before the proposal went last has
+// it in the middle: it is then read through, and dropped.
+func (d *Dir) loadHead(sandbox, outbox, name string, want func(*Journal) bool) (*Journal, error) {
+	f, err := os.OpenFile(d.path(sandbox, outbox, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	bad := func(err error) (*Journal, error) {
+		return nil, fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
+	}
+	dec := json.NewDecoder(io.LimitReader(f, maxJournalBytes))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return bad(errors.New("not a JSON object"))
+	}
+	var j Journal
+	seenActions := false
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return bad(err)
+		}
+		var into any
+		switch key {
+		case "version":
+			into = &j.Version
+		case "sandbox":
+			into = &j.Sandbox
+		case "outbox":
+			into = &j.Outbox
+		case "name":
+			into = &j.Name
+		case "ref":
+			into = &j.Ref
+		case "state":
+			into = &j.State
+		case "actions":
+			into, seenActions = &j.Actions, true
+		case "updated_ms":
+			into = &j.Updated
+		case "proposal":
+			if want(&j) {
+				into = &j.Proposal
+			} else if seenActions {
+				return &j, nil // last: nothing more to read
+			}
+		}
+		if into == nil {
+			into = new(json.RawMessage)
+		}
+		if err := dec.Decode(into); err != nil {
+			return bad(err)
+		}
+	}
+	return &j, nil
 }
 
 // dirNames lists the directories in dir (os.ReadDir sorts them); none

@@ -1,8 +1,11 @@
 package pubjournal
 
 import (
+	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -65,5 +68,125 @@ func TestBudget(t *testing.T) {
 	}
 	if used, _ := d.Used("lead", now.Add(time.Hour)); used != 30 {
 		t.Fatalf("used %d", used)
+	}
+}
+
+// TestJournalAtItsBound: a journal of maxJournalBytes is written and read
+// back; one byte more is not written (the journal before it stays).
+func TestJournalAtItsBound(t *testing.T) {
+	d := openDir(t)
+	sized := func(n int) *Journal {
+		j := &Journal{Version: 1, Sandbox: "lead", Outbox: "issue", Name: "big.json", State: Running, Updated: time.Now().UnixMilli(),
+			Proposal: []byte(`""`), Actions: []Action{{Kind: "create"}}}
+		data, err := json.Marshal(j)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j.Proposal = []byte(`"` + strings.Repeat("x", n-len(data)) + `"`)
+		return j
+	}
+	if err := d.Update("lead", "issue", "big.json", func(*Journal) (*Journal, error) { return sized(maxJournalBytes), nil }); err != nil {
+		t.Fatalf("a journal at the bound: %v", err)
+	}
+	j, err := d.Load("lead", "issue", "big.json")
+	if err != nil || j == nil || len(j.Proposal) != len(sized(maxJournalBytes).Proposal) {
+		t.Fatalf("read back: %v", err)
+	}
+	err = d.Update("lead", "issue", "big.json", func(*Journal) (*Journal, error) { return sized(maxJournalBytes + 1), nil })
+	if !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a journal past the bound: %v, want ErrTooLarge", err)
+	}
+	if all, err := d.All(); err != nil || len(all) != 1 || len(all[0].Proposal) != len(sized(maxJournalBytes).Proposal) {
+		t.Fatalf("after the refused write: %v", err)
+	}
+}
+
+// TestJournalStateReadsTheHeadOnly: State answers what Load does, from
+// the fields before the proposal: a journal whose proposal is cut off
+// (Load fails) still has its state read.
+func TestJournalStateReadsTheHeadOnly(t *testing.T) {
+	d := openDir(t)
+	if st, err := d.State("lead", "issue", "none.json"); st != "" || err != nil {
+		t.Fatalf("no journal: %q %v", st, err)
+	}
+	big := []byte(`"` + strings.Repeat("x", maxJournalBytes-4096) + `"`)
+	if err := d.Update("lead", "issue", "a.json", func(*Journal) (*Journal, error) {
+		return &Journal{Sandbox: "lead", Outbox: "issue", Name: "a.json", Ref: "p-1", State: Done, Proposal: big}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := d.State("lead", "issue", "a.json"); st != Done || err != nil {
+		t.Fatalf("State = %q %v", st, err)
+	}
+	// Cut the file inside its proposal.
+	path := d.path("lead", "issue", "a.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data[:len(data)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Load("lead", "issue", "a.json"); err == nil {
+		t.Fatal("Load of a cut journal succeeded")
+	}
+	if st, err := d.State("lead", "issue", "a.json"); st != Done || err != nil {
+		t.Fatalf("State of a cut journal = %q %v", st, err)
+	}
+}
+
+// TestJournalAllLeavesProposalsUnread: All gives the proposal of a running
+// journal only (what recovery writes back), and reads no other: a done
+// journal cut inside its proposal (written last) is still listed. A
+// journal written with its proposal before its actions is read through.
+func TestJournalAllLeavesProposalsUnread(t *testing.T) {
+	d := openDir(t)
+	big := []byte(`"` + strings.Repeat("x", 1<<20) + `"`)
+	for _, name := range []string{"done.json", "running.json"} {
+		state := Done
+		if name == "running.json" {
+			state = Running
+		}
+		if err := d.Update("lead", "issue", name, func(*Journal) (*Journal, error) {
+			return &Journal{Sandbox: "lead", Outbox: "issue", Name: name, State: state, Proposal: big,
+				Actions: []Action{{Kind: "create", State: Applied, URL: "u"}}}, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := d.path("lead", "issue", "done.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data[:len(data)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	old := `{"version":1,"sandbox":"lead","outbox":"pr","name":"old.json","ref":"p-9","state":"failed","proposal":{"version":1},"actions":[{"kind":"source","state":"failed"}],"updated_ms":7}`
+	if err := os.MkdirAll(filepath.Dir(d.path("lead", "pr", "old.json")), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(d.path("lead", "pr", "old.json"), []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	all, err := d.All()
+	if err != nil || len(all) != 3 {
+		t.Fatalf("All: %v, %d journals", err, len(all))
+	}
+	for _, j := range all {
+		switch j.Name {
+		case "done.json":
+			if j.Proposal != nil || j.State != Done || len(j.Actions) != 1 || j.Actions[0].URL != "u" {
+				t.Fatalf("done: %+v", j.Actions)
+			}
+		case "running.json":
+			if len(j.Proposal) != len(big) || j.State != Running {
+				t.Fatalf("running: %d bytes of proposal", len(j.Proposal))
+			}
+		case "old.json":
+			if j.Proposal != nil || j.State != Halted || len(j.Actions) != 1 || j.Updated != 7 || j.Ref != "p-9" {
+				t.Fatalf("old: %+v", j)
+			}
+		}
 	}
 }

@@ -215,15 +215,17 @@ type OutboxAction struct {
 // state dir and answered by "outbox-ls", "outbox-show" and
 // "outbox-resolve". State is running, done, failed or blocked.
 type OutboxJournal struct {
-	Version  int             `json:"version"`
-	Sandbox  string          `json:"sandbox"`
-	Outbox   string          `json:"outbox"`
-	Name     string          `json:"name"`
-	Ref      string          `json:"ref"` // the publish manifest whose final status reports it
-	State    string          `json:"state"`
+	Version int            `json:"version"`
+	Sandbox string         `json:"sandbox"`
+	Outbox  string         `json:"outbox"`
+	Name    string         `json:"name"`
+	Ref     string         `json:"ref"` // the publish manifest whose final status reports it
+	State   string         `json:"state"`
+	Actions []OutboxAction `json:"actions"`
+	Updated int64          `json:"updated_ms"`
+	// Last: a reader that does not want it stops before it (it is up to
+	// 1.5 MiB, the rest a few KiB).
 	Proposal json.RawMessage `json:"proposal"`
-	Actions  []OutboxAction  `json:"actions"`
-	Updated  int64           `json:"updated_ms"`
 }
 
 // Key names a proposal: "<sandbox>/<outbox>/<name>".
@@ -251,5 +253,6 @@ type OutboxArgs struct {
 
 // OutboxList is the result of "outbox-ls".
 type OutboxList struct {
-	Proposals []OutboxJournal `json:"proposals"`
+	Proposals []OutboxJournal `json:"proposals"`      // without their proposal
+	More      bool            `json:"more,omitempty"` // some did not fit in the answer
 }

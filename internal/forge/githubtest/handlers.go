@@ -162,10 +162,14 @@ func (s *Server) issueJSON(repo string, i *Issue) map[string]any {
 }
 
 func (s *Server) prJSON(repo string, p *PR) map[string]any {
+	def := p.HeadDefault
+	if def == "" {
+		def = "main"
+	}
 	return map[string]any{
 		"number": p.Number, "title": p.Title, "body": p.Body, "state": p.State, "draft": p.Draft,
 		"html_url": s.htmlURL(repo, "pull", p.Number),
-		"head":     map[string]any{"ref": p.Head, "repo": map[string]any{"full_name": p.HeadRepo}},
+		"head":     map[string]any{"ref": p.Head, "repo": map[string]any{"full_name": p.HeadRepo, "default_branch": def}},
 		"base":     map[string]any{"ref": p.Base, "repo": map[string]any{"full_name": repo}},
 	}
 }

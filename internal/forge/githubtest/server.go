@@ -74,10 +74,12 @@ type PR struct {
 	Body     string
 	Head     string
 	HeadRepo string // "owner/name"
-	Base     string
-	Draft    bool
-	State    string
-	Reviews  []Review
+	// HeadDefault is the head repository's default branch; "" is main.
+	HeadDefault string
+	Base        string
+	Draft       bool
+	State       string
+	Reviews     []Review
 }
 
 // Review is a submitted review.
