@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -21,14 +22,39 @@ import (
 	"agentbox/internal/wire"
 )
 
-// pidsOf are the pids of the processes whose command line has marker.
+// pidsOf are the pids of the processes whose command line has marker,
+// less those whose parent has it too: a shell's child between its fork
+// and its exec (the loop's date, mv or sleep) still shows the shell's
+// command line, and comes and goes.
 func pidsOf(marker string) []int {
+	ps := processesOf(-1, marker)
+	marked := map[int]bool{}
+	for _, p := range ps {
+		marked[p.pid] = true
+	}
 	var out []int
-	for _, p := range processesOf(-1, marker) {
-		out = append(out, p.pid)
+	for _, p := range ps {
+		if !marked[parentPID(p.pid)] {
+			out = append(out, p.pid)
+		}
 	}
 	slices.Sort(out)
 	return out
+}
+
+// parentPID is pid's parent (0 when it cannot be read).
+func parentPID(pid int) int {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	return 0
 }
 
 // assertSandboxProcess checks that the processes with marker run as the
