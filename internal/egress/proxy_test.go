@@ -17,6 +17,7 @@ import (
 
 	"agentbox/internal/egress"
 	"agentbox/internal/grant"
+	"agentbox/internal/testutil/admittest"
 )
 
 func TestConnectTunnel(t *testing.T) {
@@ -273,17 +274,9 @@ func TestBusy(t *testing.T) {
 // its admission back when it ends.
 func TestAdmitConn(t *testing.T) {
 	e := startEcho(t, "127.0.0.1:0")
-	var mu sync.Mutex
-	refuse, held := true, 0
-	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), AdmitConn: func() (func(), error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if refuse {
-			return nil, errors.New("the tree holds too many connections (tree.max_connections)")
-		}
-		held++
-		return func() { mu.Lock(); held--; mu.Unlock() }, nil
-	}})
+	var gate admittest.Gate
+	gate.Refuse(errors.New("the tree holds too many connections (tree.max_connections)"))
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), AdmitConn: gate.AdmitConn})
 	// The refusal is written before the request is read: none is sent.
 	for range egress.MaxConns + 1 {
 		c := tp.dial(t)
@@ -294,9 +287,7 @@ func TestAdmitConn(t *testing.T) {
 			t.Fatalf("refused by AdmitConn: %q", answer)
 		}
 	}
-	mu.Lock()
-	refuse = false
-	mu.Unlock()
+	gate.Refuse(nil)
 	c, br, resp := tp.ask(t, "CONNECT 127.0.0.1:"+e.port()+" HTTP/1.1\r\n\r\n")
 	if resp.StatusCode != 200 {
 		t.Fatalf("admitted: CONNECT answered %s", resp.Status)
@@ -305,19 +296,7 @@ func TestAdmitConn(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		mu.Lock()
-		n := held
-		mu.Unlock()
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d admissions kept after their tunnels ended", n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	gate.WaitReleased(t)
 }
 
 // TestCloseRightCutsLiveTunnel: a revoked right's live tunnel is cut; one

@@ -19,6 +19,7 @@ import (
 
 	"agentbox/internal/modelproxy"
 	"agentbox/internal/modelproxy/modeltest"
+	"agentbox/internal/testutil/admittest"
 )
 
 const hostKey = "sk-host-0123456789-THE-HOSTS-OWN-KEY"
@@ -766,19 +767,9 @@ func BenchmarkModelSocket16(b *testing.B) {
 // gives its socket slot back; an admitted one gives its admission back
 // when it closes.
 func TestAdmitConn(t *testing.T) {
-	var mu sync.Mutex
-	refuse, held := true, 0
-	w := newWorld(t, func(c *modelproxy.Config) {
-		c.AdmitConn = func() (func(), error) {
-			mu.Lock()
-			defer mu.Unlock()
-			if refuse {
-				return nil, errors.New("the tree holds too many connections (tree.max_connections)")
-			}
-			held++
-			return func() { mu.Lock(); held--; mu.Unlock() }, nil
-		}
-	})
+	var gate admittest.Gate
+	gate.Refuse(errors.New("the tree holds too many connections (tree.max_connections)"))
+	w := newWorld(t, func(c *modelproxy.Config) { c.AdmitConn = gate.AdmitConn })
 	// Refused MaxConns+1 times: no slot is kept by a refusal.
 	for range modelproxy.MaxConns + 1 {
 		conn, err := net.Dial("unix", w.sock)
@@ -792,25 +783,11 @@ func TestAdmitConn(t *testing.T) {
 			t.Fatalf("refused by AdmitConn: %q", answer)
 		}
 	}
-	mu.Lock()
-	refuse = false
-	mu.Unlock()
+	gate.Refuse(nil)
 	resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
 	if body := readAll(t, resp); resp.StatusCode != 200 {
 		t.Fatalf("admitted: %d %s", resp.StatusCode, body)
 	}
 	w.client.CloseIdleConnections()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		mu.Lock()
-		n := held
-		mu.Unlock()
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d admissions kept after their connections closed", n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	gate.WaitReleased(t)
 }
