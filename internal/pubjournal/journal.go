@@ -123,36 +123,22 @@ func (d *Dir) State(sandbox, outbox, name string) (string, error) {
 		return "", err
 	}
 	defer unlock()
-	f, err := os.OpenFile(d.path(sandbox, outbox, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return "", nil
-	}
-	if err != nil {
+	var state string
+	seen := false
+	found, err := d.walk(sandbox, outbox, name, func(key string, dec *json.Decoder) (bool, error) {
+		if key != "state" {
+			return false, dec.Decode(new(json.RawMessage))
+		}
+		seen = true
+		return true, dec.Decode(&state)
+	})
+	if err != nil || !found {
 		return "", err
 	}
-	defer f.Close()
-	dec := json.NewDecoder(io.LimitReader(f, maxJournalBytes))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return "", fmt.Errorf("journal %s/%s/%s: not a JSON object", sandbox, outbox, name)
+	if !seen {
+		return "", fmt.Errorf("journal %s/%s/%s: no state", sandbox, outbox, name)
 	}
-	for dec.More() {
-		key, err := dec.Token()
-		if err != nil {
-			return "", fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
-		}
-		if key == "state" {
-			var state string
-			if err := dec.Decode(&state); err != nil {
-				return "", fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
-			}
-			return state, nil
-		}
-		var skip json.RawMessage
-		if err := dec.Decode(&skip); err != nil {
-			return "", fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
-		}
-	}
-	return "", fmt.Errorf("journal %s/%s/%s: no state", sandbox, outbox, name)
+	return state, nil
 }
 
 func (d *Dir) path(sandbox, outbox, name string) string {
@@ -242,28 +228,9 @@ func (d *Dir) All() ([]*Journal, error) {
 // fields before it. A journal written before the proposal went last has
 // it in the middle: it is then read through, and dropped.
 func (d *Dir) loadHead(sandbox, outbox, name string, want func(*Journal) bool) (*Journal, error) {
-	f, err := os.OpenFile(d.path(sandbox, outbox, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	bad := func(err error) (*Journal, error) {
-		return nil, fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
-	}
-	dec := json.NewDecoder(io.LimitReader(f, maxJournalBytes))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return bad(errors.New("not a JSON object"))
-	}
 	var j Journal
 	seenActions := false
-	for dec.More() {
-		key, err := dec.Token()
-		if err != nil {
-			return bad(err)
-		}
+	found, err := d.walk(sandbox, outbox, name, func(key string, dec *json.Decoder) (bool, error) {
 		var into any
 		switch key {
 		case "version":
@@ -286,17 +253,55 @@ func (d *Dir) loadHead(sandbox, outbox, name string, want func(*Journal) bool) (
 			if want(&j) {
 				into = &j.Proposal
 			} else if seenActions {
-				return &j, nil // last: nothing more to read
+				return true, nil // last: nothing more to read
 			}
 		}
 		if into == nil {
 			into = new(json.RawMessage)
 		}
-		if err := dec.Decode(into); err != nil {
-			return bad(err)
-		}
+		return false, dec.Decode(into)
+	})
+	if err != nil || !found {
+		return nil, err
 	}
 	return &j, nil
+}
+
+// walk hands each top-level key of the journal of sandbox/outbox/name,
+// opened without following a symlink and read within maxJournalBytes, to
+// visit, which reads the key's value from dec unless it stops there.
+// found is false when there is no journal.
+func (d *Dir) walk(sandbox, outbox, name string, visit func(key string, dec *json.Decoder) (stop bool, err error)) (found bool, err error) {
+	f, err := os.OpenFile(d.path(sandbox, outbox, name), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	bad := func(err error) (bool, error) {
+		return true, fmt.Errorf("journal %s/%s/%s: %w", sandbox, outbox, name, err)
+	}
+	dec := json.NewDecoder(io.LimitReader(f, maxJournalBytes))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return bad(errors.New("not a JSON object"))
+	}
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return bad(err)
+		}
+		k, _ := key.(string)
+		stop, err := visit(k, dec)
+		if err != nil {
+			return bad(err)
+		}
+		if stop {
+			break
+		}
+	}
+	return true, nil
 }
 
 // dirNames lists the directories in dir (os.ReadDir sorts them); none
