@@ -428,7 +428,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 // API's error format, without reading its request, and closes it; a
 // client that does not take the answer within a second loses it.
 func refuseConn(c net.Conn, message string) {
-	body := fmt.Sprintf(`{"type":"error","error":{"type":"overloaded_error","message":%q}}`, message)
+	body := errorBody("overloaded_error", message)
 	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 	fmt.Fprintf(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s", len(body), body)
 	c.Close()
@@ -466,9 +466,14 @@ func (p *Proxy) writeDeadline(w http.ResponseWriter) {
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(p.cfg.StreamIdle))
 }
 
+// errorBody is an error in the Messages API's format.
+func errorBody(kind, message string) string {
+	return fmt.Sprintf(`{"type":"error","error":{"type":%q,"message":%q}}`, kind, message)
+}
+
 // apiError answers in the Messages API's error format.
 func apiError(w http.ResponseWriter, status int, kind, message string) (int, int64) {
-	body := fmt.Sprintf(`{"type":"error","error":{"type":%q,"message":%q}}`, kind, message)
+	body := errorBody(kind, message)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	k, _ := io.WriteString(w, body)
