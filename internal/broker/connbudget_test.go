@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -96,13 +95,7 @@ func awaitTreeConns(t *testing.T, e *testEnv, tree string, n int) {
 // connections, two descriptors apiece, more than the broker may open.
 func TestTreeConnectionFlood(t *testing.T) {
 	localOnly(t, "dials the sandboxes' sockets from the host")
-	up := modeltest.Start(t)
-	e := newTestEnvStopped(t)
-	u, err := url.Parse(up.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.model = &broker.ModelConfig{Upstream: u, Key: hostKey}
+	e := newModelEnvStopped(t, modeltest.Start(t), 0)
 	const treeMax = 16
 	e.treeMaxConns = treeMax
 	e.start()

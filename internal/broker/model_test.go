@@ -66,13 +66,20 @@ func waitUsageSettles(t *testing.T, e *testEnv, name string, up *modeltest.Serve
 // newModelEnv is a broker whose model sockets forward to up with hostKey.
 func newModelEnv(t *testing.T, up *modeltest.Server, perHour int64) *testEnv {
 	t.Helper()
+	e := newModelEnvStopped(t, up, perHour)
+	e.start()
+	return e
+}
+
+// newModelEnvStopped is newModelEnv without starting its broker.
+func newModelEnvStopped(t *testing.T, up *modeltest.Server, perHour int64) *testEnv {
+	t.Helper()
 	e := newTestEnvStopped(t)
 	u, err := url.Parse(up.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.model = &broker.ModelConfig{Upstream: u, Key: hostKey, MaxOutputTokensPerHour: perHour}
-	e.start()
 	return e
 }
 
