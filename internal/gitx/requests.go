@@ -59,6 +59,9 @@ func filterRequests(w io.Writer, r io.Reader) error {
 		if n > 0 {
 			line = make([]byte, n-4)
 			if _, err := io.ReadFull(br, line); err != nil {
+				if errors.Is(err, io.EOF) {
+					err = io.ErrUnexpectedEOF // a line cut after its length
+				}
 				return err
 			}
 			if err := checkRequest(strings.TrimSuffix(string(line), "\n")); err != nil {

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -53,4 +55,45 @@ func TestFilterRequests(t *testing.T) {
 			t.Errorf("%s: passed on %q", name, out.String())
 		}
 	}
+}
+
+// FuzzFilterRequests: whatever a destination sends, what reaches the
+// source is a prefix of it made of whole pkt-lines, each a flush or a line
+// checkRequest passes, and a refusal is ErrTransferRequestRefused or the
+// input's end inside a line.
+func FuzzFilterRequests(f *testing.F) {
+	oid := strings.Repeat("a", 40)
+	f.Add([]byte(pkt("want "+oid+" ofs-delta agent=git/2.39.5\n", "", "have "+oid+"\n", "done\n")))
+	f.Add([]byte(pkt("want " + oid + " include-tag\n")))
+	f.Add([]byte(pkt("want "+oid+"\n", "deepen-not refs/heads/main\n")))
+	f.Add([]byte("0001fff1"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var out bytes.Buffer
+		err := filterRequests(&out, bytes.NewReader(in))
+		passed := out.Bytes()
+		if !bytes.HasPrefix(in, passed) {
+			t.Fatalf("passed %q, not a prefix of the input", passed)
+		}
+		if err == nil && len(passed) != len(in) {
+			t.Fatalf("no error, but passed %d of %d bytes", len(passed), len(in))
+		}
+		if err != nil && !errors.Is(err, ErrTransferRequestRefused) && !errors.Is(err, io.ErrUnexpectedEOF) {
+			t.Fatalf("error %v", err)
+		}
+		for rest := passed; len(rest) > 0; {
+			n, perr := strconv.ParseUint(string(rest[:4]), 16, 32)
+			if perr != nil {
+				t.Fatalf("passed a malformed length %q", rest[:4])
+			}
+			if n == 0 {
+				rest = rest[4:]
+				continue
+			}
+			line := string(rest[4:n])
+			if cerr := checkRequest(strings.TrimSuffix(line, "\n")); cerr != nil {
+				t.Fatalf("passed %q: %v", line, cerr)
+			}
+			rest = rest[n:]
+		}
+	})
 }

@@ -1,6 +1,7 @@
 package modelproxy
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -57,4 +58,26 @@ func TestOutputCharge(t *testing.T) {
 			t.Errorf("%s: %d, want %d", body, got, want)
 		}
 	}
+}
+
+// FuzzOutputCharge: whatever body a sandbox sends, a cut response is
+// charged at least one token and at most maxChargedTokens, never less
+// than the max_tokens the body states (up to that bound).
+func FuzzOutputCharge(f *testing.F) {
+	f.Add([]byte(`{"max_tokens":1024,"stream":true}`))
+	f.Add([]byte(`{"max_tokens":1099511627777}`))
+	f.Add([]byte(`{"max_tokens":-1,"max_tokens":7}`))
+	f.Add([]byte(`not json`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		got := outputCharge(body)
+		if got < 1 || got > maxChargedTokens {
+			t.Fatalf("charge %d", got)
+		}
+		var req struct {
+			MaxTokens int64 `json:"max_tokens"`
+		}
+		if json.Unmarshal(body, &req) == nil && req.MaxTokens > 0 && got < min(req.MaxTokens, maxChargedTokens) {
+			t.Fatalf("charge %d under the stated max_tokens %d", got, req.MaxTokens)
+		}
+	})
 }
