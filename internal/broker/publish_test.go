@@ -658,3 +658,34 @@ func TestPublishIssueActionsNotOnPullRequests(t *testing.T) {
 		t.Fatalf("issue %d: %+v", pr+1, is)
 	}
 }
+
+// TestOutboxShowJSONPrintsNoTerminalControls: an orchestrator writes its
+// proposal's body (and title) as it likes; `jailbee outbox show --json`
+// prints the proposal to the host user's terminal. JSON escapes C0
+// controls, but not C1 controls (U+0080 to U+009F: U+009D starts an OSC,
+// U+009B a CSI, which terminals act on in UTF-8) nor bidi overrides
+// (U+202E shows what follows reversed): each is written as a \u escape,
+// the same JSON.
+func TestOutboxShowJSONPrintsNoTerminalControls(t *testing.T) {
+	e, _, lead := newPublishEnv(t, 30, publishGrant())
+	body := "Seen in CI.\u009d0;pwned\u009c\u009b2J\u009d52;c;ZWNobyBwd25lZA==\u009c tag\U000e0001"
+	quoted, _ := json.Marshal(body)
+	e.stage("lead", "issue", "c1.json", proposal("owner/repo",
+		`{"kind": "create", "title": "fix \u202egnp.exe", "body": `+string(quoted)+`}`))
+	wantStatus(t, publish(t, lead, "c1-1", "issue", "c1.json"), "started", "publishing issue/c1.json: 1 action(s)")
+	statusOf(t, lead, "c1-1", "done", "failed")
+	out := e.jb("outbox", "show", "lead/issue/c1.json", "--json")
+	if i := strings.IndexFunc(out, func(r rune) bool { return r >= 0x80 && r < 0xa0 || r == '\u202e' || r == '\U000e0001' }); i >= 0 {
+		t.Fatalf("outbox show --json printed a terminal control: %q", out[max(0, i-20):])
+	}
+	var j wire.OutboxJournal
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatal(err)
+	}
+	var p struct {
+		Actions []struct{ Title, Body string }
+	}
+	if err := json.Unmarshal(j.Proposal, &p); err != nil || len(p.Actions) != 1 || p.Actions[0].Body != body || p.Actions[0].Title != "fix \u202egnp.exe" {
+		t.Fatalf("the proposal as printed: %v %+v", err, p)
+	}
+}
