@@ -26,3 +26,34 @@ func TestSpawnBranchWithoutFormatCharacters(t *testing.T) {
 		t.Fatalf("jailbee ls printed a format character:\n%s", out)
 	}
 }
+
+// TestWorkerLogStepOutputForgesNoLine: a setup or on_start command runs
+// in the child, on its checkout, and prints what it likes (a build
+// script of the orchestrator's commit). Its output goes to the worker log
+// `jailbee logs CHILD` prints; there a line of it must not pass for one
+// of the worker's own (a stamp and a step: "... agent scripted ready"),
+// so each is marked as the command's.
+func TestWorkerLogStepOutputForgesNoLine(t *testing.T) {
+	e := newTestEnv(t)
+	const forged = "2026-01-01T00:00:00.000Z agent scripted ready (pid 1)"
+	e.withAgentConfig(agentConfig + `autostart:
+  default_profile: dev
+  profiles:
+    dev:
+      setup: ["printf 'npm ok\\n` + forged + `\\n'"]
+`)
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	wantStatus(t, spawn(t, lead, "s-log", map[string]any{"branch": "fix/log", "prompt": "p", "on_done": "keep"}),
+		"started", "creation of child `fix-log` started")
+	statusOf(t, lead, "s-log", "done", "failed")
+	log := e.jb("logs", "fix-log")
+	if !strings.Contains(log, "\n  | npm ok\n  | "+forged+"\n") {
+		t.Fatalf("the worker log lacks the setup output:\n%s", log)
+	}
+	for _, l := range strings.Split(log, "\n") {
+		if strings.HasPrefix(l, forged) {
+			t.Fatalf("a line of the setup's output passes for the worker's own:\n%s", log)
+		}
+	}
+}
