@@ -115,7 +115,10 @@ func TestPublishIssueProposal(t *testing.T) {
 		}
 		paths = append(paths, c.Method+" "+c.Path)
 	}
-	if got := strings.Join(paths, ", "); got != "POST /repos/owner/repo/issues, POST /repos/owner/repo/issues/1/comments, POST /repos/owner/repo/issues/1/labels, PATCH /repos/owner/repo/issues/1" {
+	// Each action on an existing number reads it first: a pull request is
+	// not acted on (TestPublishIssueActionsNotOnPullRequests).
+	if got := strings.Join(paths, ", "); got != "POST /repos/owner/repo/issues, GET /repos/owner/repo/issues/1, POST /repos/owner/repo/issues/1/comments, "+
+		"GET /repos/owner/repo/issues/1, POST /repos/owner/repo/issues/1/labels, GET /repos/owner/repo/issues/1, PATCH /repos/owner/repo/issues/1" {
 		t.Fatalf("calls: %s", got)
 	}
 	is, _ := gh.Issue("owner/repo", 1)
@@ -126,7 +129,7 @@ func TestPublishIssueProposal(t *testing.T) {
 	// Published once: the same name again is refused, and nothing is sent.
 	wantStatus(t, publish(t, lead, "pub-2", "issue", "all.json"), "refused",
 		"`issue/all.json` was published already: stage a new manifest under a new name")
-	if n := len(gh.Calls()); n != 4 {
+	if n := len(gh.Calls()); n != 7 {
 		t.Fatalf("%d calls after a refused publish", n)
 	}
 
@@ -185,7 +188,7 @@ func TestPublishBudget(t *testing.T) {
 	create := `{"kind": "create", "title": "t"}`
 	e.stage("lead", "issue", "five-refused.json", proposal("owner/repo", create, create, create, create, `{"kind": "close", "issue": 1}`))
 	e.stage("lead", "issue", "four.json", proposal("owner/repo", create, create, create, create))
-	e.stage("lead", "issue", "fails.json", proposal("owner/repo", `{"kind": "comment", "issue": 99, "body": "x"}`))
+	e.stage("lead", "issue", "fails.json", proposal("owner/repo", `{"kind": "comment", "issue": 1, "body": "x"}`))
 	e.stage("lead", "issue", "one.json", proposal("owner/repo", create))
 
 	wantStatus(t, publish(t, lead, "b-1", "issue", "five-refused.json"), "refused", "issue action `close` is not in this container's publish rights")
@@ -193,7 +196,7 @@ func TestPublishBudget(t *testing.T) {
 	if st := statusOf(t, lead, "b-2", "done", "failed"); st.State != "done" {
 		t.Fatalf("four.json: %+v", st)
 	}
-	gh.Inject(githubtest.Fault{Kind: githubtest.Refuse, Status: 422, Body: `{"message": "Validation Failed"}`})
+	gh.Inject(githubtest.Fault{Method: "POST", Kind: githubtest.Refuse, Status: 422, Body: `{"message": "Validation Failed"}`})
 	wantStatus(t, publish(t, lead, "b-3", "issue", "fails.json"), "started", "publishing issue/fails.json: 1 action(s)")
 	failed := statusOf(t, lead, "b-3", "done", "failed")
 	if failed.State != "failed" || !strings.HasPrefix(failed.Detail, "issue/fails.json: action 1 (comment) failed: forge: comment: HTTP 422") {
@@ -295,7 +298,7 @@ func TestPublishCrashAfterTheForgeCall(t *testing.T) {
 	if !strings.HasPrefix(done.Detail, "published issue/crash.json: create #1 "+issueURL+"; comment #1 "+issueURL+"#issuecomment-") {
 		t.Fatalf("after resolve --retry: %+v", done)
 	}
-	if is, _ := gh.Issue("owner/repo", 1); len(is.Comments) != 2 || len(gh.Calls()) != 3 {
+	if is, _ := gh.Issue("owner/repo", 1); len(is.Comments) != 2 || len(gh.Calls()) != 5 { // each comment after a read of issue 1
 		t.Fatalf("the retry sent the comment once more: %d comments, calls %+v", len(is.Comments), gh.Calls())
 	}
 	if strings.Contains(c.p.stderr.String(), testToken) {
@@ -608,4 +611,81 @@ func TestPublishReworkNotOntoTheDefaultBranch(t *testing.T) {
 		t.Fatalf("origin's main moved to %s (was %s): %+v", got, mainBefore, st)
 	}
 	wantStatus(t, st, "failed", "pr/rework-9.json: action 1 (source) failed: forge: push: pull request 9's branch main is the default branch of owner/repo: it is not pushed to; publish it again with a new id to continue with the actions not applied")
+}
+
+// TestPublishIssueActionsNotOnPullRequests: on GitHub a pull request is
+// an issue too, so the issues API comments on, labels and closes pull
+// requests. An orchestrator granted issue actions must not reach pull
+// requests through them (a review needs pr_reviews and a bound pull
+// request): every comment, label or close on a pull request's number is
+// refused before anything changes, and the proposal stops there.
+func TestPublishIssueActionsNotOnPullRequests(t *testing.T) {
+	e, gh, lead := newPublishEnv(t, 30, publishGrant())
+	pr := gh.AddPullRequest("owner/repo", githubtest.PR{Title: "someone's work", Head: "contrib", Base: "main"})
+	for i, action := range []string{
+		fmt.Sprintf(`{"kind": "close", "issue": %d}`, pr),
+		fmt.Sprintf(`{"kind": "comment", "issue": %d, "body": "LGTM, merging"}`, pr),
+		fmt.Sprintf(`{"kind": "label", "issue": %d, "labels": ["approved"]}`, pr),
+	} {
+		name := fmt.Sprintf("on-pr-%d.json", i)
+		e.stage("lead", "issue", name, proposal("owner/repo", action))
+		id := fmt.Sprintf("q-%d", i)
+		wantStatus(t, publish(t, lead, id, "issue", name), "started", "publishing issue/"+name+": 1 action(s)")
+		st := statusOf(t, lead, id, "done", "failed")
+		if st.State != "failed" || !strings.Contains(st.Detail, fmt.Sprintf("#%d is a pull request", pr)) {
+			t.Errorf("%s: %s %q", name, st.State, st.Detail)
+		}
+	}
+	is, _ := gh.Issue("owner/repo", pr)
+	p, _ := gh.PullRequest("owner/repo", pr)
+	if p.State != "open" || len(is.Comments) != 0 || len(is.Labels) != 0 {
+		t.Fatalf("the pull request was changed through the issues API: state %s, comments %q, labels %q", p.State, is.Comments, is.Labels)
+	}
+	for _, c := range gh.Calls() {
+		if c.Method != "GET" {
+			t.Errorf("call %s %s", c.Method, c.Path)
+		}
+	}
+
+	// An issue is still closed.
+	e.stage("lead", "issue", "issue.json", proposal("owner/repo",
+		`{"kind": "create", "title": "t"}`, fmt.Sprintf(`{"kind": "close", "issue": %d}`, pr+1)))
+	wantStatus(t, publish(t, lead, "q-issue", "issue", "issue.json"), "started", "publishing issue/issue.json: 2 action(s)")
+	if st := statusOf(t, lead, "q-issue", "done", "failed"); st.State != "done" {
+		t.Fatalf("issue.json: %+v", st)
+	}
+	if is, _ := gh.Issue("owner/repo", pr+1); is.State != "closed" {
+		t.Fatalf("issue %d: %+v", pr+1, is)
+	}
+}
+
+// TestOutboxShowJSONPrintsNoTerminalControls: an orchestrator writes its
+// proposal's body (and title) as it likes; `jailbee outbox show --json`
+// prints the proposal to the host user's terminal. JSON escapes C0
+// controls, but not C1 controls (U+0080 to U+009F: U+009D starts an OSC,
+// U+009B a CSI, which terminals act on in UTF-8) nor bidi overrides
+// (U+202E shows what follows reversed): each is written as a \u escape,
+// the same JSON.
+func TestOutboxShowJSONPrintsNoTerminalControls(t *testing.T) {
+	e, _, lead := newPublishEnv(t, 30, publishGrant())
+	body := "Seen in CI.\u009d0;pwned\u009c\u009b2J\u009d52;c;ZWNobyBwd25lZA==\u009c tag\U000e0001"
+	quoted, _ := json.Marshal(body)
+	e.stage("lead", "issue", "c1.json", proposal("owner/repo",
+		`{"kind": "create", "title": "fix \u202egnp.exe", "body": `+string(quoted)+`}`))
+	wantStatus(t, publish(t, lead, "c1-1", "issue", "c1.json"), "started", "publishing issue/c1.json: 1 action(s)")
+	statusOf(t, lead, "c1-1", "done", "failed")
+	out := e.jb("outbox", "show", "lead/issue/c1.json", "--json")
+	if i := strings.IndexFunc(out, func(r rune) bool { return r >= 0x80 && r < 0xa0 || r == '\u202e' || r == '\U000e0001' }); i >= 0 {
+		t.Fatalf("outbox show --json printed a terminal control: %q", out[max(0, i-20):])
+	}
+	var j wire.OutboxJournal
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatal(err)
+	}
+	var p struct {
+		Actions []struct{ Title, Body string }
+	}
+	if err := json.Unmarshal(j.Proposal, &p); err != nil || len(p.Actions) != 1 || p.Actions[0].Body != body || p.Actions[0].Title != "fix \u202egnp.exe" {
+		t.Fatalf("the proposal as printed: %v %+v", err, p)
+	}
 }

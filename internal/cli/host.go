@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"text/tabwriter"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -310,8 +314,45 @@ func newStopCmd(Deps) *cobra.Command {
 		"Stop a sandbox: every process in it ends, whoever started it (agents, services,\ncommands from 'jailbee exec'). Its checkout, home and inbox stay; a child's\nslot goes to its orchestrator's queue.")
 }
 
+// writeJSON prints v as indented JSON. Its strings may be a sandbox's
+// (names, statuses, a proposal's body), printed to the user's terminal:
+// JSON escapes C0 controls but leaves C1 controls (U+009B is a CSI,
+// U+009D an OSC to a terminal in UTF-8) and format characters (bidi
+// overrides, zero-width) as they are, so those are written as \u
+// escapes: the same JSON, nothing a terminal acts on.
 func writeJSON(w interface{ Write([]byte) (int, error) }, v any) error {
-	enc := json.NewEncoder(w)
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(escapeTerminal(buf.Bytes()))
+	return err
 }
+
+// escapeTerminal writes each C1 control and format character of JSON
+// text js as a \u escape (a pair for one past U+FFFF), and a byte that is
+// not UTF-8 (a lone 0x9b is a CSI to a terminal that is not in UTF-8) as
+// \ufffd. Every one of them is inside a string: JSON's structure is
+// ASCII.
+func escapeTerminal(js []byte) []byte {
+	if utf8.Valid(js) && !bytes.ContainsFunc(js, needsEscape) {
+		return js
+	}
+	out := make([]byte, 0, len(js)+64)
+	for _, r := range string(js) { // a byte that is not UTF-8: RuneError
+		switch {
+		case !needsEscape(r) && r != utf8.RuneError:
+			out = utf8.AppendRune(out, r)
+		case r > 0xffff:
+			r1, r2 := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		default:
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+	}
+	return out
+}
+
+func needsEscape(r rune) bool { return r >= 0x80 && r < 0xa0 || unicode.Is(unicode.Cf, r) }

@@ -2,9 +2,12 @@ package cli_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"agentbox/internal/cli"
 	"agentbox/internal/wire"
@@ -57,4 +60,46 @@ func TestOutboxCommands(t *testing.T) {
 			t.Errorf("%v: exit %d, %d requests sent", args, code, len(f.requests())-before)
 		}
 	}
+}
+
+// TestJSONOutputEscapesTerminalControls: --json prints what a sandbox
+// wrote (here a proposal's body): C1 controls, format characters and bytes
+// that are not UTF-8 come out as \u escapes, nothing a terminal acts on,
+// and the JSON says the same (a byte that is not UTF-8 reads as U+FFFD,
+// as it would anyway).
+func TestJSONOutputEscapesTerminalControls(t *testing.T) {
+	raw := "{\"body\":\"a\u009d0;t\u009c b\u202ec \U000e0001 d\x9b2J\"}"
+	j := wire.OutboxJournal{Sandbox: "lead", Outbox: "issue", Name: "a.json", Ref: "pub-1", State: "done", Proposal: json.RawMessage(raw)}
+	f := newFakeAdmin(t, func(adminRequest) *wire.Response {
+		return &wire.Response{V: wire.Version, OK: true, Result: mustJSON(t, j)}
+	})
+	t.Setenv(cli.StateDirEnv, f.state)
+	var out, errb bytes.Buffer
+	if code := runWith(t, strings.NewReader(""), &out, &errb, "outbox", "show", "lead/issue/a.json", "--json"); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !utf8.Valid(out.Bytes()) || strings.ContainsFunc(out.String(), func(r rune) bool {
+		return r >= 0x80 && r < 0xa0 || unicode.Is(unicode.Cf, r) || r == utf8.RuneError
+	}) {
+		t.Fatalf("--json printed a terminal control: %q", out.String())
+	}
+	var got wire.OutboxJournal
+	var p struct{ Body string }
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil || json.Unmarshal(got.Proposal, &p) != nil ||
+		p.Body != "a\u009d0;t\u009c b\u202ec \U000e0001 d\ufffd2J" {
+		t.Fatalf("--json printed %q: %v %q", out.String(), err, p.Body)
+	}
+}
+
+// mustJSON is v's JSON, kept byte for byte (json.Marshal would make
+// invalid UTF-8 in a RawMessage valid).
+func mustJSON(t *testing.T, v wire.OutboxJournal) json.RawMessage {
+	t.Helper()
+	proposal := v.Proposal
+	v.Proposal = json.RawMessage(`"PROPOSAL"`)
+	data, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bytes.Replace(data, []byte(`"PROPOSAL"`), proposal, 1)
 }

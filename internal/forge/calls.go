@@ -2,6 +2,7 @@ package forge
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"unicode/utf8"
 
@@ -78,6 +79,31 @@ func (g *GitHub) CloseIssue(ctx context.Context, r Repo, number int) (string, er
 		return "", err
 	}
 	return out.GetHTMLURL(), nil
+}
+
+// IsPullRequest is GET /repos/{owner}/{repo}/issues/{number}: a pull
+// request's answer has a pull_request object.
+func (g *GitHub) IsPullRequest(ctx context.Context, r Repo, number int) (bool, error) {
+	const op = "read issue"
+	if err := checkAll(r.checkIn(op), checkNumber(op, number)); err != nil {
+		return false, err
+	}
+	var out *github.Issue
+	err := g.call(ctx, op, func(ctx context.Context) (resp *github.Response, err error) {
+		out, resp, err = g.client.Issues.Get(ctx, r.Owner, r.Name, number)
+		return resp, err
+	})
+	if fe := (*Error)(nil); errors.As(err, &fe) {
+		fe.Certain = true // a read: nothing was applied
+		return false, fe
+	}
+	if err != nil {
+		return false, err
+	}
+	if out.GetNumber() != number {
+		return false, &Error{Op: op, Certain: true, Msg: "the answer could not be read"}
+	}
+	return out.IsPullRequest(), nil
 }
 
 // PullRequest is GET /repos/{owner}/{repo}/pulls/{number}.

@@ -62,6 +62,10 @@ type Forge interface {
 	AddLabels(ctx context.Context, r Repo, number int, labels []string) error
 	// CloseIssue closes the issue number and returns its URL.
 	CloseIssue(ctx context.Context, r Repo, number int) (url string, err error)
+	// IsPullRequest reads the issue number and reports whether it is a
+	// pull request (which the issue calls above act on too). A read
+	// changes nothing: every failure is certain.
+	IsPullRequest(ctx context.Context, r Repo, number int) (bool, error)
 	// PullRequest reads the pull request number.
 	PullRequest(ctx context.Context, r Repo, number int) (PR, error)
 	// CreatePullRequest opens a pull request from the branch head of r

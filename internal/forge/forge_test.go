@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -333,5 +334,30 @@ func TestNewRefuses(t *testing.T) {
 	}
 	if _, err := forge.New(forge.Config{APIURL: "https://api.github.com/"}); !errors.Is(err, forge.ErrNoToken) {
 		t.Fatalf("no token: %v, want ErrNoToken", err)
+	}
+}
+
+// TestIsPullRequest: the issue read tells a pull request (GitHub's
+// pull_request object) from an issue; its failure is certain, even a 5xx:
+// a read applies nothing.
+func TestIsPullRequest(t *testing.T) {
+	f, srv := newForge(t)
+	ctx := t.Context()
+	is, err := f.CreateIssue(ctx, repo, "an issue", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr := srv.AddPullRequest("acme/widget", githubtest.PR{Title: "a pull request", Head: "topic", Base: "main"})
+	for n, want := range map[int]bool{is.Number: false, pr: true} {
+		got, err := f.IsPullRequest(ctx, repo, n)
+		if err != nil || got != want {
+			t.Fatalf("IsPullRequest(%d) = %v, %v; want %v", n, got, err, want)
+		}
+		wantCall(t, srv, "GET", "/repos/acme/widget/issues/"+strconv.Itoa(n), nil)
+	}
+	srv.Inject(githubtest.Fault{Kind: githubtest.Refuse, Status: 502, Body: `{"message": "Bad Gateway"}`})
+	var fe *forge.Error
+	if _, err := f.IsPullRequest(ctx, repo, pr); !errors.As(err, &fe) || !fe.Certain || fe.Status != 502 {
+		t.Fatalf("IsPullRequest on a 502: %v", err)
 	}
 }

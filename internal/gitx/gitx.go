@@ -22,6 +22,8 @@ import (
 	"regexp"
 	"strings"
 	"syscall"
+	"unicode"
+	"unicode/utf8"
 )
 
 // maxStderrBytes bounds how much of git's stderr an error carries: enough
@@ -146,10 +148,17 @@ func checkArg(what, v string) error {
 	return nil
 }
 
-// CheckBranchName reports whether name is a valid branch name for git.
+// CheckBranchName reports whether name is a valid branch name for git,
+// and one a terminal shows as it is: git takes any byte from 0x80 on, so
+// invalid UTF-8, C1 controls (U+009B is a CSI) and format characters
+// (bidi overrides, zero-width) are refused here. A sandbox names its own
+// branches, which the host's refs, logs and output show.
 func CheckBranchName(ctx context.Context, name string) error {
 	if err := checkArg("branch", name); err != nil {
 		return err
+	}
+	if !utf8.ValidString(name) || strings.ContainsFunc(name, func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }) {
+		return fmt.Errorf("%w: branch %q", ErrInvalidArgument, name)
 	}
 	if _, err := run(ctx, "", "check-ref-format", "--branch", name); err != nil {
 		return fmt.Errorf("%w: branch %q", ErrInvalidArgument, name)

@@ -166,3 +166,26 @@ func TestHostGitRunsNoRepositoryCommand(t *testing.T) {
 		t.Fatal("a command from the repository's config ran on the host")
 	}
 }
+
+// TestCheckBranchNameShowsAsItIs: git takes any byte from 0x80 on in a
+// ref name, and a sandbox names its own branches (its HEAD at done), which
+// the host's refs, logs and output show: invalid UTF-8, C1 controls (a
+// lone 0x9b, or U+009B, is a CSI to a terminal) and format characters
+// (U+202E reverses what follows, U+200B hides) are refused; other
+// Unicode is a branch name as before.
+func TestCheckBranchNameShowsAsItIs(t *testing.T) {
+	ctx := t.Context()
+	for _, b := range []string{"fix/a\x9b2J", "fix/a\u009b2J", "fix/\u009d0;title", "fix/a\u202egnp.exe", "fix/b\u200bc", "fix/\u2066d", "fix/\xff"} {
+		if git(t, "", "check-ref-format", "--branch", b) == "" {
+			t.Fatalf("git refuses %q itself", b)
+		}
+		if err := gitx.CheckBranchName(ctx, b); !errors.Is(err, gitx.ErrInvalidArgument) {
+			t.Errorf("CheckBranchName(%q) = %v", b, err)
+		}
+	}
+	for _, b := range []string{"fix/ünïcode", "feat/日本語", "main"} {
+		if err := gitx.CheckBranchName(ctx, b); err != nil {
+			t.Errorf("CheckBranchName(%q) = %v", b, err)
+		}
+	}
+}

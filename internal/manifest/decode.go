@@ -252,7 +252,9 @@ func (d *decoder) message() (*Message, error) {
 }
 
 // branchName checks a branch (or base) name: git's ref-name rules that a
-// user can hit, bounded.
+// user can hit, bounded, and nothing a terminal would not show as it is:
+// no control or format character (a bidi override reverses what follows
+// in the host's `jailbee ls`).
 func branchName(key, b string) error {
 	bad := b == "" || len(b) > MaxBranchLen || b == "@" ||
 		strings.HasPrefix(b, "-") || strings.HasPrefix(b, "/") ||
@@ -260,7 +262,7 @@ func branchName(key, b string) error {
 		strings.Contains(b, "..") || strings.Contains(b, "//") || strings.Contains(b, "@{") ||
 		strings.Contains(b, "/.") || strings.HasPrefix(b, ".") ||
 		strings.ContainsFunc(b, func(r rune) bool {
-			return unicode.IsControl(r) || unicode.IsSpace(r) || strings.ContainsRune("~^:?*[\\", r)
+			return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || unicode.IsSpace(r) || strings.ContainsRune("~^:?*[\\", r)
 		})
 	if bad {
 		return refuse("`%s` is not a valid branch name", key)

@@ -388,6 +388,19 @@ func (o *Orchestrator) applyAction(ctx context.Context, j *pubjournal.Journal, i
 		return actionResult{}, &forge.Error{Op: "publish", Certain: true, Msg: err.Error()}
 	}
 	a := p.Actions[i]
+	if a.Kind != grant.IssueCreate {
+		// GitHub's issue calls act on pull requests too: the issue rights
+		// must not reach one (a review needs its own right and a bound
+		// pull request).
+		isPR, err := f.IsPullRequest(ctx, repo, a.Issue)
+		if err != nil {
+			return actionResult{}, err
+		}
+		if isPR {
+			return actionResult{}, &forge.Error{Op: a.Kind, Certain: true,
+				Msg: fmt.Sprintf("#%d is a pull request: issue actions act on issues only", a.Issue)}
+		}
+	}
 	switch a.Kind {
 	case grant.IssueCreate:
 		is, err := f.CreateIssue(ctx, repo, a.Title, a.Body, a.Labels)

@@ -208,8 +208,8 @@ func (o *Orchestrator) runSetup(ctx context.Context, name string, setup []string
 }
 
 // runStep runs one setup or on_start command with sh -c in the checkout
-// as the agent user; its output (bounded, made printable) goes to the
-// worker log.
+// as the agent user; its output (bounded, made printable, each line after
+// "  | ") goes to the worker log.
 func (o *Orchestrator) runStep(ctx context.Context, name, what, cmd string, log io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
 	defer cancel()
@@ -218,7 +218,9 @@ func (o *Orchestrator) runStep(ctx context.Context, name, what, cmd string, log 
 	w := &agent.LimitedWriter{W: &out, N: maxStepOutput}
 	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: []string{"sh", "-c", cmd}, Dir: backend.WorkspacePath, Stdout: w, Stderr: w})
 	if text := agent.PaneLines([]byte(out.String())); len(text) > 0 {
-		fmt.Fprintf(log, "%s %s output:\n%s\n", stamp(), what, strings.Join(text, "\n"))
+		// The sandbox's text: each line marked, so none passes for one of
+		// the worker's own stamped lines.
+		fmt.Fprintf(log, "%s %s output:\n  | %s\n", stamp(), what, strings.Join(text, "\n  | "))
 	}
 	switch {
 	case err != nil:

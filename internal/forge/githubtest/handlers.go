@@ -81,6 +81,14 @@ func (s *Server) editIssue(rs *repoState, repo string, num int, body any) (int, 
 	return http.StatusOK, s.issueJSON(repo, i)
 }
 
+func (s *Server) getIssue(rs *repoState, repo string, num int, _ any) (int, any) {
+	i, ok := rs.issues[num]
+	if !ok {
+		return http.StatusNotFound, message("Not Found")
+	}
+	return http.StatusOK, s.issueJSON(repo, i)
+}
+
 func (s *Server) getPR(rs *repoState, repo string, num int, _ any) (int, any) {
 	p, ok := rs.pulls[num]
 	if !ok {
@@ -155,10 +163,15 @@ func (s *Server) issueJSON(repo string, i *Issue) map[string]any {
 	for _, l := range i.Labels {
 		labels = append(labels, map[string]any{"name": l})
 	}
-	return map[string]any{
+	out := map[string]any{
 		"number": i.Number, "title": i.Title, "body": i.Body, "state": i.State, "labels": labels,
 		"html_url": s.htmlURL(repo, kindOf(i), i.Number),
 	}
+	if i.IsPR {
+		// GitHub marks a pull request's issue side with its links.
+		out["pull_request"] = map[string]any{"html_url": s.htmlURL(repo, "pull", i.Number)}
+	}
+	return out
 }
 
 func (s *Server) prJSON(repo string, p *PR) map[string]any {

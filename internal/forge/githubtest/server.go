@@ -1,5 +1,5 @@
 // Package githubtest is a local stand-in for the subset of GitHub's REST
-// API the forge package uses: issues (create, comment, labels, close),
+// API the forge package uses: issues (create, read, comment, labels, close),
 // pull requests (read, create) and reviews (create). It keeps its state in
 // memory, records every call, and injects failures per call, so tests see
 // what the host sent and how it copes with a forge that refuses, fails or
@@ -206,6 +206,7 @@ var routes = []struct {
 	{"POST", regexp.MustCompile(`^/repos/([^/]+/[^/]+)/issues/([0-9]+)/comments$`), (*Server).comment},
 	{"POST", regexp.MustCompile(`^/repos/([^/]+/[^/]+)/issues/([0-9]+)/labels$`), (*Server).addLabels},
 	{"PATCH", regexp.MustCompile(`^/repos/([^/]+/[^/]+)/issues/([0-9]+)$`), (*Server).editIssue},
+	{"GET", regexp.MustCompile(`^/repos/([^/]+/[^/]+)/issues/([0-9]+)$`), (*Server).getIssue},
 	{"GET", regexp.MustCompile(`^/repos/([^/]+/[^/]+)/pulls/([0-9]+)$`), (*Server).getPR},
 	{"POST", regexp.MustCompile(`^/repos/([^/]+/[^/]+)/pulls$`), (*Server).createPR},
 	{"POST", regexp.MustCompile(`^/repos/([^/]+/[^/]+)/pulls/([0-9]+)/reviews$`), (*Server).createReview},
