@@ -31,7 +31,13 @@ window per agent). Detach with tmux's prefix, then d (C-b d): the agents
 keep running. Needs a terminal ('jailbee logs NAME --agent' prints the
 agents' panes without one). A sandbox with no agent session (one started
 again with 'jailbee start': its agent is not) is refused, with how to
-start one.`,
+start one.
+
+The session's output reaches your terminal as the sandbox wrote it, as
+with 'jailbee exec -t': escape sequences in it can set your window's title
+and, where your terminal allows it, write your clipboard (OSC 52). Keep
+clipboard writes off for untrusted sessions, or read the panes with
+'jailbee logs NAME --agent', which prints them without control bytes.`,
 		Args:              cobra.ExactArgs(1),
 		ValidArgsFunction: completeSandbox(&state, false),
 		RunE: func(cmd *cobra.Command, args []string) error {
