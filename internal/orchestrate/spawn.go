@@ -355,7 +355,7 @@ func (o *Orchestrator) runAgent(ctx context.Context, sb store.Sandbox, doc spawn
 		detail += "; agent is alive"
 	}
 	o.appendStatus(ctx, sb.Parent, doc.Ref, wire.StateDone, detail)
-	o.watchAgent(name)
+	o.watchAgent(name, seen.Identity)
 }
 
 // buildChild makes the child's sandbox (makeSandbox) and fills its
@@ -669,7 +669,9 @@ func (o *Orchestrator) RecoverSpawns(ctx context.Context) {
 			o.destroyAfterDone(sb.Name, sb.DoneHead) // its report said so
 		}
 		if sb.State == store.StateReady {
-			o.watchAgent(sb.Name) // its agent runs on in its sandbox
+			var seen agentSeen
+			json.Unmarshal([]byte(sb.Agent), &seen)
+			o.watchAgent(sb.Name, seen.Identity) // its agent runs on in its sandbox
 			continue
 		}
 		if sb.State == store.StateQueued || sb.Phase == "" {
