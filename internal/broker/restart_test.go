@@ -1,9 +1,12 @@
 package broker_test
 
 import (
+	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"agentbox/internal/broker"
 	"agentbox/internal/testutil/testbin"
@@ -145,4 +148,46 @@ func TestRestartWorkerStoppedByBrokerKill(t *testing.T) {
 	// It can be restarted again.
 	wantStatus(t, sendManifest(t, lead, restart("r-2", "kid", "stay-busy", nil)), "started", "restart of child `kid` started")
 	wantStatus(t, statusOf(t, lead, "r-2", "done", "failed"), "done", "child `kid` is ready; agent is alive")
+}
+
+// TestAgentOnlyRestartLeavesOneWatch: a watch watches one agent. The
+// child (hostile, with its orchestrator) hides its agent's window right
+// after a look of the watch, so that the orchestrator's agent_only
+// restart finds no agent and the new agent is ready before the watch's
+// next look: that watch must end rather than watch the new agent beside
+// the new agent's own watch (repeated, every restart would add a watch,
+// and each watch runs a command in the sandbox every 5 s). The child
+// counts the looks with a tmux hook on list-panes.
+func TestAgentOnlyRestartLeavesOneWatch(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	spawn(t, lead, "s-1", map[string]any{"branch": "kid", "prompt": "stay-busy", "on_done": "keep"})
+	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "child `kid` is ready")
+	e.mustExec("kid", "tmux", "set-hook", "-g", "after-list-panes", "run-shell 'echo x >> /tmp/looks'")
+	looks := func() int {
+		n, _ := strconv.Atoi(e.mustExec("kid", "sh", "-c", "cat /tmp/looks 2>/dev/null | wc -l"))
+		return n
+	}
+	for i := 1; i <= 3; i++ {
+		// Right after a look of the watch.
+		n := looks()
+		wait.For(t, "a look of the watch", func() bool { return looks() > n })
+		e.mustExec("kid", "tmux", "rename-window", "-t", "jailbee:=scripted", fmt.Sprintf("hidden-%d", i))
+		id := fmt.Sprintf("r-%d", i)
+		wantStatus(t, sendManifest(t, lead, restart(id, "kid", "stay-busy", map[string]any{"agent_only": true})),
+			"started", "restart of child `kid` started")
+		if st := statusOf(t, lead, id, "done", "failed"); st.State != "done" {
+			t.Fatalf("restart %d: %+v", i, st)
+		}
+		// One watch looks every 5 s: at most 6 looks in 25 s.
+		n = looks()
+		time.Sleep(25 * time.Second)
+		got := looks() - n
+		t.Logf("restart %d: %d looks in 25 s", i, got)
+		if got > 7 {
+			t.Fatalf("restart %d: %d looks at the agent in 25 s: more than one watch", i, got)
+		}
+	}
 }

@@ -121,3 +121,59 @@ func stopWithin(e *testEnv, name string, d time.Duration) error {
 	}
 	return err
 }
+
+// TestStoppedTmuxHoldsNotItsOrchestrator is the stall attack on the
+// agent's tmux: a child whose agent reported done stops (SIGSTOP) its
+// tmux server, so every tmux command the broker runs in it hangs. Its
+// orchestrator's agent_only restart of it still answers (the old agent's
+// window is looked at for a bounded time), so the orchestrator's line of
+// sends is not the child's to hold, and the restart's worker ends with a
+// failed status instead of waiting for the child forever.
+func TestStoppedTmuxHoldsNotItsOrchestrator(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	spawn(t, lead, "s-1", map[string]any{"branch": "kid", "prompt": "a task", "on_done": "keep"})
+	messageFrom(t, lead, "kid", "done")
+	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "child `kid` is ready; it already reported done")
+
+	e.mustExec("kid", "sh", "-c", `kill -STOP "$(tmux display-message -p '#{pid}')"`)
+	type result struct {
+		st  wire.StatusItem
+		err error
+	}
+	restartC := make(chan result, 1)
+	t0 := time.Now()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		var st wire.StatusItem
+		err := e.client("lead").Call(ctx, "send", map[string]any{"manifest": map[string]any{
+			"version": 1, "id": "r-1", "type": "restart", "child": "kid", "prompt": "again", "agent_only": true}}, &st)
+		restartC <- result{st, err}
+	}()
+	select {
+	case r := <-restartC:
+		if r.err != nil || r.st.State != wire.StateStarted {
+			t.Fatalf("the restart: %+v %v", r.st, r.err)
+		}
+		t.Logf("the restart answered in %v", time.Since(t0))
+	case <-time.After(45 * time.Second):
+		// Let the stalled work end before the env's cleanup.
+		stopWithin(e, "kid", 30*time.Second)
+		t.Fatalf("the orchestrator's restart of a child whose tmux is stopped did not answer in 45 s")
+	}
+	if st := statusOf(t, lead, "r-1", "done", "failed"); st.State != wire.StateFailed {
+		t.Fatalf("the restart's final status: %+v", st)
+	}
+	t.Logf("the restart failed after %v", time.Since(t0))
+	// The orchestrator's next send answers.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var st wire.StatusItem
+	if err := lead.Call(ctx, "send", map[string]any{"manifest": map[string]any{
+		"version": 1, "id": "m-1", "type": "message", "to": "kid", "body": "hello"}}, &st); err != nil || st.State != wire.StateDone {
+		t.Fatalf("the orchestrator's next send: %+v %v", st, err)
+	}
+}

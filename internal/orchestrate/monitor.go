@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"agentbox/internal/agent"
 	"agentbox/internal/manifest"
 	"agentbox/internal/store"
 )
@@ -18,8 +19,11 @@ const livenessInterval = 5 * time.Second
 // is accepted. An agent that ends without an accepted done sends the
 // orchestrator a message of kind blocked. A live agent with an adapter
 // is looked at for idle reports too (idle.go). A restarted broker resumes
-// the watch (RecoverSpawns): the agent runs on in its sandbox.
-func (o *Orchestrator) watchAgent(name string) {
+// the watch (RecoverSpawns): the agent runs on in its sandbox. A watch
+// watches the agent id alone: once the child's record names another (a
+// restart's), that agent's own watch takes over and this one ends, so
+// restarts never add watches.
+func (o *Orchestrator) watchAgent(name string, id agent.Identity) {
 	if o.Go == nil {
 		return
 	}
@@ -32,8 +36,8 @@ func (o *Orchestrator) watchAgent(name string) {
 			case <-time.After(livenessInterval):
 			}
 			sb, seen, ok := o.watchedAgent(ctx, name)
-			if !ok {
-				return // gone, stopped, failed, done, or its agent ended: nothing to watch
+			if !ok || seen.Identity != id {
+				return // gone, stopped, failed, done, its agent ended or replaced: nothing to watch
 			}
 			id, alive := o.observeAgent(ctx, name, seen.Window)
 			if ctx.Err() != nil {

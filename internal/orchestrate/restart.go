@@ -159,7 +159,11 @@ func (o *Orchestrator) admitAgentOnly(ctx context.Context, sb store.Sandbox, doc
 		return "", "", "", err
 	}
 	if seen.Window != "" {
-		o.Runner(sb.Name).Run(ctx, gitx.Cmd{Argv: agent.KillWindowArgv(seen.Window)})
+		// Bounded: the child's tmux is the child's to stall, and this is
+		// its orchestrator's send.
+		kctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
+		o.Runner(sb.Name).Run(kctx, gitx.Cmd{Argv: agent.KillWindowArgv(seen.Window)})
+		cancel()
 	}
 	return wire.StateStarted, fmt.Sprintf("restart of child `%s` started", sb.Name), sb.Name, nil
 }

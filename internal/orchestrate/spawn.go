@@ -34,7 +34,8 @@ const (
 	readyGap = 2 * time.Second
 	// observeInterval paces the observations of a starting agent.
 	observeInterval = 500 * time.Millisecond
-	// agentCheckTimeout bounds one observation (two commands in the sandbox).
+	// agentCheckTimeout bounds one observation (two commands in the
+	// sandbox), and each command that starts or ends an agent.
 	agentCheckTimeout = 30 * time.Second
 )
 
@@ -354,7 +355,7 @@ func (o *Orchestrator) runAgent(ctx context.Context, sb store.Sandbox, doc spawn
 		detail += "; agent is alive"
 	}
 	o.appendStatus(ctx, sb.Parent, doc.Ref, wire.StateDone, detail)
-	o.watchAgent(name)
+	o.watchAgent(name, seen.Identity)
 }
 
 // buildChild makes the child's sandbox (makeSandbox) and fills its
@@ -398,6 +399,8 @@ func (o *Orchestrator) buildChild(ctx context.Context, sb *store.Sandbox, doc sp
 // seedClaudeHome seeds the agent user's home in sandbox name for Claude
 // Code (agent.ClaudeHomeArgv); files that are there are kept.
 func (o *Orchestrator) seedClaudeHome(ctx context.Context, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
+	defer cancel()
 	var stderr strings.Builder
 	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.ClaudeHomeArgv(backend.WorkspacePath), Stderr: &agent.LimitedWriter{W: &stderr, N: 1024}})
 	if err != nil || code != 0 {
@@ -415,7 +418,9 @@ func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc
 	if doc.AgentOnly || doc.sessionUp {
 		// The child runs, or its services do: the tmux session may hold
 		// other windows.
-		code, err := run.Run(ctx, gitx.Cmd{Argv: agent.HasSessionArgv()})
+		hctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
+		code, err := run.Run(hctx, gitx.Cmd{Argv: agent.HasSessionArgv()})
+		cancel()
 		newSession = err != nil || code != 0
 	}
 	if spec.IsClaude() {
@@ -423,9 +428,13 @@ func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc
 			return agentSeen{}, err
 		}
 	}
+	// Each command in the child is bounded: its tmux is the child's to
+	// stall, and the spawn's or restart's status waits on them.
 	var stdout, stderr strings.Builder
-	code, err := run.Run(ctx, gitx.Cmd{Argv: agent.WithStat(agent.StartArgv(spec, doc.Prompt, newSession)), Dir: backend.WorkspacePath,
+	sctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
+	code, err := run.Run(sctx, gitx.Cmd{Argv: agent.WithStat(agent.StartArgv(spec, doc.Prompt, newSession)), Dir: backend.WorkspacePath,
 		Stdout: &agent.LimitedWriter{W: &stdout, N: agent.MaxPaneOutput}, Stderr: &agent.LimitedWriter{W: &stderr, N: 1024}})
+	cancel()
 	if err != nil || code != 0 {
 		return agentSeen{}, fmt.Errorf("tmux exited %d: %v %q", code, err, stderr.String())
 	}
@@ -660,7 +669,9 @@ func (o *Orchestrator) RecoverSpawns(ctx context.Context) {
 			o.destroyAfterDone(sb.Name, sb.DoneHead) // its report said so
 		}
 		if sb.State == store.StateReady {
-			o.watchAgent(sb.Name) // its agent runs on in its sandbox
+			var seen agentSeen
+			json.Unmarshal([]byte(sb.Agent), &seen)
+			o.watchAgent(sb.Name, seen.Identity) // its agent runs on in its sandbox
 			continue
 		}
 		if sb.State == store.StateQueued || sb.Phase == "" {
