@@ -3,11 +3,15 @@ package broker_test
 // A sandbox that stalls the work the broker does in it stalls nobody else.
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
+	"agentbox/internal/cli"
 	"agentbox/internal/inbox"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
@@ -139,6 +143,14 @@ func TestStoppedTmuxHoldsNotItsOrchestrator(t *testing.T) {
 	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "child `kid` is ready; it already reported done")
 
 	e.mustExec("kid", "sh", "-c", `kill -STOP "$(tmux display-message -p '#{pid}')"`)
+	// The host's look at the panes is bounded too (30 s).
+	logsC := make(chan string, 1)
+	go func() {
+		var out, errb bytes.Buffer
+		code := cli.Run(context.Background(), "jailbee", []string{"logs", "kid", "--agent", "--state", e.state},
+			cli.Deps{Stdin: strings.NewReader(""), Stdout: &out, Stderr: &errb})
+		logsC <- fmt.Sprintf("exit %d: %s", code, errb.String())
+	}()
 	type result struct {
 		st  wire.StatusItem
 		err error
@@ -168,6 +180,14 @@ func TestStoppedTmuxHoldsNotItsOrchestrator(t *testing.T) {
 		t.Fatalf("the restart's final status: %+v", st)
 	}
 	t.Logf("the restart failed after %v", time.Since(t0))
+	select {
+	case got := <-logsC:
+		if want := "exit 1: jailbee: the agent session in kid did not answer in 30s (its tmux may be stopped)\n"; got != want {
+			t.Fatalf("jb logs kid --agent: %q, want %q", got, want)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("jb logs kid --agent did not end")
+	}
 	// The orchestrator's next send answers.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -38,6 +38,16 @@ func agentLogs(ctx context.Context, state, name string, follow bool, out io.Writ
 	}
 }
 
+// agentAnswerTimeout bounds one look at a sandbox's tmux from a host
+// command: the sandbox may have stopped its tmux server, and tmux would
+// then never answer.
+const agentAnswerTimeout = 30 * time.Second
+
+// noAgentAnswer is the refusal of a tmux that did not answer in time.
+func noAgentAnswer(name string) error {
+	return exitf(ExitFailed, "the agent session in %s did not answer in %s (its tmux may be stopped)", name, agentAnswerTimeout)
+}
+
 // capturePanes captures every pane of the agents' tmux session in the
 // sandbox name, through the broker's exec.
 func capturePanes(ctx context.Context, state, name string, deps Deps) ([]agent.Pane, error) {
@@ -46,7 +56,12 @@ func capturePanes(ctx context.Context, state, name string, deps Deps) ([]agent.P
 	d.Stdin = strings.NewReader("")
 	d.Stdout = &agent.LimitedWriter{W: &out, N: agent.MaxCaptureOutput}
 	d.Stderr = io.Discard
-	err := runExec(ctx, state, wire.ExecArgs{Name: name, Argv: agent.CaptureAllArgv(), Dir: backend.WorkspacePath}, d)
+	cctx, cancel := context.WithTimeout(ctx, agentAnswerTimeout)
+	defer cancel()
+	err := runExec(cctx, state, wire.ExecArgs{Name: name, Argv: agent.CaptureAllArgv(), Dir: backend.WorkspacePath}, d)
+	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
+		return nil, noAgentAnswer(name)
+	}
 	var ee *ExitError
 	if errors.As(err, &ee) && ee.Msg == "" {
 		// The capture ran and failed: tmux found no session.

@@ -71,7 +71,12 @@ func hasAgentSession(ctx context.Context, state, name string) error {
 	defer c.Close()
 	var res wire.ExecResult
 	a := wire.ExecArgs{Name: name, Dir: backend.WorkspacePath, Argv: agent.HasSessionArgv()}
-	if err := c.CallFiles(ctx, "exec", a, []*os.File{null, null, null}, &res); err != nil {
+	cctx, cancel := context.WithTimeout(ctx, agentAnswerTimeout)
+	defer cancel()
+	if err := c.CallFiles(cctx, "exec", a, []*os.File{null, null, null}, &res); err != nil {
+		if ctx.Err() == nil && cctx.Err() != nil {
+			return noAgentAnswer(name)
+		}
 		return protocolExit(err)
 	}
 	if res.Exit != 0 {
@@ -92,7 +97,9 @@ what failed. The logs are in <state>/logs/ (owner only).
 
   --agent   print instead what the sandbox's agents show: each window of
             its tmux session (one per agent), its scrollback and screen,
-            under a line '== window NAME' (control characters dropped)
+            under a line '== window NAME' (control characters dropped);
+            a tmux that does not answer in 30 s (the sandbox may have
+            stopped it) fails the command
   -f        follow: go on printing what is added until interrupted
             (Ctrl-C); with --agent, the panes are read every second and
             the lines that changed since are printed (a line the agent
