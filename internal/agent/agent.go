@@ -62,10 +62,13 @@ func Resolve(explicit *grant.Runner, effective grant.Grant, repo *config.Repo) (
 		a, ok := repo.Agents[name]
 		if !ok && r.Agent == grant.AgentClaudeJB {
 			// claude-jb without an entry of its own runs agents.claude's
-			// command with its first word swapped.
+			// command, its first word made claude-jb (CheckRunner: it is
+			// claude or claude-jb already).
 			name = grant.AgentClaude
 			a = repo.Agents[name]
-			a.Command = grant.AgentClaudeJB + strings.TrimPrefix(strings.TrimSpace(a.Command), grant.AgentClaude)
+			if cmd := strings.TrimSpace(a.Command); !strings.HasPrefix(cmd, grant.AgentClaudeJB) {
+				a.Command = grant.AgentClaudeJB + strings.TrimPrefix(cmd, grant.AgentClaude)
+			}
 		}
 		s := Spec{Name: name, Command: a.Command, PromptArgs: a.PromptArgs, Model: r.Model, Runner: r}
 		if r.Agent == grant.AgentClaudeJB && r.Profile != "" && r.Model != "" {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,6 +71,27 @@ func TestResolve(t *testing.T) {
 			}
 			if err != nil || s.Name != tc.want {
 				t.Fatalf("Resolve = %+v, %v; want agent %s", s, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestResolveClaudeJBWithoutEntry: a claude-jb runner with no entry of
+// its own runs agents.claude's command with claude-jb as its first word,
+// whichever of the two that command starts with.
+func TestResolveClaudeJBWithoutEntry(t *testing.T) {
+	for command, want := range map[string]string{
+		"claude --x":    "claude-jb --x",
+		"  claude\t--x": "claude-jb\t--x",
+		"claude-jb --x": "claude-jb --x",
+		"claude-jb":     "claude-jb",
+		"claude":        "claude-jb",
+	} {
+		t.Run(command, func(t *testing.T) {
+			r := repo(t, fmt.Sprintf("litellm: {enabled: true}\nagents:\n  claude:\n    command: %q\n    prompt_args: [\"{prompt}\"]\n", command))
+			s, err := Resolve(&grant.Runner{Agent: grant.AgentClaudeJB}, grant.Default(), r)
+			if err != nil || s.Command != want {
+				t.Fatalf("Resolve = %q, %v; want %q", s.Command, err, want)
 			}
 		})
 	}
