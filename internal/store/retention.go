@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -132,4 +134,118 @@ func (s *Store) vacuumStep(ctx context.Context) error {
 	}
 	_, err := s.w.conn.ExecContext(ctx, fmt.Sprintf("PRAGMA incremental_vacuum(%d)", shrinkStep))
 	return err
+}
+
+// MaxJournaled bounds the finished manifests each sandbox's journal keeps
+// (each with its latest status). Every fresh manifest id, even a refused
+// one, journals a status, and the retention keeps a journaled manifest's
+// latest status: without a bound a sandbox sending manifest after manifest
+// would grow broker.db, and the snapshot its status op reads, for ever.
+// Spawns and restarts that were not refused are not counted or removed
+// (a child's last status in `ls` names them; the children cap bounds them).
+const MaxJournaled = 1024
+
+// prunableSQL lists a sandbox's finished manifests past the newest
+// MaxJournaled, newest first.
+const prunableSQL = `SELECT j.manifest_id, j.status_seq FROM journal j JOIN items i ON i.seq = j.status_seq
+	WHERE j.sandbox = ? AND (json_extract(i.doc, '$.state') = 'refused'
+		OR (json_extract(i.doc, '$.state') IN ('done', 'failed') AND j.type NOT IN ('spawn', 'restart')))
+	ORDER BY j.status_seq DESC LIMIT -1 OFFSET ?`
+
+// PruneJournals forgets, in each sandbox's journal, the finished
+// manifests past the newest MaxJournaled, with their latest status (read
+// or not), in transactions of at most SweepBatch manifests, and reports
+// how many it forgot. A resend of a forgotten id is a new manifest.
+func (s *Store) PruneJournals(ctx context.Context) (int64, error) {
+	ctx = detach(ctx)
+	var over []string
+	rows, err := s.db.QueryContext(ctx, `SELECT sandbox FROM journal GROUP BY sandbox HAVING count(*) > ?`, MaxJournaled)
+	if err != nil {
+		return 0, err
+	}
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		over = append(over, name)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, name := range over {
+		n, err := s.pruneJournal(ctx, name)
+		total += n
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
+}
+
+type journaled struct {
+	id  string
+	seq int64
+}
+
+func (s *Store) pruneJournal(ctx context.Context, sandbox string) (int64, error) {
+	rows, err := s.db.QueryContext(ctx, prunableSQL, sandbox, MaxJournaled)
+	if err != nil {
+		return 0, err
+	}
+	var old []journaled
+	for rows.Next() {
+		var j journaled
+		if err := rows.Scan(&j.id, &j.seq); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		old = append(old, j)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	var total int64
+	for len(old) > 0 {
+		batch := old[:min(len(old), SweepBatch)]
+		old = old[len(batch):]
+		err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+			for _, j := range batch {
+				// Only while the journal still points at the status read.
+				res, err := w.conn.ExecContext(ctx, `DELETE FROM journal WHERE sandbox = ? AND manifest_id = ? AND status_seq = ?`, sandbox, j.id, j.seq)
+				if err != nil {
+					return err
+				}
+				if n, err := res.RowsAffected(); err != nil || n == 0 {
+					if err != nil {
+						return err
+					}
+					continue
+				}
+				var id string
+				var read bool
+				var size int64
+				err = w.conn.QueryRowContext(ctx, `DELETE FROM items WHERE seq = ? AND sandbox = ? RETURNING id, read, length(CAST(doc AS BLOB))`, j.seq, sandbox).Scan(&id, &read, &size)
+				if errors.Is(err, sql.ErrNoRows) {
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				if !read {
+					cu.remove(sandbox, id, size)
+				}
+				total++
+			}
+			return nil
+		})
+		if err != nil {
+			return total, err
+		}
+	}
+	return total, nil
 }
