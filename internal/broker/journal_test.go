@@ -101,3 +101,53 @@ func TestRefusedManifestsDoNotGrowWithoutBound(t *testing.T) {
 	}
 	t.Logf("after %d refused sends: %d kept (%d unread), %d in the snapshot", n, len(all.Items), len(unreadNow.Items), len(res.Statuses))
 }
+
+// TestQueuedSpawnCyclesDoNotGrowTheJournal: an orchestrator spawning a
+// child that queues and destroying it at once, again and again, keeps no
+// more than store.MaxJournaled of those spawns and destroys (each spawn's
+// queued and failed statuses) after a sweep; the spawn of the child that
+// still exists keeps its statuses (ls shows it) however many came after.
+func TestQueuedSpawnCyclesDoNotGrowTheJournal(t *testing.T) {
+	e := newTestEnv(t)
+	e.withAgent()
+	e.orchestratorOneSlot("lead")
+	lead := e.client("lead")
+	ctx := context.Background()
+	spawn(t, lead, "s-busy", map[string]any{"branch": "busy", "prompt": "stay-busy", "on_done": "keep"})
+	wantStatus(t, statusOf(t, lead, "s-busy", "done", "failed"), "done", "child `busy` is ready")
+	cycles := store.MaxJournaled/2 + 100
+	start := time.Now()
+	for i := range cycles {
+		if st := spawn(t, lead, fmt.Sprintf("q-%d", i), map[string]any{"branch": "q", "kind": "new", "prompt": "x"}); st.State != "queued" {
+			t.Fatalf("spawn %d: %+v", i, st)
+		}
+		wantStatus(t, sendManifest(t, lead, map[string]any{"id": fmt.Sprintf("d-%d", i), "type": "destroy", "child": "q"}), "done", "child `q` destroyed")
+	}
+	t.Logf("%d spawn and destroy cycles in %v", cycles, time.Since(start))
+	e.b.SweepStorageForTest(time.Now())
+	var all wire.ListResult
+	if err := lead.Call(ctx, "list", map[string]any{"all": true}, &all); err != nil {
+		t.Fatal(err)
+	}
+	refs := map[string]bool{}
+	for _, raw := range all.Items {
+		var st wire.StatusItem
+		json.Unmarshal(raw, &st)
+		if st.Type == wire.ItemStatus {
+			refs[st.Ref] = true
+		}
+	}
+	// Besides the newest spawns and destroys, the spawn of busy.
+	if limit := store.MaxJournaled + 1; len(refs) > limit {
+		t.Errorf("lead keeps the statuses of %d manifests after the sweep, want at most %d", len(refs), limit)
+	}
+	if !refs["s-busy"] {
+		t.Error("the spawn of busy, which exists, lost its statuses")
+	}
+	for _, s := range e.list() {
+		if s.Name == "busy" && (s.LastStatus == nil || s.LastStatus.Ref != "s-busy") {
+			t.Errorf("busy's last status is gone: %+v", s.LastStatus)
+		}
+	}
+	t.Logf("lead keeps the statuses of %d manifests (%d items listed)", len(refs), len(all.Items))
+}

@@ -2,8 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -140,16 +138,19 @@ func (s *Store) vacuumStep(ctx context.Context) error {
 // (each with its latest status). Every fresh manifest id, even a refused
 // one, journals a status, and the retention keeps a journaled manifest's
 // latest status: without a bound a sandbox sending manifest after manifest
-// would grow broker.db, and the snapshot its status op reads, for ever.
-// Spawns and restarts that were not refused are not counted or removed
-// (a child's last status in `ls` names them; the children cap bounds them).
+// (or spawning and destroying queued children) would grow broker.db, and
+// the snapshot its status op reads, for ever. The spawn or last restart
+// of each child that still exists is neither counted nor forgotten (`ls`
+// shows its status; the children cap bounds them), nor is a manifest
+// still under way (queued or started).
 const MaxJournaled = 1024
 
 // prunableSQL lists a sandbox's finished manifests past the newest
 // MaxJournaled, newest first.
 const prunableSQL = `SELECT j.manifest_id, j.status_seq FROM journal j JOIN items i ON i.seq = j.status_seq
-	WHERE j.sandbox = ? AND (json_extract(i.doc, '$.state') = 'refused'
-		OR (json_extract(i.doc, '$.state') IN ('done', 'failed') AND j.type NOT IN ('spawn', 'restart')))
+	WHERE j.sandbox = ? AND json_valid(i.doc) AND json_extract(i.doc, '$.state') IN ('done', 'failed', 'refused')
+	AND j.manifest_id NOT IN (SELECT json_extract(c.spawn_doc, '$.ref') FROM sandboxes c
+		WHERE c.parent = j.sandbox AND json_valid(c.spawn_doc))
 	ORDER BY j.status_seq DESC LIMIT -1 OFFSET ?`
 
 // PruneJournals forgets, in each sandbox's journal, the finished
@@ -226,18 +227,10 @@ func (s *Store) pruneJournal(ctx context.Context, sandbox string) (int64, error)
 					}
 					continue
 				}
-				var id string
-				var read bool
-				var size int64
-				err = w.conn.QueryRowContext(ctx, `DELETE FROM items WHERE seq = ? AND sandbox = ? RETURNING id, read, length(CAST(doc AS BLOB))`, j.seq, sandbox).Scan(&id, &read, &size)
-				if errors.Is(err, sql.ErrNoRows) {
-					continue
-				}
-				if err != nil {
+				// Every status of the manifest goes: its earlier ones
+				// (a spawn's queued) would otherwise stay for the retention.
+				if err := deleteStatuses(ctx, w, cu, sandbox, j.id); err != nil {
 					return err
-				}
-				if !read {
-					cu.remove(sandbox, id, size)
 				}
 				total++
 			}
@@ -248,4 +241,27 @@ func (s *Store) pruneJournal(ctx context.Context, sandbox string) (int64, error)
 		}
 	}
 	return total, nil
+}
+
+// deleteStatuses deletes every status of manifestID in sandbox's inbox,
+// keeping the unread cache in step.
+func deleteStatuses(ctx context.Context, w *writer, cu *cacheUpdate, sandbox, manifestID string) error {
+	rows, err := w.conn.QueryContext(ctx, `DELETE FROM items WHERE sandbox = ? AND ref = ? AND type = 'status'
+		RETURNING id, read, length(CAST(doc AS BLOB))`, sandbox, manifestID)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var read bool
+		var size int64
+		if err := rows.Scan(&id, &read, &size); err != nil {
+			return err
+		}
+		if !read {
+			cu.remove(sandbox, id, size)
+		}
+	}
+	return rows.Err()
 }
