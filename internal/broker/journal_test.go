@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -150,4 +151,41 @@ func TestQueuedSpawnCyclesDoNotGrowTheJournal(t *testing.T) {
 		}
 	}
 	t.Logf("lead keeps the statuses of %d manifests (%d items listed)", len(refs), len(all.Items))
+}
+
+// TestOnePendingDoneReportPerChild: a child whose done report waits for
+// its stopped orchestrator cannot queue more behind it (each a body of
+// up to 64 KiB kept in broker.db, and an import when the orchestrator
+// runs again): a second report is refused until the first is delivered.
+func TestOnePendingDoneReportPerChild(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	e.stopByBroker("lead")
+	head, st := e.reportDone("kid", "d-0")
+	wantStatus(t, st, "queued", "accepted at "+head[:12]+"; waiting for your orchestrator `lead` to run: it will be imported and delivered then")
+	kid := e.client("kid")
+	body := strings.Repeat("x", 60<<10)
+	queued := 0
+	for i := 1; i <= 20; i++ {
+		st := sendManifest(t, kid, map[string]any{"id": fmt.Sprintf("d-%d", i), "type": "message", "kind": "done", "body": body})
+		if st.State == "queued" {
+			queued++
+		}
+	}
+	if queued > 0 {
+		t.Fatalf("%d more done reports of kid queued behind its first", queued)
+	}
+	st = sendManifest(t, kid, map[string]any{"id": "d-last", "type": "message", "kind": "done", "body": "again"})
+	wantStatus(t, st, "refused", "your done report `d-0` still waits for your orchestrator `lead`: it will be imported and delivered then; report done again once it was")
+	if err := e.admin("start", wire.NameArgs{Name: "lead"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if msgs := doneMessages(t, e.client("lead"), 1); len(msgs) != 1 || msgs[0].OriginID != "d-0" {
+		t.Fatalf("lead's done messages: %+v", msgs)
+	}
+	wantStatus(t, statusOf(t, kid, "d-0", "done"), "done", "delivered to lead: imported as refs/jailbee/from/kid/work/kid at "+head[:12]+"; this child is kept")
+	if st := sendManifest(t, kid, map[string]any{"id": "d-after", "type": "message", "kind": "done", "body": "later"}); st.State != "done" {
+		t.Fatalf("a done report once the first was delivered: %+v", st)
+	}
 }
