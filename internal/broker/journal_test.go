@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -188,4 +189,42 @@ func TestOnePendingDoneReportPerChild(t *testing.T) {
 	if st := sendManifest(t, kid, map[string]any{"id": "d-after", "type": "message", "kind": "done", "body": "later"}); st.State != "done" {
 		t.Fatalf("a done report once the first was delivered: %+v", st)
 	}
+}
+
+// TestUnfinishedLineIsDropped: a sandbox that begins request lines on
+// all its connections and never ends them (each just short of the 1 MiB
+// limit) holds the broker's buffers only for broker.LineReadTimeout: then
+// the broker closes those connections, and serves new ones.
+func TestUnfinishedLineIsDropped(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("orch")
+	var conns []*rawConn
+	part := []byte(`{"v":1,"op":"list","args":{}` + strings.Repeat(" ", wire.MaxLineBytes-64))
+	for range broker.MaxConnsPerSandbox {
+		c := e.raw("orch")
+		if _, err := c.Write(part); err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	start := time.Now()
+	for i, c := range conns {
+		if !closedWithin(c, broker.LineReadTimeout+10*time.Second) {
+			t.Fatalf("connection %d still open %v after its unfinished line", i, time.Since(start))
+		}
+	}
+	t.Logf("closed after %v", time.Since(start))
+	o := e.raw("orch")
+	fmt.Fprintln(o, `{"v":1,"op":"list"}`)
+	if r := o.reply(t); !r.OK {
+		t.Fatalf("a new connection: %+v", r.Error)
+	}
+}
+
+// closedWithin reports whether the broker closed c within d.
+func closedWithin(c *rawConn, d time.Duration) bool {
+	c.SetReadDeadline(time.Now().Add(d))
+	defer c.SetReadDeadline(time.Time{})
+	_, err := c.r.ReadByte()
+	return err == io.EOF
 }
