@@ -2,6 +2,9 @@ package store
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -214,7 +217,17 @@ func (s *Store) pruneJournal(ctx context.Context, sandbox string) (int64, error)
 	for len(old) > 0 {
 		batch := old[:min(len(old), SweepBatch)]
 		old = old[len(batch):]
-		err := s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
+		// Every status of each manifest goes (its earlier ones, a spawn's
+		// queued, would otherwise stay for the retention). They are found
+		// before the write lock, by one walk over the sandbox's items: an
+		// index over statuses by manifest would cost every send a page
+		// write. While a manifest's journal row stands, a resend of its id
+		// adds no status, so what is found here is all there is.
+		statuses, err := statusSeqs(ctx, s.db, sandbox, batch)
+		if err != nil {
+			return total, err
+		}
+		err = s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
 			for _, j := range batch {
 				// Only while the journal still points at the status read.
 				res, err := w.conn.ExecContext(ctx, `DELETE FROM journal WHERE sandbox = ? AND manifest_id = ? AND status_seq = ?`, sandbox, j.id, j.seq)
@@ -227,10 +240,10 @@ func (s *Store) pruneJournal(ctx context.Context, sandbox string) (int64, error)
 					}
 					continue
 				}
-				// Every status of the manifest goes: its earlier ones
-				// (a spawn's queued) would otherwise stay for the retention.
-				if err := deleteStatuses(ctx, w, cu, sandbox, j.id); err != nil {
-					return err
+				for _, seq := range statuses[j.id] {
+					if err := deleteItem(ctx, w, cu, sandbox, seq); err != nil {
+						return err
+					}
 				}
 				total++
 			}
@@ -243,25 +256,51 @@ func (s *Store) pruneJournal(ctx context.Context, sandbox string) (int64, error)
 	return total, nil
 }
 
-// deleteStatuses deletes every status of manifestID in sandbox's inbox,
-// keeping the unread cache in step.
-func deleteStatuses(ctx context.Context, w *writer, cu *cacheUpdate, sandbox, manifestID string) error {
-	rows, err := w.conn.QueryContext(ctx, `DELETE FROM items WHERE sandbox = ? AND ref = ? AND type = 'status'
-		RETURNING id, read, length(CAST(doc AS BLOB))`, sandbox, manifestID)
+// statusSeqs finds the seqs of the statuses of the batch's manifests in
+// sandbox's inbox, by manifest id.
+func statusSeqs(ctx context.Context, db *sql.DB, sandbox string, batch []journaled) (map[string][]int64, error) {
+	ids := make([]string, len(batch))
+	for i, j := range batch {
+		ids[i] = j.id
+	}
+	list, err := json.Marshal(ids)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.QueryContext(ctx, `SELECT seq, ref FROM items WHERE sandbox = ? AND type = 'status'
+		AND ref IN (SELECT value FROM json_each(?))`, sandbox, string(list))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string][]int64{}
+	for rows.Next() {
+		var seq int64
+		var ref string
+		if err := rows.Scan(&seq, &ref); err != nil {
+			return nil, err
+		}
+		out[ref] = append(out[ref], seq)
+	}
+	return out, rows.Err()
+}
+
+// deleteItem deletes the status seq of sandbox's inbox, keeping the
+// unread cache in step.
+func deleteItem(ctx context.Context, w *writer, cu *cacheUpdate, sandbox string, seq int64) error {
+	var id string
+	var read bool
+	var size int64
+	err := w.conn.QueryRowContext(ctx, `DELETE FROM items WHERE seq = ? AND sandbox = ? AND type = 'status'
+		RETURNING id, read, length(CAST(doc AS BLOB))`, seq, sandbox).Scan(&id, &read, &size)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil // removed meanwhile (the retention)
+	}
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var id string
-		var read bool
-		var size int64
-		if err := rows.Scan(&id, &read, &size); err != nil {
-			return err
-		}
-		if !read {
-			cu.remove(sandbox, id, size)
-		}
+	if !read {
+		cu.remove(sandbox, id, size)
 	}
-	return rows.Err()
+	return nil
 }

@@ -196,10 +196,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	startup    TEXT NOT NULL DEFAULT ''
 );
 -- Inbox items. seq orders them (rowid: new rows always get max+1, so the
--- order of an inbox never goes backwards). Host ids are unique per inbox.
--- Secondary indexes are few, to keep a durable send's page writes few:
--- items_by_sandbox, and items_status_by_ref over statuses only (the
--- storage sweep forgets every status of a manifest the journal drops).
+-- order of an inbox never goes backwards). Host ids are unique per inbox:
+-- the one secondary index keeps a durable send's page writes few.
 CREATE TABLE IF NOT EXISTS items (
 	seq        INTEGER PRIMARY KEY,
 	id         TEXT NOT NULL,
@@ -211,7 +209,6 @@ CREATE TABLE IF NOT EXISTS items (
 	created_at INTEGER NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS items_by_sandbox ON items(sandbox, id);
-CREATE INDEX IF NOT EXISTS items_status_by_ref ON items(sandbox, ref) WHERE type = 'status';
 -- The manifest-id journal: one row per (requester, manifest id), pointing
 -- at the latest status recorded for it (NULL: journaled, no status yet).
 CREATE TABLE IF NOT EXISTS journal (
