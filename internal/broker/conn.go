@@ -239,14 +239,17 @@ func (b *Broker) serveConn(ctx context.Context, conn net.Conn, handle handlerFun
 		if err := cc.awaitRequest(); err != nil {
 			return // closed
 		}
+		// A line begun must end in time: its buffer is the broker's.
+		conn.SetReadDeadline(time.Now().Add(LineReadTimeout))
 		line, err := wire.ReadLine(cc.r, wire.MaxLineBytes)
+		conn.SetReadDeadline(time.Time{})
 		b.conns.setBusy(cc, true)
 		if errors.Is(err, wire.ErrLineTooLong) {
 			b.writeReply(conn, &reply{resp: wire.Fail(wire.Errorf(wire.CodeBadRequest, "request line exceeds %d bytes", wire.MaxLineBytes))})
 			return
 		}
 		if err != nil {
-			return // EOF, half-close or reset: the client is gone
+			return // EOF, half-close, reset or a line not ended in time
 		}
 		req, werr := decodeRequest(line)
 		var rep *reply

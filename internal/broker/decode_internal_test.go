@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"testing"
 
+	"agentbox/internal/manifest"
 	"agentbox/internal/wire"
 )
 
@@ -58,6 +59,40 @@ func FuzzDecodeRequest(f *testing.F) {
 		}
 		if _, werr := decodeRequest(again); werr != nil {
 			t.Fatalf("re-encoded %s refused: %v", again, werr)
+		}
+	})
+}
+
+// FuzzDecodeArgs: an op's arguments are untrusted bytes from a sandbox.
+// The send's journal id (manifestID, read before the manifest is
+// decoded) is a valid id or none, and the id of every manifest the
+// decoder accepts: a refusal or status is never filed under another id.
+func FuzzDecodeArgs(f *testing.F) {
+	for _, s := range []string{
+		`{"manifest":{"version":1,"id":"m-1","type":"message","body":"hi"}}`,
+		`{"manifest":{"version":1,"id":"a","ID":"b","type":"message","body":"hi"}}`,
+		`{"manifest":{"version":1,"id":"a","id":"b","type":"message","body":"hi"}}`,
+		`{"manifest":{"version":1,"\u0069d":"a","type":"message","body":"hi"}}`,
+		`{"id":"h-0000000a","keep":true}`, `{"ref":"x","msg_kinds":["done"],"quiet_after_ms":9223372036854775807}`, `{"all":1}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		for _, v := range []any{&wire.ListArgs{}, &wire.ReadArgs{}, &wire.AckArgs{}, &wire.NextArgs{}, &wire.StatusArgs{}, &struct{}{}} {
+			if werr := decodeArgs(raw, v); werr != nil && (werr.Code != wire.CodeBadRequest || werr.Detail == "") {
+				t.Fatalf("refusal %+v", werr)
+			}
+		}
+		var args wire.SendArgs
+		if decodeArgs(raw, &args) != nil {
+			return
+		}
+		id := manifestID(args.Manifest)
+		if id != "" && !manifest.IDPattern.MatchString(id) {
+			t.Fatalf("journal id %q", id)
+		}
+		if m, err := manifest.Decode(args.Manifest, args.Body); err == nil && m.ID != id {
+			t.Fatalf("manifest %s decoded with id %q, journaled under %q", args.Manifest, m.ID, id)
 		}
 	})
 }

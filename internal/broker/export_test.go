@@ -3,6 +3,7 @@ package broker
 import (
 	"context"
 	"testing"
+	"time"
 )
 
 // SetSocketDirForTest records dir as a sandbox's socket dir, bypassing the
@@ -36,3 +37,6 @@ func (b *Broker) TreeConnsForTest(tree string) int {
 	defer b.proxyConns.mu.Unlock()
 	return b.proxyConns.byTree[tree]
 }
+
+// SweepStorageForTest runs the storage sweep as if at now.
+func (b *Broker) SweepStorageForTest(now time.Time) { b.sweepStorage(now) }

@@ -31,6 +31,10 @@ const (
 	// is disconnected ("stops reading a connection whose replies the client
 	// is not collecting").
 	WriteTimeout = 30 * time.Second
+	// LineReadTimeout: a request line begun must end within this, or the
+	// connection is closed. Clients write a line at once; without it a
+	// connection could hold a line's buffer (up to 1 MiB) for ever.
+	LineReadTimeout = 30 * time.Second
 	// RoundInterval is the cadence of the broker round that reconciles state
 	// and publishes the snapshot read by children, status and grant.
 	RoundInterval = time.Second

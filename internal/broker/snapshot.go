@@ -138,6 +138,15 @@ func (s *Snapshot) fold(fresh []store.SandboxItem, live func(string) bool) {
 		}
 		s.Statuses[si.Sandbox] = list
 	}
+	// The journal keeps store.MaxJournaled finished manifests of each
+	// sandbox (the sweep forgets older ones); the snapshot keeps as many
+	// statuses, the oldest seen dropped, so a sandbox sending manifest
+	// after manifest cannot grow it, or the cost of a round, for ever.
+	for name := range byRef {
+		if list := s.Statuses[name]; len(list) > store.MaxJournaled {
+			s.Statuses[name] = slices.Clone(list[len(list)-store.MaxJournaled:])
+		}
+	}
 }
 
 // refresh publishes what a host command about sandbox name changed: the

@@ -2,6 +2,8 @@ package broker
 
 import (
 	"time"
+
+	"agentbox/internal/store"
 )
 
 // The storage sweep's cadence and default.
@@ -28,8 +30,9 @@ func (b *Broker) sweepLoop() {
 	}
 }
 
-// sweepStorage removes read items older than the retention, then gives
-// back the pages that removal and destroyed sandboxes freed.
+// sweepStorage removes read items older than the retention and the
+// manifests past each sandbox's journal bound, then gives back the pages
+// that removal and destroyed sandboxes freed.
 func (b *Broker) sweepStorage(now time.Time) {
 	n, err := b.store.RemoveReadBefore(b.ctx, now.Add(-b.retention))
 	if err != nil {
@@ -37,6 +40,13 @@ func (b *Broker) sweepStorage(now time.Time) {
 	}
 	if n > 0 {
 		b.log.Info("storage sweep: read items past the retention removed", "items", n, "retention", b.retention)
+	}
+	n, err = b.store.PruneJournals(b.ctx)
+	if err != nil {
+		b.log.Warn("storage sweep: prune manifest journals", "err", err)
+	}
+	if n > 0 {
+		b.log.Info("storage sweep: manifests past each sandbox's journal bound forgotten", "manifests", n, "bound", store.MaxJournaled)
 	}
 	if err := b.store.Shrink(b.ctx); err != nil {
 		b.log.Warn("storage sweep: shrink broker.db", "err", err)

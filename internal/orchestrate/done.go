@@ -46,6 +46,15 @@ func (o *Orchestrator) childDone(ctx context.Context, req wire.Caller, m Message
 	if err != nil {
 		return store.Sent{}, err
 	}
+	// One report of a child waits at a time: each queued one keeps its
+	// body in broker.db and costs an import once it is delivered. (A
+	// child's sends are one at a time, so none queues meanwhile.)
+	if pending, found, err := o.Store.PendingFinish(ctx, child.Name); err != nil || found {
+		if err != nil {
+			return store.Sent{}, err
+		}
+		return refuse(fmt.Sprintf("your done report `%s` still waits for your orchestrator `%s`: it will be imported and delivered then; report done again once it was", pending, parent.Name))
+	}
 	work, err := o.readWork(ctx, child.Name)
 	if err != nil {
 		return refuse("could not record the done report: your repository does not answer")

@@ -82,6 +82,21 @@ func (s *Store) Finishes(ctx context.Context, parent string) (_ []Finish, err er
 	return out, rows.Err()
 }
 
+// PendingFinish returns the manifest id of child's pending finish, if it
+// has one.
+func (s *Store) PendingFinish(ctx context.Context, child string) (_ string, found bool, err error) {
+	defer s.settle(&err)
+	var id string
+	err = s.db.QueryRowContext(detach(ctx), `SELECT manifest_id FROM finishes WHERE child = ? ORDER BY seq LIMIT 1`, child).Scan(&id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("pending finish: %w", err)
+	}
+	return id, true, nil
+}
+
 // FinishParents lists the orchestrators that have pending finishes.
 func (s *Store) FinishParents(ctx context.Context) (_ []string, err error) {
 	defer s.settle(&err)
