@@ -100,7 +100,7 @@ type dirLevel struct {
 type remover struct {
 	parent int    // trusted parent of the tree root
 	dev    uint64 // device and mount of the tree root: the walk stays on them
-	mnt    uint64 // 0 when the kernel does not report mount IDs
+	mnt    uint64 // 0 when the kernel does not report mount IDs (dev checked instead)
 	rooted bool   // dev and mnt are set
 	levels []dirLevel
 	lo     int // levels[lo:] hold open handles, the levels above none
@@ -345,7 +345,10 @@ func (r *remover) admit(fd int, st *unix.Stat_t, want *dirLevel) error {
 	if want != nil && (st.Dev != want.dev || st.Ino != want.ino) {
 		return fmt.Errorf("%w: unexpected directory at \"..\": the tree moved during removal", ErrUnsafe)
 	}
-	if r.rooted && (st.Dev != r.dev || (r.mnt != 0 && mountID(fd) != r.mnt)) {
+	// The mount ID decides where the kernel reports it: a btrfs subvolume,
+	// which any user may create where it can write, has a device number of
+	// its own but is no mount. The device stands in only without mount IDs.
+	if r.rooted && ((r.mnt != 0 && mountID(fd) != r.mnt) || (r.mnt == 0 && st.Dev != r.dev)) {
 		return fmt.Errorf("%w: mount point inside the tree", ErrUnsafe)
 	}
 	return nil

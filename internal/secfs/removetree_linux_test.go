@@ -610,6 +610,77 @@ func TestRemoveTreeMountPoint(t *testing.T) {
 	}
 }
 
+// TestRemoveTreeBtrfsSubvolume: on btrfs any user may create a subvolume
+// in a directory it can write (and rmdir it once empty); a subvolume has
+// its own st_dev but stays on its parent's mount. A sandbox that makes one
+// in its home must not make its tree impossible to remove, while a real
+// mount below the subvolume is still refused.
+func TestRemoveTreeBtrfsSubvolume(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a btrfs image")
+	}
+	mkfs, err := exec.LookPath("mkfs.btrfs")
+	if err != nil {
+		t.Skip("no mkfs.btrfs")
+	}
+	btrfs, err := exec.LookPath("btrfs")
+	if err != nil {
+		t.Skip("no btrfs tool")
+	}
+	base := t.TempDir()
+	// nobody must reach the tree: t.TempDir's directories are 0700.
+	must(t, os.Chmod(filepath.Dir(base), 0o755))
+	must(t, os.Chmod(base, 0o755))
+	img, mnt := filepath.Join(base, "img"), filepath.Join(base, "mnt")
+	must(t, os.WriteFile(img, nil, 0o600))
+	must(t, os.Truncate(img, 128<<20))
+	if out, err := exec.Command(mkfs, "-q", img).CombinedOutput(); err != nil {
+		t.Skipf("mkfs.btrfs: %v: %s", err, out)
+	}
+	must(t, os.Mkdir(mnt, 0o755))
+	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a btrfs image here: %v: %s", err, out)
+	}
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+	tree := filepath.Join(mnt, "tree")
+	must(t, os.Mkdir(tree, 0o755))
+	must(t, os.Chown(tree, nobody, nobody))
+	// The sandbox's uid makes the subvolume: no privilege needed.
+	create := exec.Command(btrfs, "subvolume", "create", filepath.Join(tree, "sv"))
+	create.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+	if out, err := create.CombinedOutput(); err != nil {
+		t.Skipf("nobody cannot create a subvolume: %v: %s", err, out)
+	}
+	writeFile(t, filepath.Join(tree, "sv", "a", "file"), "x", 0o600)
+
+	// A bind mount below the subvolume is still another mount.
+	src := filepath.Join(base, "outside")
+	must(t, os.Mkdir(src, 0o755))
+	writeFile(t, filepath.Join(src, "keep"), "mounted", 0o644)
+	point := filepath.Join(tree, "sv", "a", "mnt")
+	must(t, os.Mkdir(point, 0o755))
+	must(t, unix.Mount(src, point, "", unix.MS_BIND, ""))
+	f, err := os.Open(point)
+	must(t, err)
+	id := mountID(int(f.Fd()))
+	f.Close()
+	if id == 0 {
+		unix.Unmount(point, unix.MNT_DETACH)
+		t.Skip("kernel reports no mount IDs")
+	}
+	before := snapshot(t, src)
+	if err := RemoveTree(tree); !errors.Is(err, ErrUnsafe) {
+		t.Errorf("with a mount in the subvolume: err = %v, want ErrUnsafe", err)
+	}
+	checkUnchanged(t, src, before)
+	must(t, unix.Unmount(point, unix.MNT_DETACH))
+
+	if err := RemoveTree(tree); err != nil {
+		t.Fatalf("RemoveTree with a subvolume inside: %v", err)
+	}
+	checkGone(t, tree)
+}
+
 func TestRemoveTreeErrorTruncatesNames(t *testing.T) {
 	r := &remover{}
 	err := r.fail("remove", strings.Repeat("x", 255), unix.EPERM)

@@ -410,6 +410,62 @@ func TestAttackStopAndDestroyEndEverything(t *testing.T) {
 	checkDirGone(t, x)
 }
 
+// TestAttackBtrfsSubvolumeDestroy: on a btrfs state dir the sandbox's
+// uid may create a subvolume in its home without privilege; it has a
+// device number of its own but is no mount, so Destroy must still remove
+// the sandbox instead of refusing it as a mount point forever.
+func TestAttackBtrfsSubvolumeDestroy(t *testing.T) {
+	requireRoot(t)
+	mkfs, err := exec.LookPath("mkfs.btrfs")
+	if err != nil {
+		t.Skip("no mkfs.btrfs")
+	}
+	if _, err := exec.LookPath("btrfs"); err != nil {
+		t.Skip("no btrfs tool")
+	}
+	base := t.TempDir()
+	img, mnt := filepath.Join(base, "img"), filepath.Join(base, "mnt")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 256<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(mkfs, "-q", img).CombinedOutput(); err != nil {
+		t.Skipf("mkfs.btrfs: %v: %s", err, out)
+	}
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a btrfs image here: %v: %s", err, out)
+	}
+	// Registered first, so it runs after the fixture's cleanups.
+	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+
+	f := newFixtureAt(t, filepath.Join(mnt, "sandboxes"))
+	x := f.start("subvol", testLimits)
+	mustSh(t, f.b, x.name, "btrfs subvolume create /home/agent/sv >/dev/null && mkdir /home/agent/sv/d && echo x > /home/agent/sv/d/f")
+	var st unix.Stat_t
+	if err := unix.Lstat(filepath.Join(x.home(), "sv"), &st); err != nil {
+		t.Fatal(err)
+	}
+	var home unix.Stat_t
+	if err := unix.Lstat(x.home(), &home); err != nil {
+		t.Fatal(err)
+	}
+	if st.Dev == home.Dev {
+		t.Fatal("the subvolume shares its parent's device number: nothing to test")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), hangGuard)
+	defer cancel()
+	if err := f.b.Destroy(ctx, x.name); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	checkUnitGone(t, x)
+	checkDirGone(t, x)
+}
+
 // checkUnitGone: no live host process runs as the sandbox's uid and its
 // cgroups are removed.
 func checkUnitGone(t *testing.T, x box) {
