@@ -8,8 +8,8 @@ package secfs
 // getdents(2) from that handle, and emptied with unlinkat(2) on it. A name
 // that turns out to be a symlink or another non-directory is unlinked,
 // never opened through; a name that turns out to be a directory is opened.
-// Permissions are restored only on a directory's own handle, after its
-// device and mount were checked.
+// Permissions (and a btrfs subvolume's read-only flag) are restored only on
+// a directory's own handle, after its mount was checked.
 //
 // Bounded descriptors without recursion: the walk keeps an explicit stack
 // of one small record (name, device, inode) per directory from the tree
@@ -36,6 +36,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -73,10 +74,11 @@ const dirOpenFlags = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O
 //
 // A missing path is not an error. Directories the caller owns without
 // owner write and search permission are given them (on their own handle).
-// The walk refuses, with an error wrapping ErrUnsafe, to enter another
-// mount or to climb to a directory other than the one it left. It holds at
-// most removeMaxFds descriptors however deep or wide the tree. It returns
-// nil only when path is gone.
+// A read-only btrfs subvolume is made writable. The walk refuses, with an
+// error wrapping ErrUnsafe, to enter another mount or to climb to a
+// directory other than the one it left. It holds at most removeMaxFds
+// descriptors however deep or wide the tree. It returns nil only when path
+// is gone.
 func RemoveTree(path string) error { return removeTree(path, removeOpts{}) }
 
 // removeOpts holds test knobs.
@@ -291,6 +293,13 @@ func (r *remover) openDir(dirfd int, name string, want *dirLevel) (int, unix.Sta
 		r.close(fd)
 		return -1, st, err
 	}
+	if r.rooted && st.Dev != r.dev && st.Ino == btrfsSubvolRootIno {
+		// A btrfs subvolume, which any user may make (and snapshot
+		// read-only) where it can write: make it writable on its own
+		// handle, or nothing below could be unlinked, by root either.
+		// Errors surface as the unlinks that then fail.
+		makeSubvolWritable(fd)
+	}
 	if st.Mode&0o700 != 0o700 && int(st.Uid) == os.Geteuid() {
 		// Emptying it needs owner write and search permission; root does
 		// without, but the change is harmless on a directory about to go.
@@ -330,6 +339,28 @@ func (r *remover) unlock(dirfd int, name string, want *dirLevel) error {
 	// Older kernels (or a seccomp filter that predates fchmodat2): the
 	// handle's /proc link names this descriptor's inode, not a tree path.
 	return unix.Fchmodat(unix.AT_FDCWD, "/proc/self/fd/"+strconv.Itoa(fd), mode, 0)
+}
+
+// btrfs subvolume flags (linux/btrfs.h): the inode number of a
+// subvolume's root directory, BTRFS_IOC_SUBVOL_GETFLAGS and _SETFLAGS
+// (_IOR and _IOW(0x94, 25 and 26, __u64)), and BTRFS_SUBVOL_RDONLY.
+const (
+	btrfsSubvolRootIno     = 256
+	btrfsIocSubvolGetflags = 0x80089419
+	btrfsIocSubvolSetflags = 0x4008941a
+	btrfsSubvolRdonly      = 1 << 1
+)
+
+// makeSubvolWritable clears the read-only flag of the btrfs subvolume
+// whose root directory fd holds; the kernel allows it to the subvolume's
+// owner and to root.
+func makeSubvolWritable(fd int) {
+	var flags uint64
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), btrfsIocSubvolGetflags, uintptr(unsafe.Pointer(&flags))); e != 0 || flags&btrfsSubvolRdonly == 0 {
+		return
+	}
+	flags &^= btrfsSubvolRdonly
+	unix.Syscall(unix.SYS_IOCTL, uintptr(fd), btrfsIocSubvolSetflags, uintptr(unsafe.Pointer(&flags)))
 }
 
 // admit checks a directory handle before the walk uses or changes it: it

@@ -646,12 +646,25 @@ func TestRemoveTreeBtrfsSubvolume(t *testing.T) {
 	must(t, os.Mkdir(tree, 0o755))
 	must(t, os.Chown(tree, nobody, nobody))
 	// The sandbox's uid makes the subvolume: no privilege needed.
-	create := exec.Command(btrfs, "subvolume", "create", filepath.Join(tree, "sv"))
-	create.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
-	if out, err := create.CombinedOutput(); err != nil {
-		t.Skipf("nobody cannot create a subvolume: %v: %s", err, out)
+	asNobody := func(args ...string) error {
+		cmd := exec.Command(btrfs, args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: nobody, Gid: nobody}}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	}
+	if err := asNobody("subvolume", "create", filepath.Join(tree, "sv")); err != nil {
+		t.Skipf("nobody cannot create a subvolume: %v", err)
 	}
 	writeFile(t, filepath.Join(tree, "sv", "a", "file"), "x", 0o600)
+	must(t, os.Chown(filepath.Join(tree, "sv", "a"), nobody, nobody))
+	must(t, os.Chown(filepath.Join(tree, "sv", "a", "file"), nobody, nobody))
+	// A read-only snapshot of its own subvolume, also unprivileged: not
+	// even root can unlink what is in it while it stays read-only.
+	if err := asNobody("subvolume", "snapshot", "-r", filepath.Join(tree, "sv"), filepath.Join(tree, "ro")); err != nil {
+		t.Fatalf("nobody cannot snapshot its subvolume: %v", err)
+	}
 
 	// A bind mount below the subvolume is still another mount.
 	src := filepath.Join(base, "outside")

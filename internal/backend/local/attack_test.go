@@ -411,9 +411,10 @@ func TestAttackStopAndDestroyEndEverything(t *testing.T) {
 }
 
 // TestAttackBtrfsSubvolumeDestroy: on a btrfs state dir the sandbox's
-// uid may create a subvolume in its home without privilege; it has a
-// device number of its own but is no mount, so Destroy must still remove
-// the sandbox instead of refusing it as a mount point forever.
+// uid may create a subvolume in its home, and a read-only snapshot of it,
+// without privilege; a subvolume has a device number of its own but is no
+// mount, so Destroy must still remove the sandbox instead of refusing it
+// forever.
 func TestAttackBtrfsSubvolumeDestroy(t *testing.T) {
 	requireRoot(t)
 	mkfs, err := exec.LookPath("mkfs.btrfs")
@@ -445,7 +446,10 @@ func TestAttackBtrfsSubvolumeDestroy(t *testing.T) {
 
 	f := newFixtureAt(t, filepath.Join(mnt, "sandboxes"))
 	x := f.start("subvol", testLimits)
-	mustSh(t, f.b, x.name, "btrfs subvolume create /home/agent/sv >/dev/null && mkdir /home/agent/sv/d && echo x > /home/agent/sv/d/f")
+	// A subvolume, and a read-only snapshot of it whose files not even
+	// root can unlink while it stays read-only.
+	mustSh(t, f.b, x.name, "btrfs subvolume create /home/agent/sv >/dev/null && mkdir /home/agent/sv/d && echo x > /home/agent/sv/d/f && "+
+		"btrfs subvolume snapshot -r /home/agent/sv /home/agent/ro >/dev/null")
 	var st unix.Stat_t
 	if err := unix.Lstat(filepath.Join(x.home(), "sv"), &st); err != nil {
 		t.Fatal(err)
