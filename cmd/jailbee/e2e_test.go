@@ -582,8 +582,9 @@ func TestExecTTYThroughARealTerminal(t *testing.T) {
 // running cannot hold `jb exec -t` open (the user's terminal raw, Ctrl-C
 // dead): jb returns once the command has ended and restores the
 // terminal. A background process keeps the command's terminal; another
-// tries to take the host terminal from the in-sandbox relay with
-// pidfd_getfd and keep it, which the relay refuses (it is not dumpable).
+// tries to take the host terminal from the command's parent, the
+// supervisor that relays it, with pidfd_getfd and keep it, which the
+// supervisor refuses (it is not dumpable).
 func TestExecTTYNotHeldBySandboxProcesses(t *testing.T) {
 	h := newHostEnv(t)
 	if h.incusProject != "" {
@@ -597,7 +598,7 @@ func TestExecTTYNotHeldBySandboxProcesses(t *testing.T) {
 	cmd, exited := u.jb(h, "exec", "-t", "held", "--", "sh", "-c", "trap '' HUP; sleep 600 & ls /proc/$PPID/fd >/dev/null 2>&1 || echo fd-closed; perl -e \"$1\" $PPID; exit 4", "sh", takeFD0)
 	u.waitExit(cmd, exited, 4)
 	if s := u.output(); !strings.Contains(s, "fd-closed\r\npidfd_getfd: errno 1\r\n") {
-		t.Errorf("a sandbox process listed the relay's descriptors or took its terminal, want both refused (EPERM); output:\n%q", s)
+		t.Errorf("a sandbox process listed the supervisor's descriptors or took its terminal, want both refused (EPERM); output:\n%q", s)
 	}
 }
 

@@ -26,8 +26,6 @@ func main() {
 			os.Exit(unit.InitMain())
 		case arg == "_sandbox-launch":
 			os.Exit(unit.LaunchMain())
-		case arg == unit.PtyRelayCommand:
-			os.Exit(unit.PtyRelayMain(os.Args[2:]))
 		case incus.IsHelperCommand(arg):
 			os.Exit(incus.HelperMain(os.Args[1:]))
 		case gitx.IsHelperCommand(arg):

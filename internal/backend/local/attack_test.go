@@ -8,9 +8,12 @@ package local_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -29,6 +32,7 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/backendtest"
 	"agentbox/internal/backend/local"
+	"agentbox/internal/term"
 	"agentbox/internal/testutil/testbin"
 	"agentbox/internal/testutil/wait"
 )
@@ -965,5 +969,106 @@ func TestExecQuickCommandsNeverHang(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Error(err)
+	}
+}
+
+// TestAttackTTYHeldOnlyByPID1: the host terminal of a terminal exec is
+// held inside the sandbox by its supervisor alone, which is non-dumpable
+// from its first instruction. A process it executed to hold it (the
+// former `jailbee _pty-relay`) is dumpable from its exec until it makes
+// itself not, and in that window a process of the sandbox (same uid) can
+// open its descriptors through /proc or pidfd_getfd, or ptrace it, and
+// keep the host terminal after the command ended.
+func TestAttackTTYHeldOnlyByPID1(t *testing.T) {
+	f := newFixture(t)
+	x := f.start("ptyhold", testLimits)
+	master, slave, err := term.OpenPTY()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer master.Close()
+	go io.Copy(io.Discard, master)
+	var tty unix.Stat_t
+	if err := unix.Fstat(int(slave.Fd()), &tty); err != nil {
+		t.Fatal(err)
+	}
+	// Every host process of the sandbox's uid with the terminal open,
+	// by its pid inside the sandbox (the last NSpid field).
+	holders := func() []string {
+		var out []string
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			st := procStatus(pid)
+			if !idsAre(st["Uid"], x.uid) {
+				continue
+			}
+			fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+			for _, fd := range fds {
+				var s unix.Stat_t
+				if unix.Stat(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()), &s) == nil && s.Rdev == tty.Rdev && s.Dev == tty.Dev {
+					ns := strings.Fields(st["NSpid"])
+					out = append(out, ns[len(ns)-1])
+					break
+				}
+			}
+		}
+		return out
+	}
+	seen := map[string]bool{}
+	ctx, cancel := context.WithTimeout(t.Context(), hangGuard)
+	defer cancel()
+	_, err = f.b.Exec(ctx, x.name, backend.ExecOptions{Argv: []string{"sleep", "1"}, TTY: true, Stdin: slave, Stdout: slave, Stderr: slave,
+		Started: func() {
+			for range 20 {
+				for _, p := range holders() {
+					seen[p] = true
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(seen, "1")
+	if len(seen) > 0 {
+		t.Errorf("processes of the sandbox other than its supervisor held the host terminal (pids inside: %v)", slices.Sorted(maps.Keys(seen)))
+	}
+	slave.Close()
+
+	// The supervisor lets go of every terminal it relayed, also when the
+	// command left a process holding the sandbox's terminal.
+	var sup struct {
+		PID int `json:"pid"`
+	}
+	data, err := os.ReadFile(filepath.Join(x.dir, "meta.json"))
+	if err != nil || json.Unmarshal(data, &sup) != nil || sup.PID <= 0 {
+		t.Fatalf("the supervisor's pid: %v", err)
+	}
+	fds := func() int {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", sup.PID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	before := fds()
+	for range 3 {
+		m, s, err := term.OpenPTY()
+		if err != nil {
+			t.Fatal(err)
+		}
+		go io.Copy(io.Discard, m)
+		if _, err := f.b.Exec(ctx, x.name, backend.ExecOptions{Argv: []string{"sh", "-c", "trap '' HUP; sleep 600 & exit 0"}, TTY: true, Stdin: s, Stdout: s, Stderr: s}); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		m.Close()
+	}
+	if after := fds(); after > before {
+		t.Errorf("the supervisor holds %d descriptors after three terminal execs, %d before", after, before)
 	}
 }

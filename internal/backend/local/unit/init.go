@@ -153,7 +153,7 @@ func (s *supervisor) serve(conn *net.UnixConn) {
 // exec starts one command and reports its pid and its exit status; the
 // connection closing first kills the command's process group.
 func (s *supervisor) exec(conn *net.UnixConn, req Request, files []*os.File) {
-	status, ch, started := s.start(req, files)
+	status, ch, relay, started := s.start(req, files)
 	closeAll(files)
 	if !started {
 		writeReply(conn, Reply{Exit: &status})
@@ -163,6 +163,7 @@ func (s *supervisor) exec(conn *net.UnixConn, req Request, files []*os.File) {
 	if err := writeReply(conn, Reply{PID: &pid}); err != nil {
 		syscall.Kill(-pid, syscall.SIGKILL)
 		<-ch
+		relay.close(false)
 		return
 	}
 	gone := make(chan struct{})
@@ -178,8 +179,10 @@ func (s *supervisor) exec(conn *net.UnixConn, req Request, files []*os.File) {
 	case <-gone:
 		syscall.Kill(-pid, syscall.SIGKILL)
 		<-ch
+		relay.close(false)
 		return
 	}
+	relay.close(true)
 	code := ws.ExitStatus()
 	if ws.Signaled() {
 		code = 128 + int(ws.Signal())
@@ -189,56 +192,66 @@ func (s *supervisor) exec(conn *net.UnixConn, req Request, files []*os.File) {
 
 // start forks the command in a session of its own. It returns the pid,
 // the channel the reaper sends its status on (registered under the same
-// lock as the fork, so the reaper cannot miss it) and true, or a
-// shell-style status (the reason written to the command's stderr) and
-// false. The caller keeps the channel: the reaper forgets it once it has
-// sent, which a quick command's end can do before start's caller runs on.
-func (s *supervisor) start(req Request, files []*os.File) (int, chan syscall.WaitStatus, bool) {
+// lock as the fork, so the reaper cannot miss it), the relay of a TTY
+// exec (nil otherwise) and true, or a shell-style status (the reason
+// written to the command's stderr) and false. The caller keeps the
+// channel: the reaper forgets it once it has sent, which a quick
+// command's end can do before start's caller runs on.
+func (s *supervisor) start(req Request, files []*os.File) (int, chan syscall.WaitStatus, *ttyRelay, bool) {
 	stderr := files[2]
 	if len(req.Argv) == 0 || req.Argv[0] == "" {
 		fmt.Fprintln(stderr, "jailbee: empty command")
-		return cannotRunStatus, nil, false
+		return cannotRunStatus, nil, nil, false
 	}
-	argv := req.Argv
-	if req.TTY {
-		// The command gets a terminal of the sandbox's own (ptyrelay.go).
-		self, err := os.Executable()
-		if err != nil {
-			fmt.Fprintf(stderr, "jailbee: %v\r\n", err)
-			return cannotRunStatus, nil, false
-		}
-		argv = append([]string{self, PtyRelayCommand, "--"}, argv...)
-	}
-	prog, err := lookPath(argv[0], envPath(req.Env))
+	prog, err := lookPath(req.Argv[0], envPath(req.Env))
 	if err != nil {
 		fmt.Fprintf(stderr, "jailbee: %s: command not found\n", shown(req.Argv[0]))
-		return notFoundStatus, nil, false
+		return notFoundStatus, nil, nil, false
 	}
 	dir := req.Dir
 	if dir == "" {
 		dir = "/"
 	}
+	stdio := []uintptr{files[0].Fd(), files[1].Fd(), files[2].Fd()}
+	var relay *ttyRelay
+	if req.TTY {
+		// The command gets a terminal of the sandbox's own (ptyrelay.go).
+		r, slave, err := openTTYRelay(files[0])
+		if err != nil {
+			fmt.Fprintf(stderr, "jailbee: %v\n", err)
+			return cannotRunStatus, nil, nil, false
+		}
+		defer slave.Close()
+		relay = r
+		stdio = []uintptr{slave.Fd(), slave.Fd(), slave.Fd()}
+	}
 	attr := &syscall.ProcAttr{
 		Dir:   dir,
 		Env:   req.Env,
-		Files: []uintptr{files[0].Fd(), files[1].Fd(), files[2].Fd()},
+		Files: stdio,
 		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: req.TTY, Ctty: 0},
 	}
 	ch := make(chan syscall.WaitStatus, 1)
 	s.mu.Lock()
-	pid, err := syscall.ForkExec(prog, argv, attr)
+	pid, err := syscall.ForkExec(prog, req.Argv, attr)
 	if err == nil {
 		s.waiters[pid] = ch
 	}
 	s.mu.Unlock()
 	if err != nil {
+		if relay != nil {
+			relay.close(false)
+		}
 		fmt.Fprintf(stderr, "jailbee: %s: %v\n", shown(req.Argv[0]), err)
 		if err == syscall.ENOENT {
-			return notFoundStatus, nil, false
+			return notFoundStatus, nil, nil, false
 		}
-		return cannotRunStatus, nil, false
+		return cannotRunStatus, nil, nil, false
 	}
-	return pid, ch, true
+	if relay != nil {
+		relay.run()
+	}
+	return pid, ch, relay, true
 }
 
 // envPath is the PATH of the command's environment.

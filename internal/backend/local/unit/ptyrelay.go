@@ -2,12 +2,9 @@ package unit
 
 import (
 	"errors"
-	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"os/signal"
-	"syscall"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -18,99 +15,109 @@ import (
 // A terminal handed to a sandbox (the slave of a pseudo-terminal the host
 // made) belongs to the host's devpts, which the sandbox's /dev does not
 // show: ttyname() fails on it and tools that need their terminal's name
-// break. So a TTY exec runs `jailbee _pty-relay -- CMD...` inside the
-// sandbox: with the host terminal as its controlling terminal (it gets
-// SIGWINCH when the user's window changes), it makes a terminal from the
-// sandbox's own /dev/ptmx for the command and copies between the two.
-
-// PtyRelayCommand is the relay's hidden command name.
-const PtyRelayCommand = "_pty-relay"
+// break. So a TTY exec runs the command on a terminal from the sandbox's
+// own /dev/ptmx, and the supervisor copies between the two.
+//
+// The supervisor relays itself, never a process it executes: a freshly
+// executed process is dumpable until it can make itself not, and in that
+// window a process of the sandbox (same uid) could open its descriptors
+// through /proc or pidfd_getfd, or ptrace it, and so take the host
+// terminal and keep it after the command ended. The supervisor is
+// non-dumpable from its first instruction to its last.
 
 // relayOutputGrace bounds the copy of the command's last output once it
 // has ended (a process it left running may hold the terminal).
 const relayOutputGrace = 2 * time.Second
 
-// PtyRelayMain is `jailbee _pty-relay -- CMD...`; it returns the command's
-// exit status.
-func PtyRelayMain(args []string) int {
-	if len(args) < 2 || args[0] != "--" {
-		fmt.Fprintln(os.Stderr, "usage: jailbee _pty-relay -- CMD...")
-		return 2
+// resizePoll is how often the relay passes the host terminal's size on:
+// the supervisor cannot have it as its controlling terminal (SIGWINCH).
+const resizePoll = 200 * time.Millisecond
+
+// ttyRelay copies between the host terminal of one TTY exec and the
+// sandbox terminal its command runs on.
+type ttyRelay struct {
+	outer, master *os.File
+	restore       func()
+	copied        chan struct{} // the command's output has ended
+	stop          chan struct{}
+	once          sync.Once
+}
+
+// openTTYRelay puts the host terminal host in raw mode (the command's own
+// terminal does the line discipline) and makes the command's terminal,
+// whose slave end it returns. host stays the caller's.
+func openTTYRelay(host *os.File) (*ttyRelay, *os.File, error) {
+	// A non-blocking copy of our own: closing it ends a read in progress.
+	fd, err := unix.FcntlInt(host.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
 	}
-	// Not dumpable: no process of the sandbox (same uid) may take the
-	// host terminal from the relay (pidfd_getfd, /proc/PID/fd) and hold it
-	// after the command ended. The command itself is dumpable again (exec).
-	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
-		fmt.Fprintf(os.Stderr, "jailbee: prctl: %v\n", err)
-		return cannotRunStatus
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, nil, err
 	}
-	argv := args[1:]
-	outer := os.Stdin
+	outer := os.NewFile(uintptr(fd), "terminal")
 	if !term.IsTerminal(outer) {
-		fmt.Fprintln(os.Stderr, "jailbee: _pty-relay needs a terminal")
-		return cannotRunStatus
+		outer.Close()
+		return nil, nil, errors.New("a terminal exec needs a terminal")
 	}
-	// The host terminal only carries bytes; the command's own terminal
-	// does the line discipline.
 	restore, err := term.MakeRaw(outer)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "jailbee: %v\n", err)
-		return cannotRunStatus
+		outer.Close()
+		return nil, nil, err
 	}
-	defer restore()
 	master, slave, err := term.OpenPTY()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "jailbee: %v\n", err)
-		return cannotRunStatus
+		restore()
+		outer.Close()
+		return nil, nil, err
 	}
-	defer master.Close()
 	term.CopySize(slave, outer)
-	prog, err := exec.LookPath(argv[0])
-	if err != nil {
-		fmt.Fprintf(outer, "jailbee: %s: command not found\r\n", shown(argv[0]))
-		slave.Close()
-		return notFoundStatus
-	}
-	cmd := exec.Command(prog, argv[1:]...)
-	cmd.Args[0] = argv[0]
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-	err = cmd.Start()
-	slave.Close()
-	if err != nil {
-		fmt.Fprintf(outer, "jailbee: %s: %v\r\n", shown(argv[0]), err)
-		return cannotRunStatus
-	}
-	winch := make(chan os.Signal, 1)
-	signal.Notify(winch, syscall.SIGWINCH)
-	go func() {
-		for range winch {
-			term.CopySize(master, outer)
-		}
-	}()
-	go io.Copy(master, outer)
-	copied := make(chan struct{})
+	r := &ttyRelay{outer: outer, master: master, restore: restore, copied: make(chan struct{}), stop: make(chan struct{})}
+	return r, slave, nil
+}
+
+// run starts the copies, and the passing on of size changes.
+func (r *ttyRelay) run() {
+	go io.Copy(r.master, r.outer)
 	go func() {
 		// Reading the master ends with EIO once every holder of the
 		// command's terminal has closed it.
-		io.Copy(outer, master)
-		close(copied)
+		io.Copy(r.outer, r.master)
+		close(r.copied)
 	}()
-	err = cmd.Wait()
-	select {
-	case <-copied:
-	case <-time.After(relayOutputGrace):
-	}
-	signal.Stop(winch)
-	var ee *exec.ExitError
-	switch {
-	case err == nil:
-		return 0
-	case errors.As(err, &ee):
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
+	go func() {
+		t := time.NewTicker(resizePoll)
+		defer t.Stop()
+		for {
+			select {
+			case <-r.stop:
+				return
+			case <-t.C:
+				term.CopySize(r.master, r.outer) // the kernel signals only a change
+			}
 		}
-		return ee.ExitCode()
+	}()
+}
+
+// close ends the relay: with grace, once the command's output has ended
+// or relayOutputGrace has passed (a process the command left running may
+// hold its terminal). Nothing of the sandbox holds the host terminal then.
+// A nil relay (no terminal) has nothing to close.
+func (r *ttyRelay) close(grace bool) {
+	if r == nil {
+		return
 	}
-	return cannotRunStatus
+	if grace {
+		select {
+		case <-r.copied:
+		case <-time.After(relayOutputGrace):
+		}
+	}
+	r.once.Do(func() {
+		close(r.stop)
+		r.restore()
+		r.outer.Close()
+		r.master.Close()
+	})
 }
