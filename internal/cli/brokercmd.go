@@ -105,10 +105,11 @@ refuses to start unless --no-limits.`,
 				InboxQuota: store.Quota{MaxUnreadItems: cfg.Inbox.MaxUnreadItems, MaxUnreadBytes: cfg.Inbox.MaxUnreadBytes,
 					TreeMaxUnreadItems: cfg.Tree.MaxUnreadItems, TreeMaxUnreadBytes: cfg.Tree.MaxUnreadBytes},
 				ReadRetention: time.Duration(cfg.Inbox.ReadRetentionDays) * 24 * time.Hour,
-				Caps:          orchestrate.Caps{MaxChildren: cfg.Tree.MaxChildren, MaxQueuedSpawns: cfg.Tree.MaxQueuedSpawns},
-				TreeMaxConns:  cfg.Tree.MaxConnections,
-				Model:         model,
-				Publish:       publish,
+				Caps: orchestrate.Caps{MaxChildren: cfg.Tree.MaxChildren, MaxQueuedSpawns: cfg.Tree.MaxQueuedSpawns,
+					MaxSpawnsPerHour: cfg.Tree.MaxSpawnsPerHour},
+				TreeMaxConns: cfg.Tree.MaxConnections,
+				Model:        model,
+				Publish:      publish,
 			})
 			if errors.Is(err, broker.ErrLocked) {
 				if pid := broker.LockHolder(dir); pid > 0 {

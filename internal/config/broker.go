@@ -84,6 +84,13 @@ const (
 	// DefaultTreeQueuedSpawns is tree.max_queued_spawns when broker.yaml
 	// does not set it.
 	DefaultTreeQueuedSpawns = 32
+	// MinTreeSpawnsPerHour and MaxTreeSpawnsPerHour bound
+	// tree.max_spawns_per_hour.
+	MinTreeSpawnsPerHour = 1
+	MaxTreeSpawnsPerHour = 1000000
+	// DefaultTreeSpawnsPerHour is tree.max_spawns_per_hour when
+	// broker.yaml does not set it.
+	DefaultTreeSpawnsPerHour = 256
 	// MinTreeConnections and MaxTreeConnections bound
 	// tree.max_connections.
 	MinTreeConnections = 16
@@ -227,6 +234,9 @@ type Tree struct {
 	MaxChildren int
 	// MaxQueuedSpawns bounds its spawns and restarts waiting for a slot.
 	MaxQueuedSpawns int
+	// MaxSpawnsPerHour bounds the spawns it may have admitted in the
+	// last hour (each child takes a host uid for good).
+	MaxSpawnsPerHour int
 	// MaxUnreadItems and MaxUnreadBytes bound the unread items of the
 	// orchestrator's inbox and its children's, together.
 	MaxUnreadItems int
@@ -248,7 +258,8 @@ func DefaultBroker() *Broker {
 		Limits: Limits{Pids: DefaultPids, MemoryBytes: DefaultMemoryBytes, CPUWeight: DefaultCPUWeight, DiskBytes: DefaultDiskBytes},
 		Inbox: InboxQuota{MaxUnreadItems: DefaultInboxUnreadItems, MaxUnreadBytes: DefaultInboxUnreadBytes,
 			ReadRetentionDays: DefaultReadRetentionDays},
-		Tree: Tree{MaxChildren: DefaultTreeChildren, MaxQueuedSpawns: DefaultTreeQueuedSpawns, MaxConnections: DefaultTreeConnections,
+		Tree: Tree{MaxChildren: DefaultTreeChildren, MaxQueuedSpawns: DefaultTreeQueuedSpawns, MaxSpawnsPerHour: DefaultTreeSpawnsPerHour,
+			MaxConnections: DefaultTreeConnections,
 			MaxUnreadItems: DefaultTreeUnreadItems, MaxUnreadBytes: DefaultTreeUnreadBytes},
 		SandboxUIDs: UIDRange{
 			First: DefaultSandboxUIDFirst,
@@ -492,6 +503,8 @@ func (t *Tree) fields() []field {
 			get: func() int64 { return int64(t.MaxChildren) }, set: func(v int64) { t.MaxChildren = int(v) }},
 		{key: "max_queued_spawns", min: MinTreeQueuedSpawns, max: MaxTreeQueuedSpawns,
 			get: func() int64 { return int64(t.MaxQueuedSpawns) }, set: func(v int64) { t.MaxQueuedSpawns = int(v) }},
+		{key: "max_spawns_per_hour", min: MinTreeSpawnsPerHour, max: MaxTreeSpawnsPerHour,
+			get: func() int64 { return int64(t.MaxSpawnsPerHour) }, set: func(v int64) { t.MaxSpawnsPerHour = int(v) }},
 		{key: "max_unread_items", min: MinInboxUnreadItems, max: MaxInboxUnreadItems,
 			get: func() int64 { return int64(t.MaxUnreadItems) }, set: func(v int64) { t.MaxUnreadItems = int(v) }},
 		{key: "max_unread_bytes", size: true, min: MinInboxUnreadBytes, max: MaxInboxUnreadBytes,

@@ -24,6 +24,7 @@ inbox:
 tree:
   max_children: 10
   max_queued_spawns: 5
+  max_spawns_per_hour: 40
   max_unread_items: 300
   max_unread_bytes: 20MiB
   max_connections: 200
@@ -50,7 +51,7 @@ func TestParseBrokerFull(t *testing.T) {
 	want := &Broker{
 		Limits:      Limits{Pids: 2048, MemoryBytes: 8 << 30, CPUWeight: 200, DiskBytes: 40 << 30},
 		Inbox:       InboxQuota{MaxUnreadItems: 500, MaxUnreadBytes: 16 << 20, ReadRetentionDays: 2},
-		Tree:        Tree{MaxChildren: 10, MaxQueuedSpawns: 5, MaxUnreadItems: 300, MaxUnreadBytes: 20 << 20, MaxConnections: 200},
+		Tree:        Tree{MaxChildren: 10, MaxQueuedSpawns: 5, MaxSpawnsPerHour: 40, MaxUnreadItems: 300, MaxUnreadBytes: 20 << 20, MaxConnections: 200},
 		SandboxUIDs: UIDRange{First: 200000, Count: 65536},
 		Model:       Model{Upstream: "http://127.0.0.1:9000", APIKeyFile: "/etc/jailbee/anthropic-key", MaxOutputTokensPerHour: 100000},
 		Forge:       Forge{APIURL: "http://127.0.0.1:8080/api/", GitURL: "file:///srv/git/{owner}/{name}.git", TokenEnv: "GITHUB_TOKEN"},
@@ -65,7 +66,7 @@ func TestDefaultBroker(t *testing.T) {
 	want := &Broker{
 		Limits:      Limits{Pids: 1024, MemoryBytes: 4 << 30, CPUWeight: 100, DiskBytes: 16 << 30},
 		Inbox:       InboxQuota{MaxUnreadItems: 1000, MaxUnreadBytes: 32 << 20, ReadRetentionDays: 7},
-		Tree:        Tree{MaxChildren: 64, MaxQueuedSpawns: 32, MaxUnreadItems: 2000, MaxUnreadBytes: 64 << 20, MaxConnections: 1024},
+		Tree:        Tree{MaxChildren: 64, MaxQueuedSpawns: 32, MaxSpawnsPerHour: 256, MaxUnreadItems: 2000, MaxUnreadBytes: 64 << 20, MaxConnections: 1024},
 		SandboxUIDs: UIDRange{First: 1073741824, Count: 1048576},
 		Model:       Model{Upstream: DefaultModelUpstream},
 		Forge:       Forge{APIURL: "https://api.github.com/", GitURL: "https://github.com/{owner}/{name}.git"},
@@ -216,6 +217,10 @@ func TestParseBrokerBounds(t *testing.T) {
 		{"children past max", "tree: {max_children: 10001}\n", "tree.max_children: must be 1 to 10000 (line 1)"},
 		{"queued at max", "tree: {max_queued_spawns: 10000}\n", ""},
 		{"queued past max", "tree: {max_queued_spawns: 10001}\n", "tree.max_queued_spawns: must be 1 to 10000 (line 1)"},
+		{"spawns an hour at min", "tree: {max_spawns_per_hour: 1}\n", ""},
+		{"spawns an hour below min", "tree: {max_spawns_per_hour: 0}\n", "tree.max_spawns_per_hour: must be 1 to 1000000 (line 1)"},
+		{"spawns an hour at max", "tree: {max_spawns_per_hour: 1000000}\n", ""},
+		{"spawns an hour past max", "tree: {max_spawns_per_hour: 1000001}\n", "tree.max_spawns_per_hour: must be 1 to 1000000 (line 1)"},
 		{"connections at min", "tree: {max_connections: 16}\n", ""},
 		{"connections below min", "tree: {max_connections: 15}\n", "tree.max_connections: must be 16 to 1000000 (line 1)"},
 		{"connections at max", "tree: {max_connections: 1000000}\n", ""},

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 )
 
 // The defaults of Caps: what one orchestrator's tree may hold in
@@ -17,13 +18,23 @@ const (
 	// DefaultMaxQueuedSpawns bounds an orchestrator's spawns and restarts
 	// waiting for a running slot.
 	DefaultMaxQueuedSpawns = 32
+	// DefaultMaxSpawnsPerHour bounds the spawns one orchestrator has
+	// admitted in the last hour: each child takes a host uid a root broker
+	// never gives again, so spawning and destroying in a loop would use up
+	// the range (sandbox_uids) for every tree. 256 is four fan-outs to
+	// DefaultMaxChildren an hour.
+	DefaultMaxSpawnsPerHour = 256
 )
+
+// spawnWindow is the span MaxSpawnsPerHour counts over.
+const spawnWindow = time.Hour
 
 // Caps bound what one orchestrator may spawn (broker.yaml tree); a zero
 // bound is its default.
 type Caps struct {
-	MaxChildren     int
-	MaxQueuedSpawns int
+	MaxChildren      int
+	MaxQueuedSpawns  int
+	MaxSpawnsPerHour int
 }
 
 // withDefaults is c with each zero bound set to its default.
@@ -33,6 +44,9 @@ func (c Caps) withDefaults() Caps {
 	}
 	if c.MaxQueuedSpawns <= 0 {
 		c.MaxQueuedSpawns = DefaultMaxQueuedSpawns
+	}
+	if c.MaxSpawnsPerHour <= 0 {
+		c.MaxSpawnsPerHour = DefaultMaxSpawnsPerHour
 	}
 	return c
 }
@@ -51,6 +65,55 @@ func (c Caps) admit(kids childCounts, wait bool) error {
 			kids.queued, c.MaxQueuedSpawns, len(kids.active), plural(len(kids.active), "slot", "slots"), namedList(kids.active))
 	}
 	return nil
+}
+
+// spawnRate counts the spawns each orchestrator had admitted over the
+// last spawnWindow, in memory: a broker restart starts every count
+// afresh, which a sandbox cannot cause.
+type spawnRate struct {
+	admitted map[string][]time.Time // by orchestrator, oldest first
+}
+
+// check refuses a spawn of orch at now once max spawns were admitted in
+// the window before it, naming the cap and when the next one is allowed.
+func (r *spawnRate) check(orch string, now time.Time, limit int) error {
+	times := r.recent(orch, now)
+	if len(times) < limit {
+		return nil
+	}
+	wait := times[len(times)-limit].Add(spawnWindow).Sub(now).Round(time.Second)
+	return refusef("you have spawned %d %s in the last hour (at most %d an hour: each new child takes a host uid that is never given again); spawn again in %v",
+		len(times), plural(len(times), "child", "children"), limit, max(wait, time.Second))
+}
+
+// add records a spawn of orch admitted at now, and forgets every
+// orchestrator's admissions older than the window (a destroyed
+// orchestrator's too).
+func (r *spawnRate) add(orch string, now time.Time) {
+	if r.admitted == nil {
+		r.admitted = map[string][]time.Time{}
+	}
+	for o := range r.admitted {
+		r.recent(o, now)
+	}
+	r.admitted[orch] = append(r.admitted[orch], now)
+}
+
+// recent is orch's admissions within the window before now; it forgets
+// older ones.
+func (r *spawnRate) recent(orch string, now time.Time) []time.Time {
+	times := r.admitted[orch]
+	i := 0
+	for i < len(times) && !times[i].After(now.Add(-spawnWindow)) {
+		i++
+	}
+	times = times[i:]
+	if len(times) == 0 {
+		delete(r.admitted, orch)
+		return nil
+	}
+	r.admitted[orch] = times
+	return times
 }
 
 // stateCounts writes children's counts by state, in a stable order:

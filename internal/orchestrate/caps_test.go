@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"agentbox/internal/config"
 	"agentbox/internal/grant"
@@ -158,5 +159,81 @@ func TestMessagesToFailedChildrenRefusedAtTreeBudget(t *testing.T) {
 	want := "the inboxes of `lead` and its children are full: 17 unread items (at most 1000) and 1022 KiB unread (at most 1 MiB), no room for this message (60.1 KiB), held by `dead01` (6 items, 360.7 KiB), `dead00` (6 items, 360.7 KiB), `dead02` (5 items, 300.6 KiB); send again with a new id once they have read their messages, or destroy children that never will"
 	if refusal.Detail != want {
 		t.Errorf("refusal:\n got %q\nwant %q", refusal.Detail, want)
+	}
+}
+
+// TestSpawnRefusedAtSpawnsPerHour: an orchestrator spawning and
+// destroying children in a loop (each takes a host uid for good) has its
+// 256th spawn of the hour accepted and its 257th refused, naming the cap
+// and when the next is allowed; destroying children frees no place in the
+// count, another orchestrator is not held by it, and the place comes back
+// an hour after the oldest spawn.
+func TestSpawnRefusedAtSpawnsPerHour(t *testing.T) {
+	f := newCapsFixture(t, DefaultMaxChildren)
+	clock := time.Date(2026, 12, 3, 6, 0, 0, 0, time.UTC)
+	f.o.now = func() time.Time { return clock }
+	ctx := context.Background()
+	for i := range DefaultMaxSpawnsPerHour {
+		branch := fmt.Sprintf("loop/%03d", i)
+		if st := f.spawn(t, branch); st.State != wire.StateStarted {
+			t.Fatalf("spawn %d: %s %q, want started", i+1, st.State, st.Detail)
+		}
+		if err := f.st.DeleteSandbox(ctx, "loop-"+fmt.Sprintf("%03d", i)); err != nil { // destroyed: its place in max_children is free
+			t.Fatal(err)
+		}
+		if i == 0 {
+			clock = clock.Add(10 * time.Minute) // the others come 10 minutes after the first
+		}
+	}
+	st := f.spawn(t, "loop/one-more")
+	want := "you have spawned 256 children in the last hour (at most 256 an hour: each new child takes a host uid that is never given again); spawn again in 50m0s"
+	if st.State != wire.StateRefused || st.Detail != want {
+		t.Fatalf("spawn past the rate: %s %q, want refused %q", st.State, st.Detail, want)
+	}
+	if _, err := f.st.Sandbox(ctx, "loop-one-more"); err == nil {
+		t.Error("the refused spawn recorded its child")
+	}
+
+	// Another orchestrator's spawns are counted apart.
+	doc, _ := json.Marshal(f.g)
+	if err := f.st.CreateSandbox(ctx, store.Sandbox{Name: "other", UUID: "u-other", Role: wire.RoleOrchestrator,
+		Branch: "other", Repo: f.repo, State: store.StateRunning, Grant: string(doc)}); err != nil {
+		t.Fatal(err)
+	}
+	m := &manifest.Manifest{Version: 1, ID: "spawn-other", Type: manifest.TypeSpawn,
+		Spawn: &manifest.Spawn{Kind: manifest.KindNew, Branch: "other/kid", Base: "main", Prompt: "work"}}
+	from := manifest.Sender{Caller: wire.Caller{Sandbox: "other", Role: wire.RoleOrchestrator}, Grant: &f.g, Repo: scriptedRepo()}
+	sent, err := f.o.Spawn(ctx, from.Caller, m, from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var other wire.StatusItem
+	if err := json.Unmarshal(sent.Status.Doc, &other); err != nil || other.State != wire.StateStarted {
+		t.Fatalf("another orchestrator's spawn: %+v %v, want started", other, err)
+	}
+
+	// An hour after the first spawn, one place is back, and only one.
+	clock = clock.Add(50 * time.Minute)
+	if st := f.spawn(t, "loop/after-hour"); st.State != wire.StateStarted {
+		t.Fatalf("spawn an hour after the first: %s %q, want started", st.State, st.Detail)
+	}
+	if st := f.spawn(t, "loop/and-one-more"); st.State != wire.StateRefused || !strings.HasSuffix(st.Detail, "spawn again in 10m0s") {
+		t.Fatalf("the next spawn: %s %q, want refused until the second spawn's hour ends", st.State, st.Detail)
+	}
+}
+
+// TestSpawnRateCap: broker.yaml's tree.max_spawns_per_hour reaches the
+// count, and a queued spawn counts as one.
+func TestSpawnRateCap(t *testing.T) {
+	f := newCapsFixture(t, 1)
+	f.o.Caps = Caps{MaxSpawnsPerHour: 2}
+	if st := f.spawn(t, "one"); st.State != wire.StateStarted {
+		t.Fatalf("first spawn: %s %q", st.State, st.Detail)
+	}
+	if st := f.spawn(t, "two"); st.State != wire.StateQueued {
+		t.Fatalf("second spawn: %s %q, want queued", st.State, st.Detail)
+	}
+	if st := f.spawn(t, "three"); st.State != wire.StateRefused || !strings.HasPrefix(st.Detail, "you have spawned 2 children in the last hour (at most 2 an hour") {
+		t.Fatalf("third spawn: %s %q, want refused at 2 an hour", st.State, st.Detail)
 	}
 }

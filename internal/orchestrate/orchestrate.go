@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/grant"
@@ -47,7 +48,8 @@ type Orchestrator struct {
 	Notify func(sandbox string)
 	// Sandboxes configures new sandboxes.
 	Sandboxes Sandboxes
-	// Caps bound each orchestrator's children and queued spawns.
+	// Caps bound each orchestrator's children, queued spawns and spawns
+	// an hour.
 	Caps Caps
 	// Log records failures whose cause stays out of statuses (nil: the
 	// default logger).
@@ -83,6 +85,10 @@ type Orchestrator struct {
 	// queueMu makes counting an orchestrator's slots and taking one (a
 	// queued child's claim, an admission) one step.
 	queueMu sync.Mutex
+	// spawns counts each orchestrator's spawns of the last hour (under
+	// queueMu); now is its clock (nil: time.Now; tests move it).
+	spawns spawnRate
+	now    func() time.Time
 	// rightsMu makes reading a sandbox's rights, attaching or detaching
 	// their mounts and recording the change one step (manifests, host
 	// changes, expiry and re-attachment at start alike).

@@ -156,16 +156,25 @@ func (o *Orchestrator) admitSpawn(ctx context.Context, req wire.Caller, m *manif
 	if err := o.Caps.admit(kids, wait); err != nil {
 		return "", "", "", err
 	}
+	now := time.Now()
+	if o.now != nil {
+		now = o.now()
+	}
+	if err := o.spawns.check(orch.Name, now, o.Caps.withDefaults().MaxSpawnsPerHour); err != nil {
+		return "", "", "", err
+	}
 	if wait {
 		row.State, row.Phase, row.QueuedSeq = store.StateQueued, "", time.Now().UnixNano()
 		if err := o.Store.CreateSandbox(ctx, row); err != nil {
 			return "", "", "", err
 		}
+		o.spawns.add(orch.Name, now)
 		return wire.StateQueued, queuedDetail(queued+1, active, max), name, nil
 	}
 	if err := o.Store.CreateSandbox(ctx, row); err != nil {
 		return "", "", "", err
 	}
+	o.spawns.add(orch.Name, now)
 	return wire.StateStarted, fmt.Sprintf("creation of child `%s` started", name), name, nil
 }
 
