@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"agentbox/internal/broker"
+	"agentbox/internal/orchestrate"
 	"agentbox/internal/store"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
@@ -110,7 +111,9 @@ func TestRefusedManifestsDoNotGrowWithoutBound(t *testing.T) {
 // queued and failed statuses) after a sweep; the spawn of the child that
 // still exists keeps its statuses (ls shows it) however many came after.
 func TestQueuedSpawnCyclesDoNotGrowTheJournal(t *testing.T) {
-	e := newTestEnv(t)
+	e := newTestEnvStopped(t)
+	e.caps = orchestrate.Caps{MaxSpawnsPerHour: store.MaxJournaled} // past tree.max_spawns_per_hour's default
+	e.start()
 	e.withAgent()
 	e.orchestratorOneSlot("lead")
 	lead := e.client("lead")
