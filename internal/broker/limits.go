@@ -57,9 +57,10 @@ const (
 	DefaultInboxMaxUnreadItems = 1000
 	DefaultInboxMaxUnreadBytes = 32 << 20 // 32 MiB
 	// DefaultTreeMaxUnreadItems and DefaultTreeMaxUnreadBytes bound the
-	// unread items of an orchestrator and all its children together,
-	// checked on messages to a child: however many children it keeps,
-	// an orchestrator's messages hold at most this much.
+	// unread messages (statuses do not count) of an orchestrator and all
+	// its children together, checked on messages to a child: however
+	// many children it keeps, an orchestrator's messages hold at most
+	// this much.
 	DefaultTreeMaxUnreadItems = 2000
 	DefaultTreeMaxUnreadBytes = 64 << 20 // 64 MiB
 )

@@ -156,7 +156,7 @@ func TestMessagesToFailedChildrenRefusedAtTreeBudget(t *testing.T) {
 	if sent != 17 { // 17 documents of a little over 60 KiB fit in 1 MiB
 		t.Errorf("%d messages delivered before the refusal, want 17", sent)
 	}
-	want := "the inboxes of `lead` and its children are full: 17 unread items (at most 1000) and 1022 KiB unread (at most 1 MiB), no room for this message (60.1 KiB), held by `dead01` (6 items, 360.7 KiB), `dead00` (6 items, 360.7 KiB), `dead02` (5 items, 300.6 KiB); send again with a new id once they have read their messages, or destroy children that never will"
+	want := "the inboxes of `lead` and its children are full: 17 unread messages (at most 1000) and 1022 KiB unread (at most 1 MiB), no room for this message (60.1 KiB), held by `dead01` (6 messages, 360.7 KiB), `dead00` (6 messages, 360.7 KiB), `dead02` (5 messages, 300.6 KiB); send again with a new id once they have read their messages, or destroy children that never will"
 	if refusal.Detail != want {
 		t.Errorf("refusal:\n got %q\nwant %q", refusal.Detail, want)
 	}

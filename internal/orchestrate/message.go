@@ -96,15 +96,16 @@ func inboxFullDetail(e *store.InboxFullError) string {
 }
 
 // treeFullDetail is the refusal of a message to a child that the tree
-// budget (its orchestrator's inbox and all its children's, unread) has
-// no room for; it names the inboxes that hold the most (docs/protocol.md):
+// budget (the unread messages of its orchestrator's inbox and all its
+// children's) has no room for; it names the inboxes that hold the most
+// (docs/protocol.md):
 //
-//	the inboxes of `lead` and its children are full: 2000 unread items (at most 2000) and 63.9 MiB unread (at most 64 MiB), held by `kid-1` (1000 items, 32 MiB), `kid-2` (999 items, 31.9 MiB) and 1 more; send again with a new id once they have read their messages, or destroy children that never will
+//	the inboxes of `lead` and its children are full: 2000 unread messages (at most 2000) and 63.9 MiB unread (at most 64 MiB), held by `kid-1` (1000 messages, 32 MiB), `kid-2` (999 messages, 31.9 MiB) and 1 more; send again with a new id once they have read their messages, or destroy children that never will
 func treeFullDetail(e *store.TreeFullError) string {
 	q := e.Quota
 	var b strings.Builder
 	fmt.Fprintf(&b, "the inboxes of `%s` and its children are full: %d unread %s (at most %d) and %s unread (at most %s)",
-		e.Root, e.Items, plural(e.Items, "item", "items"), q.TreeMaxUnreadItems, formatSize(e.Bytes), formatSize(q.TreeMaxUnreadBytes))
+		e.Root, e.Items, plural(e.Items, "message", "messages"), q.TreeMaxUnreadItems, formatSize(e.Bytes), formatSize(q.TreeMaxUnreadBytes))
 	if !e.ItemsFull() {
 		fmt.Fprintf(&b, ", no room for this message (%s)", formatSize(e.MessageBytes))
 	}
@@ -114,7 +115,7 @@ func treeFullDetail(e *store.TreeFullError) string {
 		if i > 0 {
 			sep = ", "
 		}
-		fmt.Fprintf(&b, "%s`%s` (%d %s, %s)", sep, h.Sandbox, h.Items, plural(h.Items, "item", "items"), formatSize(h.Bytes))
+		fmt.Fprintf(&b, "%s`%s` (%d %s, %s)", sep, h.Sandbox, h.Items, plural(h.Items, "message", "messages"), formatSize(h.Bytes))
 	}
 	if more := len(e.Holders) - len(named); more > 0 {
 		fmt.Fprintf(&b, " and %d more", more)

@@ -15,7 +15,7 @@ import (
 // cacheUpdate collects what a transaction changed in the unread inboxes.
 type cacheUpdate struct {
 	added   []cachedItem // became unread
-	removed []cachedItem // became read (only sandbox, item.ID and size set)
+	removed []cachedItem // became read (only sandbox, item.ID, item.Type and size set)
 	dropped []string     // sandboxes deleted
 	// sandboxesChanged: a sandboxes row was written; clear the row cache.
 	sandboxesChanged bool
@@ -32,9 +32,10 @@ func (cu *cacheUpdate) add(sandbox string, it Item) {
 	cu.added = append(cu.added, cachedItem{sandbox: sandbox, item: it})
 }
 
-// remove queues an unread item of size bytes that became read.
-func (cu *cacheUpdate) remove(sandbox, id string, size int64) {
-	cu.removed = append(cu.removed, cachedItem{sandbox: sandbox, item: Item{ID: id}, size: size})
+// remove queues an unread item of type typ and size bytes that became
+// read.
+func (cu *cacheUpdate) remove(sandbox, id, typ string, size int64) {
+	cu.removed = append(cu.removed, cachedItem{sandbox: sandbox, item: Item{ID: id, Type: typ}, size: size})
 }
 
 // applyTotals applies cu to the unread totals counted so far: the
@@ -44,15 +45,13 @@ func (s *Store) applyTotals(cu *cacheUpdate) {
 	defer s.cmu.Unlock()
 	for _, a := range cu.added {
 		if t, ok := s.totals[a.sandbox]; ok {
-			t.items++
-			t.bytes += int64(len(a.item.Doc))
+			t.add(a.item.Type, int64(len(a.item.Doc)), 1)
 			s.totals[a.sandbox] = t
 		}
 	}
 	for _, r := range cu.removed {
 		if t, ok := s.totals[r.sandbox]; ok {
-			t.items--
-			t.bytes -= r.size
+			t.add(r.item.Type, -r.size, -1)
 			s.totals[r.sandbox] = t
 		}
 	}
@@ -160,8 +159,7 @@ func (s *Store) unread(ctx context.Context, sandbox string) (_ []Item, err error
 	}
 	var t unreadTotals
 	for _, it := range items {
-		t.items++
-		t.bytes += int64(len(it.Doc))
+		t.add(it.Type, int64(len(it.Doc)), 1)
 	}
 	s.totals[sandbox] = t // under wmu, like every use of totals
 	s.cmu.Lock()

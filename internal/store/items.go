@@ -363,14 +363,15 @@ func (s *Store) ReadItem(ctx context.Context, sandbox, id string, keep bool) (It
 func (s *Store) Ack(ctx context.Context, sandbox, id string) error {
 	return s.withTx(ctx, func(w *writer, cu *cacheUpdate) error {
 		var size int64
-		err := w.markRead.QueryRowContext(ctx, id, sandbox).Scan(&size)
+		var typ string
+		err := w.markRead.QueryRowContext(ctx, id, sandbox).Scan(&size, &typ)
 		if errors.Is(err, sql.ErrNoRows) {
 			return fmt.Errorf("item %q: %w", id, ErrNotFound)
 		}
 		if err != nil {
 			return err
 		}
-		cu.remove(sandbox, id, size)
+		cu.remove(sandbox, id, typ, size)
 		return nil
 	})
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"agentbox/internal/wire"
 )
 
 // Quota bounds each sandbox's unread inbox. A message delivery
@@ -24,10 +26,13 @@ import (
 // nothing; the broker always sets every bound.
 //
 // The tree bounds (TreeMax...) check a message to a child against the
-// unread items of its orchestrator and all the orchestrator's children
+// unread messages of its orchestrator and all the orchestrator's children
 // together; a message that would pass one is refused with a
-// *TreeFullError. Messages to an orchestrator are held by its own inbox
-// bounds alone, so a child's done report never waits on its siblings.
+// *TreeFullError. Statuses do not count there: each inbox's statuses are
+// its own sandbox's news, which a child could otherwise put back unread
+// (a send whose reply it never takes) until its siblings had no room.
+// Messages to an orchestrator are held by its own inbox bounds alone, so
+// a child's done report never waits on its siblings.
 type Quota struct {
 	MaxUnreadItems     int
 	MaxUnreadBytes     int64
@@ -51,26 +56,26 @@ func (e *InboxFullError) Error() string {
 }
 
 // TreeFullError is a message to a child refused by the tree bounds: the
-// unread totals of the tree (the orchestrator Root and its children)
+// unread messages of the tree (the orchestrator Root and its children)
 // before the delivery, and the inboxes that hold them, most bytes first.
 type TreeFullError struct {
 	Root         string
-	Items        int
-	Bytes        int64
+	Items        int   // unread messages of the tree
+	Bytes        int64 // their stored documents' bytes
 	MessageBytes int64
 	Quota        Quota
 	Holders      []Holder
 }
 
-// Holder is one inbox of a tree and what it holds unread.
+// Holder is one inbox of a tree and the messages it holds unread.
 type Holder struct {
 	Sandbox string
-	Items   int
-	Bytes   int64
+	Items   int   // unread messages
+	Bytes   int64 // their stored documents' bytes
 }
 
 func (e *TreeFullError) Error() string {
-	return fmt.Sprintf("inboxes of %s's tree full: %d unread items, %d bytes unread, message of %d bytes (quota %d items, %d bytes)",
+	return fmt.Sprintf("inboxes of %s's tree full: %d unread messages, %d bytes unread, message of %d bytes (quota %d items, %d bytes)",
 		e.Root, e.Items, e.Bytes, e.MessageBytes, e.Quota.TreeMaxUnreadItems, e.Quota.TreeMaxUnreadBytes)
 }
 
@@ -97,10 +102,24 @@ func (s *Store) SetQuota(q Quota) {
 	s.quota = q
 }
 
-// unreadTotals is the size of a sandbox's unread inbox.
+// unreadTotals is the size of a sandbox's unread inbox: every item (the
+// inbox quota), and its messages alone (the tree bounds).
 type unreadTotals struct {
-	items int
-	bytes int64
+	items    int
+	bytes    int64
+	msgs     int
+	msgBytes int64
+}
+
+// add counts n items (n < 0: uncounts) of type typ and size bytes each
+// time: size is already negative for n < 0.
+func (t *unreadTotals) add(typ string, size int64, n int) {
+	t.items += n
+	t.bytes += size
+	if typ == wire.ItemMessage {
+		t.msgs += n
+		t.msgBytes += size
+	}
 }
 
 // checkQuota refuses a message of msgBytes to sandbox when it would put
@@ -125,7 +144,7 @@ func (s *Store) checkQuota(ctx context.Context, w *writer, sandbox string, msgBy
 }
 
 // checkTree refuses a message of msgBytes to sandbox, when it is a child,
-// that would put its tree's unread items past the tree bounds. Call with
+// that would put its tree's unread messages past the tree bounds. Call with
 // s.wmu held, inside the delivery's transaction.
 func (s *Store) checkTree(ctx context.Context, w *writer, sandbox string, msgBytes int64) error {
 	q := s.quota
@@ -153,9 +172,9 @@ func (s *Store) checkTree(ctx context.Context, w *writer, sandbox string, msgByt
 	return nil
 }
 
-// treeHolders is the unread totals of root and each of its children
-// (from the cache once counted), those holding most bytes first, empty
-// inboxes left out.
+// treeHolders is the unread messages of root and each of its children
+// (from the cache once counted), those holding most bytes first, inboxes
+// without unread messages left out.
 func (s *Store) treeHolders(ctx context.Context, w *writer, root string) ([]Holder, error) {
 	rows, err := w.treeMembers.QueryContext(ctx, root, root)
 	if err != nil {
@@ -180,8 +199,8 @@ func (s *Store) treeHolders(ctx context.Context, w *writer, root string) ([]Hold
 		if err != nil {
 			return nil, err
 		}
-		if t.items > 0 {
-			out = append(out, Holder{Sandbox: n, Items: t.items, Bytes: t.bytes})
+		if t.msgs > 0 {
+			out = append(out, Holder{Sandbox: n, Items: t.msgs, Bytes: t.msgBytes})
 		}
 	}
 	slices.SortFunc(out, func(a, b Holder) int {
@@ -209,7 +228,7 @@ func (s *Store) unreadTotalsTx(ctx context.Context, w *writer, sandbox string) (
 	}
 	var t unreadTotals
 	for {
-		if err := w.unreadTotals.QueryRowContext(ctx, sandbox, limit).Scan(&t.items, &t.bytes); err != nil {
+		if err := w.unreadTotals.QueryRowContext(ctx, sandbox, limit).Scan(&t.items, &t.bytes, &t.msgs, &t.msgBytes); err != nil {
 			return unreadTotals{}, err
 		}
 		if limit < 0 || int64(t.items) < limit {

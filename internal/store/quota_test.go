@@ -26,8 +26,10 @@ func msgLen(t *testing.T, from, manifestID, body string) int64 {
 func dbTotals(t *testing.T, s *Store, sandbox string) unreadTotals {
 	t.Helper()
 	var tot unreadTotals
-	err := s.db.QueryRow(`SELECT count(*), coalesce(sum(octet_length(doc)), 0) FROM items WHERE sandbox = ? AND read = 0`,
-		sandbox).Scan(&tot.items, &tot.bytes)
+	err := s.db.QueryRow(`SELECT count(*), coalesce(sum(octet_length(doc)), 0),
+		count(*) FILTER (WHERE type = 'message'), coalesce(sum(octet_length(doc)) FILTER (WHERE type = 'message'), 0)
+		FROM items WHERE sandbox = ? AND read = 0`,
+		sandbox).Scan(&tot.items, &tot.bytes, &tot.msgs, &tot.msgBytes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +81,7 @@ func TestQuotaBounds(t *testing.T) {
 				if _, found, err := journalLookup(ctx, s.w.journalGet, dir.from, refusedID); found || err != nil {
 					t.Fatalf("refused id journaled: found=%v err=%v", found, err)
 				}
-				if got := dbTotals(t, s, dir.to); got != (unreadTotals{tc.fit, int64(tc.fit) * size}) {
+				if got := dbTotals(t, s, dir.to); got != (unreadTotals{tc.fit, int64(tc.fit) * size, tc.fit, int64(tc.fit) * size}) {
 					t.Fatalf("recipient's unread inbox after the refusal: %+v", got)
 				}
 				all, _ := s.ListItems(ctx, dir.from, true)

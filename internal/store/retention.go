@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"agentbox/internal/wire"
 )
 
 // Bounds of the storage sweep.
@@ -300,7 +302,7 @@ func deleteItem(ctx context.Context, w *writer, cu *cacheUpdate, sandbox string,
 		return err
 	}
 	if !read {
-		cu.remove(sandbox, id, size)
+		cu.remove(sandbox, id, wire.ItemStatus, size)
 	}
 	return nil
 }

@@ -76,12 +76,14 @@ func (s *Store) prepare(ctx context.Context) error {
 		w(&s.w.journalGet, journalGetSQL),
 		w(&s.w.journalPut, `INSERT INTO journal (sandbox, manifest_id, type, status_seq, created_at) VALUES (?,?,?,?,?)`),
 		w(&s.w.journalSetSt, `UPDATE journal SET status_seq = ? WHERE sandbox = ? AND manifest_id = ?`),
-		w(&s.w.markRead, `UPDATE items SET read = 1 WHERE id = ? AND sandbox = ? AND read = 0 RETURNING octet_length(doc)`),
+		w(&s.w.markRead, `UPDATE items SET read = 1 WHERE id = ? AND sandbox = ? AND read = 0 RETURNING octet_length(doc), type`),
 		w(&s.w.markUnread, `UPDATE items SET read = 0 WHERE id = ? AND sandbox = ? AND read = 1 RETURNING `+itemCols),
 		w(&s.w.messageDoc, `SELECT doc FROM items WHERE id = ? AND sandbox = ? AND type = 'message'`),
 		// octet_length reads a document's length without loading it.
-		w(&s.w.unreadTotals, `SELECT count(*), coalesce(sum(n), 0) FROM
-			(SELECT octet_length(doc) AS n FROM items WHERE sandbox = ? AND read = 0 LIMIT ?)`),
+		// m: the length of a message's document, NULL for a status.
+		w(&s.w.unreadTotals, `SELECT count(*), coalesce(sum(n), 0), count(m), coalesce(sum(m), 0) FROM
+			(SELECT octet_length(doc) AS n, CASE WHEN type = 'message' THEN octet_length(doc) END AS m
+			FROM items WHERE sandbox = ? AND read = 0 LIMIT ?)`),
 		w(&s.w.parentOf, `SELECT parent FROM sandboxes WHERE name = ?`),
 		w(&s.w.treeMembers, `SELECT name FROM sandboxes WHERE name = ? OR parent = ?`),
 		w(&s.w.usageAdd, usageAddSQL),

@@ -66,8 +66,9 @@ func TestHostIDCollisionRetries(t *testing.T) {
 }
 
 // TestUnreadCacheMatchesDatabase runs random sends, reads, acks and
-// put-backs, and compares the cached unread inboxes with what a fresh
-// store reads from the file.
+// put-backs (of messages and of statuses), and compares the cached unread
+// inboxes, and their totals by type, with what a fresh store reads from
+// the file.
 func TestUnreadCacheMatchesDatabase(t *testing.T) {
 	s, path := openTestStore(t)
 	s.SetQuota(Quota{MaxUnreadItems: 1000}) // counts c's inbox; never refuses here
@@ -75,7 +76,14 @@ func TestUnreadCacheMatchesDatabase(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var read []string // ids read in c, candidates for MarkUnread
 	for i := range 300 {
-		switch op := rng.IntN(10); {
+		switch op := rng.IntN(12); {
+		case op >= 10:
+			// c's own send: its status in c, stored read.
+			sent, err := s.DeliverMessage(ctx, Delivery{From: "c", To: "o", ManifestID: fmt.Sprintf("c-%d", i), Kind: "note", Body: "y"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			read = append(read, sent.Status.ID)
 		case op < 5:
 			if _, err := s.DeliverMessage(ctx, Delivery{From: "o", To: "c", ManifestID: fmt.Sprintf("m-%d", i), Kind: "note", Body: "x"}); err != nil {
 				t.Fatal(err)
@@ -103,8 +111,8 @@ func TestUnreadCacheMatchesDatabase(t *testing.T) {
 		}
 	}
 	// The unread totals the quota reads followed every change too.
-	if got, want := s.totals["c"], dbTotals(t, s, "c"); got != want {
-		t.Fatalf("c: cached totals %+v, the database %+v", got, want)
+	if got, want := s.totals["c"], dbTotals(t, s, "c"); got != want || want.msgs == want.items || want.msgs == 0 {
+		t.Fatalf("c: cached totals %+v, the database %+v (want messages and statuses)", got, want)
 	}
 	fresh, err := Open(path)
 	if err != nil {

@@ -74,3 +74,49 @@ func TestTreeQuota(t *testing.T) {
 		})
 	}
 }
+
+// TestTreeQuotaCountsMessagesOnly: unread statuses, however many (c holds
+// more than its own item bound, so its count is taken in full), count in
+// no tree bound nor holder; the tree's messages still fill it to the
+// bound and no further. A reopened store, its cache cold or loaded,
+// counts the same from the file.
+func TestTreeQuotaCountsMessagesOnly(t *testing.T) {
+	s, path := openTestStore(t)
+	q := Quota{MaxUnreadItems: 5, TreeMaxUnreadItems: 3}
+	s.SetQuota(q)
+	ctx := context.Background()
+	if err := s.CreateSandbox(ctx, Sandbox{Name: "d", UUID: "u-d", Role: wire.RoleChild, Parent: "o",
+		Branch: "d", Repo: "/r", State: "running"}); err != nil {
+		t.Fatal(err)
+	}
+	for sb, n := range map[string]int{"c": 7, "o": 2} {
+		for i := range n {
+			if _, err := s.RecordStatus(ctx, sb, fmt.Sprintf("x-%d", i), "spawn", wire.StateRefused, "no", false); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	size := msgLen(t, "o", "m-1", "body of m-1")
+	for i := range 3 {
+		if _, err := deliver(s, "o", "d", fmt.Sprintf("m-%d", i+1)); err != nil {
+			t.Fatalf("message %d within the tree bound: %v", i+1, err)
+		}
+	}
+	want := TreeFullError{Root: "o", Items: 3, Bytes: 3 * size, MessageBytes: size, Quota: q, Holders: []Holder{{"d", 3, 3 * size}}}
+	cold, warm := reopen(t, path, q), reopen(t, path, q)
+	for _, sb := range []string{"c", "o", "d"} {
+		if _, err := warm.ListItems(ctx, sb, false); err != nil { // counted by the cache's loader
+			t.Fatal(err)
+		}
+	}
+	for _, st := range []*Store{s, cold, warm} {
+		_, err := deliver(st, "o", "d", "m-9")
+		var full *TreeFullError
+		if !errors.As(err, &full) || fmt.Sprint(*full) != fmt.Sprint(want) {
+			t.Fatalf("past the tree bound: %v, want %+v", err, want)
+		}
+		if got, want := st.totals["c"], dbTotals(t, st, "c"); got != want || want.items != 7 || want.msgs != 0 {
+			t.Fatalf("c's unread: counted %+v, the database %+v", got, want)
+		}
+	}
+}
