@@ -1,0 +1,68 @@
+package dispatch_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// fullFS mounts a small tmpfs at dir and fills it; the returned function
+// frees the space again.
+func fullFS(t *testing.T, dir string) (free func()) {
+	t.Helper()
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=64k,mode=0700"); err != nil {
+		t.Skipf("cannot mount a tmpfs: %v", err)
+	}
+	t.Cleanup(func() { unix.Unmount(dir, unix.MNT_DETACH) })
+	filler := filepath.Join(dir, "filler")
+	f, err := os.Create(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := f.Write(make([]byte, 4096)); err != nil {
+			if !errors.Is(err, unix.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	f.Close()
+	return func() {
+		if err := os.Remove(filler); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestDispatchLedgerDiskFull: the consumer can fill the disk the
+// runtime's ledger is on (the spool volume is on the host). A claim that
+// cannot be appended is a terminal failure that contacts nobody and
+// names no host path; once there is room again the request is dispatched,
+// once.
+func TestDispatchLedgerDiskFull(t *testing.T) {
+	w := newWorld(t, false)
+	w.serve()
+	base := filepath.Dir(filepath.Dir(w.s.Ledger))
+	free := fullFS(t, filepath.Dir(w.s.Ledger))
+	w.put("f.json", envelope("f", `{}`))
+	_, err := w.dispatch("f", 0)
+	terminal(t, err)
+	if strings.Contains(err.Error(), base) {
+		t.Errorf("the error names a host path: %v", err)
+	}
+	if w.count("f") != 0 {
+		t.Fatal("the endpoint was contacted without a durable claim")
+	}
+	free()
+	if out, err := w.dispatch("f", 0); err != nil || out.Cached || w.count("f") != 1 {
+		t.Fatalf("with room again: %+v %v, endpoint saw %d", out, err, w.count("f"))
+	}
+}
