@@ -462,6 +462,12 @@ func (st *step) respond(resp *spool.Response, durable func(sync func() error) er
 	l := st.s.Layout
 	f, err := createFileAt(proc, tmp, data, responseMode, l.UID, l.GID)
 	if err != nil {
+		// The consumer can fill its volume while the endpoint answers:
+		// the answer is recorded all the same, and a later dispatch
+		// writes the consumer's file from the ledger.
+		if derr := durable(func() error { return nil }); derr != nil {
+			return derr
+		}
 		return err
 	}
 	err = durable(func() error { return unix.Fsync(int(f.Fd())) })
