@@ -8,6 +8,11 @@
 // directory that was world-readable. The access ACLs and modes of existing
 // entries are not touched.
 //
+// A file with more than one link is refused: the other link may be
+// outside the tree (a repository cloned from a local path shares its
+// objects with the source), and re-owning the inode would hand that file
+// over too.
+//
 // The walk never follows a symbolic link: every entry is opened with
 // O_PATH|O_NOFOLLOW relative to its parent's descriptor and re-owned through
 // that descriptor, so a planted link (the root included) cannot redirect it
@@ -147,6 +152,12 @@ func (w *walker) entry(dirfd int, name, rel string) error {
 	defer unix.Close(fd)
 	if st.Mode&unix.S_IFMT == unix.S_IFDIR {
 		return w.dir(fd, rel)
+	}
+	// Another link to the inode may be outside the tree (a local clone's
+	// objects are hard links to its source's): re-owning it would hand
+	// that file to the consumer too.
+	if st.Nlink != 1 {
+		return fmt.Errorf("delegate: %q: %d hard links (it may be shared with a file outside the tree)", rel, st.Nlink)
 	}
 	return w.own(fd, st, rel)
 }

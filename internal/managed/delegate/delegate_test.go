@@ -503,3 +503,64 @@ func TestTreeNoACLSupport(t *testing.T) {
 	checkOwner(t, root, 0, 0)
 	checkOwner(t, filepath.Join(root, "file"), 0, 0)
 }
+
+// TestAttackSubtreesHardLinkedObjects: a repository cloned from a local
+// path (git's default for a path: its objects are hard links to the
+// source's) shares its object files' inodes with the source repository.
+// Delegating objects/ must not hand those inodes to the consumer: it could
+// then chmod and rewrite the other repository's objects from inside its
+// container. Delegation refuses a file with more than one link, and leaves
+// the shared inode alone.
+func TestAttackSubtreesHardLinkedObjects(t *testing.T) {
+	requireRoot(t)
+	base := newBase(t)
+	src, dst := filepath.Join(base, "src"), filepath.Join(base, "dst")
+	git := func(dir string, args ...string) {
+		t.Helper()
+		cmd := exec.Command("git", args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GIT_CONFIG_GLOBAL=/dev/null", "GIT_CONFIG_NOSYSTEM=1",
+			"GIT_AUTHOR_NAME=a", "GIT_AUTHOR_EMAIL=a@example.com", "GIT_COMMITTER_NAME=a", "GIT_COMMITTER_EMAIL=a@example.com")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("git %v: %v %s", args, err, out)
+		}
+	}
+	must(t, os.Mkdir(src, 0o755))
+	git(src, "init", "-q")
+	must(t, os.WriteFile(filepath.Join(src, "f"), []byte("trusted\n"), 0o644))
+	git(src, "add", "f")
+	git(src, "commit", "-q", "-m", "x")
+	git(base, "clone", "-q", src, dst)
+
+	// A source object the clone shares.
+	var shared string
+	must(t, filepath.WalkDir(filepath.Join(src, ".git", "objects"), func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() && lstat(t, p).Nlink > 1 && shared == "" {
+			shared = p
+		}
+		return err
+	}))
+	if shared == "" {
+		t.Skip("git did not hard-link the clone's objects here")
+	}
+	rel, err := filepath.Rel(filepath.Join(src, ".git"), shared)
+	must(t, err)
+	before, err := os.ReadFile(shared)
+	must(t, err)
+
+	err = Subtrees(filepath.Join(dst, ".git"), []string{"objects", "refs", "logs"}, consumerUID, consumerGID)
+	if err == nil {
+		t.Error("delegated a tree holding a hard-linked file")
+	} else {
+		checkErr(t, err, base, "hard links")
+	}
+	checkOwner(t, shared, 0, 0)
+	// What the consumer could do with the inode had it been handed over.
+	obj := filepath.Join(".git", rel)
+	if out, err := runAs(consumerUID, consumerGID, dst, "chmod u+w "+obj+" && printf forged > "+obj); err == nil {
+		t.Errorf("the consumer rewrote the source repository's object: %s", out)
+	}
+	if after, _ := os.ReadFile(shared); string(after) != string(before) {
+		t.Fatal("the source repository's object changed")
+	}
+}

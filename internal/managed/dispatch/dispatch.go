@@ -124,7 +124,7 @@ func (s *Spool) attempt(ctx context.Context, id string, deadline time.Time) (*Ou
 	defer ledger.Close()
 	d, _, err := openDir(s.Dir)
 	if err != nil {
-		return nil, fmt.Errorf("spool: open: %w", err)
+		return nil, fmt.Errorf("spool: open: %w", bare(err))
 	}
 	defer d.Close()
 	if err := Verify(d, s.Layout); err != nil {
@@ -170,11 +170,11 @@ func (s *Spool) attempt(ctx context.Context, id string, deadline time.Time) (*Ou
 // it. A crashed holder's lock goes with its process.
 func (s *Spool) lock(id string, deadline time.Time) (*os.File, error) {
 	if err := secfs.EnsurePrivateDir(s.Ledger); err != nil {
-		return nil, fmt.Errorf("ledger: %w", err)
+		return nil, fmt.Errorf("ledger: %w", bare(err))
 	}
 	f, err := os.OpenFile(filepath.Join(s.Ledger, id+".ledger"), os.O_RDWR|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("ledger: %w", err)
+		return nil, fmt.Errorf("ledger: %w", bare(err))
 	}
 	for {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
@@ -209,7 +209,7 @@ type step struct {
 func (st *step) readLedger() error {
 	data, err := io.ReadAll(io.NewSectionReader(st.ledger, 0, spool.MaxLedgerBytes+1))
 	if err != nil {
-		return fmt.Errorf("ledger: read: %w", err)
+		return fmt.Errorf("ledger: read: %w", bare(err))
 	}
 	if st.rec, err = spool.ParseLedger(data, st.ids); err != nil {
 		return fmt.Errorf("ledger: the request's records are damaged: %w", err)
@@ -233,13 +233,13 @@ func (st *step) readLedger() error {
 func (st *step) record(kind string, body []byte, crash string, also ...func() error) error {
 	if st.rec.Torn {
 		if err := st.ledger.Truncate(int64(st.rec.Valid)); err != nil {
-			return fmt.Errorf("ledger: cut a torn record: %w", err)
+			return fmt.Errorf("ledger: cut a torn record: %w", bare(err))
 		}
 		st.rec.Torn = false
 	}
 	rec := spool.AppendLedgerRecord(nil, kind, body)
 	if _, err := st.ledger.Write(rec); err != nil {
-		return fmt.Errorf("ledger: append the %s record: %w", kind, err)
+		return fmt.Errorf("ledger: append the %s record: %w", kind, bare(err))
 	}
 	crashpoint.Hit(crash)
 	syncs := append(also, func() error { return unix.Fdatasync(int(st.ledger.Fd())) })
@@ -248,7 +248,7 @@ func (st *step) record(kind string, body []byte, crash string, also ...func() er
 	}
 	st.rec.Valid += len(rec)
 	if err := syncAll(syncs); err != nil {
-		return fmt.Errorf("ledger: sync the %s record: %w", kind, err)
+		return fmt.Errorf("ledger: sync the %s record: %w", kind, bare(err))
 	}
 	return nil
 }
@@ -462,6 +462,12 @@ func (st *step) respond(resp *spool.Response, durable func(sync func() error) er
 	l := st.s.Layout
 	f, err := createFileAt(proc, tmp, data, responseMode, l.UID, l.GID)
 	if err != nil {
+		// The consumer can fill its volume while the endpoint answers:
+		// the answer is recorded all the same, and a later dispatch
+		// writes the consumer's file from the ledger.
+		if derr := durable(func() error { return nil }); derr != nil {
+			return derr
+		}
 		return err
 	}
 	err = durable(func() error { return unix.Fsync(int(f.Fd())) })

@@ -117,3 +117,47 @@ func FuzzDecodeResponse(f *testing.F) {
 		}
 	})
 }
+
+// FuzzDecodeFrame: the endpoint's parser of a relayed frame (its payload
+// is the consumer's bytes). An accepted frame has valid ids, is never
+// echoed in an error, and its canonical form (what the dispatcher sends)
+// decodes again to the same ids and payload, and as a claim record.
+func FuzzDecodeFrame(f *testing.F) {
+	frame := without(envelopeKVs(), "capability")
+	for _, seed := range [][]byte{
+		obj(frame...),
+		append(obj(frame...), '\n'),
+		obj(with(frame, "payload", nested(63))...),
+		obj(with(frame, "payload", `"\u2028\ud800<&>\u0000"`)...),
+		obj(with(frame, "run_id", `""`)...),
+		obj(append(frame, kv{"capability", q(capability)})...),
+		obj(append(frame, kv{`request\u005fid`, q("other")})...),
+		[]byte(`{}`), []byte("\n"), []byte(`[]`), []byte("{\"version\":\"1\"\xff}"),
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		ids, p, err := spool.DecodeFrame(data)
+		if err != nil {
+			if strings.Contains(err.Error(), "SECRET") {
+				t.Fatalf("error echoes input: %v", err)
+			}
+			return
+		}
+		if ids.RunID == "" || ids.LeaseID == "" || ids.Consumer == "" || spool.ValidRequestID(ids.RequestID) != nil || !json.Valid(p) {
+			t.Fatalf("accepted ids %+v payload %q", ids, p)
+		}
+		e := spool.Envelope{Version: spool.Version, RunID: ids.RunID, LeaseID: ids.LeaseID, Consumer: ids.Consumer, RequestID: ids.RequestID, Payload: p}
+		canon := e.Frame()
+		if len(canon) > len(data) {
+			t.Fatalf("canonical frame %d bytes, input %d", len(canon), len(data))
+		}
+		ids2, p2, err := spool.DecodeFrame(canon)
+		if err != nil || ids2 != ids || !bytes.Equal(p2, p) {
+			t.Fatalf("the canonical frame does not decode the same: %v", err)
+		}
+		if _, err := spool.DecodeClaim(spool.NewClaim(canon).Marshal(), ids); err != nil {
+			t.Fatalf("claim of a valid frame refused: %v", err)
+		}
+	})
+}
