@@ -1,0 +1,67 @@
+package incus_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/backend/backendtest"
+	"agentbox/internal/backend/incus"
+)
+
+// atBoot makes root inside run script at every boot of the container,
+// before its init: the image's /sbin/init, on the container's own disk
+// (root inside owns it), becomes a wrapper that runs script first.
+func atBoot(t *testing.T, b *incus.Backend, name, script string) {
+	t.Helper()
+	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Stdin: strings.NewReader(script + "\n"), Argv: []string{"sh", "-c",
+		`init=$(readlink -f /sbin/init) && mv "$init" "$init.real" && { echo '#!/bin/sh'; cat; echo "exec $init.real"; } > "$init" && chmod 755 "$init"`}})
+	if r.Code != 0 {
+		t.Fatalf("wrap /sbin/init: %d %s", r.Code, r.Stderr)
+	}
+}
+
+// TestAttackStartHangs: root inside makes /dev/null a FIFO as the
+// container boots (its init is root's to change). The broker's own step
+// of every Start, the egress relay it starts as root inside, opens
+// /dev/null for the relay's stdin and blocks there for ever: a Start
+// must still end (egressTimeout), failing that sandbox's start only.
+func TestAttackStartHangs(t *testing.T) {
+	b := newBackend(t)
+	defer incus.SetEgressTimeout(3 * time.Second)()
+	ctx := context.Background()
+	for _, name := range []string{"hostile", "benign"} {
+		if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Start(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	atBoot(t, b, "hostile", "umount -l /dev/null; rm -f /dev/null; mkfifo -m 666 /dev/null")
+	for _, name := range []string{"hostile", "benign"} {
+		if err := b.Stop(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Start(ctx, "hostile") }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "egress relay") {
+			t.Fatalf("Start of a container whose /dev/null is a FIFO: %v, want the egress relay's timeout", err)
+		}
+		t.Logf("Start: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Start of a container whose /dev/null is a FIFO never returned: the egress relay's step hangs with it")
+	}
+	// The other sandbox starts and runs commands as ever.
+	if err := b.Start(ctx, "benign"); err != nil {
+		t.Fatal(err)
+	}
+	if out := sh(t, b, "benign", "", "echo ok"); out != "ok" {
+		t.Fatalf("benign: %q", out)
+	}
+}
