@@ -2,6 +2,7 @@ package incus_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -63,5 +64,39 @@ func TestAttackStartHangs(t *testing.T) {
 	}
 	if out := sh(t, b, "benign", "", "echo ok"); out != "ok" {
 		t.Fatalf("benign: %q", out)
+	}
+}
+
+// TestAttackDevNullFIFO: root inside makes /dev/null a FIFO. The framer
+// of every command without a terminal let go of its stdin by opening
+// /dev/null in its place, which then blocks for ever: the command's
+// output was never passed on and its Exec never ended. Commands must run
+// as ever (a command's own use of /dev/null is its own).
+func TestAttackDevNullFIFO(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "fifo"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, b, name, "root", "umount -l /dev/null; rm -f /dev/null && mkfifo -m 666 /dev/null")
+	for _, user := range []string{"", "root"} {
+		done := make(chan string, 1)
+		go func() {
+			var out strings.Builder
+			code, err := b.Exec(ctx, name, backend.ExecOptions{User: user, Argv: []string{"echo", "ran"}, Stdout: &out, Stdin: strings.NewReader("")})
+			done <- fmt.Sprintf("%d %v %q", code, err, out.String())
+		}()
+		select {
+		case got := <-done:
+			if got != `0 <nil> "ran\n"` {
+				t.Fatalf("a command as %q with /dev/null a FIFO: %s", user, got)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("a command as %q with /dev/null a FIFO never ended", user)
+		}
 	}
 }

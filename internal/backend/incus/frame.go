@@ -68,10 +68,13 @@ func frameMain(args []string) int {
 		w.Close()
 	} else {
 		w.Close()
-		// The command holds stdin now; this process lets go of it.
-		if null, err := os.Open(os.DevNull); err == nil {
-			syscall.Dup3(int(null.Fd()), 0, 0)
-			null.Close()
+		// The command holds stdin now; this process lets go of it, for
+		// the read end of an empty pipe: never /dev/null, which root
+		// inside may have made a FIFO that blocks the open for ever.
+		if er, ew, err := os.Pipe(); err == nil {
+			ew.Close()
+			syscall.Dup3(int(er.Fd()), 0, 0)
+			er.Close()
 		}
 	}
 	out := os.Stdout
