@@ -2,7 +2,9 @@ package incus_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -98,5 +100,39 @@ func TestAttackDevNullFIFO(t *testing.T) {
 		case <-time.After(time.Minute):
 			t.Fatalf("a command as %q with /dev/null a FIFO never ended", user)
 		}
+	}
+}
+
+// TestAttackHelperOutputFlood: root inside puts a program of its own
+// first on the PATH the backend's own commands inside run with (an sh in
+// /usr/local/sbin, which comes before /bin): the kill of a cancelled
+// command runs it, and what it prints went, all of it, into the broker's
+// memory. What the backend reads of its own commands' output is bounded.
+func TestAttackHelperOutputFlood(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "flood"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	const flood = 256 << 20
+	sh(t, b, name, "root", fmt.Sprintf(`printf '#!/bin/sh\nhead -c %d /dev/zero\nhead -c %d /dev/zero >&2\nexec /bin/sh "$@"\n' > /usr/local/sbin/sh && chmod 755 /usr/local/sbin/sh`, flood/2, flood/2))
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	cctx, cancel := context.WithCancel(ctx)
+	_, err := b.Exec(cctx, name, backend.ExecOptions{Argv: []string{"sleep", "1000"}, Started: cancel})
+	cancel()
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("a cancelled command: %v", err)
+	}
+	runtime.ReadMemStats(&after)
+	grew := after.TotalAlloc - before.TotalAlloc
+	t.Logf("the broker allocated %d MiB while the kill printed %d MiB", grew>>20, flood>>20)
+	if grew > flood/8 {
+		t.Fatalf("the broker allocated %d MiB while a command of root's printed %d MiB: it keeps what it reads of its own commands' output unbounded", grew>>20, flood>>20)
 	}
 }

@@ -39,7 +39,7 @@ func (b *Backend) startEgressRelay(ctx context.Context, name string) error {
 	// this sandbox's start. The relay itself takes milliseconds.
 	ectx, cancel := context.WithTimeout(ctx, egressTimeout)
 	defer cancel()
-	_, err := b.run(ectx, nil, "exec", name, "--user", "0", "--group", "0", "--cwd", "/",
+	_, err := b.runInside(ectx, nil, "exec", name, "--user", "0", "--group", "0", "--cwd", "/",
 		"--force-noninteractive", "--", ClientPath, EgressCommand)
 	if err != nil && ctx.Err() == nil && ectx.Err() != nil {
 		return fmt.Errorf("start %s: egress relay: not started within %v (something inside the sandbox holds it up)", name, egressTimeout)
