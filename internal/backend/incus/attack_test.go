@@ -136,3 +136,34 @@ func TestAttackHelperOutputFlood(t *testing.T) {
 		t.Fatalf("the broker allocated %d MiB while a command of root's printed %d MiB: it keeps what it reads of its own commands' output unbounded", grew>>20, flood>>20)
 	}
 }
+
+// TestAttackClientCoveredAtBoot: root inside covers the jailbee client
+// with a fake as the container boots, before the broker's first command
+// there: Start's own command inside (the egress relay, run as root) is
+// checked like every other, and the client put back first; the fake
+// never runs and its words never reach the broker.
+func TestAttackClientCoveredAtBoot(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "boot"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, b, name, "root", `printf '#!/bin/sh\ntouch /fake-ran\nprintf "\\033]0;owned\\007" >&2\nexit 1\n' > /fake && chmod 755 /fake`)
+	atBoot(t, b, name, "mount --bind /fake "+incus.ClientPath)
+	if err := b.Stop(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatalf("Start with the client covered at boot: %q", err)
+	}
+	if out := sh(t, b, name, "root", "test -e /fake-ran && echo ran || echo never"); out != "never" {
+		t.Fatalf("the fake client ran as the broker's command: %s", out)
+	}
+	if got := covered(t, b, name); len(got) != 0 {
+		t.Fatalf("covered after Start: %q", got)
+	}
+}

@@ -34,6 +34,19 @@ func (b *Backend) startEgressRelay(ctx context.Context, name string) error {
 	if b.opts.Client == "" {
 		return nil // no client in the container (tests of the backend alone)
 	}
+	// Checked like every command's client; here, before anything else
+	// runs, root inside may have covered it as the container booted (an
+	// init of its own): put back first.
+	if err := b.checkClient(ctx, name); errors.Is(err, ErrCovered) {
+		if err := b.Restore(ctx, name); err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
+		}
+		if err := b.checkClient(ctx, name); err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
 	// Root inside can make it hang (a FIFO at /dev/null, which the relay
 	// opens for its stdin): a Start must end all the same, failing only
 	// this sandbox's start. The relay itself takes milliseconds.
