@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/backendtest"
@@ -165,5 +166,35 @@ func TestAttackClientCoveredAtBoot(t *testing.T) {
 	}
 	if got := covered(t, b, name); len(got) != 0 {
 		t.Fatalf("covered after Start: %q", got)
+	}
+}
+
+// TestAttackControlBytesInErrors: what one of the backend's own commands
+// inside prints on stderr becomes its step's error (Start's, a
+// terminal Exec's), which the broker logs and `jailbee start` or `jb
+// exec` prints on the host's terminal. Root inside chooses it when it
+// wins the race between the client's check and the command (or replaces
+// a program the backend runs there): its escape sequences must not
+// reach the host's terminal; the words may.
+func TestAttackControlBytesInErrors(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "ctl"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.RunInside(ctx, name, "sh", "-c", `printf 'say \033]0;owned\007\033[2J\r\nmore \302\233 \342\200\256 end' >&2; exit 1`)
+	if err == nil {
+		t.Fatal("a failing command inside gave no error")
+	}
+	msg := err.Error()
+	if strings.ContainsFunc(msg, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		t.Fatalf("the error carries control bytes from inside the sandbox: %q", msg)
+	}
+	if !strings.Contains(msg, "say") || !strings.Contains(msg, "end") {
+		t.Fatalf("the error lost the command's words: %q", msg)
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"agentbox/internal/backend"
 
@@ -793,6 +794,7 @@ func incusError(err error, stderr string) error {
 	if len(msg) > 400 {
 		msg = msg[:400] + "..."
 	}
+	msg = printable(msg)
 	lower := strings.ToLower(msg)
 	switch {
 	case strings.Contains(lower, "unix.socket") && (strings.Contains(lower, "connection refused") ||
@@ -812,6 +814,19 @@ func incusError(err error, stderr string) error {
 		return fmt.Errorf("%w: %s", backend.ErrExists, msg)
 	}
 	return errors.New("incus: " + msg)
+}
+
+// printable is s with every character a terminal may act on (C0 and C1
+// controls, escapes; format characters such as bidi overrides) replaced
+// by a space: an incus command's stderr is, for a command inside, the
+// container's to write, and its error reaches the host's terminal.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return ' '
+	}, s)
 }
 
 // incusEnv is the environment of the incus client: the broker's own
