@@ -198,3 +198,42 @@ func TestAttackControlBytesInErrors(t *testing.T) {
 		t.Fatalf("the error lost the command's words: %q", msg)
 	}
 }
+
+// TestAttackOutputAfterTheEnd: a command leaves a process holding its
+// stdout that floods it, or writes a line every half second, for ever.
+// Its Exec still ends with the command's status: after the command's end
+// the framer passes on at most maxOutputAfterEnd (1 MiB, what a pipe can
+// hold) and waits for more at most 2 s in all.
+func TestAttackOutputAfterTheEnd(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "after"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ how, script string }{
+		{"flood", "(sleep 0.2; exec yes) & exit 4"},
+		{"trickle", "(while :; do echo x; sleep 0.5; done) & exit 4"},
+	} {
+		t.Run(tc.how, func(t *testing.T) {
+			cctx, cancel := context.WithTimeout(ctx, time.Minute) // a bound on the test only
+			defer cancel()
+			var out countWriter
+			code, err := b.Exec(cctx, name, backend.ExecOptions{Argv: []string{"sh", "-c", tc.script}, Stdout: &out})
+			if err != nil || code != 4 {
+				t.Fatalf("%d, %v after %d bytes; want the command's status 4", code, err, out.n)
+			}
+			if out.n > 2<<20 {
+				t.Fatalf("passed on %d bytes after the command ended", out.n)
+			}
+			t.Logf("passed on %d bytes", out.n)
+		})
+	}
+}
+
+type countWriter struct{ n int }
+
+func (c *countWriter) Write(p []byte) (int, error) { c.n += len(p); return len(p), nil }
