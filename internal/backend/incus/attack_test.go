@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -237,3 +238,55 @@ func TestAttackOutputAfterTheEnd(t *testing.T) {
 type countWriter struct{ n int }
 
 func (c *countWriter) Write(p []byte) (int, error) { c.n += len(p); return len(p), nil }
+
+// TestAttackMountTableFlood: root inside makes mounts at will, and the
+// kernel's cost of a line of a mount table grows with their number: 16
+// binds of /usr on itself (each doubled by propagation) made 65,000,
+// whose table took 2 min 16 s to read, before every Exec and in every
+// round, for all sandboxes. A table past maxMountTable (64 KiB) is not
+// read on: what it covers cannot be told, so it counts as covering
+// everything (Exec refuses, List reports it, a named mount's detach says
+// it may be bound elsewhere). A table of 48 KiB is read as ever.
+func TestAttackMountTableFlood(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "mounts"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	hm := backend.HostMount{Name: "data", Source: t.TempDir(), ReadOnly: true}
+	if err := b.AttachMount(ctx, name, hm); err != nil {
+		t.Fatal(err)
+	}
+	// Binds of a directory of its own on itself, until the table (as
+	// init sees it) holds at least size bytes.
+	grow := func(size int) {
+		t.Helper()
+		out := sh(t, b, name, "root", fmt.Sprintf(`mkdir -p /mnt/x && perl -e '
+			sub size { open(my $f, "<", "/proc/1/mountinfo") or die; local $/; my $d = <$f>; length $d }
+			my ($s, $t) = ("/mnt/x", ""); my $n = 0;
+			while (size() < %d) { syscall(165, $s, $s, $t, 4096, 0) == 0 or die "mount: $!\n"; $n++ }
+			print size(), "\n"'`, size))
+		t.Logf("the mount table holds %s bytes", out)
+	}
+	grow(48 << 10)
+	if out := sh(t, b, name, "", "echo ran"); out != "ran" {
+		t.Fatalf("with a table under the bound: %q", out)
+	}
+	if got := covered(t, b, name); len(got) != 0 {
+		t.Fatalf("with a table under the bound: covered %q", got)
+	}
+	grow(96 << 10)
+	if _, err := b.Exec(ctx, name, backend.ExecOptions{Argv: []string{"true"}}); !errors.Is(err, incus.ErrCovered) {
+		t.Fatalf("Exec with a table past the bound: %v, want ErrCovered", err)
+	}
+	if got := covered(t, b, name); !slices.Contains(got, "client") {
+		t.Fatalf("List with a table past the bound: covered %q, want the client", got)
+	}
+	if err := b.DetachMount(ctx, name, hm.Device()); !errors.Is(err, incus.ErrMountCopied) {
+		t.Fatalf("DetachMount with a table past the bound: %v, want ErrMountCopied", err)
+	}
+}
