@@ -129,6 +129,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 		{"StartStopIdempotent", testStartStopIdempotent},
 		{"ExecStatusAndStreams", testExecStreams},
 		{"ExecUsersAndDir", testExecUsersAndDir},
+		{"ExecOutputHeldInBackground", testExecBackgroundHolder},
 		{"ExecTerminal", testExecTerminal},
 		{"ExecCancelEndsCommand", testExecCancel},
 		{"ExecCancelEndsForks", testExecCancelForks},
@@ -444,6 +445,25 @@ func testExecStreams(s *suite) {
 	rd.Close()
 	if string(got) != "through a file\n" {
 		t.Fatalf("through a file: %q (the pipe must end when the command ends)", got)
+	}
+}
+
+// testExecBackgroundHolder: a command that leaves a process in the
+// background holding its stdout and stderr (what git run by the broker
+// does when a hook of the sandbox's starts one) still ends: its Exec
+// returns its status and output once it has ended and its output stopped
+// coming, not when the process in the background lets go. The minute is
+// only a bound on the test: the command's process lives 10.
+func testExecBackgroundHolder(s *suite) {
+	t, b := s.t, s.b
+	name := s.started("holder")
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code, err := b.Exec(ctx, name, backend.ExecOptions{Argv: []string{"sh", "-c", "sleep 600 & echo out; echo err >&2; exit 3"},
+		Stdout: &stdout, Stderr: &stderr})
+	if err != nil || code != 3 || stdout.String() != "out\n" || stderr.String() != "err\n" {
+		t.Fatalf("a command that left a process holding its output: %d, %v, stdout %q, stderr %q; want 3 and its output", code, err, stdout.String(), stderr.String())
 	}
 }
 

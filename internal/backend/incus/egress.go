@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path"
 	"syscall"
+	"time"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/egress"
@@ -33,8 +34,29 @@ func (b *Backend) startEgressRelay(ctx context.Context, name string) error {
 	if b.opts.Client == "" {
 		return nil // no client in the container (tests of the backend alone)
 	}
-	_, err := b.run(ctx, nil, "exec", name, "--user", "0", "--group", "0", "--cwd", "/",
+	// Checked like every command's client; here, before anything else
+	// runs, root inside may have covered it as the container booted (an
+	// init of its own): put back first.
+	if err := b.checkClient(ctx, name); errors.Is(err, ErrCovered) {
+		if err := b.Restore(ctx, name); err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
+		}
+		if err := b.checkClient(ctx, name); err != nil {
+			return fmt.Errorf("start %s: %w", name, err)
+		}
+	} else if err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	// Root inside can make it hang (a FIFO at /dev/null, which the relay
+	// opens for its stdin): a Start must end all the same, failing only
+	// this sandbox's start. The relay itself takes milliseconds.
+	ectx, cancel := context.WithTimeout(ctx, egressTimeout)
+	defer cancel()
+	_, err := b.runInside(ectx, nil, "exec", name, "--user", "0", "--group", "0", "--cwd", "/",
 		"--force-noninteractive", "--", ClientPath, EgressCommand)
+	if err != nil && ctx.Err() == nil && ectx.Err() != nil {
+		return fmt.Errorf("start %s: egress relay: not started within %v (something inside the sandbox holds it up)", name, egressTimeout)
+	}
 	if err != nil {
 		return fmt.Errorf("start %s: egress relay: %w", name, err)
 	}
@@ -106,3 +128,7 @@ func loopbackUp() error {
 	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
 	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
 }
+
+// egressTimeout bounds Start's step that starts the egress relay inside
+// the container (a var: tests shorten it).
+var egressTimeout = 30 * time.Second

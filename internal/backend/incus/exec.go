@@ -60,7 +60,7 @@ func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOption
 		// A terminal: its stdin is the terminal, so the spec goes in
 		// first, to a private file the command's own uid reads and
 		// removes. incus ends with the command.
-		out, err := b.run(ctx, spec, append(append([]string{"exec", name}, user...),
+		out, err := b.runInside(ctx, spec, append(append([]string{"exec", name}, user...),
 			"--force-noninteractive", "--", ClientPath, StashCommand)...)
 		if err != nil {
 			return 0, fmt.Errorf("exec in %s: pass the command in: %w", name, err)
@@ -76,7 +76,7 @@ func (b *Backend) Exec(ctx context.Context, name string, opts backend.ExecOption
 			// The command may never have come to read its spec.
 			rmCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), killTimeout)
 			defer cancel()
-			b.run(rmCtx, nil, append(append([]string{"exec", name}, user...), "--force-noninteractive", "--", "rm", "-f", file)...)
+			b.runInside(rmCtx, nil, append(append([]string{"exec", name}, user...), "--force-noninteractive", "--", "rm", "-f", file)...)
 		}
 		return code, err
 	}
@@ -307,7 +307,7 @@ func (b *Backend) killExec(ctx context.Context, name string, uid int, marker str
 	defer cancel()
 	args := []string{"exec", name, "--user", strconv.Itoa(uid), "--group", strconv.Itoa(uid), "--force-noninteractive",
 		"--", "sh", "-c", killScript, "sh", marker}
-	b.run(ctx, nil, args...)
+	b.runInside(ctx, nil, args...)
 }
 
 // killTimeout bounds the kill of a cancelled command.

@@ -7,7 +7,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"sync/atomic"
 	"syscall"
+	"time"
 )
 
 // The incus client keeps its stdout open until the command it runs has
@@ -39,6 +41,15 @@ const (
 	frameExit = 0xffffffff
 )
 
+// Once a command has ended, the framer passes on what its stdout still
+// brings while it has waited for it at most outputGrace in all and
+// passed at most maxOutputAfterEnd (a pipe holds at most 1 MiB): a
+// process the command left may hold its stdout, and trickle or flood.
+const (
+	outputGrace       = 2 * time.Second
+	maxOutputAfterEnd = 1 << 20
+)
+
 // frameMain is `jailbee _exec-frame` inside a container.
 func frameMain(args []string) int {
 	if len(args) != 0 {
@@ -68,28 +79,54 @@ func frameMain(args []string) int {
 		w.Close()
 	} else {
 		w.Close()
-		// The command holds stdin now; this process lets go of it.
-		if null, err := os.Open(os.DevNull); err == nil {
-			syscall.Dup3(int(null.Fd()), 0, 0)
-			null.Close()
+		// The command holds stdin now; this process lets go of it, for
+		// the read end of an empty pipe: never /dev/null, which root
+		// inside may have made a FIFO that blocks the open for ever.
+		if er, ew, err := os.Pipe(); err == nil {
+			ew.Close()
+			syscall.Dup3(int(er.Fd()), 0, 0)
+			er.Close()
 		}
 	}
 	out := os.Stdout
-	buf := make([]byte, 4+frameMax)
-	for {
-		n, err := r.Read(buf[4:])
-		if n > 0 {
-			binary.BigEndian.PutUint32(buf, uint32(n))
-			if _, werr := out.Write(buf[:4+n]); werr != nil {
-				break
+	// The pieces go out as they come, until the end of the command's
+	// stdout or, once the command has ended, until none came for
+	// outputGrace: a process it left in the background may hold its
+	// stdout open for ever, and the command's end must still be told.
+	var ended atomic.Bool
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		buf := make([]byte, 4+frameMax)
+		// Once the command has ended: the time left waiting for more, and
+		// the bytes left to pass on (what the pipe held as it ended fits).
+		wait, left := outputGrace, maxOutputAfterEnd
+		for {
+			after := ended.Load()
+			if after {
+				if wait <= 0 || left <= 0 {
+					return
+				}
+				r.SetReadDeadline(time.Now().Add(wait))
+			}
+			t0 := time.Now()
+			n, err := r.Read(buf[4:min(4+frameMax, 4+max(left, 0))])
+			if after {
+				wait -= time.Since(t0)
+				left -= n
+			}
+			if n > 0 {
+				binary.BigEndian.PutUint32(buf, uint32(n))
+				if _, werr := out.Write(buf[:4+n]); werr != nil {
+					r.Close() // no one reads on: the command's writes fail
+					return
+				}
+			}
+			if err != nil {
+				return
 			}
 		}
-		if err != nil {
-			break
-		}
-	}
-	r.Close()
-	out.Write([]byte{0, 0, 0, 0})
+	}()
 	if cmd != nil {
 		err := cmd.Wait()
 		var ee *exec.ExitError
@@ -103,6 +140,11 @@ func frameMain(args []string) int {
 			status = 1
 		}
 	}
+	ended.Store(true)
+	r.SetReadDeadline(time.Now().Add(outputGrace)) // a read already waiting
+	<-copied
+	r.Close()
+	out.Write([]byte{0, 0, 0, 0})
 	var end [8]byte
 	binary.BigEndian.PutUint32(end[:4], frameExit)
 	binary.BigEndian.PutUint32(end[4:], uint32(status))

@@ -72,7 +72,12 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 	want, wantErr := hostMountID(source)
 	var id uint64
 	var initPID int
-	if mounts, err := b.initMounts(ctx, name); err == nil && wantErr == nil {
+	mounts, err := b.initMounts(ctx, name)
+	if errors.Is(err, errMountTableTooLarge) {
+		// Where root inside bound it cannot be told: as if elsewhere.
+		return fail(fmt.Errorf("%w (%v)", ErrMountCopied, err))
+	}
+	if err == nil && wantErr == nil {
 		if leftover(mounts, want, source, in.Devices) {
 			return fail(ErrMountCopied)
 		}
@@ -93,7 +98,10 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 			return fail(err)
 		}
 	}
-	mounts, err := b.initMounts(ctx, name)
+	mounts, err = b.initMounts(ctx, name)
+	if errors.Is(err, errMountTableTooLarge) {
+		return fail(fmt.Errorf("%w (%v)", ErrMountCopied, err))
+	}
 	if err != nil || wantErr != nil {
 		return nil // not running (a start mounts only its devices), or gone from the host
 	}

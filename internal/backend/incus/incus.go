@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"agentbox/internal/backend"
 
@@ -671,20 +672,71 @@ func (b *Backend) inProject(args ...string) []string {
 	return append([]string{"--project", b.opts.Project}, args...)
 }
 
+// runInside is run for the backend's own commands inside a container
+// (`incus exec`): what they print is the container's to choose (root
+// inside can put a program of its own first on their PATH, or race the
+// client's check), so at most maxInsideOutput of it is read.
+func (b *Backend) runInside(ctx context.Context, stdin []byte, args ...string) ([]byte, error) {
+	return b.incusMax(ctx, stdin, maxInsideOutput, b.inProject(args...)...)
+}
+
+// maxInsideOutput bounds the stdout of the backend's own commands inside
+// a container (a stashed spec's path is the longest); maxStderr bounds
+// what is kept of any incus command's stderr (its error message).
+const (
+	maxInsideOutput = 64 << 10
+	maxStderr       = 64 << 10
+)
+
 // incus runs the incus client with args as they are (`incus query`
 // refuses --project: its paths name the project) and returns its stdout.
 func (b *Backend) incus(ctx context.Context, stdin []byte, args ...string) ([]byte, error) {
+	return b.incusMax(ctx, stdin, -1, args...)
+}
+
+// incusMax is incus reading at most max bytes of stdout (-1: all); a
+// client that prints more is ended. Of stderr, maxStderr is kept and the
+// rest read and dropped.
+func (b *Backend) incusMax(ctx context.Context, stdin []byte, max int, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	cmd := exec.CommandContext(ctx, b.opts.Incus, args...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	stdout := &cappedBuffer{max: max, over: cancel}
+	stderr := &cappedBuffer{max: maxStderr}
+	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.Env = incusEnv()
-	if err := cmd.Run(); err != nil {
-		return nil, incusError(err, stderr.String())
+	err := cmd.Run()
+	if stdout.overflow {
+		return nil, fmt.Errorf("incus: the command printed more than %d bytes", max)
 	}
-	return stdout.Bytes(), nil
+	if err != nil {
+		return nil, incusError(err, stderr.buf.String())
+	}
+	return stdout.buf.Bytes(), nil
+}
+
+// cappedBuffer keeps the first max bytes written to it (max < 0: all)
+// and drops the rest; over, when set, runs once it overflows.
+type cappedBuffer struct {
+	buf      bytes.Buffer
+	max      int
+	overflow bool
+	over     func()
+}
+
+func (c *cappedBuffer) Write(p []byte) (int, error) {
+	if c.max >= 0 && c.buf.Len()+len(p) > c.max {
+		c.buf.Write(p[:c.max-c.buf.Len()])
+		if !c.overflow && c.over != nil {
+			c.over()
+		}
+		c.overflow = true
+		return len(p), nil
+	}
+	return c.buf.Write(p)
 }
 
 // projectPath is an API path in the backend's project.
@@ -742,6 +794,7 @@ func incusError(err error, stderr string) error {
 	if len(msg) > 400 {
 		msg = msg[:400] + "..."
 	}
+	msg = printable(msg)
 	lower := strings.ToLower(msg)
 	switch {
 	case strings.Contains(lower, "unix.socket") && (strings.Contains(lower, "connection refused") ||
@@ -761,6 +814,19 @@ func incusError(err error, stderr string) error {
 		return fmt.Errorf("%w: %s", backend.ErrExists, msg)
 	}
 	return errors.New("incus: " + msg)
+}
+
+// printable is s with every character a terminal may act on (C0 and C1
+// controls, escapes; format characters such as bidi overrides) replaced
+// by a space: an incus command's stderr is, for a command inside, the
+// container's to write, and its error reaches the host's terminal.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if unicode.IsPrint(r) {
+			return r
+		}
+		return ' '
+	}, s)
 }
 
 // incusEnv is the environment of the incus client: the broker's own

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/url"
 	"os"
@@ -188,7 +189,9 @@ func attached(socket, model string) []socketDir {
 // one, and each of dirs.
 func (b *Backend) covered(ctx context.Context, name string, dirs []socketDir, client bool) ([]string, error) {
 	mounts, err := b.initMounts(ctx, name)
-	if err != nil {
+	if errors.Is(err, errMountTableTooLarge) {
+		mounts = nil // nothing is seen placed: all of it counts as covered
+	} else if err != nil {
 		return nil, err
 	}
 	var out []string
@@ -285,12 +288,45 @@ func (b *Backend) initMounts(ctx context.Context, name string) ([]mountEntry, er
 				return nil, err
 			}
 		}
-		data, err := os.ReadFile("/proc/" + strconv.Itoa(p.pid) + "/mountinfo")
+		data, err := readMountinfo(p.pid)
+		if errors.Is(err, errMountTableTooLarge) {
+			return nil, fmt.Errorf("read the mount table of %s: %w", name, err)
+		}
 		if err == nil && procStart(p.pid) == p.start {
 			return parseMountinfo(data)
 		}
 	}
 	return nil, fmt.Errorf("read the mount table of %s: its init keeps changing", name)
+}
+
+// maxMountTable bounds what is read of a container's mount table. Root
+// inside makes mounts at will (16 binds of /usr on itself, each doubled
+// by propagation, make 65,000), and the kernel's cost of each line of
+// the table grows with their number: that whole table took 2 min 16 s to
+// read, and every Exec and every round (all sandboxes') read it. A
+// container has some 25 mounts (2.5 KiB); this holds 25 times as many.
+const maxMountTable = 64 << 10
+
+// errMountTableTooLarge: a container's mount table is past
+// maxMountTable. What it covers cannot be told: it counts as covering
+// everything (fail closed).
+var errMountTableTooLarge = fmt.Errorf("more than %d KiB of mounts (made by root inside?): what they cover is not looked at", maxMountTable>>10)
+
+// readMountinfo reads /proc/PID/mountinfo, at most maxMountTable bytes.
+func readMountinfo(pid int) ([]byte, error) {
+	f, err := os.Open("/proc/" + strconv.Itoa(pid) + "/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxMountTable+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxMountTable {
+		return nil, errMountTableTooLarge
+	}
+	return data, nil
 }
 
 // lookInit asks Incus for the running container's init.

@@ -1,0 +1,292 @@
+package incus_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+	"unicode"
+
+	"agentbox/internal/backend"
+	"agentbox/internal/backend/backendtest"
+	"agentbox/internal/backend/incus"
+)
+
+// atBoot makes root inside run script at every boot of the container,
+// before its init: the image's /sbin/init, on the container's own disk
+// (root inside owns it), becomes a wrapper that runs script first.
+func atBoot(t *testing.T, b *incus.Backend, name, script string) {
+	t.Helper()
+	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Stdin: strings.NewReader(script + "\n"), Argv: []string{"sh", "-c",
+		`init=$(readlink -f /sbin/init) && mv "$init" "$init.real" && { echo '#!/bin/sh'; cat; echo "exec $init.real"; } > "$init" && chmod 755 "$init"`}})
+	if r.Code != 0 {
+		t.Fatalf("wrap /sbin/init: %d %s", r.Code, r.Stderr)
+	}
+}
+
+// TestAttackStartHangs: root inside makes /dev/null a FIFO as the
+// container boots (its init is root's to change). The broker's own step
+// of every Start, the egress relay it starts as root inside, opens
+// /dev/null for the relay's stdin and blocks there for ever: a Start
+// must still end (egressTimeout), failing that sandbox's start only.
+func TestAttackStartHangs(t *testing.T) {
+	b := newBackend(t)
+	defer incus.SetEgressTimeout(3 * time.Second)()
+	ctx := context.Background()
+	for _, name := range []string{"hostile", "benign"} {
+		if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Start(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	atBoot(t, b, "hostile", "umount -l /dev/null; rm -f /dev/null; mkfifo -m 666 /dev/null")
+	for _, name := range []string{"hostile", "benign"} {
+		if err := b.Stop(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Start(ctx, "hostile") }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "egress relay") {
+			t.Fatalf("Start of a container whose /dev/null is a FIFO: %v, want the egress relay's timeout", err)
+		}
+		t.Logf("Start: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("Start of a container whose /dev/null is a FIFO never returned: the egress relay's step hangs with it")
+	}
+	// The other sandbox starts and runs commands as ever.
+	if err := b.Start(ctx, "benign"); err != nil {
+		t.Fatal(err)
+	}
+	if out := sh(t, b, "benign", "", "echo ok"); out != "ok" {
+		t.Fatalf("benign: %q", out)
+	}
+}
+
+// TestAttackDevNullFIFO: root inside makes /dev/null a FIFO. The framer
+// of every command without a terminal let go of its stdin by opening
+// /dev/null in its place, which then blocks for ever: the command's
+// output was never passed on and its Exec never ended. Commands must run
+// as ever (a command's own use of /dev/null is its own).
+func TestAttackDevNullFIFO(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "fifo"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, b, name, "root", "umount -l /dev/null; rm -f /dev/null && mkfifo -m 666 /dev/null")
+	for _, user := range []string{"", "root"} {
+		done := make(chan string, 1)
+		go func() {
+			var out strings.Builder
+			code, err := b.Exec(ctx, name, backend.ExecOptions{User: user, Argv: []string{"echo", "ran"}, Stdout: &out, Stdin: strings.NewReader("")})
+			done <- fmt.Sprintf("%d %v %q", code, err, out.String())
+		}()
+		select {
+		case got := <-done:
+			if got != `0 <nil> "ran\n"` {
+				t.Fatalf("a command as %q with /dev/null a FIFO: %s", user, got)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("a command as %q with /dev/null a FIFO never ended", user)
+		}
+	}
+}
+
+// TestAttackHelperOutputFlood: root inside puts a program of its own
+// first on the PATH the backend's own commands inside run with (an sh in
+// /usr/local/sbin, which comes before /bin): the kill of a cancelled
+// command runs it, and what it prints went, all of it, into the broker's
+// memory. What the backend reads of its own commands' output is bounded.
+func TestAttackHelperOutputFlood(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "flood"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	const flood = 256 << 20
+	sh(t, b, name, "root", fmt.Sprintf(`printf '#!/bin/sh\nhead -c %d /dev/zero\nhead -c %d /dev/zero >&2\nexec /bin/sh "$@"\n' > /usr/local/sbin/sh && chmod 755 /usr/local/sbin/sh`, flood/2, flood/2))
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	cctx, cancel := context.WithCancel(ctx)
+	_, err := b.Exec(cctx, name, backend.ExecOptions{Argv: []string{"sleep", "1000"}, Started: cancel})
+	cancel()
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("a cancelled command: %v", err)
+	}
+	runtime.ReadMemStats(&after)
+	grew := after.TotalAlloc - before.TotalAlloc
+	t.Logf("the broker allocated %d MiB while the kill printed %d MiB", grew>>20, flood>>20)
+	if grew > flood/8 {
+		t.Fatalf("the broker allocated %d MiB while a command of root's printed %d MiB: it keeps what it reads of its own commands' output unbounded", grew>>20, flood>>20)
+	}
+}
+
+// TestAttackClientCoveredAtBoot: root inside covers the jailbee client
+// with a fake as the container boots, before the broker's first command
+// there: Start's own command inside (the egress relay, run as root) is
+// checked like every other, and the client put back first; the fake
+// never runs and its words never reach the broker.
+func TestAttackClientCoveredAtBoot(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "boot"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, b, name, "root", `printf '#!/bin/sh\ntouch /fake-ran\nprintf "\\033]0;owned\\007" >&2\nexit 1\n' > /fake && chmod 755 /fake`)
+	atBoot(t, b, name, "mount --bind /fake "+incus.ClientPath)
+	if err := b.Stop(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatalf("Start with the client covered at boot: %q", err)
+	}
+	if out := sh(t, b, name, "root", "test -e /fake-ran && echo ran || echo never"); out != "never" {
+		t.Fatalf("the fake client ran as the broker's command: %s", out)
+	}
+	if got := covered(t, b, name); len(got) != 0 {
+		t.Fatalf("covered after Start: %q", got)
+	}
+}
+
+// TestAttackControlBytesInErrors: what one of the backend's own commands
+// inside prints on stderr becomes its step's error (Start's, a
+// terminal Exec's), which the broker logs and `jailbee start` or `jb
+// exec` prints on the host's terminal. Root inside chooses it when it
+// wins the race between the client's check and the command (or replaces
+// a program the backend runs there): its escape sequences must not
+// reach the host's terminal; the words may.
+func TestAttackControlBytesInErrors(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "ctl"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	_, err := b.RunInside(ctx, name, "sh", "-c", `printf 'say \033]0;owned\007\033[2J\r\nmore \302\233 \342\200\256 end' >&2; exit 1`)
+	if err == nil {
+		t.Fatal("a failing command inside gave no error")
+	}
+	msg := err.Error()
+	if strings.ContainsFunc(msg, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		t.Fatalf("the error carries control bytes from inside the sandbox: %q", msg)
+	}
+	if !strings.Contains(msg, "say") || !strings.Contains(msg, "end") {
+		t.Fatalf("the error lost the command's words: %q", msg)
+	}
+}
+
+// TestAttackOutputAfterTheEnd: a command leaves a process holding its
+// stdout that floods it, or writes a line every half second, for ever.
+// Its Exec still ends with the command's status: after the command's end
+// the framer passes on at most maxOutputAfterEnd (1 MiB, what a pipe can
+// hold) and waits for more at most 2 s in all.
+func TestAttackOutputAfterTheEnd(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "after"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ how, script string }{
+		{"flood", "(sleep 0.2; exec yes) & exit 4"},
+		{"trickle", "(while :; do echo x; sleep 0.5; done) & exit 4"},
+	} {
+		t.Run(tc.how, func(t *testing.T) {
+			cctx, cancel := context.WithTimeout(ctx, time.Minute) // a bound on the test only
+			defer cancel()
+			var out countWriter
+			code, err := b.Exec(cctx, name, backend.ExecOptions{Argv: []string{"sh", "-c", tc.script}, Stdout: &out})
+			if err != nil || code != 4 {
+				t.Fatalf("%d, %v after %d bytes; want the command's status 4", code, err, out.n)
+			}
+			if out.n > 2<<20 {
+				t.Fatalf("passed on %d bytes after the command ended", out.n)
+			}
+			t.Logf("passed on %d bytes", out.n)
+		})
+	}
+}
+
+type countWriter struct{ n int }
+
+func (c *countWriter) Write(p []byte) (int, error) { c.n += len(p); return len(p), nil }
+
+// TestAttackMountTableFlood: root inside makes mounts at will, and the
+// kernel's cost of a line of a mount table grows with their number: 16
+// binds of /usr on itself (each doubled by propagation) made 65,000,
+// whose table took 2 min 16 s to read, before every Exec and in every
+// round, for all sandboxes. A table past maxMountTable (64 KiB) is not
+// read on: what it covers cannot be told, so it counts as covering
+// everything (Exec refuses, List reports it, a named mount's detach says
+// it may be bound elsewhere). A table of 48 KiB is read as ever.
+func TestAttackMountTableFlood(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "mounts"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	hm := backend.HostMount{Name: "data", Source: t.TempDir(), ReadOnly: true}
+	if err := b.AttachMount(ctx, name, hm); err != nil {
+		t.Fatal(err)
+	}
+	// Binds of a directory of its own on itself, until the table (as
+	// init sees it) holds at least size bytes.
+	grow := func(size int) {
+		t.Helper()
+		out := sh(t, b, name, "root", fmt.Sprintf(`mkdir -p /mnt/x && perl -e '
+			sub size { open(my $f, "<", "/proc/1/mountinfo") or die; local $/; my $d = <$f>; length $d }
+			my ($s, $t) = ("/mnt/x", ""); my $n = 0;
+			while (size() < %d) { syscall(165, $s, $s, $t, 4096, 0) == 0 or die "mount: $!\n"; $n++ }
+			print size(), "\n"'`, size))
+		t.Logf("the mount table holds %s bytes", out)
+	}
+	grow(48 << 10)
+	if out := sh(t, b, name, "", "echo ran"); out != "ran" {
+		t.Fatalf("with a table under the bound: %q", out)
+	}
+	if got := covered(t, b, name); len(got) != 0 {
+		t.Fatalf("with a table under the bound: covered %q", got)
+	}
+	grow(96 << 10)
+	if _, err := b.Exec(ctx, name, backend.ExecOptions{Argv: []string{"true"}}); !errors.Is(err, incus.ErrCovered) {
+		t.Fatalf("Exec with a table past the bound: %v, want ErrCovered", err)
+	}
+	if got := covered(t, b, name); !slices.Contains(got, "client") {
+		t.Fatalf("List with a table past the bound: covered %q, want the client", got)
+	}
+	if err := b.DetachMount(ctx, name, hm.Device()); !errors.Is(err, incus.ErrMountCopied) {
+		t.Fatalf("DetachMount with a table past the bound: %v, want ErrMountCopied", err)
+	}
+}

@@ -1,0 +1,38 @@
+package incus
+
+import (
+	"bytes"
+	"testing"
+)
+
+// TestCappedBuffer: at its bound everything is kept; one byte past it,
+// the bound is kept, the overflow is noted once, and every write still
+// succeeds (a client writing on is drained, never stuck).
+func TestCappedBuffer(t *testing.T) {
+	for _, tc := range []struct {
+		n    int
+		over bool
+	}{{maxInsideOutput, false}, {maxInsideOutput + 1, true}} {
+		overs := 0
+		c := &cappedBuffer{max: maxInsideOutput, over: func() { overs++ }}
+		data := bytes.Repeat([]byte("x"), tc.n)
+		for len(data) > 0 {
+			piece := data[:min(len(data), 4096)]
+			if n, err := c.Write(piece); n != len(piece) || err != nil {
+				t.Fatalf("write: %d, %v", n, err)
+			}
+			data = data[len(piece):]
+		}
+		if tc.over {
+			c.Write([]byte("more")) // after an overflow: dropped, noted once
+		}
+		if tc.over != c.overflow || c.buf.Len() != maxInsideOutput || (tc.over && overs != 1) {
+			t.Fatalf("%d bytes: overflow %v, kept %d, over called %d times", tc.n, c.overflow, c.buf.Len(), overs)
+		}
+	}
+	all := &cappedBuffer{max: -1}
+	all.Write(make([]byte, maxInsideOutput+1))
+	if all.overflow || all.buf.Len() != maxInsideOutput+1 {
+		t.Fatal("an unbounded buffer dropped bytes")
+	}
+}
