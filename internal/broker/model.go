@@ -187,7 +187,7 @@ func (b *Broker) listenModel(sb store.Sandbox, sockPath string, e ModelEndpoint)
 		Upstream: e.Upstream, Key: e.Key, Client: m.Client,
 		Record:      func(u modelproxy.Usage) { b.recordUsage(sb, u) },
 		Admit:       func() error { return b.admitModel(sb) },
-		AdmitConn:   b.admitConn(sb.Tree()),
+		AdmitConn:   b.admitConn(sb),
 		Log:         b.log.With("sandbox", sb.Name, "socket", filepath.Base(sockPath)),
 		ReadTimeout: m.ReadTimeout, StreamIdle: m.StreamIdle,
 	})
