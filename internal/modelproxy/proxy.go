@@ -91,6 +91,13 @@ type Config struct {
 	// Admit, when set, is asked before each request is forwarded; an
 	// error is answered 429 with its message (e.g. a token budget spent).
 	Admit func() error
+	// Reserve, when set, is asked for each POST /v1/messages once its body
+	// is read, with the output it may cost (its max_tokens, as a response
+	// cut short is charged): requests in flight together are then not each
+	// checked against a total that counts none of them. An error is
+	// answered 429 with its message; release is called once the
+	// response's usage has been given to Record.
+	Reserve func(charge int64) (release func(), err error)
 	// AdmitConn, when set, is asked for each connection within MaxConns
 	// before it is served: the broker's budget of connections across
 	// sandboxes. An error is answered 503 (overloaded_error, with the
@@ -231,6 +238,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	body, status, n, ok := p.readBody(w, r)
 	if !ok {
 		return status, n
+	}
+	if p.cfg.Reserve != nil && r.URL.Path == "/v1/messages" {
+		release, err := p.cfg.Reserve(outputCharge(body))
+		if err != nil {
+			return apiError(w, http.StatusTooManyRequests, "rate_limit_error", err.Error())
+		}
+		defer release() // after Record, below
 	}
 	unread = unread && r.Method != http.MethodPost
 

@@ -658,6 +658,54 @@ func TestAdmit(t *testing.T) {
 	}
 }
 
+// TestReserve: each POST /v1/messages is reserved its max_tokens once its
+// body is read, and the reservation is released only after its usage was
+// recorded; a refused reservation is a 429 with its message and nothing
+// is forwarded; other paths reserve nothing.
+func TestReserve(t *testing.T) {
+	var mu sync.Mutex
+	var events []string
+	refuse := false
+	w := newWorld(t, func(c *modelproxy.Config) {
+		c.Reserve = func(charge int64) (func(), error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if refuse {
+				return nil, errBudget
+			}
+			events = append(events, fmt.Sprint("reserve ", charge))
+			return func() {
+				mu.Lock()
+				events = append(events, fmt.Sprint("release ", charge))
+				mu.Unlock()
+			}, nil
+		}
+		record := c.Record
+		c.Record = func(u modelproxy.Usage) {
+			record(u)
+			mu.Lock()
+			events = append(events, fmt.Sprint("record ", u.OutputTokens))
+			mu.Unlock()
+		}
+	}, modeltest.Turn{Text: "hi", Output: 9})
+	readAll(t, w.post(t, "/v1/messages", modeltest.RequestBody("hi", true)))
+	readAll(t, w.post(t, "/v1/messages/count_tokens", modeltest.RequestBody("hi", false)))
+	mu.Lock()
+	got := strings.Join(events, ", ")
+	refuse = true
+	mu.Unlock()
+	if got != "reserve 1024, record 9, release 1024" {
+		t.Fatalf("events: %s", got)
+	}
+	resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+	if body := readAll(t, resp); resp.StatusCode != 429 || apiErrorType(t, body) != "rate_limit_error" || !strings.Contains(body, "budget") {
+		t.Fatalf("refused: %d %q", resp.StatusCode, body)
+	}
+	if n := len(w.up.Seen()); n != 2 {
+		t.Fatalf("the upstream saw %d requests, want 2", n)
+	}
+}
+
 var errBudget = budgetError("the orchestrator tree's output token budget for this hour is spent")
 
 type budgetError string
