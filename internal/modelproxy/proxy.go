@@ -13,8 +13,9 @@
 // place; only known headers go either way. Responses, server-sent events
 // included, are streamed through as they arrive, and their usage is
 // counted (Usage) from the response body or the stream's message_start
-// and message_delta events; a response that ends before its final usage
-// is charged its request's max_tokens as output. Redirects are never
+// and message_delta events; a response that ends before its final usage,
+// or a request the upstream got that ends with no response at all, is
+// charged its request's max_tokens as output. Redirects are never
 // followed. Failures are answered in the API's own error
 // format, never with the key, the upstream's address or a host path.
 package modelproxy
@@ -28,9 +29,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"agentbox/internal/wire"
@@ -86,7 +89,8 @@ type Config struct {
 	// one's says: a redirect would carry the key to another host.
 	Client *http.Client
 	// Record receives each response's usage, once, when the response has
-	// ended (also when it ended early). Nil records nothing.
+	// ended (also when it ended early, or never came after the upstream
+	// got the request). Nil records nothing.
 	Record func(Usage)
 	// Admit, when set, is asked before each request is forwarded; an
 	// error is answered 429 with its message (e.g. a token budget spent).
@@ -262,7 +266,15 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	if body != nil {
 		reqBody = bytes.NewReader(body)
 	}
-	up, err := http.NewRequestWithContext(ctx, r.Method, target.String(), reqBody)
+	// Whether the upstream got the whole request: from then on it may be
+	// generating an answer, and one that never comes back is charged.
+	var sent atomic.Bool
+	traced := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+		if i.Err == nil {
+			sent.Store(true)
+		}
+	}})
+	up, err := http.NewRequestWithContext(traced, r.Method, target.String(), reqBody)
 	if err != nil {
 		return apiError(w, http.StatusBadRequest, "invalid_request_error", "the request cannot be forwarded")
 	}
@@ -278,6 +290,12 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	// through (this one covers an answer written whole after the handler).
 	p.writeDeadline(w)
 	if err != nil {
+		if sent.Load() && r.URL.Path == "/v1/messages" && p.cfg.Record != nil {
+			// A plain answer is generated whole before its head is sent:
+			// hanging up just before it (or an upstream too slow to send
+			// it) must not make it free.
+			p.cfg.Record(Usage{Requests: 1, OutputTokens: outputCharge(body)})
+		}
 		if r.Context().Err() != nil {
 			return 499, 0 // the client went away
 		}
