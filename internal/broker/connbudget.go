@@ -5,6 +5,8 @@ import (
 	"os"
 	"sync"
 	"syscall"
+
+	"agentbox/internal/store"
 )
 
 // The budget of model and egress connections. Each sandbox's sockets
@@ -35,26 +37,40 @@ const (
 )
 
 // connBudget admits model and egress connections: at most treeMax per
-// orchestrator tree, and no more across all sandboxes than the
-// descriptors left once the reserves are kept.
+// orchestrator tree, at most half of that per sandbox (sandboxShare), and
+// no more across all sandboxes than the descriptors left once the
+// reserves are kept.
 type connBudget struct {
 	treeMax     int
 	descriptors int // the process's limit less what it had open and ReservedDescriptors
 
-	mu     sync.Mutex
-	held   int            // connections admitted and not yet released
-	byTree map[string]int // of held, by tree
+	mu        sync.Mutex
+	held      int            // connections admitted and not yet released
+	byTree    map[string]int // of held, by tree
+	bySandbox map[string]int // of held, by sandbox (its uuid)
 }
 
 func newConnBudget(treeMax, descriptors int) *connBudget {
-	return &connBudget{treeMax: treeMax, descriptors: descriptors, byTree: map[string]int{}}
+	return &connBudget{treeMax: treeMax, descriptors: descriptors, byTree: map[string]int{}, bySandbox: map[string]int{}}
 }
 
-// admit takes a place for one connection of a sandbox of tree while
-// served sandboxes are served, or says which bound refuses it.
-func (c *connBudget) admit(tree string, served int) (release func(), err error) {
+// sandboxShare is the most connections one sandbox may hold of its
+// tree's treeMax: half. A sandbox's own sockets may take more than a
+// tree's bound (64 on each model socket, 256 on its egress proxy), and
+// without a share one hostile child could fill its tree: its orchestrator
+// could no longer reach its model socket (nor destroy the child, which it
+// decides through the model) and its siblings would be refused.
+func (c *connBudget) sandboxShare() int { return max(1, c.treeMax/2) }
+
+// admit takes a place for one connection of sandbox (its uuid, name for
+// the refusal) of tree while served sandboxes are served, or says which
+// bound refuses it.
+func (c *connBudget) admit(tree, sandbox, name string, served int) (release func(), err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if n := c.bySandbox[sandbox]; n >= c.sandboxShare() {
+		return nil, fmt.Errorf("sandbox %s holds %d model and egress connections at once, the most one sandbox may (half of tree.max_connections); close some and try again", name, n)
+	}
 	if n := c.byTree[tree]; n >= c.treeMax {
 		return nil, fmt.Errorf("orchestrator %s and its children hold %d model and egress connections at once, the most tree.max_connections allows; close some and try again", tree, n)
 	}
@@ -63,16 +79,20 @@ func (c *connBudget) admit(tree string, served int) (release func(), err error) 
 	}
 	c.held++
 	c.byTree[tree]++
+	c.bySandbox[sandbox]++
 	var once sync.Once
-	return func() { once.Do(func() { c.release(tree) }) }, nil
+	return func() { once.Do(func() { c.release(tree, sandbox) }) }, nil
 }
 
-func (c *connBudget) release(tree string) {
+func (c *connBudget) release(tree, sandbox string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.held--
 	if c.byTree[tree]--; c.byTree[tree] == 0 {
 		delete(c.byTree, tree)
+	}
+	if c.bySandbox[sandbox]--; c.bySandbox[sandbox] == 0 {
+		delete(c.bySandbox, sandbox)
 	}
 }
 
@@ -92,12 +112,13 @@ func spareDescriptors() (int, error) {
 	return int(min(lim.Cur, 1<<30)) - open - ReservedDescriptors, nil
 }
 
-// admitConn is a model or egress socket's AdmitConn for sb's tree.
-func (b *Broker) admitConn(tree string) func() (func(), error) {
+// admitConn is a model or egress socket's AdmitConn for sb.
+func (b *Broker) admitConn(sb store.Sandbox) func() (func(), error) {
+	tree := sb.Tree()
 	return func() (func(), error) {
 		b.mu.Lock()
 		served := len(b.serving)
 		b.mu.Unlock()
-		return b.proxyConns.admit(tree, served)
+		return b.proxyConns.admit(tree, sb.UUID, sb.Name, served)
 	}
 }

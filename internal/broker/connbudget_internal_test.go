@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -32,13 +33,14 @@ func TestConnBudget(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newConnBudget(tc.treeMax, descriptors)
 			for tree, n := range tc.take {
-				for range n {
-					if _, err := c.admit(tree, served); err != nil {
+				for i := range n {
+					// each its own sandbox: the share is tested below
+					if _, err := c.admit(tree, fmt.Sprint(tree, i), "kid", served); err != nil {
 						t.Fatalf("setting up %s: %v", tree, err)
 					}
 				}
 			}
-			release, err := c.admit(tc.tree, tc.served)
+			release, err := c.admit(tc.tree, tc.tree+"-new", "kid", tc.served)
 			switch {
 			case tc.refused == "" && err != nil:
 				t.Fatalf("refused: %v", err)
@@ -53,23 +55,57 @@ func TestConnBudget(t *testing.T) {
 
 func TestConnBudgetRelease(t *testing.T) {
 	c := newConnBudget(1, 100)
-	release, err := c.admit("a", 0)
+	release, err := c.admit("a", "s", "s", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.admit("a", 0); err == nil {
+	if _, err := c.admit("a", "t", "t", 0); err == nil {
 		t.Fatal("a second connection of a tree bounded at 1 was admitted")
 	}
 	release()
 	release() // a second release gives back nothing more
-	if _, err := c.admit("a", 0); err != nil {
+	if _, err := c.admit("a", "s", "s", 0); err != nil {
 		t.Fatalf("after the release: %v", err)
 	}
-	if _, err := c.admit("a", 0); err == nil {
+	if _, err := c.admit("a", "t", "t", 0); err == nil {
 		t.Fatal("a double release freed two places")
 	}
-	if c.held != 1 || len(c.byTree) != 1 {
-		t.Fatalf("held %d, by tree %v", c.held, c.byTree)
+	if c.held != 1 || len(c.byTree) != 1 || len(c.bySandbox) != 1 {
+		t.Fatalf("held %d, by tree %v, by sandbox %v", c.held, c.byTree, c.bySandbox)
+	}
+}
+
+// TestConnBudgetSandboxShare: one sandbox holds at most half its tree's
+// bound (at the share, and one past it), and its release gives its place
+// back; its tree's other sandboxes take the other half.
+func TestConnBudgetSandboxShare(t *testing.T) {
+	c := newConnBudget(16, 1000)
+	var releases []func()
+	for i := range 8 {
+		release, err := c.admit("lead", "u-kid", "kid", 0)
+		if err != nil {
+			t.Fatalf("connection %d of the share: %v", i+1, err)
+		}
+		releases = append(releases, release)
+	}
+	_, err := c.admit("lead", "u-kid", "kid", 0)
+	if err == nil || !strings.Contains(err.Error(), "sandbox kid holds 8 model and egress connections at once, the most one sandbox may (half of tree.max_connections)") {
+		t.Fatalf("past the share: %v", err)
+	}
+	for i := range 8 {
+		if _, err := c.admit("lead", "u-lead", "lead", 0); err != nil {
+			t.Fatalf("the orchestrator's connection %d beside a full share: %v", i+1, err)
+		}
+	}
+	if _, err := c.admit("lead", "u-sib", "sib", 0); err == nil || !strings.Contains(err.Error(), "tree.max_connections allows") {
+		t.Fatalf("past the tree's bound: %v", err)
+	}
+	releases[0]()
+	if _, err := c.admit("lead", "u-kid", "kid", 0); err != nil {
+		t.Fatalf("after a release: %v", err)
+	}
+	if c := newConnBudget(16, 1000); c.sandboxShare() != 8 || newConnBudget(1, 10).sandboxShare() != 1 {
+		t.Fatal("the share of a tree bound of 16 is 8, of 1 is 1")
 	}
 }
 

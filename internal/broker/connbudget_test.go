@@ -86,10 +86,10 @@ func awaitTreeConns(t *testing.T, e *testEnv, tree string, n int) {
 	}
 }
 
-// TestTreeConnectionFlood: a child that opens silent connections on its
-// model and egress sockets (each within its own socket's bound) fills
-// its tree's budget, tree.max_connections, and no more. Its
-// orchestrator's next connection is refused naming the bound; another
+// TestTreeConnectionFlood: two children that open silent connections on
+// their model and egress sockets (each within its own socket's bound and
+// its half share) fill their tree's budget, tree.max_connections, and no
+// more. Their orchestrator's next connection is refused naming the bound; another
 // orchestrator's tree is served as before; a connection closed frees its
 // place. Without the tree bound, 64 children could each hold 64 + 256
 // connections, two descriptors apiece, more than the broker may open.
@@ -101,13 +101,17 @@ func TestTreeConnectionFlood(t *testing.T) {
 	e.start()
 	e.orchestrator("lead")
 	e.child("kid", "lead")
+	e.child("kid2", "lead")
 	e.orchestrator("other")
 	leadEgress := socketOf(e, "lead", backend.EgressSocketName)
 
-	// Both socket kinds count: half on the child's model socket, half on
-	// its egress proxy.
-	holdConns(t, socketOf(e, "kid", broker.ModelSocketName), treeMax/2)
-	held := holdConns(t, socketOf(e, "kid", backend.EgressSocketName), treeMax/2)
+	// Both socket kinds count: a quarter on each child's model socket, a
+	// quarter on each one's egress proxy.
+	for _, kid := range []string{"kid", "kid2"} {
+		holdConns(t, socketOf(e, kid, broker.ModelSocketName), treeMax/4)
+	}
+	holdConns(t, socketOf(e, "kid", backend.EgressSocketName), treeMax/4)
+	held := holdConns(t, socketOf(e, "kid2", backend.EgressSocketName), treeMax/4)
 
 	awaitTreeConns(t, e, "lead", treeMax)
 	code, body := egressAnswer(t, leadEgress)
@@ -206,4 +210,54 @@ func TestDescriptorFlood(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "the open-file limit leaves room for few model and egress connections") {
 		t.Fatalf("the broker did not warn of its low open-file limit:\n%s", p.stderr)
 	}
+}
+
+// TestChildConnectionShare: a child that opens as many silent
+// connections as its own sockets take (64 + 256, more than a small
+// tree.max_connections) holds no more than half of its tree's budget.
+// Without that share, one hostile child filled the whole tree: its
+// orchestrator could no longer reach its own model socket (so could not
+// even think of destroying the child) nor egress, and its siblings were
+// refused. The child's connection past its share is refused naming the
+// bound; the orchestrator and a sibling are still served.
+func TestChildConnectionShare(t *testing.T) {
+	localOnly(t, "dials the sandboxes' sockets from the host")
+	e := newModelEnvStopped(t, modeltest.Start(t), 0)
+	const treeMax = 16
+	e.treeMaxConns = treeMax
+	e.start()
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	e.child("sib", "lead")
+
+	holdConns(t, socketOf(e, "kid", backend.EgressSocketName), treeMax)
+	// The connections past the share are refused: only the share stays.
+	awaitTreeConns(t, e, "lead", treeMax/2)
+	code, body := egressAnswer(t, socketOf(e, "kid", backend.EgressSocketName))
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "half of tree.max_connections") {
+		t.Fatalf("the child past its share: %d %q", code, body)
+	}
+	for _, name := range []string{"lead", "sib"} {
+		if code, body := egressAnswer(t, socketOf(e, name, backend.EgressSocketName)); code != http.StatusForbidden {
+			t.Fatalf("%s's egress beside the child's flood: %d %q, want its own 403", name, code, body)
+		}
+	}
+	// The orchestrator's model socket answers it.
+	resp, err := modelClient(socketOf(e, "lead", broker.ModelSocketName)).Get("http://model/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("the orchestrator's model socket beside the child's flood: %d", resp.StatusCode)
+	}
+}
+
+// modelClient sends HTTP on the model socket at sock, from the host.
+func modelClient(sock string) *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
 }

@@ -33,7 +33,7 @@ func (b *Broker) listenEgress(sb store.Sandbox, dir string) (net.Listener, *egre
 	}
 	ln.SetUnlinkOnClose(false)
 	es := &egressServer{}
-	es.proxy = egress.New(egress.Config{Sandbox: sb.Name, Log: b.logEgress, AdmitConn: b.admitConn(sb.Tree())})
+	es.proxy = egress.New(egress.Config{Sandbox: sb.Name, Log: b.logEgress, AdmitConn: b.admitConn(sb)})
 	es.refresh(func() *egress.Rights { return b.egressRights(context.Background(), sb.Name) })
 	return ln, es, nil
 }

@@ -83,10 +83,21 @@ type modelServer struct {
 }
 
 // budgetNotes remembers when each tree's orchestrator was last told its
-// budget is spent.
+// budget is spent, and what each tree's requests in flight reserve.
 type budgetNotes struct {
-	mu   sync.Mutex
-	last map[string]time.Time
+	mu       sync.Mutex
+	last     map[string]time.Time
+	reserved map[string]*treeReserve
+}
+
+// treeReserve is the output a tree's requests in flight may still cost:
+// each reserves its max_tokens until its usage is recorded. mu makes
+// reading the tree's usage, checking and reserving one step, and a
+// release (which follows its usage's record) another.
+type treeReserve struct {
+	mu       sync.Mutex
+	tokens   int64
+	requests int // in flight; the entry goes with the last
 }
 
 // modelDirOf is the model socket directory that goes with the
@@ -187,7 +198,8 @@ func (b *Broker) listenModel(sb store.Sandbox, sockPath string, e ModelEndpoint)
 		Upstream: e.Upstream, Key: e.Key, Client: m.Client,
 		Record:      func(u modelproxy.Usage) { b.recordUsage(sb, u) },
 		Admit:       func() error { return b.admitModel(sb) },
-		AdmitConn:   b.admitConn(sb.Tree()),
+		Reserve:     func(charge int64) (func(), error) { return b.reserveModel(sb, charge) },
+		AdmitConn:   b.admitConn(sb),
 		Log:         b.log.With("sandbox", sb.Name, "socket", filepath.Base(sockPath)),
 		ReadTimeout: m.ReadTimeout, StreamIdle: m.StreamIdle,
 	})
@@ -228,6 +240,63 @@ func (b *Broker) admitModel(sb store.Sandbox) error {
 	}
 	b.noteBudgetSpent(tree, used, limit, now)
 	return fmt.Errorf("the output token budget of orchestrator %s (model.max_output_tokens_per_hour: %d) is spent for now: %d output tokens in the last hour", tree, limit, used)
+}
+
+// reserveModel admits one Messages request of sb that may cost charge
+// output tokens when its tree's usage in the last hour and what its
+// requests in flight reserve are under the hourly budget, and reserves
+// charge until release (called after its usage is recorded). Checked
+// against the usage alone, each of a tree's concurrent requests (8 per
+// model socket, per sandbox) saw the same total, which counted none of
+// them: the tree could pass its budget by its concurrency times
+// max_tokens, every hour.
+func (b *Broker) reserveModel(sb store.Sandbox, charge int64) (release func(), err error) {
+	limit := b.cfg.Model.MaxOutputTokensPerHour
+	if limit <= 0 {
+		return func() {}, nil
+	}
+	tree := sb.Tree()
+	b.budget.mu.Lock()
+	if b.budget.reserved == nil {
+		b.budget.reserved = map[string]*treeReserve{}
+	}
+	tr := b.budget.reserved[tree]
+	if tr == nil {
+		tr = &treeReserve{}
+		b.budget.reserved[tree] = tr
+	}
+	tr.requests++
+	b.budget.mu.Unlock()
+	done := func() {
+		b.budget.mu.Lock()
+		if tr.requests--; tr.requests == 0 {
+			delete(b.budget.reserved, tree)
+		}
+		b.budget.mu.Unlock()
+	}
+
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	used, err := b.store.TreeOutputSince(b.ctx, tree, time.Now().Add(-BudgetWindow))
+	if err != nil {
+		done()
+		b.log.Error("cannot read model usage", "tree", tree, "err", err)
+		return nil, errBudgetUnknown
+	}
+	if used+tr.tokens >= limit {
+		done()
+		return nil, fmt.Errorf("the output token budget of orchestrator %s (model.max_output_tokens_per_hour: %d) is spent for now: %d output tokens in the last hour and %d reserved by requests in flight (each reserves its max_tokens until its usage is known); try again when they end", tree, limit, used, tr.tokens)
+	}
+	tr.tokens += charge
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			tr.mu.Lock()
+			tr.tokens -= charge
+			tr.mu.Unlock()
+			done()
+		})
+	}, nil
 }
 
 // noteBudgetSpent tells tree's orchestrator, at most once per

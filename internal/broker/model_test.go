@@ -2,14 +2,18 @@ package broker_test
 
 import (
 	"fmt"
+	"io"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"agentbox/internal/broker"
+	"agentbox/internal/modelproxy"
 	"agentbox/internal/modelproxy/modeltest"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
@@ -187,4 +191,78 @@ func TestModelBudget(t *testing.T) {
 		t.Fatalf("note: %q", note.Body)
 	}
 	noMessageFrom(t, lead, "lead", "note", 2*time.Second)
+}
+
+// TestModelBudgetConcurrent: requests in flight together are not each
+// checked against the same total, which counts none of them yet. With
+// model.max_output_tokens_per_hour 3000, nothing used and 8 streamed
+// requests at once of max_tokens 1024 each (a child's whole
+// modelproxy.MaxConcurrent), only the 3 whose reservations fit under the
+// budget reach the upstream (0, 1024 and 2048 reserved before each); the
+// rest are answered 429 at once. On the old code all 8 were forwarded, so
+// a tree could pass its budget by its concurrency times max_tokens, every
+// hour. Once they end, their usage replaces their reservation.
+func TestModelBudgetConcurrent(t *testing.T) {
+	localOnly(t, "dials the sandbox's model socket from the host")
+	hold := make(chan struct{})
+	up := modeltest.Start(t, modeltest.Turn{Text: "held", Input: 5, Output: 60, Hold: hold})
+	e := newModelEnv(t, up, 3000)
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	client := modelClient(socketOf(e, "kid", broker.ModelSocketName))
+	client.Timeout = 0
+
+	type result struct {
+		code int
+		body string
+	}
+	results := make(chan result, modelproxy.MaxConcurrent)
+	var held sync.WaitGroup
+	for range modelproxy.MaxConcurrent {
+		held.Go(func() {
+			resp, err := client.Post("http://model/v1/messages", "application/json", strings.NewReader(modeltest.RequestBody("hi", true)))
+			if err != nil {
+				results <- result{body: err.Error()}
+				return
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				b, _ := io.ReadAll(resp.Body)
+				results <- result{resp.StatusCode, string(b)}
+				return
+			}
+			results <- result{code: resp.StatusCode}
+			io.Copy(io.Discard, resp.Body) // held until the hold ends
+		})
+	}
+	defer held.Wait()
+	released := false
+	defer func() {
+		if !released {
+			close(hold)
+		}
+	}()
+	counts := map[int]int{}
+	for range modelproxy.MaxConcurrent {
+		select {
+		case r := <-results:
+			counts[r.code]++
+			if r.code != http.StatusOK && (r.code != http.StatusTooManyRequests || !strings.Contains(r.body, "reserved by requests in flight")) {
+				t.Errorf("a refusal: %d %q", r.code, r.body)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("answers so far %v", counts)
+		}
+	}
+	if counts[http.StatusOK] != 3 || len(up.Seen()) != 3 {
+		t.Fatalf("at once, under a budget of 3000 with 1024 reserved each: answers %v, the upstream saw %d requests, want 3", counts, len(up.Seen()))
+	}
+	close(hold)
+	released = true
+	held.Wait()
+	waitUsageSettles(t, e, "kid", up, 3)
+	// The reservations are gone: 180 used, room for 2 more of 1024.
+	if out := curlModel(e, "kid", "POST", "/v1/messages", modeltest.RequestBody("again", false)); !strings.HasSuffix(out, "\n200") {
+		t.Fatalf("after the requests ended:\n%s", out)
+	}
 }

@@ -33,6 +33,13 @@ const (
 	// slot, two descriptors and two goroutines for as long as the
 	// destination keeps the connection open.
 	HalfClosedTimeout = 2 * time.Minute
+	// ClientIdleTimeout bounds each wait on the client of a forwarded
+	// request once its head is read: for the next bytes of the body its
+	// head declares, and for it to take the next bytes of the answer. A
+	// client that sends or reads nothing for this long ends its
+	// connection; else it would hold its slot for ever, long after its
+	// destination hung up.
+	ClientIdleTimeout = 2 * time.Minute
 	// RefusalLogBurst is how many refused connections one proxy logs one
 	// by one in each RefusalLogPeriod. The period's further refusals, and
 	// every connection that closed without sending a request, are only

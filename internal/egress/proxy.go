@@ -79,6 +79,9 @@ type Config struct {
 	// HalfClosedTimeout replaces the package's HalfClosedTimeout when set
 	// (tests shorten it).
 	HalfClosedTimeout time.Duration
+	// ClientIdleTimeout replaces the package's ClientIdleTimeout when set
+	// (tests shorten it).
+	ClientIdleTimeout time.Duration
 	// RefusalLogPeriod replaces the package's RefusalLogPeriod when set
 	// (tests lengthen it).
 	RefusalLogPeriod time.Duration
@@ -133,6 +136,9 @@ func New(cfg Config) *Proxy {
 	}
 	if cfg.HalfClosedTimeout <= 0 {
 		cfg.HalfClosedTimeout = HalfClosedTimeout
+	}
+	if cfg.ClientIdleTimeout <= 0 {
+		cfg.ClientIdleTimeout = ClientIdleTimeout
 	}
 	if cfg.RefusalLogPeriod <= 0 {
 		cfg.RefusalLogPeriod = RefusalLogPeriod
@@ -382,7 +388,7 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 		if rq.connect {
 			rec.Up, rec.Down = tunnel(c, br, up, p.cfg.HalfClosedTimeout)
 		} else {
-			rec.Up, rec.Down, err = forward(c, rq.req, up)
+			rec.Up, rec.Down, err = forward(c, rq.req, up, p.cfg.ClientIdleTimeout)
 		}
 	}
 	switch {

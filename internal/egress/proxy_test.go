@@ -595,3 +595,65 @@ func TestLogFlood(t *testing.T) {
 		t.Fatalf("summaries counted %d refusals and %d connections that sent nothing; want both", dropped, silent)
 	}
 }
+
+// hangUpServer accepts on 127.0.0.1, reads each connection's request
+// head, writes answer (may be empty) and hangs up; a request sent chunked
+// gets no answer.
+func hangUpServer(t *testing.T, answer string) (port string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil || len(r.TransferEncoding) > 0 {
+					return // a request that had no body is sent with none
+				}
+				io.WriteString(c, answer)
+			}()
+		}
+	}()
+	return portOf(ln.Addr())
+}
+
+// TestForwardClientIdle: a forwarded request whose client never sends the
+// body its head declares, or never reads the answer, does not hold its
+// slot once its destination has hung up: each wait on the client is
+// bounded by ClientIdleTimeout (nothing moving), and the connection ends
+// with a record. On the old code the first waited on the body, the
+// second on writing the answer, for ever: a sandbox could pin its slots,
+// and its tree's, past any destination's own timeouts.
+func TestForwardClientIdle(t *testing.T) {
+	big := strings.Repeat("x", 16<<20)
+	for _, tc := range []struct {
+		name, answer, head string
+		verdict            egress.Verdict
+		reason             string
+	}{
+		{"body never sent", "", "POST http://127.0.0.1:%s/ HTTP/1.1\r\nContent-Length: 10\r\n\r\n", egress.Refused, "the request body did not arrive in time"},
+		{"answer never read", "HTTP/1.1 200 OK\r\nContent-Length: " + fmt.Sprint(len(big)) + "\r\n\r\n" + big, "GET http://127.0.0.1:%s/ HTTP/1.1\r\n\r\n", egress.Failed, "the connection broke midway"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port := hangUpServer(t, tc.answer)
+			tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), ClientIdleTimeout: 200 * time.Millisecond})
+			c := tp.dial(t)
+			if _, err := fmt.Fprintf(c, tc.head, port); err != nil {
+				t.Fatal(err)
+			}
+			// The client holds its connection open, sending and reading
+			// nothing more.
+			if r := tp.record(t); r.Verdict != tc.verdict || r.Reason != tc.reason {
+				t.Fatalf("record %+v", r)
+			}
+		})
+	}
+}

@@ -111,9 +111,10 @@ func removeHopByHop(h http.Header) {
 
 // forward sends one plain request to the destination in origin form and
 // its response back, both ends told the connection closes after it, and
-// returns the bytes each way. An httpError is returned only while nothing
-// of the response has been written.
-func forward(c net.Conn, req *http.Request, up net.Conn) (upN, downN int64, err error) {
+// returns the bytes each way. Each read of the client's body and each
+// write of the answer to it has idle to go through. An httpError is
+// returned only while nothing of the response has been written.
+func forward(c net.Conn, req *http.Request, up net.Conn, idle time.Duration) (upN, downN int64, err error) {
 	removeHopByHop(req.Header)
 	if strings.EqualFold(req.Header.Get("Expect"), "100-continue") {
 		// Said here, so the client sends its body while the proxy writes
@@ -127,10 +128,18 @@ func forward(c net.Conn, req *http.Request, up net.Conn) (upN, downN int64, err 
 		req.Header["User-Agent"] = []string{""} // Write would add Go's own
 	}
 	req.Close = true
+	body := &idleReader{r: req.Body, c: c, idle: idle}
+	if req.Body != nil && req.Body != http.NoBody {
+		req.Body = body // no body stays none (Write would send one of unknown length)
+	}
 	uw := &counter{w: up}
 	if err := req.Write(uw); err != nil {
+		if body.timedOut {
+			return uw.n, 0, &httpError{http.StatusRequestTimeout, "the request body did not arrive in time"}
+		}
 		return uw.n, 0, &httpError{http.StatusBadGateway, "the request could not be passed on"}
 	}
+	c.SetReadDeadline(time.Time{})
 	resp, err := readResponse(up, req)
 	if err != nil {
 		return uw.n, 0, err
@@ -138,9 +147,41 @@ func forward(c net.Conn, req *http.Request, up net.Conn) (upN, downN int64, err 
 	defer resp.Body.Close()
 	removeHopByHop(resp.Header)
 	resp.Close = true
-	cw := &counter{w: c}
+	cw := &counter{w: &idleWriter{c: c, idle: idle}}
 	err = resp.Write(cw)
 	return uw.n, cw.n, err
+}
+
+// idleReader reads a forwarded request's body from its client, each read
+// given idle to bring something.
+type idleReader struct {
+	r        io.ReadCloser
+	c        net.Conn
+	idle     time.Duration
+	timedOut bool
+}
+
+func (r *idleReader) Read(b []byte) (int, error) {
+	r.c.SetReadDeadline(time.Now().Add(r.idle))
+	n, err := r.r.Read(b)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		r.timedOut = true
+	}
+	return n, err
+}
+
+func (r *idleReader) Close() error { return r.r.Close() }
+
+// idleWriter writes an answer to its client, each write given idle to go
+// through.
+type idleWriter struct {
+	c    net.Conn
+	idle time.Duration
+}
+
+func (w *idleWriter) Write(b []byte) (int, error) {
+	w.c.SetWriteDeadline(time.Now().Add(w.idle))
+	return w.c.Write(b)
 }
 
 // readResponse reads the destination's response head, bounded by

@@ -13,8 +13,9 @@
 // place; only known headers go either way. Responses, server-sent events
 // included, are streamed through as they arrive, and their usage is
 // counted (Usage) from the response body or the stream's message_start
-// and message_delta events; a response that ends before its final usage
-// is charged its request's max_tokens as output. Redirects are never
+// and message_delta events; a response that ends before its final usage,
+// or a request the upstream got that ends with no response at all, is
+// charged its request's max_tokens as output. Redirects are never
 // followed. Failures are answered in the API's own error
 // format, never with the key, the upstream's address or a host path.
 package modelproxy
@@ -28,9 +29,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"agentbox/internal/wire"
@@ -86,11 +89,19 @@ type Config struct {
 	// one's says: a redirect would carry the key to another host.
 	Client *http.Client
 	// Record receives each response's usage, once, when the response has
-	// ended (also when it ended early). Nil records nothing.
+	// ended (also when it ended early, or never came after the upstream
+	// got the request). Nil records nothing.
 	Record func(Usage)
 	// Admit, when set, is asked before each request is forwarded; an
 	// error is answered 429 with its message (e.g. a token budget spent).
 	Admit func() error
+	// Reserve, when set, is asked for each POST /v1/messages once its body
+	// is read, with the output it may cost (its max_tokens, as a response
+	// cut short is charged): requests in flight together are then not each
+	// checked against a total that counts none of them. An error is
+	// answered 429 with its message; release is called once the
+	// response's usage has been given to Record.
+	Reserve func(charge int64) (release func(), err error)
 	// AdmitConn, when set, is asked for each connection within MaxConns
 	// before it is served: the broker's budget of connections across
 	// sandboxes. An error is answered 503 (overloaded_error, with the
@@ -232,6 +243,13 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	if !ok {
 		return status, n
 	}
+	if p.cfg.Reserve != nil && r.URL.Path == "/v1/messages" {
+		release, err := p.cfg.Reserve(outputCharge(body))
+		if err != nil {
+			return apiError(w, http.StatusTooManyRequests, "rate_limit_error", err.Error())
+		}
+		defer release() // after Record, below
+	}
 	unread = unread && r.Method != http.MethodPost
 
 	// The client going away ends the upstream request (a stream stops
@@ -248,7 +266,15 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	if body != nil {
 		reqBody = bytes.NewReader(body)
 	}
-	up, err := http.NewRequestWithContext(ctx, r.Method, target.String(), reqBody)
+	// Whether the upstream got the whole request: from then on it may be
+	// generating an answer, and one that never comes back is charged.
+	var sent atomic.Bool
+	traced := httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+		if i.Err == nil {
+			sent.Store(true)
+		}
+	}})
+	up, err := http.NewRequestWithContext(traced, r.Method, target.String(), reqBody)
 	if err != nil {
 		return apiError(w, http.StatusBadRequest, "invalid_request_error", "the request cannot be forwarded")
 	}
@@ -264,6 +290,12 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	// through (this one covers an answer written whole after the handler).
 	p.writeDeadline(w)
 	if err != nil {
+		if sent.Load() && r.URL.Path == "/v1/messages" && p.cfg.Record != nil {
+			// A plain answer is generated whole before its head is sent:
+			// hanging up just before it (or an upstream too slow to send
+			// it) must not make it free.
+			p.cfg.Record(Usage{Requests: 1, OutputTokens: outputCharge(body)})
+		}
 		if r.Context().Err() != nil {
 			return 499, 0 // the client went away
 		}

@@ -20,6 +20,7 @@ import (
 	"agentbox/internal/modelproxy"
 	"agentbox/internal/modelproxy/modeltest"
 	"agentbox/internal/testutil/admittest"
+	"agentbox/internal/testutil/wait"
 )
 
 const hostKey = "sk-host-0123456789-THE-HOSTS-OWN-KEY"
@@ -589,6 +590,77 @@ func TestUpstreamFailures(t *testing.T) {
 	}
 }
 
+// TestCutBeforeAnswerCharged: a plain answer is generated whole before
+// the upstream sends its head, so a request sent to the upstream that
+// ends with no answer at all (its client hung up while the answer was
+// being written, or the upstream's head took too long) is charged its
+// max_tokens, as a response cut short is. On the old code neither was
+// charged anything: a sandbox asked for a long plain answer and hung up
+// just before it came, and its tree's budget never saw the tokens the
+// upstream billed. A request the upstream never got (unreachable) is not
+// charged.
+func TestCutBeforeAnswerCharged(t *testing.T) {
+	t.Run("client hung up", func(t *testing.T) {
+		hold := make(chan struct{})
+		defer close(hold)
+		w := newWorld(t, nil, modeltest.Turn{Text: "late", Input: 7, Output: 500, Hold: hold})
+		c, err := net.Dial("unix", w.sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := modeltest.RequestBody("hi", false)
+		fmt.Fprintf(c, "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+		wait.For(t, "the upstream to get the request", func() bool { return len(w.up.Seen()) == 1 })
+		c.Close()
+		wait.For(t, "the request to be charged", func() bool { return w.recorded().Requests == 1 })
+		if u := w.recorded(); u.OutputTokens != 1024 {
+			t.Fatalf("usage of a plain answer its client hung up on: %+v", u)
+		}
+	})
+	t.Run("answer head too late", func(t *testing.T) {
+		hold := make(chan struct{})
+		defer close(hold)
+		w := newWorld(t, func(c *modelproxy.Config) {
+			c.Client = &http.Client{Transport: &http.Transport{ResponseHeaderTimeout: 200 * time.Millisecond}}
+		}, modeltest.Turn{Text: "late", Input: 7, Output: 500, Hold: hold})
+		resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+		if body := readAll(t, resp); resp.StatusCode != 502 || strings.Contains(body, hostKey) {
+			t.Fatalf("%d %q", resp.StatusCode, body)
+		}
+		wait.For(t, "the request to be charged", func() bool { return w.recorded().Requests == 1 })
+		if u := w.recorded(); u.OutputTokens != 1024 {
+			t.Fatalf("usage of a plain answer whose head came too late: %+v", u)
+		}
+	})
+	t.Run("upstream unreachable", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, _ := url.Parse("http://" + ln.Addr().String())
+		ln.Close()
+		var recorded []modelproxy.Usage
+		var mu sync.Mutex
+		_, c := serveOnSocket(t, modelproxy.Config{Upstream: u, Key: hostKey, Record: func(x modelproxy.Usage) {
+			mu.Lock()
+			recorded = append(recorded, x)
+			mu.Unlock()
+		}})
+		resp, err := c.Post("http://localhost/v1/messages", "application/json", strings.NewReader(modeltest.RequestBody("hi", false)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if readAll(t, resp); resp.StatusCode != 502 {
+			t.Fatalf("%d", resp.StatusCode)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(recorded) != 0 {
+			t.Fatalf("a request the upstream never got was charged %+v", recorded)
+		}
+	})
+}
+
 // TestUpstreamRedirectNotFollowed: a 3xx from the upstream is never
 // followed (the key and the body would go wherever it points), with the
 // proxy's own client or one the caller gave; the sandbox gets a 502 in
@@ -655,6 +727,54 @@ func TestAdmit(t *testing.T) {
 	}
 	if len(w.up.Seen()) != 0 {
 		t.Fatal("forwarded")
+	}
+}
+
+// TestReserve: each POST /v1/messages is reserved its max_tokens once its
+// body is read, and the reservation is released only after its usage was
+// recorded; a refused reservation is a 429 with its message and nothing
+// is forwarded; other paths reserve nothing.
+func TestReserve(t *testing.T) {
+	var mu sync.Mutex
+	var events []string
+	refuse := false
+	w := newWorld(t, func(c *modelproxy.Config) {
+		c.Reserve = func(charge int64) (func(), error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if refuse {
+				return nil, errBudget
+			}
+			events = append(events, fmt.Sprint("reserve ", charge))
+			return func() {
+				mu.Lock()
+				events = append(events, fmt.Sprint("release ", charge))
+				mu.Unlock()
+			}, nil
+		}
+		record := c.Record
+		c.Record = func(u modelproxy.Usage) {
+			record(u)
+			mu.Lock()
+			events = append(events, fmt.Sprint("record ", u.OutputTokens))
+			mu.Unlock()
+		}
+	}, modeltest.Turn{Text: "hi", Output: 9})
+	readAll(t, w.post(t, "/v1/messages", modeltest.RequestBody("hi", true)))
+	readAll(t, w.post(t, "/v1/messages/count_tokens", modeltest.RequestBody("hi", false)))
+	mu.Lock()
+	got := strings.Join(events, ", ")
+	refuse = true
+	mu.Unlock()
+	if got != "reserve 1024, record 9, release 1024" {
+		t.Fatalf("events: %s", got)
+	}
+	resp := w.post(t, "/v1/messages", modeltest.RequestBody("hi", false))
+	if body := readAll(t, resp); resp.StatusCode != 429 || apiErrorType(t, body) != "rate_limit_error" || !strings.Contains(body, "budget") {
+		t.Fatalf("refused: %d %q", resp.StatusCode, body)
+	}
+	if n := len(w.up.Seen()); n != 2 {
+		t.Fatalf("the upstream saw %d requests, want 2", n)
 	}
 }
 

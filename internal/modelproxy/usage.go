@@ -3,6 +3,7 @@ package modelproxy
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 )
 
 // maxEventLine bounds one server-sent event line kept for usage: a longer
@@ -39,17 +40,46 @@ const maxChargedTokens = 1 << 40
 
 // outputCharge is the output charged for a response that ended before
 // its final usage (a stream before message_delta, a body whose usage was
-// not read): the request's max_tokens, the most the upstream may have
-// written, since hanging up just before the usage must not make an answer
-// cheap.
+// not read), and reserved for a request in flight: the request's
+// max_tokens, the most the upstream may have written, since hanging up
+// just before the usage must not make an answer cheap. Every top-level key
+// that is max_tokens in any case, and every duplicate, counts, the largest
+// winning: an upstream reads the exact key (the first or the last of
+// duplicates, by its parser), while Go's decoder takes any case and the
+// last, so a request saying both "max_tokens": 64000 and "Max_Tokens": 1
+// was charged 1. One that is unusable counts as UnknownMaxTokens, and so
+// does a body with none.
 func outputCharge(request []byte) int64 {
-	var req struct {
-		MaxTokens *int64 `json:"max_tokens"`
-	}
-	if json.Unmarshal(request, &req) != nil || req.MaxTokens == nil || *req.MaxTokens <= 0 {
+	if !json.Valid(request) {
 		return UnknownMaxTokens
 	}
-	return min(*req.MaxTokens, maxChargedTokens)
+	dec := json.NewDecoder(bytes.NewReader(request))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return UnknownMaxTokens
+	}
+	var charge int64
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return UnknownMaxTokens
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return UnknownMaxTokens
+		}
+		if key, _ := t.(string); !strings.EqualFold(key, "max_tokens") {
+			continue
+		}
+		var n int64
+		if json.Unmarshal(v, &n) != nil || n <= 0 {
+			n = UnknownMaxTokens
+		}
+		charge = max(charge, min(n, maxChargedTokens))
+	}
+	if charge == 0 {
+		return UnknownMaxTokens
+	}
+	return charge
 }
 
 // apiUsage is the API's usage object.

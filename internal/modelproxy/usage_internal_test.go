@@ -53,6 +53,16 @@ func TestOutputCharge(t *testing.T) {
 		`{"max_tokens":99999999999999999999999999}`: UnknownMaxTokens,
 		`{"model":"x"}`:                             UnknownMaxTokens,
 		`not json`:                                  UnknownMaxTokens,
+		`{"max_tokens":1024} trailing`:              UnknownMaxTokens,
+		// An upstream reads the exact key (LiteLLM passes the rest on or
+		// drops it); Go's decoder matched any case, the last one winning:
+		// a request of 64000 that also said Max_Tokens: 1 was charged 1
+		// when cut short, and reserved 1.
+		`{"max_tokens":64000,"Max_Tokens":1}`:      64000,
+		`{"max_tokens":64000,"max_to\u212aens":1}`: 64000, // the Kelvin sign folds to k
+		`{"MAX_TOKENS":64000,"max_tokens":1}`:      64000,
+		`{"max_tokens":64000,"max_tokens":1}`:      64000, // duplicates: one upstream reads the first, another the last
+		`{"max_tokens":64000,"MAX_TOKENS":"x"}`:    UnknownMaxTokens,
 	} {
 		if got := outputCharge([]byte(body)); got != want {
 			t.Errorf("%s: %d, want %d", body, got, want)
@@ -68,6 +78,7 @@ func FuzzOutputCharge(f *testing.F) {
 	f.Add([]byte(`{"max_tokens":1099511627777}`))
 	f.Add([]byte(`{"max_tokens":-1,"max_tokens":7}`))
 	f.Add([]byte(`not json`))
+	f.Add([]byte(`{"max_tokens":500000,"Max_Tokens":null}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		got := outputCharge(body)
 		if got < 1 || got > maxChargedTokens {

@@ -29,8 +29,11 @@ type Turn struct {
 	Tool *ToolUse
 	// Input, Output, CacheRead and CacheCreation are the usage reported.
 	Input, Output, CacheRead, CacheCreation int64
-	// Hold, when set, is waited on after message_start is sent (streams
-	// only): a test sees the first event arrive before the rest exists.
+	// Hold, when set, is waited on after message_start is sent (a
+	// stream: a test sees the first event arrive before the rest exists),
+	// or before anything of a plain answer is (an answer the upstream is
+	// still generating: a plain one sends nothing until it is whole). The
+	// turn's usage is reported before the hold, as the upstream bills it.
 	Hold <-chan struct{}
 	// HoldEnd, when set, is waited on before message_delta, the event
 	// that carries the final output tokens (streams only): a test sees
@@ -151,6 +154,9 @@ func (s *Server) messages(ctx context.Context, w http.ResponseWriter, body []byt
 	w.Header().Set("Request-Id", fmt.Sprintf("req_scripted_%d", n))
 	if req.Stream {
 		stream(ctx, w, turn, n)
+		return
+	}
+	if !wait(ctx, turn.Hold) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
