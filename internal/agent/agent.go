@@ -9,7 +9,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"strconv"
 	"strings"
 
@@ -332,20 +331,4 @@ func PaneTail(out []byte) string {
 		tail = strings.ToValidUTF8(tail[len(tail)-PaneTailBytes:], "")
 	}
 	return tail
-}
-
-// LimitedWriter keeps the first N bytes written to W and drops the rest
-// (what a command in a sandbox prints is sandbox-controlled).
-type LimitedWriter struct {
-	W io.Writer
-	N int
-}
-
-func (l *LimitedWriter) Write(p []byte) (int, error) {
-	if l.N > 0 {
-		k := min(len(p), l.N)
-		l.W.Write(p[:k])
-		l.N -= k
-	}
-	return len(p), nil
 }

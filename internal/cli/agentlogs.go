@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 
 	"agentbox/internal/agent"
 	"agentbox/internal/backend"
+	"agentbox/internal/untrusted"
 	"agentbox/internal/wire"
 )
 
@@ -51,10 +51,10 @@ func noAgentAnswer(name string) error {
 // capturePanes captures every pane of the agents' tmux session in the
 // sandbox name, through the broker's exec.
 func capturePanes(ctx context.Context, state, name string, deps Deps) ([]agent.Pane, error) {
-	var out bytes.Buffer
+	out := &untrusted.Buffer{Max: agent.MaxCaptureOutput}
 	d := deps
 	d.Stdin = strings.NewReader("")
-	d.Stdout = &agent.LimitedWriter{W: &out, N: agent.MaxCaptureOutput}
+	d.Stdout = out
 	d.Stderr = io.Discard
 	cctx, cancel := context.WithTimeout(ctx, agentAnswerTimeout)
 	defer cancel()

@@ -11,12 +11,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/go-github/v74/github"
 
 	"agentbox/internal/secfs"
+	"agentbox/internal/untrusted"
 )
 
 // Config is how New reaches the forge.
@@ -183,13 +183,7 @@ func safeMessage(s, token string) string {
 	if token != "" {
 		s = strings.ReplaceAll(s, token, "[token]")
 	}
-	s = strings.Map(func(r rune) rune {
-		if r == utf8.RuneError || !unicode.IsPrint(r) {
-			return ' '
-		}
-		return r
-	}, s)
-	s = strings.TrimSpace(s)
+	s = strings.TrimSpace(untrusted.Printable(s))
 	if len(s) <= MaxMessageBytes {
 		return s
 	}

@@ -1,7 +1,7 @@
 package gitx
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -15,7 +15,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"unicode"
+
+	"agentbox/internal/untrusted"
 )
 
 // Bounds of git inside sandboxes.
@@ -135,15 +136,15 @@ type gitOutput struct {
 // gitRaw runs git with args inside r's sandbox and returns its output and
 // exit code, keeping at most limit bytes of stdout.
 func (r Repo) gitRaw(ctx context.Context, limit int, args ...string) (gitOutput, int, error) {
-	stdout, stderr := boundedBuffer{limit: limit}, boundedBuffer{}
+	stdout, stderr := output(limit), output(0)
 	code, err := r.run.Run(ctx, Cmd{
 		Argv: append([]string{"git"}, args...), Dir: r.dir, Env: sandboxEnv,
-		Stdout: &stdout, Stderr: &stderr,
+		Stdout: stdout, Stderr: stderr,
 	})
 	if err != nil {
 		return gitOutput{}, 0, fmt.Errorf("git %s in %s: %w", args[0], r.name, err)
 	}
-	return gitOutput{stdout: stdout.String(), truncated: stdout.total > int64(stdout.buf.Len()), stderr: stderr.text()}, code, nil
+	return gitOutput{stdout: stdout.String(), truncated: stdout.Truncated(), stderr: stderrText(stderr)}, code, nil
 }
 
 // SandboxGitError is a git command that failed inside a sandbox. Stderr is
@@ -160,46 +161,19 @@ func (e *SandboxGitError) Error() string {
 	return fmt.Sprintf("git %s in %s exited %d: %q", e.Sub, e.Where, e.Code, e.Stderr)
 }
 
-// boundedBuffer keeps the first limit (0: maxOutputBytes) bytes written
-// and counts them all. It has no ReadFrom: io.Copy must go through Write.
-type boundedBuffer struct {
-	buf   bytes.Buffer
-	total int64
-	limit int
+// output is a buffer for what git in a sandbox prints: the first limit
+// bytes (0: maxOutputBytes) kept, every byte counted.
+func output(limit int) *untrusted.Buffer {
+	return &untrusted.Buffer{Max: cmp.Or(limit, maxOutputBytes)}
 }
 
-func (b *boundedBuffer) Write(p []byte) (int, error) {
-	b.total += int64(len(p))
-	limit := b.limit
-	if limit == 0 {
-		limit = maxOutputBytes
-	}
-	if room := limit - b.buf.Len(); room > 0 {
-		b.buf.Write(p[:min(len(p), room)])
-	}
-	return len(p), nil
-}
-
-func (b *boundedBuffer) String() string { return b.buf.String() }
-
-// text is the buffer as a short printable string.
-func (b *boundedBuffer) text() string {
+// stderrText is what an error carries of git's stderr: short, printable.
+func stderrText(b *untrusted.Buffer) string {
 	s := b.String()
 	if len(s) > maxStderrBytes {
 		s = s[:maxStderrBytes] + "..."
 	}
-	return printable(strings.TrimSpace(s))
-}
-
-// printable is s with every unprintable character (controls, escapes)
-// replaced by a space.
-func printable(s string) string {
-	return strings.Map(func(r rune) rune {
-		if unicode.IsPrint(r) {
-			return r
-		}
-		return ' '
-	}, s)
+	return untrusted.Printable(strings.TrimSpace(s))
 }
 
 // Head returns the branch HEAD is on ("" when detached) and the commit it
@@ -252,18 +226,18 @@ func IsClean(ctx context.Context, r Repo) (bool, error) {
 	if r.run == nil {
 		return false, errors.New("gitx: IsClean runs only inside a sandbox")
 	}
-	var stdout, stderr boundedBuffer
+	stdout, stderr := output(0), output(0)
 	code, err := r.run.Run(ctx, Cmd{
 		Argv: []string{"git", "status", "--porcelain=v1", "--untracked-files=all", "--ignore-submodules=dirty"},
-		Dir:  r.dir, Env: sandboxEnv, Stdout: &stdout, Stderr: &stderr,
+		Dir:  r.dir, Env: sandboxEnv, Stdout: stdout, Stderr: stderr,
 	})
 	if err != nil {
 		return false, fmt.Errorf("git status in %s: %w", r.name, err)
 	}
 	if code != 0 {
-		return false, &SandboxGitError{Sub: "status", Where: r.name, Code: code, Stderr: stderr.text()}
+		return false, &SandboxGitError{Sub: "status", Where: r.name, Code: code, Stderr: stderrText(stderr)}
 	}
-	return stdout.total == 0, nil
+	return stdout.Total() == 0, nil
 }
 
 // TransferOptions tune a Transfer.
@@ -341,7 +315,7 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	}
 	var wg sync.WaitGroup
 	var copyErr, reqErr, srcErr, dstErr error
-	var srcStderr, dstStderr boundedBuffer
+	srcStderr, dstStderr := output(0), output(0)
 	wg.Add(4)
 	go func() {
 		defer wg.Done()
@@ -376,12 +350,12 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 		// A source that fails stops sending: the destination sees the end
 		// of its stream. Not cancelled here: a destination that needed
 		// nothing hangs up without a word, and upload-pack then fails.
-		srcErr = src.uploadPack(ctx, commit, srcIn, srcOut, &srcStderr, func() { closeFiles(srcIn, srcOut) })
+		srcErr = src.uploadPack(ctx, commit, srcIn, srcOut, srcStderr, func() { closeFiles(srcIn, srcOut) })
 		closeFiles(srcIn, srcOut)
 	}()
 	go func() {
 		defer wg.Done()
-		dstErr = fetch(ctx, dstIn, dstOut, &dstStderr, func() { closeFiles(dstIn, dstOut) })
+		dstErr = fetch(ctx, dstIn, dstOut, dstStderr, func() { closeFiles(dstIn, dstOut) })
 		closeFiles(dstIn, dstOut)
 		// Its requests end with it, whatever else of the destination's
 		// (a process it left behind) still holds its stdout.
@@ -422,7 +396,7 @@ func (r idleReader) Read(p []byte) (int, error) {
 
 // fetchFunc runs the destination side of a Transfer on the given streams
 // (started: as uploadPack's).
-type fetchFunc func(ctx context.Context, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error
+type fetchFunc func(ctx context.Context, stdin, stdout *os.File, stderr *untrusted.Buffer, started func()) error
 
 // fetcher checks a Transfer's options for r and returns its destination
 // side: `jailbee _git-fetch` in a sandbox, or host git (fetchHost).
@@ -431,7 +405,7 @@ func (r Repo) fetcher(ctx context.Context, commit, ref string, opts TransferOpti
 		if opts.Init || opts.Checkout != "" {
 			return nil, errors.New("gitx: a transfer to the host neither inits nor checks out")
 		}
-		return func(ctx context.Context, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+		return func(ctx context.Context, stdin, stdout *os.File, stderr *untrusted.Buffer, started func()) error {
 			return r.fetchHost(ctx, commit, ref, opts.Common, stdin, stdout, stderr, started)
 		}, nil
 	}
@@ -446,13 +420,13 @@ func (r Repo) fetcher(ctx context.Context, commit, ref string, opts TransferOpti
 		argv = append(argv, "--checkout", opts.Checkout)
 	}
 	argv = append(argv, commit, ref)
-	return func(ctx context.Context, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+	return func(ctx context.Context, stdin, stdout *os.File, stderr *untrusted.Buffer, started func()) error {
 		code, err := r.run.Run(ctx, Cmd{
 			Argv: argv, Dir: r.dir, Env: sandboxEnv,
 			Stdin: stdin, Stdout: stdout, Stderr: stderr, Started: started,
 		})
 		if err == nil && code != 0 {
-			err = &SandboxGitError{Sub: "fetch", Where: r.name, Code: code, Stderr: stderr.text()}
+			err = &SandboxGitError{Sub: "fetch", Where: r.name, Code: code, Stderr: stderrText(stderr)}
 		}
 		return err
 	}, nil
@@ -465,7 +439,7 @@ func (r Repo) fetcher(ctx context.Context, commit, ref string, opts TransferOpti
 // source is offered as common ground only the history of the commits in
 // common that the repository has (none: no negotiation), so it learns no
 // other commit of the user's, and git runs as the repository's owner.
-func (r Repo) fetchHost(ctx context.Context, commit, ref string, common []string, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+func (r Repo) fetchHost(ctx context.Context, commit, ref string, common []string, stdin, stdout *os.File, stderr *untrusted.Buffer, started func()) error {
 	args := append(append([]string{}, safeConfig...),
 		"-c", "protocol.fd.allow=always", "-c", "protocol.version=0",
 		"-c", "fetch.fsckObjects=true", "-c", "fetch.unpackLimit=1")
@@ -494,7 +468,7 @@ func (r Repo) fetchHost(ctx context.Context, commit, ref string, common []string
 	}
 	started()
 	if err := cmd.Wait(); err != nil {
-		return commandError(ctx, []string{"fetch"}, []byte(stderr.text()), err)
+		return commandError(ctx, []string{"fetch"}, []byte(stderrText(stderr)), err)
 	}
 	if got, err := ResolveCommit(ctx, r.dir, ref); err != nil || got != commit {
 		return fmt.Errorf("git fetch: %s does not name the commit fetched", ref)
@@ -552,7 +526,7 @@ func serveNamespace() (ns, full string, err error) {
 // upload-pack on the user's repository with serveRef set for the
 // transfer; in a sandbox, the jailbee client does the same there
 // (serveMain).
-func (r Repo) uploadPack(ctx context.Context, commit string, stdin, stdout *os.File, stderr *boundedBuffer, started func()) error {
+func (r Repo) uploadPack(ctx context.Context, commit string, stdin, stdout *os.File, stderr *untrusted.Buffer, started func()) error {
 	if r.run != nil {
 		code, err := r.run.Run(ctx, Cmd{
 			Argv: []string{ClientName, serveCommand, commit},
@@ -563,7 +537,7 @@ func (r Repo) uploadPack(ctx context.Context, commit string, stdin, stdout *os.F
 			return fmt.Errorf("git upload-pack in %s: %w", r.name, err)
 		}
 		if code != 0 {
-			return &SandboxGitError{Sub: "upload-pack", Where: r.name, Code: code, Stderr: stderr.text()}
+			return &SandboxGitError{Sub: "upload-pack", Where: r.name, Code: code, Stderr: stderrText(stderr)}
 		}
 		return nil
 	}
@@ -584,7 +558,7 @@ func (r Repo) uploadPack(ctx context.Context, commit string, stdin, stdout *os.F
 	}
 	started()
 	if err := cmd.Wait(); err != nil {
-		return commandError(ctx, []string{"upload-pack"}, []byte(stderr.text()), err)
+		return commandError(ctx, []string{"upload-pack"}, []byte(stderrText(stderr)), err)
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+
+	"agentbox/internal/untrusted"
 )
 
 // PushAuth is how PushBranch authenticates to the forge's git remote.
@@ -112,8 +114,8 @@ func (r Repo) push(ctx context.Context, remoteURL, localRef, branch string, from
 		// the URL (url.*.insteadOf), the header does not follow.
 		cmd.Env = append(cmd.Env, "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=http."+remoteURL+".extraHeader", "GIT_CONFIG_VALUE_0="+header)
 	}
-	var stdout, stderr boundedBuffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	stdout, stderr := output(0), output(0)
+	cmd.Stdout, cmd.Stderr = stdout, stderr
 	runErr := cmd.Run()
 	if runErr == nil {
 		return updated(stdout.String(), dst), nil
@@ -123,7 +125,7 @@ func (r Repo) push(ctx context.Context, remoteURL, localRef, branch string, from
 	}
 	// The remote's messages are in git's stderr: the secrets go before it
 	// is cut (a cut could leave part of one), the rest made printable.
-	msg := printable(redact(stderr.String(), auth.Token, credentials))
+	msg := untrusted.Printable(redact(stderr.String(), auth.Token, credentials))
 	return false, commandError(ctx, []string{"push"}, []byte(msg), runErr)
 }
 

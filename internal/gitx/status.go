@@ -21,18 +21,18 @@ func ReadWorkTree(ctx context.Context, r Repo) (WorkTree, error) {
 	if r.run == nil {
 		return WorkTree{}, errors.New("gitx: ReadWorkTree runs only inside a sandbox")
 	}
-	var stdout, stderr boundedBuffer
+	stdout, stderr := output(0), output(0)
 	code, err := r.run.Run(ctx, Cmd{
 		Argv: []string{"git", "status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all", "--ignore-submodules=dirty"},
-		Dir:  r.dir, Env: sandboxEnv, Stdout: &stdout, Stderr: &stderr,
+		Dir:  r.dir, Env: sandboxEnv, Stdout: stdout, Stderr: stderr,
 	})
 	if err != nil {
 		return WorkTree{}, fmt.Errorf("git status in %s: %w", r.name, err)
 	}
 	if code != 0 {
-		return WorkTree{}, &SandboxGitError{Sub: "status", Where: r.name, Code: code, Stderr: stderr.text()}
+		return WorkTree{}, &SandboxGitError{Sub: "status", Where: r.name, Code: code, Stderr: stderrText(stderr)}
 	}
-	wt, err := parseStatusV2(stdout.buf.Bytes(), stdout.total > int64(stdout.buf.Len()))
+	wt, err := parseStatusV2(stdout.Bytes(), stdout.Truncated())
 	if err != nil {
 		return WorkTree{}, fmt.Errorf("git status in %s: %w", r.name, err)
 	}

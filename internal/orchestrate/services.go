@@ -16,6 +16,7 @@ import (
 	"agentbox/internal/gitx"
 	"agentbox/internal/manifest"
 	"agentbox/internal/store"
+	"agentbox/internal/untrusted"
 	"agentbox/internal/wire"
 )
 
@@ -34,6 +35,9 @@ const (
 	stepTimeout = 30 * time.Minute
 	// maxStepOutput bounds the output of a step kept in the worker log.
 	maxStepOutput = 64 << 10
+	// maxStderrKept bounds what an error keeps of a tmux or set-up
+	// command's stderr in the child.
+	maxStderrKept = 1024
 )
 
 // startup is a child's selection (store.Sandbox.Startup): its autostart
@@ -214,10 +218,9 @@ func (o *Orchestrator) runStep(ctx context.Context, name, what, cmd string, log 
 	ctx, cancel := context.WithTimeout(ctx, stepTimeout)
 	defer cancel()
 	fmt.Fprintf(log, "%s %s: %s\n", stamp(), what, cmd)
-	var out strings.Builder
-	w := &agent.LimitedWriter{W: &out, N: maxStepOutput}
-	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: []string{"sh", "-c", cmd}, Dir: backend.WorkspacePath, Stdout: w, Stderr: w})
-	if text := agent.PaneLines([]byte(out.String())); len(text) > 0 {
+	out := &untrusted.Buffer{Max: maxStepOutput}
+	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: []string{"sh", "-c", cmd}, Dir: backend.WorkspacePath, Stdout: out, Stderr: out})
+	if text := agent.PaneLines(out.Bytes()); len(text) > 0 {
 		// The sandbox's text: each line marked, so none passes for one of
 		// the worker's own stamped lines.
 		fmt.Fprintf(log, "%s %s output:\n  | %s\n", stamp(), what, strings.Join(text, "\n  | "))
@@ -236,9 +239,8 @@ func (o *Orchestrator) runStep(ctx context.Context, name, what, cmd string, log 
 func (o *Orchestrator) startService(ctx context.Context, name, s, cmd string, log io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
 	defer cancel()
-	var stderr strings.Builder
-	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.StartServiceArgv(s, cmd), Dir: backend.WorkspacePath,
-		Stderr: &agent.LimitedWriter{W: &stderr, N: 1024}})
+	stderr := &untrusted.Buffer{Max: maxStderrKept}
+	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.StartServiceArgv(s, cmd), Dir: backend.WorkspacePath, Stderr: stderr})
 	if err != nil || code != 0 {
 		fmt.Fprintf(log, "%s service %s: exit %d: %v %q\n", stamp(), s, code, err, stderr.String())
 		return &stepError{reason: fmt.Sprintf("service `%s` could not be started", s)}

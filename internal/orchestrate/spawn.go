@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"syscall"
 	"time"
 
@@ -21,6 +20,7 @@ import (
 	"agentbox/internal/serial"
 	"agentbox/internal/shortname"
 	"agentbox/internal/store"
+	"agentbox/internal/untrusted"
 	"agentbox/internal/wire"
 )
 
@@ -410,8 +410,8 @@ func (o *Orchestrator) buildChild(ctx context.Context, sb *store.Sandbox, doc sp
 func (o *Orchestrator) seedClaudeHome(ctx context.Context, name string) error {
 	ctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
 	defer cancel()
-	var stderr strings.Builder
-	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.ClaudeHomeArgv(backend.WorkspacePath), Stderr: &agent.LimitedWriter{W: &stderr, N: 1024}})
+	stderr := &untrusted.Buffer{Max: maxStderrKept}
+	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: agent.ClaudeHomeArgv(backend.WorkspacePath), Stderr: stderr})
 	if err != nil || code != 0 {
 		return fmt.Errorf("cannot prepare the agent's home (exit %d): %v %q", code, err, stderr.String())
 	}
@@ -439,10 +439,10 @@ func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc
 	}
 	// Each command in the child is bounded: its tmux is the child's to
 	// stall, and the spawn's or restart's status waits on them.
-	var stdout, stderr strings.Builder
+	stdout, stderr := &untrusted.Buffer{Max: agent.MaxPaneOutput}, &untrusted.Buffer{Max: maxStderrKept}
 	sctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
 	code, err := run.Run(sctx, gitx.Cmd{Argv: agent.WithStat(agent.StartArgv(spec, doc.Prompt, newSession)), Dir: backend.WorkspacePath,
-		Stdout: &agent.LimitedWriter{W: &stdout, N: agent.MaxPaneOutput}, Stderr: &agent.LimitedWriter{W: &stderr, N: 1024}})
+		Stdout: stdout, Stderr: stderr})
 	cancel()
 	if err != nil || code != 0 {
 		return agentSeen{}, fmt.Errorf("tmux exited %d: %v %q", code, err, stderr.String())
@@ -451,7 +451,7 @@ func (o *Orchestrator) startAgent(ctx context.Context, name string, doc spawnDoc
 	var first agent.Identity
 	var firstAt time.Time
 	// tmux's word for the pane it made, and the stat of its process.
-	pid, startID, startAlive, seen, pidErr := agent.ParsePane([]byte(stdout.String()))
+	pid, startID, startAlive, seen, pidErr := agent.ParsePane(stdout.Bytes())
 	for time.Now().Before(deadline) {
 		var id agent.Identity
 		var alive bool
@@ -535,12 +535,12 @@ func (o *Orchestrator) identityOf(ctx context.Context, name string, pid int) (ag
 func (o *Orchestrator) lookAt(ctx context.Context, name string, argv []string, limit int) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, agentCheckTimeout)
 	defer cancel()
-	var out strings.Builder
-	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: argv, Stdout: &agent.LimitedWriter{W: &out, N: limit}})
+	out := &untrusted.Buffer{Max: limit}
+	code, err := o.Runner(name).Run(ctx, gitx.Cmd{Argv: argv, Stdout: out})
 	if err == nil && code != 0 {
 		err = fmt.Errorf("exit %d", code)
 	}
-	return []byte(out.String()), err
+	return out.Bytes(), err
 }
 
 // failChild reports a failed spawn or restart to the orchestrator and

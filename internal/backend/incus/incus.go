@@ -24,9 +24,9 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/untrusted"
 
 	"go.yaml.in/yaml/v3"
 	"golang.org/x/sys/unix"
@@ -704,39 +704,18 @@ func (b *Backend) incusMax(ctx context.Context, stdin []byte, max int, args ...s
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
-	stdout := &cappedBuffer{max: max, over: cancel}
-	stderr := &cappedBuffer{max: maxStderr}
+	stdout := &untrusted.Buffer{Max: max, OnOverflow: cancel}
+	stderr := &untrusted.Buffer{Max: maxStderr}
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	cmd.Env = incusEnv()
 	err := cmd.Run()
-	if stdout.overflow {
+	if stdout.Truncated() {
 		return nil, fmt.Errorf("incus: the command printed more than %d bytes", max)
 	}
 	if err != nil {
-		return nil, incusError(err, stderr.buf.String())
+		return nil, incusError(err, stderr.String())
 	}
-	return stdout.buf.Bytes(), nil
-}
-
-// cappedBuffer keeps the first max bytes written to it (max < 0: all)
-// and drops the rest; over, when set, runs once it overflows.
-type cappedBuffer struct {
-	buf      bytes.Buffer
-	max      int
-	overflow bool
-	over     func()
-}
-
-func (c *cappedBuffer) Write(p []byte) (int, error) {
-	if c.max >= 0 && c.buf.Len()+len(p) > c.max {
-		c.buf.Write(p[:c.max-c.buf.Len()])
-		if !c.overflow && c.over != nil {
-			c.over()
-		}
-		c.overflow = true
-		return len(p), nil
-	}
-	return c.buf.Write(p)
+	return stdout.Bytes(), nil
 }
 
 // projectPath is an API path in the backend's project.
@@ -794,7 +773,9 @@ func incusError(err error, stderr string) error {
 	if len(msg) > 400 {
 		msg = msg[:400] + "..."
 	}
-	msg = printable(msg)
+	// For a command inside, stderr is the container's to write, and the
+	// error reaches the host's terminal.
+	msg = untrusted.Printable(msg)
 	lower := strings.ToLower(msg)
 	switch {
 	case strings.Contains(lower, "unix.socket") && (strings.Contains(lower, "connection refused") ||
@@ -814,19 +795,6 @@ func incusError(err error, stderr string) error {
 		return fmt.Errorf("%w: %s", backend.ErrExists, msg)
 	}
 	return errors.New("incus: " + msg)
-}
-
-// printable is s with every character a terminal may act on (C0 and C1
-// controls, escapes; format characters such as bidi overrides) replaced
-// by a space: an incus command's stderr is, for a command inside, the
-// container's to write, and its error reaches the host's terminal.
-func printable(s string) string {
-	return strings.Map(func(r rune) rune {
-		if unicode.IsPrint(r) {
-			return r
-		}
-		return ' '
-	}, s)
 }
 
 // incusEnv is the environment of the incus client: the broker's own

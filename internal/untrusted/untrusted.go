@@ -1,0 +1,67 @@
+// Package untrusted holds what every reader of sandbox-controlled bytes
+// needs: a buffer that keeps a bounded prefix of a command's output, and a
+// filter that makes text safe for the host's terminal.
+package untrusted
+
+import (
+	"bytes"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Buffer keeps the first Max bytes written to it (Max < 0: all) and counts
+// every byte. Writes always succeed, so a writer that goes on past the
+// bound is drained, never stuck. The zero Buffer keeps nothing.
+type Buffer struct {
+	Max int
+	// OnOverflow, when set, runs once, at the first byte past Max (a
+	// caller cancels the command that floods it).
+	OnOverflow func()
+
+	buf   bytes.Buffer
+	total int64
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	n := len(p)
+	b.total += int64(n)
+	if b.Max >= 0 {
+		room := max(b.Max-b.buf.Len(), 0)
+		if n > room {
+			if b.OnOverflow != nil && b.total-int64(n) <= int64(b.Max) {
+				b.OnOverflow()
+			}
+			p = p[:room]
+		}
+	}
+	b.buf.Write(p)
+	return n, nil
+}
+
+// Bytes is what was kept.
+func (b *Buffer) Bytes() []byte { return b.buf.Bytes() }
+
+// String is what was kept.
+func (b *Buffer) String() string { return b.buf.String() }
+
+// Len is the number of bytes kept.
+func (b *Buffer) Len() int { return b.buf.Len() }
+
+// Total is the number of bytes written, kept or not.
+func (b *Buffer) Total() int64 { return b.total }
+
+// Truncated reports whether bytes were dropped.
+func (b *Buffer) Truncated() bool { return b.total > int64(b.buf.Len()) }
+
+// Printable is s with every character a terminal may act on (C0 and C1
+// controls, escapes, format characters such as bidi overrides) and every
+// invalid UTF-8 byte replaced by a space.
+func Printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == utf8.RuneError || !unicode.IsPrint(r) {
+			return ' '
+		}
+		return r
+	}, s)
+}
