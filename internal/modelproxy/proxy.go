@@ -243,8 +243,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	if !ok {
 		return status, n
 	}
+	// What a Messages request may cost in output, parsed once: reserved
+	// while it runs, charged when its answer never comes or is cut short.
+	var charge int64
+	if r.URL.Path == "/v1/messages" {
+		charge = outputCharge(body)
+	}
 	if p.cfg.Reserve != nil && r.URL.Path == "/v1/messages" {
-		release, err := p.cfg.Reserve(outputCharge(body))
+		release, err := p.cfg.Reserve(charge)
 		if err != nil {
 			return apiError(w, http.StatusTooManyRequests, "rate_limit_error", err.Error())
 		}
@@ -294,7 +300,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 			// A plain answer is generated whole before its head is sent:
 			// hanging up just before it (or an upstream too slow to send
 			// it) must not make it free.
-			p.cfg.Record(Usage{Requests: 1, OutputTokens: outputCharge(body)})
+			p.cfg.Record(Usage{Requests: 1, OutputTokens: charge})
 		}
 		if r.Context().Err() != nil {
 			return 499, 0 // the client went away
@@ -324,7 +330,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 		u := meter.usage()
 		u.Requests = 1
 		if !meter.final {
-			u.OutputTokens = max(u.OutputTokens, outputCharge(body))
+			u.OutputTokens = max(u.OutputTokens, charge)
 		}
 		p.cfg.Record(u)
 	}
