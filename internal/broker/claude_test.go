@@ -94,6 +94,20 @@ func TestClaudeChildToDone(t *testing.T) {
 	if len(seen) == 0 {
 		t.Fatal("the upstream got no request")
 	}
+	// The CLI's own tools passed the model socket's check for tools the
+	// provider would run (docs/agents.md).
+	withTools := 0
+	for _, s := range seen {
+		var req struct {
+			Tools []json.RawMessage `json:"tools"`
+		}
+		if s.Path == "/v1/messages" && json.Unmarshal(s.Body, &req) == nil && len(req.Tools) > 0 {
+			withTools++
+		}
+	}
+	if withTools == 0 {
+		t.Fatal("no request of the CLI's reached the upstream with its tools")
+	}
 	for _, s := range seen {
 		if got := s.Header.Get("X-Api-Key"); got != hostKey || s.Header.Get("Authorization") != "" {
 			t.Fatalf("%s %s reached the upstream with key %q, authorization %q", s.Method, s.Path, got, s.Header.Get("Authorization"))

@@ -50,6 +50,9 @@ type ModelConfig struct {
 	// MaxOutputTokensPerHour bounds one tree's output tokens in any
 	// BudgetWindow; 0 is no bound.
 	MaxOutputTokensPerHour int64
+	// ProviderTools passes requests for tools the provider runs on its
+	// own side (modelproxy.Config.ProviderTools); off, they are refused.
+	ProviderTools bool
 	// Client sends the upstream requests (nil: modelproxy's own); it
 	// follows no redirect either way.
 	Client *http.Client
@@ -196,12 +199,13 @@ func (b *Broker) listenModel(sb store.Sandbox, sockPath string, e ModelEndpoint)
 	ln.SetUnlinkOnClose(false)
 	proxy, err := modelproxy.New(modelproxy.Config{
 		Upstream: e.Upstream, Key: e.Key, Client: m.Client,
-		Record:      func(u modelproxy.Usage) { b.recordUsage(sb, u) },
-		Admit:       func() error { return b.admitModel(sb) },
-		Reserve:     func(charge int64) (func(), error) { return b.reserveModel(sb, charge) },
-		AdmitConn:   b.admitConn(sb),
-		Log:         b.log.With("sandbox", sb.Name, "socket", filepath.Base(sockPath)),
-		ReadTimeout: m.ReadTimeout, StreamIdle: m.StreamIdle,
+		Record:        func(u modelproxy.Usage) { b.recordUsage(sb, u) },
+		Admit:         func() error { return b.admitModel(sb) },
+		Reserve:       func(charge int64) (func(), error) { return b.reserveModel(sb, charge) },
+		ProviderTools: b.cfg.Model.ProviderTools,
+		AdmitConn:     b.admitConn(sb),
+		Log:           b.log.With("sandbox", sb.Name, "socket", filepath.Base(sockPath)),
+		ReadTimeout:   m.ReadTimeout, StreamIdle: m.StreamIdle,
 	})
 	if err != nil {
 		ln.Close()

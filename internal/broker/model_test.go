@@ -123,8 +123,14 @@ func TestModelSocket(t *testing.T) {
 	if !strings.HasSuffix(out, "\n404") || !strings.Contains(out, `"type":"not_found_error"`) || strings.Contains(out, up.URL) {
 		t.Fatalf("a path outside the API:\n%s", out)
 	}
+	// A tool the provider would run (a fetch of any address, past the
+	// sandbox's egress rights) is refused by default.
+	out = curlModel(e, "lead", "POST", "/v1/messages", `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"x"}],"tools":[{"type":"web_fetch_20250910","name":"web_fetch"}]}`)
+	if !strings.HasSuffix(out, "\n400") || !strings.Contains(out, `"type":"invalid_request_error"`) || !strings.Contains(out, "web_fetch_20250910") {
+		t.Fatalf("a provider-side tool:\n%s", out)
+	}
 	if n := len(up.Seen()); n != 1 {
-		t.Fatalf("a refused path reached the upstream (%d requests)", n)
+		t.Fatalf("a refused request reached the upstream (%d requests)", n)
 	}
 
 	// On the host: owner-only, under <state>/model, named after the

@@ -35,6 +35,7 @@ model:
   upstream: http://127.0.0.1:9000
   api_key_file: /etc/jailbee/anthropic-key
   max_output_tokens_per_hour: 100000
+  provider_tools: true
 forge:
   api_url: http://127.0.0.1:8080/api
   git_url: file:///srv/git/{owner}/{name}.git
@@ -53,7 +54,7 @@ func TestParseBrokerFull(t *testing.T) {
 		Inbox:       InboxQuota{MaxUnreadItems: 500, MaxUnreadBytes: 16 << 20, ReadRetentionDays: 2},
 		Tree:        Tree{MaxChildren: 10, MaxQueuedSpawns: 5, MaxSpawnsPerHour: 40, MaxUnreadItems: 300, MaxUnreadBytes: 20 << 20, MaxConnections: 200},
 		SandboxUIDs: UIDRange{First: 200000, Count: 65536},
-		Model:       Model{Upstream: "http://127.0.0.1:9000", APIKeyFile: "/etc/jailbee/anthropic-key", MaxOutputTokensPerHour: 100000},
+		Model:       Model{Upstream: "http://127.0.0.1:9000", APIKeyFile: "/etc/jailbee/anthropic-key", MaxOutputTokensPerHour: 100000, ProviderTools: true},
 		Forge:       Forge{APIURL: "http://127.0.0.1:8080/api/", GitURL: "file:///srv/git/{owner}/{name}.git", TokenEnv: "GITHUB_TOKEN"},
 		Publish:     Publish{ActionsPerHour: 12},
 	}

@@ -4,6 +4,7 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -35,6 +36,11 @@ type Model struct {
 	// tree (the orchestrator and its children) may use in any hour; 0 is
 	// no bound.
 	MaxOutputTokensPerHour int64
+	// ProviderTools lets Messages requests ask the provider to run tools
+	// on its own side (web search and fetch, code execution, remote MCP
+	// servers), which reach the network past every egress right; off,
+	// the model sockets refuse them.
+	ProviderTools bool
 	// LiteLLM are the endpoints of LiteLLM profiles (model.litellm.NAME),
 	// which claude-jb runners reach through a socket of their own.
 	LiteLLM map[string]ModelEndpoint
@@ -64,7 +70,7 @@ var litellmProfilePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
 // decodeModel reads `model: {upstream, api_key_file | api_key_env,
-// max_output_tokens_per_hour}` into m.
+// max_output_tokens_per_hour, provider_tools, litellm}` into m.
 func decodeModel(n *yaml.Node, m *Model) error {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return nil
@@ -89,6 +95,14 @@ func decodeModel(n *yaml.Node, m *Model) error {
 		}
 		if key == "litellm" {
 			return decodeLiteLLMEndpoints(v, m)
+		}
+		if key == "provider_tools" {
+			b, err := strconv.ParseBool(v.Value)
+			if v.Kind != yaml.ScalarNode || v.Tag != "!!bool" || err != nil {
+				return errAt(p, v, "must be true or false")
+			}
+			m.ProviderTools = b
+			return nil
 		}
 		if key != "upstream" {
 			keyNode = k

@@ -55,6 +55,8 @@ func TestParseBrokerModelRefused(t *testing.T) {
 		{"upstream credentials", "model: {upstream: \"https://u:p@h\"}\n", "model.upstream: must not hold credentials (the key goes in api_key_file or api_key_env) (line 1)"},
 		{"upstream query", "model: {upstream: \"https://h/?k=1\"}\n", "model.upstream: must not have a query or fragment (line 1)"},
 		{"upstream number", "model: {upstream: 8080}\n", "model.upstream: must be a string (line 1)"},
+		{"provider tools not a bool", "model: {provider_tools: yes}\n", "model.provider_tools: must be true or false (line 1)"},
+		{"provider tools a string", "model: {provider_tools: \"true\"}\n", "model.provider_tools: must be true or false (line 1)"},
 		{"budget zero", "model: {max_output_tokens_per_hour: 0}\n", fmt.Sprintf("model.max_output_tokens_per_hour: must be 1 to %d (line 1)", MaxOutputTokensPerHour)},
 		{"litellm not a mapping", "model: {litellm: [grok]}\n", "model.litellm: must be a mapping (line 1)"},
 		{"litellm bad name", "model: {litellm: {Grok: {upstream: http://h, api_key_env: K}}}\n", "model.litellm.Grok: a profile name is [a-z0-9][a-z0-9_-], at most 32 characters (line 1)"},

@@ -108,6 +108,11 @@ type Config struct {
 	// error's message) and the connection closed; release gives the place
 	// back when the connection closes.
 	AdmitConn func() (release func(), err error)
+	// ProviderTools passes Messages requests that ask the provider to run
+	// tools on its own side (web search and fetch, code execution, remote
+	// MCP servers); without it they are refused 400, since those reach
+	// the network past the sandbox's egress rights.
+	ProviderTools bool
 	// Log receives one line per request: method, path, status, bytes.
 	Log *slog.Logger
 	// ReadTimeout and StreamIdle replace RequestReadTimeout and
@@ -248,6 +253,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	var charge int64
 	if r.URL.Path == "/v1/messages" {
 		charge = outputCharge(body)
+		if !p.cfg.ProviderTools {
+			switch tool, ok := providerTool(body); {
+			case !ok:
+				return apiError(w, http.StatusBadRequest, "invalid_request_error", "the request body is not a JSON object")
+			case tool != "":
+				return apiError(w, http.StatusBadRequest, "invalid_request_error", fmt.Sprintf("this model socket does not pass what the provider runs on its own side (%q): it would reach the network past the sandbox's egress rights; the host allows it with model.provider_tools in broker.yaml", tool))
+			}
+		}
 	}
 	if p.cfg.Reserve != nil && r.URL.Path == "/v1/messages" {
 		release, err := p.cfg.Reserve(charge)

@@ -911,3 +911,44 @@ func TestAdmitConn(t *testing.T) {
 	w.client.CloseIdleConnections()
 	gate.WaitReleased(t)
 }
+
+// TestProviderToolsRefused: a sandbox with no egress right asks the
+// provider to fetch a page for it (a web_fetch tool, or a remote MCP
+// server in the request): the request is refused 400 in the API's error
+// format and never reaches the upstream, nor costs anything. A request
+// with the client's own tools passes, and a host that allows provider
+// tools (model.provider_tools) gets them forwarded.
+func TestProviderToolsRefused(t *testing.T) {
+	fetch := `{"model":"m","max_tokens":64,"messages":[{"role":"user","content":"get it"}],` +
+		`"tools":[{"type":"web_fetch_20250910","name":"web_fetch"}]}`
+	mcp := `{"model":"m","max_tokens":64,"messages":[{"role":"user","content":"get it"}],` +
+		`"mcp_servers":[{"type":"url","url":"https://attacker.example/mcp","name":"x"}]}`
+	own := `{"model":"m","max_tokens":64,"messages":[{"role":"user","content":"hi"}],` +
+		`"tools":[{"name":"Bash","description":"run","input_schema":{"type":"object"}}]}`
+
+	w := newWorld(t, nil, modeltest.Turn{Text: "ok", Output: 2})
+	for _, body := range []string{fetch, mcp, `{"tools":[]} trailing`} {
+		resp := w.post(t, "/v1/messages", body)
+		got := readAll(t, resp)
+		if resp.StatusCode != 400 || apiErrorType(t, got) != "invalid_request_error" {
+			t.Fatalf("%s: %d %q", body, resp.StatusCode, got)
+		}
+		if body != `{"tools":[]} trailing` && !strings.Contains(got, "model.provider_tools") {
+			t.Fatalf("the refusal does not say how the host allows it: %q", got)
+		}
+	}
+	if n := len(w.up.Seen()); n != 0 || w.recorded() != (modelproxy.Usage{}) {
+		t.Fatalf("refused requests reached the upstream (%d) or were charged (%+v)", n, w.recorded())
+	}
+	if resp := w.post(t, "/v1/messages", own); resp.StatusCode != 200 {
+		t.Fatalf("the client's own tools: %d %q", resp.StatusCode, readAll(t, resp))
+	}
+
+	allowed := newWorld(t, func(c *modelproxy.Config) { c.ProviderTools = true }, modeltest.Turn{Text: "ok", Output: 2})
+	if resp := allowed.post(t, "/v1/messages", fetch); resp.StatusCode != 200 {
+		t.Fatalf("with provider tools allowed: %d %q", resp.StatusCode, readAll(t, resp))
+	}
+	if n := len(allowed.up.Seen()); n != 1 {
+		t.Fatalf("upstream saw %d requests", n)
+	}
+}

@@ -1,0 +1,81 @@
+package modelproxy
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestProviderTool(t *testing.T) {
+	long := strings.Repeat("x", maxToolNameInError+1)
+	for _, tc := range []struct {
+		body, want string
+		ok         bool
+	}{
+		// What Claude Code sends: tools of its own, no type.
+		{`{"model":"m","max_tokens":1,"tools":[{"name":"Bash","input_schema":{}},{"name":"Read","input_schema":{}}]}`, "", true},
+		{`{"tools":[{"type":"custom","name":"a"}]}`, "", true},
+		{`{"tools":[{"type":"bash_20250124","name":"bash"},{"type":"text_editor_20250728","name":"e"},{"type":"computer_20250124"},{"type":"memory_20250818"}]}`, "", true},
+		{`{"tools":[]}`, "", true},
+		{`{"messages":[{"role":"user","content":"web_search_20250305"}]}`, "", true},
+		{`{"tools":"not a list"}`, "", true},
+		// The provider's own tools.
+		{`{"tools":[{"type":"web_search_20250305","name":"web_search"}]}`, "web_search_20250305", true},
+		{`{"tools":[{"name":"a"},{"type":"web_fetch_20250910","name":"web_fetch"}]}`, "web_fetch_20250910", true},
+		{`{"tools":[{"type":"code_execution_20250825"}]}`, "code_execution_20250825", true},
+		{`{"tools":[{"type":"bash_code_execution"}]}`, "bash_code_execution", true},
+		{`{"tools":[{"type":"bash_20250124x"}]}`, "bash_20250124x", true},
+		{`{"tools":[{"type":"Custom"}]}`, "Custom", true},
+		{`{"tools":[{"type":""}]}`, "?", true},
+		{`{"tools":[{"type":7}]}`, "?", true},
+		{`{"mcp_servers":[{"type":"url","url":"https://attacker.example/mcp"}]}`, "mcp_servers", true},
+		{`{"container":"c_1"}`, "container", true},
+		{`{"mcp_servers":null}`, "", true},
+		{`{"tools":[{"type":"` + long + `"}]}`, long[:maxToolNameInError] + "...", true},
+		// Every spelling an upstream might read counts.
+		{`{"Tools":[{"type":"web_search_20250305"}]}`, "web_search_20250305", true},
+		{`{"tools":[{"TYPE":"web_search_20250305"}]}`, "web_search_20250305", true},
+		{`{"tools":[{"type":"custom","type":"web_fetch_20250910"}]}`, "web_fetch_20250910", true},
+		{`{"tools":[{"type":"web_fetch_20250910","type":"custom"}]}`, "web_fetch_20250910", true},
+		{`{"tools":[{"type":"web_search_20250305"}],"tools":[]}`, "web_search_20250305", true},
+		{`{"t\u006fols":[{"type":"web_search_20250305"}]}`, "web_search_20250305", true},
+		{`{"MCP_Servers":[]}`, "MCP_Servers", true},
+		// What cannot be read is not forwarded.
+		{`not json`, "", false},
+		{`[{"tools":[]}]`, "", false},
+		{`{"tools":[]} {"tools":[{"type":"web_search_20250305"}]}`, "", false},
+	} {
+		got, ok := providerTool([]byte(tc.body))
+		if got != tc.want || ok != tc.ok {
+			t.Errorf("%s: %q, %v; want %q, %v", tc.body, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// FuzzProviderTool: whatever body a sandbox sends, a tool type Go's own
+// decoder reads as the provider's is found, and what is named back is
+// short.
+func FuzzProviderTool(f *testing.F) {
+	f.Add([]byte(`{"tools":[{"type":"web_search_20250305"}]}`))
+	f.Add([]byte(`{"tools":[{"name":"a"},{"Type":"custom","type":"x"}],"mcp_servers":[]}`))
+	f.Add([]byte(`{"tools":[{"type":"bash_20250124"}]}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		name, ok := providerTool(body)
+		if len(name) > maxToolNameInError+len("...") {
+			t.Fatalf("named back %d bytes", len(name))
+		}
+		var req struct {
+			Tools []struct {
+				Type *string `json:"type"`
+			} `json:"tools"`
+		}
+		if !ok || name != "" || json.Unmarshal(body, &req) != nil {
+			return
+		}
+		for _, tool := range req.Tools {
+			if tool.Type != nil && *tool.Type != "custom" && !clientToolType.MatchString(*tool.Type) {
+				t.Fatalf("tool type %q passed", *tool.Type)
+			}
+		}
+	})
+}
