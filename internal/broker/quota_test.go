@@ -274,3 +274,22 @@ func TestInboxQuotaDefaults(t *testing.T) {
 		t.Fatalf("kid holds %d unread items", n)
 	}
 }
+
+// TestChildShareOfOrchestratorInbox: a child that fills its share of its
+// orchestrator's inbox (1/store.ChildShare of the quota) while it has a
+// sibling is refused, with its own counts; the sibling's notes still get
+// in, up to the inbox's own bound.
+func TestChildShareOfOrchestratorInbox(t *testing.T) {
+	e := quotaFamily(t, store.Quota{MaxUnreadItems: 4})
+	e.child("sib", "orch")
+	kid, sib := e.client("kid"), e.client("sib")
+	wantDone(t, sendHello(t, kid, "k-1", ""), "orch")
+	wantDone(t, sendHello(t, kid, "k-2", ""), "orch")
+	wantRefused(t, sendHello(t, kid, "k-3", ""), "your unread messages use up your share of the inbox of `orch` (1/2 of its quota, so its other children keep room): 2 messages (at most 2) and 254 B (at most 16 MiB); send again with a new id once `orch` has read your messages")
+	wantDone(t, sendHello(t, sib, "s-1", ""), "orch")
+	wantDone(t, sendHello(t, sib, "s-2", ""), "orch")
+	wantRefused(t, sendHello(t, sib, "s-3", ""), "the inbox of `orch` is full: 4 unread items (at most 4) and 508 B unread (at most 32 MiB); send again with a new id once `orch` has read its messages")
+	if got := unreadOrigins(t, e.client("orch")); got != "k-1,k-2,s-1,s-2" {
+		t.Fatalf("orchestrator's unread: %s", got)
+	}
+}

@@ -80,6 +80,15 @@ func inboxFullDetail(e *store.InboxFullError) string {
 			formatSize(e.MessageBytes), e.Sandbox, formatSize(q.MaxUnreadBytes))
 	}
 	var b strings.Builder
+	if e.Sender != "" {
+		fmt.Fprintf(&b, "your unread messages use up your share of the inbox of `%s` (1/%d of its quota, so its other children keep room): %d %s (at most %d) and %s (at most %s)",
+			e.Sandbox, store.ChildShare, e.Items, plural(e.Items, "message", "messages"), q.MaxUnreadItems, formatSize(e.Bytes), formatSize(q.MaxUnreadBytes))
+		if !e.ItemsFull() {
+			fmt.Fprintf(&b, ", no room for this message (%s)", formatSize(e.MessageBytes))
+		}
+		fmt.Fprintf(&b, "; send again with a new id once `%s` has read your messages", e.Sandbox)
+		return b.String()
+	}
 	fmt.Fprintf(&b, "the inbox of `%s` is full: %d unread %s", e.Sandbox, e.Items, plural(e.Items, "item", "items"))
 	if q.MaxUnreadItems > 0 {
 		fmt.Fprintf(&b, " (at most %d)", q.MaxUnreadItems)

@@ -161,7 +161,7 @@ func (s *Store) DeliverMessage(ctx context.Context, d Delivery) (Sent, error) {
 		if err != nil {
 			return err
 		}
-		quota := func(docLen int64) error { return s.checkQuota(ctx, w, d.To, docLen) }
+		quota := func(docLen int64) error { return s.checkQuota(ctx, w, d.From, d.To, docLen) }
 		if d.Unmetered {
 			quota = nil
 		}

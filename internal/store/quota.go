@@ -42,8 +42,13 @@ type Quota struct {
 
 // InboxFullError is a delivery refused by the quota: the recipient's
 // unread inbox before the delivery, and the size of the refused message.
+//
+// With Sender set, the sender's share refused it (ChildShare): Items and
+// Bytes are the sender's own unread messages in the inbox, and Quota its
+// share.
 type InboxFullError struct {
 	Sandbox      string // the recipient
+	Sender       string // the child whose share is used up, or ""
 	Items        int    // unread items it holds
 	Bytes        int64  // unread bytes it holds
 	MessageBytes int64  // the refused message's stored document
@@ -51,6 +56,10 @@ type InboxFullError struct {
 }
 
 func (e *InboxFullError) Error() string {
+	if e.Sender != "" {
+		return fmt.Sprintf("inbox of %s: %s's share full: %d unread messages, %d bytes unread, message of %d bytes (share %d items, %d bytes)",
+			e.Sandbox, e.Sender, e.Items, e.Bytes, e.MessageBytes, e.Quota.MaxUnreadItems, e.Quota.MaxUnreadBytes)
+	}
 	return fmt.Sprintf("inbox of %s full: %d unread items, %d bytes unread, message of %d bytes (quota %d items, %d bytes)",
 		e.Sandbox, e.Items, e.Bytes, e.MessageBytes, e.Quota.MaxUnreadItems, e.Quota.MaxUnreadBytes)
 }
@@ -85,9 +94,10 @@ func (e *TreeFullError) ItemsFull() bool {
 }
 
 // NeverFits reports whether the message is larger than the inbox may
-// hold unread at all: no amount of reading makes room for it.
+// hold unread at all: no amount of reading makes room for it. (A share
+// always lets in a child with nothing unread.)
 func (e *InboxFullError) NeverFits() bool {
-	return e.Quota.MaxUnreadBytes > 0 && e.MessageBytes > e.Quota.MaxUnreadBytes
+	return e.Sender == "" && e.Quota.MaxUnreadBytes > 0 && e.MessageBytes > e.Quota.MaxUnreadBytes
 }
 
 // ItemsFull reports whether the item bound refused the delivery.
@@ -122,25 +132,85 @@ func (t *unreadTotals) add(typ string, size int64, n int) {
 	}
 }
 
-// checkQuota refuses a message of msgBytes to sandbox when it would put
-// the sandbox's unread inbox past the quota. It runs inside the delivery's
-// write transaction, before the message is inserted. Call with s.wmu held.
-func (s *Store) checkQuota(ctx context.Context, w *writer, sandbox string, msgBytes int64) error {
+// checkQuota refuses a message of msgBytes from sender to sandbox when it
+// would put the sandbox's unread inbox past the quota, or the sender's
+// share of it past ChildShare. It runs inside the delivery's write
+// transaction, before the message is inserted. Call with s.wmu held.
+func (s *Store) checkQuota(ctx context.Context, w *writer, sender, sandbox string, msgBytes int64) error {
 	q := s.quota
 	if q.MaxUnreadItems > 0 || q.MaxUnreadBytes > 0 {
 		t, err := s.unreadTotalsTx(ctx, w, sandbox)
 		if err != nil {
 			return err
 		}
-		if (q.MaxUnreadItems > 0 && t.items+1 > q.MaxUnreadItems) ||
-			(q.MaxUnreadBytes > 0 && t.bytes+msgBytes > q.MaxUnreadBytes) {
+		if q.over(t.items, t.bytes, msgBytes) {
 			return &InboxFullError{Sandbox: sandbox, Items: t.items, Bytes: t.bytes, MessageBytes: msgBytes, Quota: q}
+		}
+		share := q.childShare()
+		// Under its share as a whole, the inbox holds no sender past it:
+		// only a fuller one is counted by sender.
+		if share.over(t.items, t.bytes, msgBytes) {
+			if err := s.checkChildShare(ctx, w, sender, sandbox, msgBytes, share); err != nil {
+				return err
+			}
 		}
 	}
 	if q.TreeMaxUnreadItems <= 0 && q.TreeMaxUnreadBytes <= 0 {
 		return nil
 	}
 	return s.checkTree(ctx, w, sandbox, msgBytes)
+}
+
+// ChildShare is the part of an orchestrator's inbox quota (items and
+// bytes alike) the unread messages of one of its children may take, when
+// it has more than one: 1/ChildShare. Without it, one child could fill the
+// inbox, and every sibling's message to the orchestrator would be refused
+// until it read.
+const ChildShare = 2
+
+// childShare is the bounds of one child's unread messages in its
+// orchestrator's inbox.
+func (q Quota) childShare() Quota {
+	return Quota{MaxUnreadItems: q.MaxUnreadItems / ChildShare, MaxUnreadBytes: q.MaxUnreadBytes / ChildShare}
+}
+
+// over reports whether a message of msgBytes, added to items and bytes,
+// passes q's inbox bounds.
+func (q Quota) over(items int, bytes, msgBytes int64) bool {
+	return (q.MaxUnreadItems > 0 && items+1 > q.MaxUnreadItems) ||
+		(q.MaxUnreadBytes > 0 && bytes+msgBytes > q.MaxUnreadBytes)
+}
+
+// checkChildShare refuses a message of msgBytes from sender to sandbox when
+// sender is one of sandbox's children, it has siblings, and its own unread
+// messages there would pass share. (An only child has nobody to leave
+// room for: it may fill the inbox.) Call with s.wmu held, inside the
+// delivery's transaction.
+func (s *Store) checkChildShare(ctx context.Context, w *writer, sender, sandbox string, msgBytes int64, share Quota) error {
+	var parent string
+	err := w.parentOf.QueryRowContext(ctx, sender).Scan(&parent)
+	if errors.Is(err, sql.ErrNoRows) || err == nil && parent != sandbox {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var children int
+	if err := w.childCount.QueryRowContext(ctx, sandbox).Scan(&children); err != nil || children < 2 {
+		return err
+	}
+	var items int
+	var bytes int64
+	if err := w.unreadFrom.QueryRowContext(ctx, sandbox, sender).Scan(&items, &bytes); err != nil {
+		return err
+	}
+	// A child with nothing unread there is always let in (to the inbox's
+	// own bounds): a message larger than the share still gets through,
+	// once the orchestrator has read the child's others.
+	if items > 0 && share.over(items, bytes, msgBytes) {
+		return &InboxFullError{Sandbox: sandbox, Sender: sender, Items: items, Bytes: bytes, MessageBytes: msgBytes, Quota: share}
+	}
+	return nil
 }
 
 // checkTree refuses a message of msgBytes to sandbox, when it is a child,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"agentbox/internal/wire"
@@ -256,5 +257,91 @@ func TestQuotaUnmeteredDelivery(t *testing.T) {
 	}
 	if m.Kind != "update" || m.ImportedRef != imp.Ref || m.ImportedSHA != imp.SHA || m.MergedHead != imp.MergedHead || m.OriginID != "up-1" {
 		t.Fatalf("delivered %+v", m)
+	}
+}
+
+// TestChildShare: a child with a sibling may fill at most 1/ChildShare of
+// its orchestrator's inbox quota (items, or bytes) with unread messages:
+// at its share it is delivered, one past it refused naming the child's
+// own counts, and its sibling still gets in to the inbox's own bound. An
+// only child, and the orchestrator's messages to a child, are held by the
+// inbox bound alone; a child with nothing unread there always gets in.
+func TestChildShare(t *testing.T) {
+	size := msgLen(t, "c", "m-001", "body of m-001") // ids of one length: messages of one size
+	for _, tc := range []struct {
+		name      string
+		quota     Quota
+		share     int // messages of one child within its share
+		itemsFull bool
+	}{
+		{"items", Quota{MaxUnreadItems: 10}, 5, true},
+		{"items, odd", Quota{MaxUnreadItems: 11}, 5, true},
+		{"bytes", Quota{MaxUnreadItems: 100, MaxUnreadBytes: 8 * size}, 4, false},
+		{"bytes one short", Quota{MaxUnreadItems: 100, MaxUnreadBytes: 8*size - 1}, 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := openTestStore(t)
+			s.SetQuota(tc.quota)
+			ctx := context.Background()
+			n := 0
+			send := func(from, to string) error {
+				n++
+				_, err := deliver(s, from, to, fmt.Sprintf("m-%03d", n))
+				return err
+			}
+			// An only child may go past the share.
+			for i := range tc.share + 1 {
+				if err := send("c", "o"); err != nil {
+					t.Fatalf("only child, message %d: %v", i+1, err)
+				}
+			}
+			items, _ := s.ListItems(ctx, "o", false)
+			if err := s.Ack(ctx, "o", items[0].ID); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.CreateSandbox(ctx, Sandbox{Name: "d", UUID: "u-d", Role: wire.RoleChild, Parent: "o",
+				Branch: "d", Repo: "/r", State: "running"}); err != nil {
+				t.Fatal(err)
+			}
+			err := send("c", "o")
+			var full *InboxFullError
+			if !errors.As(err, &full) {
+				t.Fatalf("message past the share, with a sibling: %v", err)
+			}
+			want := InboxFullError{Sandbox: "o", Sender: "c", Items: tc.share, Bytes: int64(tc.share) * size, MessageBytes: size, Quota: tc.quota.childShare()}
+			if *full != want || full.ItemsFull() != tc.itemsFull || full.NeverFits() {
+				t.Fatalf("refusal %+v (items full %v), want %+v (items full %v)", *full, full.ItemsFull(), want, tc.itemsFull)
+			}
+			if got := dbTotals(t, s, "o"); got.msgs != tc.share {
+				t.Fatalf("the refused message was stored: o holds %d messages", got.msgs)
+			}
+			// The sibling fills its own share.
+			for i := range tc.share {
+				if err := send("d", "o"); err != nil {
+					t.Fatalf("the sibling's message %d: %v", i+1, err)
+				}
+			}
+			// The orchestrator's messages to a child are not shared.
+			for i := range tc.share + 1 {
+				if err := send("o", "c"); err != nil {
+					t.Fatalf("to the child, message %d: %v", i+1, err)
+				}
+			}
+			// Once the orchestrator reads its inbox, the child gets in
+			// again, even with a message larger than its share.
+			items, _ = s.ListItems(ctx, "o", false)
+			for _, it := range items {
+				if err := s.Ack(ctx, "o", it.ID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			big := strings.Repeat("x", int(tc.quota.childShare().MaxUnreadBytes))
+			if tc.quota.MaxUnreadBytes == 0 {
+				big = "small"
+			}
+			if _, err := s.DeliverMessage(ctx, Delivery{From: "c", To: "o", ManifestID: "big", Kind: "note", Body: big}); err != nil {
+				t.Fatalf("a child with nothing unread: %v", err)
+			}
+		})
 	}
 }

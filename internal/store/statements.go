@@ -32,6 +32,8 @@ type writer struct {
 	markUnread   *sql.Stmt
 	messageDoc   *sql.Stmt
 	unreadTotals *sql.Stmt
+	unreadFrom   *sql.Stmt
+	childCount   *sql.Stmt
 	parentOf     *sql.Stmt
 	treeMembers  *sql.Stmt
 	usageAdd     *sql.Stmt
@@ -84,6 +86,9 @@ func (s *Store) prepare(ctx context.Context) error {
 		w(&s.w.unreadTotals, `SELECT count(*), coalesce(sum(n), 0), count(m), coalesce(sum(m), 0) FROM
 			(SELECT octet_length(doc) AS n, CASE WHEN type = 'message' THEN octet_length(doc) END AS m
 			FROM items WHERE sandbox = ? AND read = 0 LIMIT ?)`),
+		w(&s.w.unreadFrom, `SELECT count(*), coalesce(sum(octet_length(doc)), 0) FROM items
+			WHERE sandbox = ? AND read = 0 AND type = 'message' AND json_extract(doc, '$.from') = ?`),
+		w(&s.w.childCount, `SELECT count(*) FROM sandboxes WHERE parent = ?`),
 		w(&s.w.parentOf, `SELECT parent FROM sandboxes WHERE name = ?`),
 		w(&s.w.treeMembers, `SELECT name FROM sandboxes WHERE name = ? OR parent = ?`),
 		w(&s.w.usageAdd, usageAddSQL),
