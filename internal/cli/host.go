@@ -9,14 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"text/tabwriter"
-	"unicode"
-	"unicode/utf16"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
 	"agentbox/internal/broker"
 	"agentbox/internal/inbox"
+	"agentbox/internal/untrusted"
 	"agentbox/internal/wire"
 )
 
@@ -327,32 +325,6 @@ func writeJSON(w interface{ Write([]byte) (int, error) }, v any) error {
 	if err := enc.Encode(v); err != nil {
 		return err
 	}
-	_, err := w.Write(escapeTerminal(buf.Bytes()))
+	_, err := w.Write(untrusted.EscapeJSON(buf.Bytes()))
 	return err
 }
-
-// escapeTerminal writes each C1 control and format character of JSON
-// text js as a \u escape (a pair for one past U+FFFF), and a byte that is
-// not UTF-8 (a lone 0x9b is a CSI to a terminal that is not in UTF-8) as
-// \ufffd. Every one of them is inside a string: JSON's structure is
-// ASCII.
-func escapeTerminal(js []byte) []byte {
-	if utf8.Valid(js) && !bytes.ContainsFunc(js, needsEscape) {
-		return js
-	}
-	out := make([]byte, 0, len(js)+64)
-	for _, r := range string(js) { // a byte that is not UTF-8: RuneError
-		switch {
-		case !needsEscape(r) && r != utf8.RuneError:
-			out = utf8.AppendRune(out, r)
-		case r > 0xffff:
-			r1, r2 := utf16.EncodeRune(r)
-			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
-		default:
-			out = fmt.Appendf(out, `\u%04x`, r)
-		}
-	}
-	return out
-}
-
-func needsEscape(r rune) bool { return r >= 0x80 && r < 0xa0 || unicode.Is(unicode.Cf, r) }

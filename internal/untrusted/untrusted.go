@@ -1,12 +1,14 @@
 // Package untrusted holds what every reader of sandbox-controlled bytes
-// needs: a buffer that keeps a bounded prefix of a command's output, and a
-// filter that makes text safe for the host's terminal.
+// needs: a buffer that keeps a bounded prefix of a command's output, and
+// the filters that make text and JSON safe for the host's terminal.
 package untrusted
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -65,3 +67,30 @@ func Printable(s string) string {
 		return r
 	}, s)
 }
+
+// EscapeJSON writes each C1 control and format character of JSON
+// text js as a \u escape (a pair for one past U+FFFF), and a byte that is
+// not UTF-8 (a lone 0x9b is a CSI to a terminal that is not in UTF-8) as
+// \ufffd. Every one of them is inside a string: JSON's structure is
+// ASCII, so the result is the same JSON, with nothing in it a terminal
+// acts on.
+func EscapeJSON(js []byte) []byte {
+	if utf8.Valid(js) && !bytes.ContainsFunc(js, needsEscape) {
+		return js
+	}
+	out := make([]byte, 0, len(js)+64)
+	for _, r := range string(js) { // a byte that is not UTF-8: RuneError
+		switch {
+		case !needsEscape(r) && r != utf8.RuneError:
+			out = utf8.AppendRune(out, r)
+		case r > 0xffff:
+			r1, r2 := utf16.EncodeRune(r)
+			out = fmt.Appendf(out, `\u%04x\u%04x`, r1, r2)
+		default:
+			out = fmt.Appendf(out, `\u%04x`, r)
+		}
+	}
+	return out
+}
+
+func needsEscape(r rune) bool { return r >= 0x80 && r < 0xa0 || unicode.Is(unicode.Cf, r) }

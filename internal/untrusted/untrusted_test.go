@@ -2,6 +2,8 @@ package untrusted
 
 import (
 	"bytes"
+	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"unicode"
@@ -78,6 +80,47 @@ func FuzzPrintable(f *testing.F) {
 		}
 		if i := strings.IndexFunc(out, func(r rune) bool { return !unicode.IsPrint(r) }); i >= 0 {
 			t.Fatalf("unprintable %q out of %q", out[i:], s)
+		}
+	})
+}
+
+func TestEscapeJSON(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`{"a":"plain ü 日本"}`, `{"a":"plain ü 日本"}`},
+		{"{\"a\":\"csi\u009b2J\"}", `{"a":"csi\u009b2J"}`},
+		{"{\"a\":\"bidi\u202eevil\"}", `{"a":"bidi\u202eevil"}`},
+		{"{\"a\":\"tag\U000E0041\"}", `{"a":"tag\udb40\udc41"}`},
+		{"{\"a\":\"bad\x9b\"}", `{"a":"bad\ufffd"}`},
+	} {
+		if got := string(EscapeJSON([]byte(tc.in))); got != tc.want {
+			t.Errorf("EscapeJSON(%q) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+// FuzzEscapeJSON: for any valid JSON, the escaped text is JSON of the
+// same value (invalid UTF-8 aside, which decodes to U+FFFD either way),
+// with no C1 control or format character left in it.
+func FuzzEscapeJSON(f *testing.F) {
+	f.Add([]byte("{\"a\":\"\u009b\u202e\U000E0041\"}"))
+	f.Add([]byte(`["x",1,null]`))
+	f.Fuzz(func(t *testing.T, js []byte) {
+		if !json.Valid(js) {
+			return
+		}
+		out := EscapeJSON(js)
+		var a, b any
+		if err := json.Unmarshal(js, &a); err != nil {
+			return
+		}
+		if err := json.Unmarshal(out, &b); err != nil {
+			t.Fatalf("%q escaped to invalid JSON %q: %v", js, out, err)
+		}
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("%q escaped to another value: %q", js, out)
+		}
+		if i := bytes.IndexFunc(out, needsEscape); i >= 0 || !utf8.Valid(out) {
+			t.Fatalf("left in %q: %q", out, out[max(i, 0):])
 		}
 	})
 }

@@ -14,6 +14,7 @@ import (
 
 	"agentbox/internal/managed/launch"
 	"agentbox/internal/managed/spool"
+	"agentbox/internal/untrusted"
 )
 
 // ExitNotPending is dispatch-tool's status when the wait ended with no
@@ -100,7 +101,7 @@ Exit status: 0 dispatched; 75 not pending when the wait ended (retryable);
 			if res.Cached {
 				how = "replayed from the ledger"
 			}
-			fmt.Fprintf(env.Stdout, "dispatched %s (%s)\n%s\n", id, how, res.Response.Payload)
+			fmt.Fprintf(env.Stdout, "dispatched %s (%s)\n%s\n", id, how, untrusted.EscapeJSON(res.Response.Payload))
 			return nil
 		},
 	}

@@ -146,8 +146,12 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	mt.Lease(doc, 0)["executable"] = "/bin/sh"
 	f := mt.New(t, doc)
 	// The trusted endpoint on the assignment's socket (the fixture's is
-	// stale): it answers every request with {"ok":true}.
-	mt.ServeEndpoint(t, f.Source(4, 0), func(context.Context, []byte) ([]byte, error) { return []byte(`{"ok":true}`), nil })
+	// stale): it answers every request with {"ok":true} and a string
+	// holding a C1 control (a CSI) and a bidi override, which JSON allows
+	// raw and a terminal acts on.
+	mt.ServeEndpoint(t, f.Source(4, 0), func(context.Context, []byte) ([]byte, error) {
+		return []byte("{\"ok\":true,\"echo\":\"\u009b2J\u202e\"}"), nil
+	})
 	env := []string{f.Env(), "BRANCHBOX_STATE_DIR=" + filepath.Join(t.TempDir(), "state"), "MODEL_ACCESS_TOKEN=token-" + mt.Secret}
 
 	r := runCLI(t, env, "feature", "start", "cli", "--repo", repo, "--runtime", "in-guest", "--runtime-manifest", f.Path, "--json")
@@ -240,6 +244,16 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 		t.Fatalf("dispatch: exit %d %v\n%s%s", r.code, err, r.stdout, r.stderr)
 	}
 	noSecrets(t, f, r)
+	// The endpoint's bytes reach the operator's terminal escaped, with
+	// --json and without (the same request, replayed from the ledger).
+	if strings.ContainsAny(r.stdout, "\u009b\u202e") || !strings.Contains(r.stdout, `"echo": "\u009b2J\u202e"`) {
+		t.Fatalf("dispatch --json printed the response unescaped:\n%q", r.stdout)
+	}
+	r = runCLI(t, env, "feature", "dispatch-tool", "cli", "--lease", "delivery_requests", "--request-id", "q1")
+	if r.code != 0 || strings.ContainsAny(r.stdout, "\u009b\u202e") || !strings.Contains(r.stdout, `"echo":"\u009b2J\u202e"`) ||
+		!strings.Contains(r.stdout, "replayed from the ledger") {
+		t.Fatalf("dispatch: exit %d, printed the response unescaped:\n%q", r.code, r.stdout)
+	}
 
 	r = runCLI(t, env, "feature", "status", "cli", "--json")
 	if r.code != 0 || !strings.Contains(r.stdout, `"phase": "running"`) || !strings.Contains(r.stdout, `"container_state": "running"`) {

@@ -13,6 +13,7 @@ import (
 
 	"agentbox/internal/managed/assignment"
 	"agentbox/internal/managed/leasecheck"
+	"agentbox/internal/untrusted"
 )
 
 // validateOutput is the --json result of a valid assignment.
@@ -107,10 +108,15 @@ func reportRefusal(w io.Writer, asJSON bool, err error) error {
 	return &exitError{code: ExitRefused}
 }
 
+// writeJSON prints v as indented JSON, with every C1 control and format
+// character escaped (untrusted.EscapeJSON): a tool response is the
+// endpoint's to write, and may echo the consumer's request.
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
+	js, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return &exitError{code: ExitRefused, msg: "cannot write output"}
+	}
+	if _, err := w.Write(append(untrusted.EscapeJSON(js), '\n')); err != nil {
 		return &exitError{code: ExitRefused, msg: "cannot write output"}
 	}
 	return nil
