@@ -6,7 +6,8 @@
 //
 // Exit statuses: 0 success, 1 refusal (an assignment or a request broke a
 // rule, or the provider failed), 2 usage error (unknown command or flag,
-// missing or extra argument), 75 dispatch-tool found nothing pending.
+// missing or extra argument), 75 dispatch-tool found nothing pending (or
+// the request id held by another dispatch): retryable.
 package cli
 
 import (
@@ -120,7 +121,8 @@ Environment:
                           generated inputs, replay ledger and worktree)
 
 Exit status: 0 success, 1 refusal, 2 usage error (and 75 from
-'feature dispatch-tool' when nothing was pending).`,
+'feature dispatch-tool' when nothing was pending, or another dispatch of
+the request id still ran: retryable).`,
 		Version:       version.String(),
 		SilenceErrors: true,
 		SilenceUsage:  true,

@@ -77,8 +77,9 @@ replay_policy exact-digest-replay-v1; without it the claim stays blocked.
 
 Messages never hold the capability or the payload.
 
-Exit status: 0 dispatched; 75 not pending when the wait ended (retryable);
-1 any other failure (terminal); 2 usage error.`,
+Exit status: 0 dispatched; 75 not pending when the wait ended, or still
+held by another dispatch of R (retryable); 1 any other failure (terminal);
+2 usage error.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			if waitSeconds < 0 || waitSeconds > spool.MaxWaitSeconds {

@@ -60,6 +60,11 @@ var (
 // consumer has not finished writing it. Retryable.
 var ErrNotPending = errors.New("the request is not pending")
 
+// ErrBusy reports a request id another dispatch held until the deadline:
+// not a fault of the request, so retryable. Run again, and the answer
+// comes from the ledger once that dispatch has it.
+var ErrBusy = errors.New("another dispatch of this request id is running")
+
 // RetryableError is a relay that failed in transport under the signed
 // replay policy: the claim stays, and a later attempt relays the same
 // exact request.
@@ -184,7 +189,7 @@ func (s *Spool) lock(id string, deadline time.Time) (*os.File, error) {
 		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
 			f.Close()
 			if errors.Is(err, unix.EWOULDBLOCK) {
-				return nil, errors.New("another dispatch of this request id is running")
+				return nil, ErrBusy
 			}
 			return nil, fmt.Errorf("ledger: lock: %w", err)
 		}

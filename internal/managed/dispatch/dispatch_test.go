@@ -441,6 +441,39 @@ func TestDispatchConcurrentSameID(t *testing.T) {
 	}
 }
 
+// TestDispatchBusyIsRetryable: a dispatch of an id whose ledger another
+// dispatch holds past the wait is told so, retryably (not a terminal
+// failure: the request is sound), and nothing is relayed twice; once the
+// holder is done, the next dispatch answers from the ledger.
+func TestDispatchBusyIsRetryable(t *testing.T) {
+	w := newWorld(t, false)
+	w.serve()
+	w.put("b.json", envelope("b", `{}`))
+	// Another dispatch of b, as far as the lock goes.
+	if err := os.MkdirAll(w.s.Ledger, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	held, err := os.OpenFile(filepath.Join(w.s.Ledger, "b.ledger"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Flock(int(held.Fd()), unix.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	for _, wait := range []time.Duration{0, 300 * time.Millisecond} {
+		if _, err := w.dispatch("b", wait); !errors.Is(err, dispatch.ErrBusy) {
+			t.Fatalf("wait %v, the id held by another dispatch: %v, want ErrBusy", wait, err)
+		}
+	}
+	held.Close()
+	if out, err := w.dispatch("b", 0); err != nil || out.Cached {
+		t.Fatalf("once free: %+v %v", out, err)
+	}
+	if out, err := w.dispatch("b", 0); err != nil || !out.Cached || w.count("b") != 1 {
+		t.Fatalf("again: %+v %v, endpoint saw %d", out, err, w.count("b"))
+	}
+}
+
 func TestInitLayout(t *testing.T) {
 	w := newWorld(t, true)
 	for _, e := range []struct {

@@ -134,6 +134,10 @@ func DispatchTool(ctx context.Context, cfg Config, name, leaseID, id string, wai
 	switch {
 	case errors.Is(err, dispatch.ErrNotPending):
 		return nil, fail(CodeNotPending, "request %q is not pending", id)
+	case errors.Is(err, dispatch.ErrBusy):
+		// Retryable, as not pending is: the other dispatch's answer is
+		// the ledger's to give once it ends.
+		return nil, fail(CodeNotPending, "request %q is being dispatched by another run; run again for its answer", id)
 	case err != nil:
 		return nil, &Error{Code: CodeDispatch, Message: err.Error()}
 	}
