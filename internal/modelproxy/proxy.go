@@ -258,7 +258,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 			case !ok:
 				return apiError(w, http.StatusBadRequest, "invalid_request_error", "the request body is not a JSON object")
 			case tool != "":
-				return apiError(w, http.StatusBadRequest, "invalid_request_error", fmt.Sprintf("this model socket does not pass what the provider runs on its own side (%q): it would reach the network past the sandbox's egress rights; the host allows it with model.provider_tools in broker.yaml", tool))
+				return apiError(w, http.StatusBadRequest, "invalid_request_error", fmt.Sprintf("this model socket does not pass what the provider would fetch or run on its own side (%s): it would reach the network past the sandbox's egress rights; the host allows it with model.provider_tools in broker.yaml", tool))
 			}
 		}
 	}

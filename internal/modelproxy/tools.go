@@ -2,9 +2,10 @@ package modelproxy
 
 import (
 	"bytes"
-	"cmp"
 	"encoding/json"
+	"io"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -19,83 +20,118 @@ var clientToolType = regexp.MustCompile(`^(bash|text_editor|computer|memory)_[0-
 // container code execution runs in (with its skills).
 var providerRequestKeys = []string{"mcp_servers", "container"}
 
+// urlSource is what a refusal names for a content block whose source is
+// a URL: the provider fetches it.
+const urlSource = `a source of type "url"`
+
 // maxToolNameInError bounds the tool type a refusal quotes back.
 const maxToolNameInError = 64
 
-// providerTool names the first thing in a Messages request that the
-// provider would run on its own side, past the sandbox's egress rights
-// (web search or fetch, code execution, remote MCP servers), or "" when
-// there is none. As for max_tokens (outputCharge), a key counts in any
-// case and every duplicate counts. ok is false when the body is not a
-// JSON object this check can read: the upstream would refuse it anyway,
-// and what cannot be checked is not forwarded.
+// providerTool describes the first thing in a Messages request that the
+// provider would fetch or run on its own side, past the sandbox's egress
+// rights, or "" when there is none: a tool that is not the client's (web
+// search or fetch, code execution), a top-level providerRequestKeys key
+// (remote MCP servers), or anywhere in it an object typed "url" (an image
+// or document the provider fetches from an address). As for max_tokens
+// (outputCharge), a key counts in any case and every duplicate counts: an
+// upstream's parser may read either. ok is false when the body is not
+// one JSON object: the upstream would refuse it anyway, and what cannot
+// be checked is not forwarded.
 func providerTool(request []byte) (name string, ok bool) {
 	if !json.Valid(request) {
 		return "", false
 	}
 	dec := json.NewDecoder(bytes.NewReader(request))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return "", false
+	dec.UseNumber()
+	// One frame per open object or array. In an object, key is the key
+	// whose value comes next ("" while a key is expected).
+	type frame struct {
+		object   bool
+		key      string
+		expected bool // a key comes next
 	}
-	for dec.More() {
+	var stack []frame
+	// The value of the current key is complete: the frame expects a key.
+	done := func() {
+		if n := len(stack); n > 0 && stack[n-1].object {
+			stack[n-1].expected, stack[n-1].key = true, ""
+		}
+	}
+	// inTool reports whether the current frame is an element of the
+	// top-level tools list.
+	inTool := func() bool {
+		return len(stack) == 3 && stack[2].object && !stack[1].object && strings.EqualFold(stack[0].key, "tools")
+	}
+	for {
 		t, err := dec.Token()
+		if err == io.EOF {
+			return "", len(stack) == 0
+		}
 		if err != nil {
 			return "", false
 		}
-		key, _ := t.(string)
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return "", false
+		if len(stack) == 0 && t != json.Delim('{') {
+			return "", false // not one object
 		}
-		switch {
-		case containsFold(providerRequestKeys, key) && string(v) != "null":
-			return key, true
-		case strings.EqualFold(key, "tools"):
-			var tools []json.RawMessage
-			if json.Unmarshal(v, &tools) != nil {
-				continue // not a list: the upstream refuses it
+		n := len(stack)
+		var top *frame
+		if n > 0 {
+			top = &stack[n-1]
+		}
+		if top != nil && top.object && top.expected {
+			if d, isDelim := t.(json.Delim); isDelim && d == '}' {
+				stack = stack[:n-1]
+				done()
+				continue
 			}
-			for _, tool := range tools {
-				if t := providerToolType(tool); t != "" {
-					return t, true
-				}
-			}
-		}
-	}
-	return "", true
-}
-
-// providerToolType is the type of a tool definition the provider runs,
-// or "" for a client tool. Every key that is "type" in any case counts;
-// a type that is not a string is the provider's to read, so it counts
-// as one.
-func providerToolType(tool []byte) string {
-	dec := json.NewDecoder(bytes.NewReader(tool))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
-		return "" // not an object: the upstream refuses it
-	}
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return "?"
-		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return "?"
-		}
-		if key, _ := t.(string); !strings.EqualFold(key, "type") {
+			top.key, _ = t.(string) // valid JSON: a key is a string
+			top.expected = false
 			continue
 		}
-		var typ string
-		if json.Unmarshal(v, &typ) != nil {
-			return "?"
+		// A value (or the end of an array) of top.key, or the whole body.
+		key := ""
+		if top != nil && top.object {
+			key = top.key
 		}
-		if typ != "custom" && !clientToolType.MatchString(typ) {
-			if len(typ) > maxToolNameInError {
-				typ = strings.ToValidUTF8(typ[:maxToolNameInError], "") + "..."
+		if n == 1 && containsFold(providerRequestKeys, key) && t != nil {
+			return strconv.Quote(key), true
+		}
+		if inTool() && strings.EqualFold(key, "type") {
+			typ, isString := t.(string)
+			if !isString || typ != "custom" && !clientToolType.MatchString(typ) {
+				return "tool type " + strconv.Quote(shorten(typ)), true
 			}
-			return cmp.Or(typ, "?")
+		}
+		switch v := t.(type) {
+		case json.Delim:
+			switch v {
+			case '{':
+				stack = append(stack, frame{object: true, expected: true})
+			case '[':
+				stack = append(stack, frame{})
+			case ']':
+				stack = stack[:n-1]
+				done()
+			}
+		case string:
+			if strings.EqualFold(key, "type") && strings.EqualFold(v, "url") {
+				return urlSource, true
+			}
+			done()
+		default:
+			done()
 		}
 	}
-	return ""
+}
+
+// shorten is a tool type fit to quote back: at most maxToolNameInError
+// bytes, "?" for none.
+func shorten(typ string) string {
+	if typ == "" {
+		return "?"
+	}
+	if len(typ) > maxToolNameInError {
+		return strings.ToValidUTF8(typ[:maxToolNameInError], "") + "..."
+	}
+	return typ
 }

@@ -20,26 +20,36 @@ func TestProviderTool(t *testing.T) {
 		{`{"messages":[{"role":"user","content":"web_search_20250305"}]}`, "", true},
 		{`{"tools":"not a list"}`, "", true},
 		// The provider's own tools.
-		{`{"tools":[{"type":"web_search_20250305","name":"web_search"}]}`, "web_search_20250305", true},
-		{`{"tools":[{"name":"a"},{"type":"web_fetch_20250910","name":"web_fetch"}]}`, "web_fetch_20250910", true},
-		{`{"tools":[{"type":"code_execution_20250825"}]}`, "code_execution_20250825", true},
-		{`{"tools":[{"type":"bash_code_execution"}]}`, "bash_code_execution", true},
-		{`{"tools":[{"type":"bash_20250124x"}]}`, "bash_20250124x", true},
-		{`{"tools":[{"type":"Custom"}]}`, "Custom", true},
-		{`{"tools":[{"type":""}]}`, "?", true},
-		{`{"tools":[{"type":7}]}`, "?", true},
-		{`{"mcp_servers":[{"type":"url","url":"https://attacker.example/mcp"}]}`, "mcp_servers", true},
-		{`{"container":"c_1"}`, "container", true},
+		{`{"tools":[{"type":"web_search_20250305","name":"web_search"}]}`, `tool type "web_search_20250305"`, true},
+		{`{"tools":[{"name":"a"},{"type":"web_fetch_20250910","name":"web_fetch"}]}`, `tool type "web_fetch_20250910"`, true},
+		{`{"tools":[{"type":"code_execution_20250825"}]}`, `tool type "code_execution_20250825"`, true},
+		{`{"tools":[{"type":"bash_code_execution"}]}`, `tool type "bash_code_execution"`, true},
+		{`{"tools":[{"type":"bash_20250124x"}]}`, `tool type "bash_20250124x"`, true},
+		{`{"tools":[{"type":"Custom"}]}`, `tool type "Custom"`, true},
+		{`{"tools":[{"type":""}]}`, `tool type "?"`, true},
+		{`{"tools":[{"type":7}]}`, `tool type "?"`, true},
+		{`{"mcp_servers":[{"type":"url","url":"https://attacker.example/mcp"}]}`, `"mcp_servers"`, true},
+		{`{"container":"c_1"}`, `"container"`, true},
 		{`{"mcp_servers":null}`, "", true},
-		{`{"tools":[{"type":"` + long + `"}]}`, long[:maxToolNameInError] + "...", true},
+		{`{"tools":[{"type":"` + long + `"}]}`, `tool type "` + long[:maxToolNameInError] + "..." + `"`, true},
+		// Content the provider fetches from an address.
+		{`{"messages":[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"https://attacker.example/?d=secret"}}]}]}`, urlSource, true},
+		{`{"messages":[{"role":"user","content":[{"type":"document","source":{"TYPE":"URL","url":"https://a.example/x.pdf"}}]}]}`, urlSource, true},
+		{`{"system":[{"type":"text","text":"x"}],"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}}]}]}`, "", true},
+		{`{"messages":[{"role":"user","content":"{\"type\":\"url\"}"}],"metadata":{"url":"type"}}`, "", true},
+		{`{"tools":[{"name":"f","input_schema":{"type":"object","properties":{"type":{"type":"string"}}}}]}`, "", true},
+		{`{"tools":[{"name":"f","input_schema":{"type":"object","properties":{"u":{"type":"url"}}}}]}`, urlSource, true},
+		{`{"tools":[{"type":{"x":1}}]}`, `tool type "?"`, true},
+		{`{"tools":[{"type":null}]}`, `tool type "?"`, true},
+		{`{"tools":[[{"type":"web_search_20250305"}]]}`, "", true},
 		// Every spelling an upstream might read counts.
-		{`{"Tools":[{"type":"web_search_20250305"}]}`, "web_search_20250305", true},
-		{`{"tools":[{"TYPE":"web_search_20250305"}]}`, "web_search_20250305", true},
-		{`{"tools":[{"type":"custom","type":"web_fetch_20250910"}]}`, "web_fetch_20250910", true},
-		{`{"tools":[{"type":"web_fetch_20250910","type":"custom"}]}`, "web_fetch_20250910", true},
-		{`{"tools":[{"type":"web_search_20250305"}],"tools":[]}`, "web_search_20250305", true},
-		{`{"t\u006fols":[{"type":"web_search_20250305"}]}`, "web_search_20250305", true},
-		{`{"MCP_Servers":[]}`, "MCP_Servers", true},
+		{`{"Tools":[{"type":"web_search_20250305"}]}`, `tool type "web_search_20250305"`, true},
+		{`{"tools":[{"TYPE":"web_search_20250305"}]}`, `tool type "web_search_20250305"`, true},
+		{`{"tools":[{"type":"custom","type":"web_fetch_20250910"}]}`, `tool type "web_fetch_20250910"`, true},
+		{`{"tools":[{"type":"web_fetch_20250910","type":"custom"}]}`, `tool type "web_fetch_20250910"`, true},
+		{`{"tools":[{"type":"web_search_20250305"}],"tools":[]}`, `tool type "web_search_20250305"`, true},
+		{`{"t\u006fols":[{"type":"web_search_20250305"}]}`, `tool type "web_search_20250305"`, true},
+		{`{"MCP_Servers":[]}`, `"MCP_Servers"`, true},
 		// What cannot be read is not forwarded.
 		{`not json`, "", false},
 		{`[{"tools":[]}]`, "", false},
@@ -61,7 +71,7 @@ func FuzzProviderTool(f *testing.F) {
 	f.Add([]byte(`{"tools":[{"type":"bash_20250124"}]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		name, ok := providerTool(body)
-		if len(name) > maxToolNameInError+len("...") {
+		if len(name) > len(`tool type ""`)+maxToolNameInError+len("...") {
 			t.Fatalf("named back %d bytes", len(name))
 		}
 		var req struct {
