@@ -2,6 +2,7 @@ package forge_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"reflect"
@@ -359,5 +360,53 @@ func TestIsPullRequest(t *testing.T) {
 	var fe *forge.Error
 	if _, err := f.IsPullRequest(ctx, repo, pr); !errors.As(err, &fe) || !fe.Certain || fe.Status != 502 {
 		t.Fatalf("IsPullRequest on a 502: %v", err)
+	}
+}
+
+// TestAnswerURLIsPlain: the html_url of an answer is journaled, sent to
+// the orchestrator in its status and printed by `jailbee outbox show` on
+// the host's terminal. A forge answering one with terminal controls
+// (ESC, a C1 CSI, a bidi override), another scheme, credentials, or
+// longer than MaxURLBytes has it dropped: the action was applied (a 2xx
+// with its number), only its URL is not kept. One of MaxURLBytes is kept.
+func TestAnswerURLIsPlain(t *testing.T) {
+	base := "https://github.com/acme/widget/issues/"
+	atLimit := base + "1?" + strings.Repeat("a", forge.MaxURLBytes-len(base)-2)
+	for name, c := range map[string]struct {
+		url  string
+		keep bool
+	}{
+		"plain":        {base + "1", true},
+		"at the limit": {atLimit, true},
+		"past it":      {atLimit + "a", false},
+		"ESC":          {base + "1\x1b]0;pwned\x07", false},
+		"C1 CSI":       {base + "1\u009b2J", false},
+		"bidi":         {base + "1\u202e", false},
+		"space":        {base + "1 x", false},
+		"scheme":       {"javascript:alert(1)", false},
+		"credentials":  {"https://u:p@github.com/acme/widget/issues/1", false},
+		"no host":      {"https:///acme", false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := githubtest.Start(t, token)
+			f := client(t, srv, 0)
+			body, _ := json.Marshal(map[string]any{"number": 1, "html_url": c.url})
+			srv.Inject(githubtest.Fault{Kind: githubtest.Refuse, Status: 201, Body: string(body)})
+			is, err := f.CreateIssue(t.Context(), repo, "t", "b", nil)
+			if err != nil || is.Number != 1 {
+				t.Fatalf("CreateIssue = %+v, %v", is, err)
+			}
+			want := ""
+			if c.keep {
+				want = c.url
+			}
+			if is.URL != want {
+				t.Fatalf("URL %q (%d bytes), want %q", is.URL, len(is.URL), want)
+			}
+			srv.Inject(githubtest.Fault{Kind: githubtest.Refuse, Status: 201, Body: string(body)})
+			if url, err := f.Comment(t.Context(), repo, 1, "c"); err != nil || url != want {
+				t.Fatalf("Comment = %q, %v; want %q", url, err, want)
+			}
+		})
 	}
 }
