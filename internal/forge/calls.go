@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/url"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/go-github/v74/github"
@@ -170,9 +171,22 @@ func (g *GitHub) CreateReview(ctx context.Context, r Repo, number int, event, bo
 
 // prOf is the PR of a pull request the forge answered with; one without a
 // number is an answer that could not be read.
+// Its branch names and head repository must be plain: a rework pushes to
+// the head branch, and publish quotes them in what the host's terminal
+// shows.
 func prOf(op string, p *github.PullRequest) (PR, error) {
 	if p.GetNumber() <= 0 {
 		return PR{}, unreadable(op)
+	}
+	for _, ref := range []string{p.GetHead().GetRef(), p.GetBase().GetRef(), p.GetHead().GetRepo().GetDefaultBranch()} {
+		if ref != "" && !plainBranch(ref) {
+			return PR{}, unreadable(op)
+		}
+	}
+	if name := p.GetHead().GetRepo().GetFullName(); name != "" {
+		if _, err := ParseRepo(name); err != nil {
+			return PR{}, unreadable(op)
+		}
 	}
 	return PR{
 		Number:   p.GetNumber(),
@@ -274,3 +288,11 @@ func checkBranch(op, what, name string) *Error {
 }
 
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+// plainBranch reports whether a branch name the forge answered is one
+// checkBranch accepts and a terminal shows as it is (no C1 control, no
+// format character such as a bidi override).
+func plainBranch(name string) bool {
+	return checkBranch("", "", name) == nil &&
+		!strings.ContainsFunc(name, func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) })
+}

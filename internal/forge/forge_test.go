@@ -410,3 +410,47 @@ func TestAnswerURLIsPlain(t *testing.T) {
 		})
 	}
 }
+
+// TestPullRequestAnswerRefsArePlain: a rework pushes to the head branch
+// the forge's answer names, and publish quotes it (and the head
+// repository) in the action's detail, which `jailbee outbox show` prints
+// on the host's terminal. An answer whose branch names hold terminal
+// controls (ESC, a C1 CSI, a bidi override) or pass MaxRefBytes, or whose
+// head repository is not owner/name, is an answer that could not be read:
+// none of its bytes reach the PR or the error. A name of MaxRefBytes is
+// read.
+func TestPullRequestAnswerRefsArePlain(t *testing.T) {
+	long := strings.Repeat("b", forge.MaxRefBytes)
+	for name, c := range map[string]struct {
+		pr   githubtest.PR
+		read bool
+	}{
+		"plain":             {githubtest.PR{Head: "topic", Base: "main"}, true},
+		"head at the limit": {githubtest.PR{Head: long, Base: "main", HeadDefault: long[1:]}, true},
+		"head past it":      {githubtest.PR{Head: long + "b", Base: "main"}, false},
+		"head ESC":          {githubtest.PR{Head: "topic\x1b]0;pwned\x07", Base: "main"}, false},
+		"head C1":           {githubtest.PR{Head: "topic\u009b2J", Base: "main"}, false},
+		"head bidi":         {githubtest.PR{Head: "topic\u202e", Base: "main"}, false},
+		"default ESC":       {githubtest.PR{Head: "topic", Base: "main", HeadDefault: "main\x1b[2J"}, false},
+		"base C1":           {githubtest.PR{Head: "topic", Base: "main\u009d0;x\u009c"}, false},
+		"head repo ESC":     {githubtest.PR{Head: "topic", Base: "main", HeadRepo: "acme/widget\x1b[2J"}, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f, srv := newForge(t)
+			n := srv.AddPullRequest("acme/widget", c.pr)
+			pr, err := f.PullRequest(t.Context(), repo, n)
+			if c.read {
+				if err != nil || pr.HeadRef != c.pr.Head {
+					t.Fatalf("PullRequest = %+v, %v", pr, err)
+				}
+				return
+			}
+			if err == nil || pr != (forge.PR{}) {
+				t.Fatalf("PullRequest = %+v, %v; want an unreadable answer", pr, err)
+			}
+			if strings.ContainsAny(err.Error(), "\x1b\u009b\u009d\u202e") || strings.Contains(err.Error(), long) {
+				t.Fatalf("the error carries the forge's bytes: %q", err)
+			}
+		})
+	}
+}
