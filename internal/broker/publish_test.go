@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"agentbox/internal/crashpoint"
 	"agentbox/internal/forge"
@@ -18,6 +19,7 @@ import (
 	"agentbox/internal/manifest"
 	"agentbox/internal/orchestrate"
 	"agentbox/internal/testutil/testbin"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -303,6 +305,37 @@ func TestPublishCrashAfterTheForgeCall(t *testing.T) {
 	}
 	if strings.Contains(c.p.stderr.String(), testToken) {
 		t.Fatal("the token is in the broker's log")
+	}
+}
+
+// TestPublishCrashLeavesAJournalWriteCut: the broker dies (kill -9) during
+// a publish, and the journal write it was making is cut short: its
+// temporary file (".NAME.tmp-N", as secfs.WriteFileAtomic names it) is
+// left beside the journal. The next broker still recovers the running
+// proposal (blocked, the publish failed) and lists it: the leftover is no
+// journal.
+func TestPublishCrashLeavesAJournalWriteCut(t *testing.T) {
+	c, _ := newPublishCrashEnv(t, crashpoint.PublishCalled)
+	c.exec("lead", "sh", "-c", `mkdir -p ~/.jailbee/issue-outbox && echo '`+proposal("owner/repo",
+		`{"kind": "create", "title": "Crash"}`)+`' > ~/.jailbee/issue-outbox/cut.json`)
+	var st wire.StatusItem
+	c.p.client("lead").Call(context.Background(), "send", map[string]any{"manifest": map[string]any{
+		"version": 1, "id": "pub-1", "type": "publish", "outbox": "issue", "manifest": "cut.json"}}, &st) // may die first
+	select {
+	case <-c.p.exited:
+	case <-time.After(wait.Guard + 2*time.Minute):
+		t.Fatalf("the broker did not die at its crash point:\n%s", c.p.stderr)
+	}
+	dir := filepath.Join(c.state, "publish", "lead", "issue")
+	if err := os.WriteFile(filepath.Join(dir, ".cut.json.tmp-2718281828"), []byte(`{"version":1,"sandbox":"le`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.p = startProcBroker(t, c.bin, c.state)
+	const key = "lead/issue/cut.json"
+	wantStatus(t, statusOf(t, c.p.client("lead"), "pub-1", "failed"), "failed", "issue/cut.json: action 1 (create) failed: the broker stopped while publishing after sending it (outcome uncertain: it may have been applied); nothing more is done until a person resolves it (jailbee outbox resolve "+key+")")
+	var list wire.OutboxList
+	if err := c.p.adminCall("outbox-ls", nil, &list); err != nil || len(list.Proposals) != 1 || list.Proposals[0].Key() != key || list.Proposals[0].State != "blocked" {
+		t.Fatalf("outbox-ls after the cut write: %v %+v", err, list)
 	}
 }
 

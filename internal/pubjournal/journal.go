@@ -211,6 +211,11 @@ func (d *Dir) All() ([]*Journal, error) {
 				return nil, err
 			}
 			for _, e := range entries {
+				// Only journals: a write a kill -9 cut short leaves its
+				// temporary file (".NAME.tmp-N"), which is no journal.
+				if !e.Type().IsRegular() || !manifest.ValidPublishName(e.Name()) {
+					continue
+				}
 				j, err := d.loadHead(sb, ob, e.Name(), func(j *Journal) bool { return j.State == Running })
 				if err != nil {
 					return nil, err

@@ -190,3 +190,30 @@ func TestJournalAllLeavesProposalsUnread(t *testing.T) {
 		}
 	}
 }
+
+// TestJournalAllSkipsAnInterruptedWrite: a broker killed (kill -9) in the
+// middle of a journal's write leaves secfs.WriteFileAtomic's temporary
+// file (".NAME.tmp-N", empty or cut) beside the journal. All, which a
+// starting broker's recovery and `jailbee outbox ls` read, must still
+// list every journal (the running one included, which recovery then
+// marks blocked or failed), not fail on the leftover.
+func TestJournalAllSkipsAnInterruptedWrite(t *testing.T) {
+	d := openDir(t)
+	err := d.Update("lead", "issue", "a.json", func(*Journal) (*Journal, error) {
+		return &Journal{Sandbox: "lead", Outbox: "issue", Name: "a.json", State: Running, Proposal: []byte(`{}`),
+			Actions: []Action{{Kind: "create", State: Prepared}}}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(d.root, "lead", "issue")
+	for name, content := range map[string]string{".a.json.tmp-1234567": `{"version":1,"sandbox":"le`, ".a.json.tmp-7654321": ""} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, err := d.All()
+	if err != nil || len(all) != 1 || all[0].Key() != "lead/issue/a.json" || all[0].State != Running {
+		t.Fatalf("All after an interrupted write = %v, %+v", err, all)
+	}
+}
