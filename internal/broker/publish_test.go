@@ -12,12 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"agentbox/internal/broker"
 	"agentbox/internal/crashpoint"
 	"agentbox/internal/forge"
 	"agentbox/internal/forge/githubtest"
 	"agentbox/internal/inbox"
 	"agentbox/internal/manifest"
 	"agentbox/internal/orchestrate"
+	"agentbox/internal/pubjournal"
 	"agentbox/internal/testutil/testbin"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
@@ -207,6 +209,55 @@ func TestPublishBudget(t *testing.T) {
 	st := publish(t, lead, "b-4", "issue", "one.json")
 	if st.State != "refused" || !strings.HasPrefix(st.Detail, "publish budget exhausted: 5 of 5 actions used in the last hour, 1 more wanted") {
 		t.Fatalf("past the budget: %+v", st)
+	}
+}
+
+// TestPublishJournalsAtTheirBound: an orchestrator keeps at most
+// pubjournal.MaxJournals publish journals. With that many, none finished
+// (blocked, waiting for a person), a new proposal is refused and its
+// budget given back; once one is finished, the new proposal is published
+// and the oldest finished journal removed to make room.
+func TestPublishJournalsAtTheirBound(t *testing.T) {
+	var jd *pubjournal.Dir
+	put := func(name, state string) {
+		t.Helper()
+		err := jd.Update("lead", "issue", name, func(*pubjournal.Journal) (*pubjournal.Journal, error) {
+			return &pubjournal.Journal{Sandbox: "lead", Outbox: "issue", Name: name, Ref: "old", State: state,
+				Proposal: []byte(`{}`), Actions: []pubjournal.Action{{Kind: "create", State: pubjournal.Uncertain}}}, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := func(i int) string { return fmt.Sprintf("old-%04d.json", i) }
+	e, gh, lead := newPublishEnvWith(t, 1, publishGrant(), func(e *testEnv) {
+		var err error
+		if jd, err = pubjournal.Open(filepath.Join(e.state, broker.PublishDir)); err != nil {
+			t.Fatal(err)
+		}
+		for i := range pubjournal.MaxJournals {
+			put(name(i), pubjournal.Blocked)
+		}
+	})
+	e.stage("lead", "issue", "new.json", proposal("owner/repo", `{"kind": "create", "title": "t"}`))
+	wantStatus(t, publish(t, lead, "j-1", "issue", "new.json"), "refused", orchestrate.DetailTooManyJournals)
+	if len(gh.Calls()) != 0 {
+		t.Fatalf("calls reached the forge: %+v", gh.Calls())
+	}
+
+	put(name(7), pubjournal.Done) // resolved by a person, say
+	// The budget of one action was given back: this takes it.
+	wantStatus(t, publish(t, lead, "j-2", "issue", "new.json"), "started", "publishing issue/new.json: 1 action(s)")
+	if st := statusOf(t, lead, "j-2", "done", "failed"); st.State != "done" {
+		t.Fatalf("new.json: %+v", st)
+	}
+	dir := filepath.Join(e.state, broker.PublishDir, "lead", "issue")
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) != pubjournal.MaxJournals {
+		t.Fatalf("%d journals (%v), want %d", len(entries), err, pubjournal.MaxJournals)
+	}
+	if _, err := os.Stat(filepath.Join(dir, name(7))); !os.IsNotExist(err) {
+		t.Fatalf("the finished journal was kept: %v", err)
 	}
 }
 
