@@ -4,10 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -452,5 +455,42 @@ func TestPullRequestAnswerRefsArePlain(t *testing.T) {
 				t.Fatalf("the error carries the forge's bytes: %q", err)
 			}
 		})
+	}
+}
+
+// TestRedirectNotFollowed: an API answering a redirect to another server
+// (301, 302, 303, 307, 308, with a Location) is a certain refusal; the
+// other server is asked nothing, so the bearer token never reaches it, and
+// the error does not hold the token.
+func TestRedirectNotFollowed(t *testing.T) {
+	var otherCalls atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		otherCalls.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"number": 1, "html_url": "https://github.com/acme/widget/issues/1"}`)
+	}))
+	defer other.Close()
+	for _, code := range []int{301, 302, 303, 307, 308} {
+		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Location", other.URL+r.URL.RequestURI())
+			w.WriteHeader(code)
+			io.WriteString(w, `{"message": "Moved to `+other.URL+`"}`)
+		}))
+		f, err := forge.New(forge.Config{APIURL: front.URL + "/", Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.CreateIssue(t.Context(), repo, "t", "b", nil)
+		front.Close()
+		var fe *forge.Error
+		if !errors.As(err, &fe) || !fe.Certain || fe.Status != code {
+			t.Fatalf("%d: err = %#v, want a certain %d", code, err, code)
+		}
+		if strings.Contains(err.Error(), token) {
+			t.Fatalf("%d: err = %q", code, err)
+		}
+		if n := otherCalls.Load(); n != 0 {
+			t.Fatalf("%d: the redirect was followed (%d calls)", code, n)
+		}
 	}
 }
