@@ -773,3 +773,26 @@ func TestOutboxShowJSONPrintsNoTerminalControls(t *testing.T) {
 		t.Fatalf("the proposal as printed: %v %+v", err, p)
 	}
 }
+
+// TestOutboxShowPrintsNoForgeControls: what the forge answers is printed
+// on the host's terminal by `jailbee outbox show` (text) and sent to the
+// orchestrator in its status. A forge answering an html_url with an OSC
+// that retitles the terminal, a C1 CSI and a bidi override, padded to
+// 512 KiB, has it dropped: the action is applied with its number, and
+// neither the status, the journal nor the host's output holds any of it.
+func TestOutboxShowPrintsNoForgeControls(t *testing.T) {
+	e, gh, lead := newPublishEnv(t, 30, publishGrant())
+	hostile := "https://github.com/owner/repo/issues/1\x1b]0;pwned\x07\u009b2J\u202e" + strings.Repeat("x", 512<<10)
+	answer, _ := json.Marshal(map[string]any{"number": 1, "html_url": hostile})
+	gh.Inject(githubtest.Fault{Method: "POST", Path: "/repos/owner/repo/issues", Kind: githubtest.Refuse, Status: 201, Body: string(answer)})
+	e.stage("lead", "issue", "u.json", proposal("owner/repo", `{"kind": "create", "title": "t"}`))
+	wantStatus(t, publish(t, lead, "u-1", "issue", "u.json"), "started", "publishing issue/u.json: 1 action(s)")
+	wantStatus(t, statusOf(t, lead, "u-1", "done", "failed"), "done", "published issue/u.json: create #1")
+	out := e.jb("outbox", "show", "lead/issue/u.json")
+	if want := "lead/issue/u.json: done (manifest u-1)\n  1. create: applied #1\n"; out != want {
+		t.Fatalf("outbox show:\n%q\nwant %q", out, want)
+	}
+	if js := e.jb("outbox", "show", "lead/issue/u.json", "--json"); strings.Contains(js, "pwned") || len(js) > 64<<10 {
+		t.Fatalf("outbox show --json holds the forge's URL (%d bytes)", len(js))
+	}
+}
