@@ -76,7 +76,8 @@ func resolveURL(u string) bool {
 // outboxList is outbox-ls's answer within one reply line
 // (maxResultBytes): each journal without its proposal (up to 1.5 MiB
 // each; outbox-show has it), those not done first, and More when some had
-// to be left out. Journals accumulate: done ones are kept.
+// to be left out. Journals accumulate: done ones are kept (up to
+// pubjournal.MaxJournals per sandbox).
 func outboxList(all []*pubjournal.Journal) wire.OutboxList {
 	list := wire.OutboxList{Proposals: []wire.OutboxJournal{}}
 	slices.SortStableFunc(all, func(a, b *pubjournal.Journal) int {

@@ -10,14 +10,18 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"agentbox/internal/broker"
 	"agentbox/internal/crashpoint"
 	"agentbox/internal/forge"
 	"agentbox/internal/forge/githubtest"
 	"agentbox/internal/inbox"
 	"agentbox/internal/manifest"
 	"agentbox/internal/orchestrate"
+	"agentbox/internal/pubjournal"
 	"agentbox/internal/testutil/testbin"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -208,6 +212,55 @@ func TestPublishBudget(t *testing.T) {
 	}
 }
 
+// TestPublishJournalsAtTheirBound: an orchestrator keeps at most
+// pubjournal.MaxJournals publish journals. With that many, none finished
+// (blocked, waiting for a person), a new proposal is refused and its
+// budget given back; once one is finished, the new proposal is published
+// and the oldest finished journal removed to make room.
+func TestPublishJournalsAtTheirBound(t *testing.T) {
+	var jd *pubjournal.Dir
+	put := func(name, state string) {
+		t.Helper()
+		err := jd.Update("lead", "issue", name, func(*pubjournal.Journal) (*pubjournal.Journal, error) {
+			return &pubjournal.Journal{Sandbox: "lead", Outbox: "issue", Name: name, Ref: "old", State: state,
+				Proposal: []byte(`{}`), Actions: []pubjournal.Action{{Kind: "create", State: pubjournal.Uncertain}}}, nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	name := func(i int) string { return fmt.Sprintf("old-%04d.json", i) }
+	e, gh, lead := newPublishEnvWith(t, 1, publishGrant(), func(e *testEnv) {
+		var err error
+		if jd, err = pubjournal.Open(filepath.Join(e.state, broker.PublishDir)); err != nil {
+			t.Fatal(err)
+		}
+		for i := range pubjournal.MaxJournals {
+			put(name(i), pubjournal.Blocked)
+		}
+	})
+	e.stage("lead", "issue", "new.json", proposal("owner/repo", `{"kind": "create", "title": "t"}`))
+	wantStatus(t, publish(t, lead, "j-1", "issue", "new.json"), "refused", orchestrate.DetailTooManyJournals)
+	if len(gh.Calls()) != 0 {
+		t.Fatalf("calls reached the forge: %+v", gh.Calls())
+	}
+
+	put(name(7), pubjournal.Done) // resolved by a person, say
+	// The budget of one action was given back: this takes it.
+	wantStatus(t, publish(t, lead, "j-2", "issue", "new.json"), "started", "publishing issue/new.json: 1 action(s)")
+	if st := statusOf(t, lead, "j-2", "done", "failed"); st.State != "done" {
+		t.Fatalf("new.json: %+v", st)
+	}
+	dir := filepath.Join(e.state, broker.PublishDir, "lead", "issue")
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) != pubjournal.MaxJournals {
+		t.Fatalf("%d journals (%v), want %d", len(entries), err, pubjournal.MaxJournals)
+	}
+	if _, err := os.Stat(filepath.Join(dir, name(7))); !os.IsNotExist(err) {
+		t.Fatalf("the finished journal was kept: %v", err)
+	}
+}
+
 // TestPublishPendingCap: 20 pending manifests in the outboxes are
 // accepted, a 21st refuses publishing; published ones do not count.
 func TestPublishPendingCap(t *testing.T) {
@@ -303,6 +356,37 @@ func TestPublishCrashAfterTheForgeCall(t *testing.T) {
 	}
 	if strings.Contains(c.p.stderr.String(), testToken) {
 		t.Fatal("the token is in the broker's log")
+	}
+}
+
+// TestPublishCrashLeavesAJournalWriteCut: the broker dies (kill -9) during
+// a publish, and the journal write it was making is cut short: its
+// temporary file (".NAME.tmp-N", as secfs.WriteFileAtomic names it) is
+// left beside the journal. The next broker still recovers the running
+// proposal (blocked, the publish failed) and lists it: the leftover is no
+// journal.
+func TestPublishCrashLeavesAJournalWriteCut(t *testing.T) {
+	c, _ := newPublishCrashEnv(t, crashpoint.PublishCalled)
+	c.exec("lead", "sh", "-c", `mkdir -p ~/.jailbee/issue-outbox && echo '`+proposal("owner/repo",
+		`{"kind": "create", "title": "Crash"}`)+`' > ~/.jailbee/issue-outbox/cut.json`)
+	var st wire.StatusItem
+	c.p.client("lead").Call(context.Background(), "send", map[string]any{"manifest": map[string]any{
+		"version": 1, "id": "pub-1", "type": "publish", "outbox": "issue", "manifest": "cut.json"}}, &st) // may die first
+	select {
+	case <-c.p.exited:
+	case <-time.After(wait.Guard + 2*time.Minute):
+		t.Fatalf("the broker did not die at its crash point:\n%s", c.p.stderr)
+	}
+	dir := filepath.Join(c.state, "publish", "lead", "issue")
+	if err := os.WriteFile(filepath.Join(dir, ".cut.json.tmp-2718281828"), []byte(`{"version":1,"sandbox":"le`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c.p = startProcBroker(t, c.bin, c.state)
+	const key = "lead/issue/cut.json"
+	wantStatus(t, statusOf(t, c.p.client("lead"), "pub-1", "failed"), "failed", "issue/cut.json: action 1 (create) failed: the broker stopped while publishing after sending it (outcome uncertain: it may have been applied); nothing more is done until a person resolves it (jailbee outbox resolve "+key+")")
+	var list wire.OutboxList
+	if err := c.p.adminCall("outbox-ls", nil, &list); err != nil || len(list.Proposals) != 1 || list.Proposals[0].Key() != key || list.Proposals[0].State != "blocked" {
+		t.Fatalf("outbox-ls after the cut write: %v %+v", err, list)
 	}
 }
 
@@ -687,5 +771,28 @@ func TestOutboxShowJSONPrintsNoTerminalControls(t *testing.T) {
 	}
 	if err := json.Unmarshal(j.Proposal, &p); err != nil || len(p.Actions) != 1 || p.Actions[0].Body != body || p.Actions[0].Title != "fix \u202egnp.exe" {
 		t.Fatalf("the proposal as printed: %v %+v", err, p)
+	}
+}
+
+// TestOutboxShowPrintsNoForgeControls: what the forge answers is printed
+// on the host's terminal by `jailbee outbox show` (text) and sent to the
+// orchestrator in its status. A forge answering an html_url with an OSC
+// that retitles the terminal, a C1 CSI and a bidi override, padded to
+// 512 KiB, has it dropped: the action is applied with its number, and
+// neither the status, the journal nor the host's output holds any of it.
+func TestOutboxShowPrintsNoForgeControls(t *testing.T) {
+	e, gh, lead := newPublishEnv(t, 30, publishGrant())
+	hostile := "https://github.com/owner/repo/issues/1\x1b]0;pwned\x07\u009b2J\u202e" + strings.Repeat("x", 512<<10)
+	answer, _ := json.Marshal(map[string]any{"number": 1, "html_url": hostile})
+	gh.Inject(githubtest.Fault{Method: "POST", Path: "/repos/owner/repo/issues", Kind: githubtest.Refuse, Status: 201, Body: string(answer)})
+	e.stage("lead", "issue", "u.json", proposal("owner/repo", `{"kind": "create", "title": "t"}`))
+	wantStatus(t, publish(t, lead, "u-1", "issue", "u.json"), "started", "publishing issue/u.json: 1 action(s)")
+	wantStatus(t, statusOf(t, lead, "u-1", "done", "failed"), "done", "published issue/u.json: create #1")
+	out := e.jb("outbox", "show", "lead/issue/u.json")
+	if want := "lead/issue/u.json: done (manifest u-1)\n  1. create: applied #1\n"; out != want {
+		t.Fatalf("outbox show:\n%q\nwant %q", out, want)
+	}
+	if js := e.jb("outbox", "show", "lead/issue/u.json", "--json"); strings.Contains(js, "pwned") || len(js) > 64<<10 {
+		t.Fatalf("outbox show --json holds the forge's URL (%d bytes)", len(js))
 	}
 }

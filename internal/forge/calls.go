@@ -3,7 +3,9 @@ package forge
 import (
 	"context"
 	"errors"
+	"net/url"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/go-github/v74/github"
@@ -30,7 +32,7 @@ func (g *GitHub) CreateIssue(ctx context.Context, r Repo, title, body string, la
 	if out.GetNumber() <= 0 {
 		return Issue{}, unreadable(op)
 	}
-	return Issue{Number: out.GetNumber(), URL: out.GetHTMLURL()}, nil
+	return Issue{Number: out.GetNumber(), URL: answerURL(out.GetHTMLURL())}, nil
 }
 
 // Comment is POST /repos/{owner}/{repo}/issues/{number}/comments.
@@ -47,7 +49,7 @@ func (g *GitHub) Comment(ctx context.Context, r Repo, number int, body string) (
 	if err != nil {
 		return "", err
 	}
-	return out.GetHTMLURL(), nil
+	return answerURL(out.GetHTMLURL()), nil
 }
 
 // AddLabels is POST /repos/{owner}/{repo}/issues/{number}/labels.
@@ -78,7 +80,7 @@ func (g *GitHub) CloseIssue(ctx context.Context, r Repo, number int) (string, er
 	if err != nil {
 		return "", err
 	}
-	return out.GetHTMLURL(), nil
+	return answerURL(out.GetHTMLURL()), nil
 }
 
 // IsPullRequest is GET /repos/{owner}/{repo}/issues/{number}: a pull
@@ -164,18 +166,31 @@ func (g *GitHub) CreateReview(ctx context.Context, r Repo, number int, event, bo
 	if err != nil {
 		return "", err
 	}
-	return out.GetHTMLURL(), nil
+	return answerURL(out.GetHTMLURL()), nil
 }
 
 // prOf is the PR of a pull request the forge answered with; one without a
 // number is an answer that could not be read.
+// Its branch names and head repository must be plain: a rework pushes to
+// the head branch, and publish quotes them in what the host's terminal
+// shows.
 func prOf(op string, p *github.PullRequest) (PR, error) {
 	if p.GetNumber() <= 0 {
 		return PR{}, unreadable(op)
 	}
+	for _, ref := range []string{p.GetHead().GetRef(), p.GetBase().GetRef(), p.GetHead().GetRepo().GetDefaultBranch()} {
+		if ref != "" && !plainBranch(ref) {
+			return PR{}, unreadable(op)
+		}
+	}
+	if name := p.GetHead().GetRepo().GetFullName(); name != "" {
+		if _, err := ParseRepo(name); err != nil {
+			return PR{}, unreadable(op)
+		}
+	}
 	return PR{
 		Number:   p.GetNumber(),
-		URL:      p.GetHTMLURL(),
+		URL:      answerURL(p.GetHTMLURL()),
 		State:    p.GetState(),
 		HeadRef:  p.GetHead().GetRef(),
 		HeadRepo: p.GetHead().GetRepo().GetFullName(),
@@ -183,6 +198,23 @@ func prOf(op string, p *github.PullRequest) (PR, error) {
 
 		HeadDefault: p.GetHead().GetRepo().GetDefaultBranch(),
 	}, nil
+}
+
+// answerURL is an answer's html_url when it is a plain http(s) URL of
+// visible ASCII (GitHub's are), without credentials, at most MaxURLBytes;
+// else "": the forge's answer is journaled, sent to the orchestrator and
+// printed on the host's terminal, and a URL with terminal controls or of
+// any size must not be. The action itself was applied: only its URL is
+// not kept.
+func answerURL(s string) string {
+	if s == "" || len(s) > MaxURLBytes || strings.ContainsFunc(s, func(r rune) bool { return r <= ' ' || r > '~' }) {
+		return ""
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil {
+		return ""
+	}
+	return s
 }
 
 // unreadable is a 2xx answer without what it should hold: the action may
@@ -256,3 +288,11 @@ func checkBranch(op, what, name string) *Error {
 }
 
 func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+// plainBranch reports whether a branch name the forge answered is one
+// checkBranch accepts and a terminal shows as it is (no C1 control, no
+// format character such as a bidi override).
+func plainBranch(name string) bool {
+	return checkBranch("", "", name) == nil &&
+		!strings.ContainsFunc(name, func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) })
+}

@@ -2,11 +2,15 @@ package forge_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -359,5 +363,134 @@ func TestIsPullRequest(t *testing.T) {
 	var fe *forge.Error
 	if _, err := f.IsPullRequest(ctx, repo, pr); !errors.As(err, &fe) || !fe.Certain || fe.Status != 502 {
 		t.Fatalf("IsPullRequest on a 502: %v", err)
+	}
+}
+
+// TestAnswerURLIsPlain: the html_url of an answer is journaled, sent to
+// the orchestrator in its status and printed by `jailbee outbox show` on
+// the host's terminal. A forge answering one with terminal controls
+// (ESC, a C1 CSI, a bidi override), another scheme, credentials, or
+// longer than MaxURLBytes has it dropped: the action was applied (a 2xx
+// with its number), only its URL is not kept. One of MaxURLBytes is kept.
+func TestAnswerURLIsPlain(t *testing.T) {
+	base := "https://github.com/acme/widget/issues/"
+	atLimit := base + "1?" + strings.Repeat("a", forge.MaxURLBytes-len(base)-2)
+	for name, c := range map[string]struct {
+		url  string
+		keep bool
+	}{
+		"plain":        {base + "1", true},
+		"at the limit": {atLimit, true},
+		"past it":      {atLimit + "a", false},
+		"ESC":          {base + "1\x1b]0;pwned\x07", false},
+		"C1 CSI":       {base + "1\u009b2J", false},
+		"bidi":         {base + "1\u202e", false},
+		"space":        {base + "1 x", false},
+		"scheme":       {"javascript:alert(1)", false},
+		"credentials":  {"https://u:p@github.com/acme/widget/issues/1", false},
+		"no host":      {"https:///acme", false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			srv := githubtest.Start(t, token)
+			f := client(t, srv, 0)
+			body, _ := json.Marshal(map[string]any{"number": 1, "html_url": c.url})
+			srv.Inject(githubtest.Fault{Kind: githubtest.Refuse, Status: 201, Body: string(body)})
+			is, err := f.CreateIssue(t.Context(), repo, "t", "b", nil)
+			if err != nil || is.Number != 1 {
+				t.Fatalf("CreateIssue = %+v, %v", is, err)
+			}
+			want := ""
+			if c.keep {
+				want = c.url
+			}
+			if is.URL != want {
+				t.Fatalf("URL %q (%d bytes), want %q", is.URL, len(is.URL), want)
+			}
+			srv.Inject(githubtest.Fault{Kind: githubtest.Refuse, Status: 201, Body: string(body)})
+			if url, err := f.Comment(t.Context(), repo, 1, "c"); err != nil || url != want {
+				t.Fatalf("Comment = %q, %v; want %q", url, err, want)
+			}
+		})
+	}
+}
+
+// TestPullRequestAnswerRefsArePlain: a rework pushes to the head branch
+// the forge's answer names, and publish quotes it (and the head
+// repository) in the action's detail, which `jailbee outbox show` prints
+// on the host's terminal. An answer whose branch names hold terminal
+// controls (ESC, a C1 CSI, a bidi override) or pass MaxRefBytes, or whose
+// head repository is not owner/name, is an answer that could not be read:
+// none of its bytes reach the PR or the error. A name of MaxRefBytes is
+// read.
+func TestPullRequestAnswerRefsArePlain(t *testing.T) {
+	long := strings.Repeat("b", forge.MaxRefBytes)
+	for name, c := range map[string]struct {
+		pr   githubtest.PR
+		read bool
+	}{
+		"plain":             {githubtest.PR{Head: "topic", Base: "main"}, true},
+		"head at the limit": {githubtest.PR{Head: long, Base: "main", HeadDefault: long[1:]}, true},
+		"head past it":      {githubtest.PR{Head: long + "b", Base: "main"}, false},
+		"head ESC":          {githubtest.PR{Head: "topic\x1b]0;pwned\x07", Base: "main"}, false},
+		"head C1":           {githubtest.PR{Head: "topic\u009b2J", Base: "main"}, false},
+		"head bidi":         {githubtest.PR{Head: "topic\u202e", Base: "main"}, false},
+		"default ESC":       {githubtest.PR{Head: "topic", Base: "main", HeadDefault: "main\x1b[2J"}, false},
+		"base C1":           {githubtest.PR{Head: "topic", Base: "main\u009d0;x\u009c"}, false},
+		"head repo ESC":     {githubtest.PR{Head: "topic", Base: "main", HeadRepo: "acme/widget\x1b[2J"}, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f, srv := newForge(t)
+			n := srv.AddPullRequest("acme/widget", c.pr)
+			pr, err := f.PullRequest(t.Context(), repo, n)
+			if c.read {
+				if err != nil || pr.HeadRef != c.pr.Head {
+					t.Fatalf("PullRequest = %+v, %v", pr, err)
+				}
+				return
+			}
+			if err == nil || pr != (forge.PR{}) {
+				t.Fatalf("PullRequest = %+v, %v; want an unreadable answer", pr, err)
+			}
+			if strings.ContainsAny(err.Error(), "\x1b\u009b\u009d\u202e") || strings.Contains(err.Error(), long) {
+				t.Fatalf("the error carries the forge's bytes: %q", err)
+			}
+		})
+	}
+}
+
+// TestRedirectNotFollowed: an API answering a redirect to another server
+// (301, 302, 303, 307, 308, with a Location) is a certain refusal; the
+// other server is asked nothing, so the bearer token never reaches it, and
+// the error does not hold the token.
+func TestRedirectNotFollowed(t *testing.T) {
+	var otherCalls atomic.Int32
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		otherCalls.Add(1)
+		w.WriteHeader(http.StatusCreated)
+		io.WriteString(w, `{"number": 1, "html_url": "https://github.com/acme/widget/issues/1"}`)
+	}))
+	defer other.Close()
+	for _, code := range []int{301, 302, 303, 307, 308} {
+		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Location", other.URL+r.URL.RequestURI())
+			w.WriteHeader(code)
+			io.WriteString(w, `{"message": "Moved to `+other.URL+`"}`)
+		}))
+		f, err := forge.New(forge.Config{APIURL: front.URL + "/", Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = f.CreateIssue(t.Context(), repo, "t", "b", nil)
+		front.Close()
+		var fe *forge.Error
+		if !errors.As(err, &fe) || !fe.Certain || fe.Status != code {
+			t.Fatalf("%d: err = %#v, want a certain %d", code, err, code)
+		}
+		if strings.Contains(err.Error(), token) {
+			t.Fatalf("%d: err = %q", code, err)
+		}
+		if n := otherCalls.Load(); n != 0 {
+			t.Fatalf("%d: the redirect was followed (%d calls)", code, n)
+		}
 	}
 }

@@ -12,6 +12,10 @@ const (
 	MaxResponseBytes = 1 << 20
 	// MaxMessageBytes bounds the forge's own message an *Error carries.
 	MaxMessageBytes = 200
+	// MaxURLBytes bounds an html_url kept from an answer (a GitHub URL is
+	// under 200 bytes): it is journaled, sent to the orchestrator and
+	// printed on the host's terminal.
+	MaxURLBytes = 2048
 	// MaxTokenBytes bounds the token file (a GitHub token is under 100
 	// bytes; a fine-grained one about 93).
 	MaxTokenBytes = 4 << 10

@@ -3,6 +3,8 @@ package gitx_test
 import (
 	"encoding/base64"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -285,5 +287,36 @@ func TestPushBranchFromLease(t *testing.T) {
 	}
 	if err := host.SetRef(t.Context(), "refs/jailbee/pushed/x", second); err != nil || git(t, repo, "rev-parse", "refs/jailbee/pushed/x") != second {
 		t.Fatalf("SetRef: %v", err)
+	}
+}
+
+// TestPushBranchFollowsNoRedirect: a forge remote answering with a
+// redirect to another server (301, 302, 307, 308) fails the push; git
+// never asks the other server anything, so the token, which travels with
+// every request to the forge, cannot be carried there.
+func TestPushBranchFollowsNoRedirect(t *testing.T) {
+	repo, first, second := newRepo(t)
+	git(t, repo, "update-ref", importedRef, second)
+	otherRoot := t.TempDir()
+	newRemote(t, otherRoot, repo, first)
+	other := githubtest.StartGit(t, pushToken, otherRoot)
+	for _, code := range []int{http.StatusMovedPermanently, http.StatusFound, http.StatusTemporaryRedirect, http.StatusPermanentRedirect} {
+		front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, other.URL+r.URL.RequestURI(), code)
+		}))
+		err := gitx.HostRepo(repo).PushBranch(t.Context(), front.URL+"/acme/widget.git", importedRef, "feature", gitx.PushAuth{Token: pushToken})
+		front.Close()
+		if err == nil {
+			t.Fatalf("%d: the push went through", code)
+		}
+		if strings.Contains(err.Error(), pushToken) {
+			t.Fatalf("%d: the error carries the token: %v", code, err)
+		}
+		if calls := other.Calls(); len(calls) != 0 {
+			t.Fatalf("%d: the redirect was followed: %+v", code, calls)
+		}
+	}
+	if got := git(t, "", "--git-dir", filepath.Join(otherRoot, "acme", "widget.git"), "rev-parse", "refs/heads/feature"); got != first {
+		t.Fatalf("the other server's branch moved to %s", got)
 	}
 }

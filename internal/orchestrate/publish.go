@@ -38,6 +38,11 @@ type Publishing struct {
 // DetailPublishOff refuses publish on a broker without a forge.
 const DetailPublishOff = "publishing is not configured on this broker (broker.yaml forge)"
 
+// DetailTooManyJournals refuses a new proposal of an orchestrator whose
+// journals are at pubjournal.MaxJournals with none finished to make room.
+var DetailTooManyJournals = fmt.Sprintf("this orchestrator has %d publish journals and none is done or failed: "+
+	"a person resolves its blocked proposals first (jailbee outbox ls)", pubjournal.MaxJournals)
+
 // pubWork is one admitted publish: the journal key and the actions left.
 type pubWork struct {
 	sandbox, outbox, name, ref string
@@ -121,6 +126,12 @@ func (o *Orchestrator) admitPublish(ctx context.Context, req wire.Caller, m *man
 	if err := p.Journal.Update(w.sandbox, w.outbox, w.name, func(*pubjournal.Journal) (*pubjournal.Journal, error) {
 		return running(prev, w, canonical, kinds), nil
 	}); err != nil {
+		if errors.Is(err, pubjournal.ErrTooManyJournals) {
+			if rerr := p.Journal.Refund(w.sandbox, m.ID); rerr != nil {
+				return nil, "", rerr
+			}
+			return nil, "", refusef("%s", DetailTooManyJournals)
+		}
 		return nil, "", err
 	}
 	return w, fmt.Sprintf("publishing %s/%s: %d action(s)", w.outbox, w.name, left), nil

@@ -8,12 +8,14 @@
 package pubjournal
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -175,9 +177,28 @@ func (d *Dir) load(sandbox, outbox, name string) (*Journal, error) {
 	return &j, nil
 }
 
+// MaxJournals bounds the journals kept per sandbox, both outboxes
+// together. Journals are kept by sandbox name, outliving the sandbox, and
+// an orchestrator stages a new name for each proposal: at the default
+// budget (30 actions an hour) this is more than 8 hours of proposals of
+// one action each. Past it, a new journal makes room by removing the
+// oldest finished ones (done or failed); running and blocked ones stay.
+const MaxJournals = 256
+
+// ErrTooManyJournals: a sandbox has MaxJournals journals and none of them
+// is finished, so no new one is written.
+var ErrTooManyJournals = errors.New("publish journals at their bound, none finished")
+
 func (d *Dir) save(j *Journal) error {
 	dir := filepath.Join(d.root, j.Sandbox, j.Outbox)
 	if err := secfs.EnsurePrivateDir(dir); err != nil {
+		return err
+	}
+	if _, err := os.Lstat(filepath.Join(dir, j.Name)); errors.Is(err, os.ErrNotExist) {
+		if err := d.makeRoom(j.Sandbox); err != nil {
+			return err
+		}
+	} else if err != nil {
 		return err
 	}
 	j.Version = 1
@@ -190,6 +211,78 @@ func (d *Dir) save(j *Journal) error {
 		return fmt.Errorf("journal %s: %w (%d bytes)", j.Key(), ErrTooLarge, maxJournalBytes)
 	}
 	return secfs.WriteFileAtomic(filepath.Join(dir, j.Name), data, 0o600)
+}
+
+// journalNames lists the journals of sandbox/outbox: regular files named
+// as outbox manifests are (not the temporary file of a write a kill -9
+// cut short).
+func (d *Dir) journalNames(sandbox, outbox string) ([]string, error) {
+	entries, err := os.ReadDir(filepath.Join(d.root, sandbox, outbox))
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, e := range entries {
+		if e.Type().IsRegular() && manifest.ValidPublishName(e.Name()) {
+			out = append(out, e.Name())
+		}
+	}
+	return out, nil
+}
+
+// makeRoom keeps sandbox's journals under MaxJournals before a new one is
+// written: past it, the oldest finished journals (by their last update)
+// are removed; with too few finished it returns ErrTooManyJournals and
+// removes none. The lock is held.
+func (d *Dir) makeRoom(sandbox string) error {
+	type entry struct {
+		outbox, name string
+		updated      int64
+	}
+	var all []entry
+	for _, ob := range dirNames(filepath.Join(d.root, sandbox)) {
+		names, err := d.journalNames(sandbox, ob)
+		if err != nil {
+			return err
+		}
+		for _, n := range names {
+			all = append(all, entry{outbox: ob, name: n})
+		}
+	}
+	excess := len(all) + 1 - MaxJournals
+	if excess <= 0 {
+		return nil
+	}
+	var finished []entry
+	for _, e := range all {
+		j, err := d.loadHead(sandbox, e.outbox, e.name, func(*Journal) bool { return false })
+		if err != nil {
+			return err
+		}
+		if j.State == Done || j.State == Halted {
+			e.updated = j.Updated
+			finished = append(finished, e)
+		}
+	}
+	if len(finished) < excess {
+		return fmt.Errorf("%s: %w (%d)", sandbox, ErrTooManyJournals, MaxJournals)
+	}
+	slices.SortStableFunc(finished, func(a, b entry) int {
+		return cmp.Or(cmp.Compare(a.updated, b.updated), cmp.Compare(a.outbox+"/"+a.name, b.outbox+"/"+b.name))
+	})
+	touched := map[string]bool{}
+	for _, e := range finished[:excess] {
+		if err := os.Remove(d.path(sandbox, e.outbox, e.name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		touched[e.outbox] = true
+	}
+	for ob := range touched {
+		if err := secfs.FsyncDir(filepath.Join(d.root, sandbox, ob)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // All returns every journal, ordered by key, with its proposal only when
@@ -206,12 +299,12 @@ func (d *Dir) All() ([]*Journal, error) {
 	var out []*Journal
 	for _, sb := range dirNames(d.root) {
 		for _, ob := range dirNames(filepath.Join(d.root, sb)) {
-			entries, err := os.ReadDir(filepath.Join(d.root, sb, ob))
+			names, err := d.journalNames(sb, ob)
 			if err != nil {
 				return nil, err
 			}
-			for _, e := range entries {
-				j, err := d.loadHead(sb, ob, e.Name(), func(j *Journal) bool { return j.State == Running })
+			for _, name := range names {
+				j, err := d.loadHead(sb, ob, name, func(j *Journal) bool { return j.State == Running })
 				if err != nil {
 					return nil, err
 				}

@@ -3,8 +3,10 @@ package pubjournal
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -188,5 +190,125 @@ func TestJournalAllLeavesProposalsUnread(t *testing.T) {
 				t.Fatalf("old: %+v", j)
 			}
 		}
+	}
+}
+
+// TestJournalAllSkipsAnInterruptedWrite: a broker killed (kill -9) in the
+// middle of a journal's write leaves secfs.WriteFileAtomic's temporary
+// file (".NAME.tmp-N", empty or cut) beside the journal. All, which a
+// starting broker's recovery and `jailbee outbox ls` read, must still
+// list every journal (the running one included, which recovery then
+// marks blocked or failed), not fail on the leftover.
+func TestJournalAllSkipsAnInterruptedWrite(t *testing.T) {
+	d := openDir(t)
+	err := d.Update("lead", "issue", "a.json", func(*Journal) (*Journal, error) {
+		return &Journal{Sandbox: "lead", Outbox: "issue", Name: "a.json", State: Running, Proposal: []byte(`{}`),
+			Actions: []Action{{Kind: "create", State: Prepared}}}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(d.root, "lead", "issue")
+	for name, content := range map[string]string{".a.json.tmp-1234567": `{"version":1,"sandbox":"le`, ".a.json.tmp-7654321": ""} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all, err := d.All()
+	if err != nil || len(all) != 1 || all[0].Key() != "lead/issue/a.json" || all[0].State != Running {
+		t.Fatalf("All after an interrupted write = %v, %+v", err, all)
+	}
+}
+
+// TestJournalsPerSandboxAreBounded: a sandbox keeps at most MaxJournals
+// journals. At the bound a new journal is written as it is; past it the
+// oldest finished one (done or failed) is removed to make room, never a
+// running or blocked one (a worker, a person still needs it); with none
+// finished the new journal is refused with ErrTooManyJournals and nothing
+// is removed. Another sandbox's journals neither count nor go.
+func TestJournalsPerSandboxAreBounded(t *testing.T) {
+	d := openDir(t)
+	put := func(sandbox, outbox, name, state string) error {
+		return d.Update(sandbox, outbox, name, func(*Journal) (*Journal, error) {
+			return &Journal{Sandbox: sandbox, Outbox: outbox, Name: name, State: state, Proposal: []byte(`{}`),
+				Actions: []Action{{Kind: "create"}}}, nil
+		})
+	}
+	names := func(sandbox string) []string {
+		var out []string
+		for _, ob := range []string{"issue", "pr"} {
+			entries, _ := os.ReadDir(filepath.Join(d.root, sandbox, ob))
+			for _, e := range entries {
+				out = append(out, ob+"/"+e.Name())
+			}
+		}
+		return out
+	}
+	name := func(i int) string { return fmt.Sprintf("p%04d.json", i) }
+	if err := put("other", "issue", "old.json", Done); err != nil {
+		t.Fatal(err)
+	}
+	// The two oldest are blocked and running: never removed.
+	for i := range MaxJournals - 1 {
+		state := Done
+		switch i {
+		case 0:
+			state = Blocked
+		case 1:
+			state = Running
+		case 2:
+			state = Halted
+		}
+		outbox := "issue"
+		if i%2 == 1 {
+			outbox = "pr"
+		}
+		if err := put("lead", outbox, name(i), state); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := len(names("lead")); n != MaxJournals-1 {
+		t.Fatalf("%d journals, want %d", n, MaxJournals-1)
+	}
+	// At the bound: nothing removed.
+	if err := put("lead", "issue", "at.json", Done); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(names("lead")); n != MaxJournals {
+		t.Fatalf("at the bound: %d journals, want %d", n, MaxJournals)
+	}
+	// Past it: the oldest finished one (the failed p0002) goes.
+	if err := put("lead", "issue", "past.json", Done); err != nil {
+		t.Fatal(err)
+	}
+	got := names("lead")
+	if len(got) != MaxJournals || slices.Contains(got, "issue/"+name(2)) ||
+		!slices.Contains(got, "issue/"+name(0)) || !slices.Contains(got, "pr/"+name(1)) || !slices.Contains(got, "issue/past.json") {
+		t.Fatalf("past the bound: %d journals %v", len(got), got)
+	}
+	// Rewriting a journal that exists adds none: nothing goes.
+	if err := put("lead", "pr", name(3), Done); err != nil {
+		t.Fatal(err)
+	}
+	if got := names("lead"); len(got) != MaxJournals || !slices.Contains(got, "issue/"+name(4)) {
+		t.Fatalf("a rewrite removed a journal: %v", got)
+	}
+	if _, err := d.Load("other", "issue", "old.json"); err != nil || len(names("other")) != 1 {
+		t.Fatalf("another sandbox's journal: %v %v", err, names("other"))
+	}
+
+	// None finished: refused, nothing removed.
+	full := openDir(t)
+	d = full
+	for i := range MaxJournals {
+		if err := put("lead", "issue", name(i), Blocked); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := put("lead", "issue", "more.json", Done); !errors.Is(err, ErrTooManyJournals) {
+		t.Fatalf("past the bound, none finished: %v", err)
+	}
+	if n := len(names("lead")); n != MaxJournals {
+		t.Fatalf("%d journals, want %d", n, MaxJournals)
 	}
 }
