@@ -22,6 +22,10 @@ import (
 // document (items.doc: the JSON text that list and read return, escapes
 // included).
 //
+// A child of an orchestrator with more than one child is also held to its
+// share of the orchestrator's inbox (ChildShare): its own unread messages
+// there, counted only once the inbox is past that share as a whole.
+//
 // A bound of zero (or less) is not checked, so the zero Quota checks
 // nothing; the broker always sets every bound.
 //
