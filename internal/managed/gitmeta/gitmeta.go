@@ -35,7 +35,9 @@ const MaxAttributesBytes = 1 << 20
 //     defines a filter, which git would run on checkout;
 //   - no objects/info/alternates or objects/info/http-alternates makes
 //     git read objects from a store the check did not look at.
-
+//
+// A Git directory with a commondir file (a .git directory too) is checked
+// with the common dir it names, as Git reads both.
 func Check(repo string, runtimeUID int) error {
 	dirs, err := metadataDirs(repo)
 	if err != nil {
@@ -72,23 +74,27 @@ func metadataDirs(repo string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gitmeta: %s is not a Git repository: %w", repo, err)
 	}
+	gitDir := dotGit
 	switch {
 	case fi.IsDir():
-		return []string{dotGit}, nil
 	case !fi.Mode().IsRegular():
 		return nil, fmt.Errorf("gitmeta: %s is neither a directory nor a gitdir file", dotGit)
+	default:
+		data, err := readSmall(dotGit)
+		if err != nil {
+			return nil, err
+		}
+		var ok bool
+		gitDir, ok = strings.CutPrefix(strings.TrimSpace(string(data)), "gitdir: ")
+		if !ok || gitDir == "" {
+			return nil, fmt.Errorf("gitmeta: %s does not name a gitdir", dotGit)
+		}
+		if !filepath.IsAbs(gitDir) {
+			gitDir = filepath.Join(repo, gitDir)
+		}
 	}
-	data, err := readSmall(dotGit)
-	if err != nil {
-		return nil, err
-	}
-	gitDir, ok := strings.CutPrefix(strings.TrimSpace(string(data)), "gitdir: ")
-	if !ok || gitDir == "" {
-		return nil, fmt.Errorf("gitmeta: %s does not name a gitdir", dotGit)
-	}
-	if !filepath.IsAbs(gitDir) {
-		gitDir = filepath.Join(repo, gitDir)
-	}
+	// Git reads commondir in any Git directory, a .git directory too:
+	// the configuration, hooks and objects are then the common dir's.
 	dirs := []string{filepath.Clean(gitDir)}
 	if data, err := readSmall(filepath.Join(gitDir, "commondir")); err == nil {
 		common := strings.TrimSpace(string(data))

@@ -254,6 +254,35 @@ func TestAttackCheckAlternates(t *testing.T) {
 	}
 }
 
+// TestAttackCheckCommondir: a .git directory with a commondir file is a
+// linked worktree's Git directory to Git, whatever its place: Git takes
+// the configuration, hooks and objects of the directory it names. The
+// check looked at .git alone, so a commondir naming an earlier,
+// delegated repository (its config the consumer's) passed, and host Git
+// then ran that config's core.fsmonitor.
+func TestAttackCheckCommondir(t *testing.T) {
+	uid := os.Getuid()
+	parent, repo := newRepo(t)
+	other := filepath.Join(parent, "other")
+	gitRun(t, parent, "init", "-q", "-b", "main", other)
+	otherCfg := filepath.Join(other, ".git", "config")
+	appendTo(t, otherCfg, "[core]\n\tfsmonitor = echo planted\n")
+	os.Chmod(otherCfg, 0o666) // the consumer's to change
+	cd := filepath.Join(repo, ".git", "commondir")
+	write(t, cd, "../../other/.git\n", 0o644) // relative to .git
+	if out, err := exec.Command("git", "-C", repo, "config", "--get", "core.fsmonitor").Output(); err != nil || strings.TrimSpace(string(out)) != "echo planted" {
+		t.Fatalf("git does not read the commondir's config (%v %q): the attack needs it", err, out)
+	}
+	if err := gitmeta.Check(repo, uid); err == nil || !strings.Contains(err.Error(), "config is writable") {
+		t.Fatalf("Check through a .git directory's commondir = %v, want the common dir's config refused", err)
+	}
+	os.Chmod(otherCfg, 0o644)
+	os.Remove(cd)
+	if err := gitmeta.Check(repo, uid); err != nil {
+		t.Fatalf("without commondir: %v", err)
+	}
+}
+
 func gitOut(t *testing.T, dir string, args ...string) string {
 	t.Helper()
 	cmd := exec.Command("git", args...)
