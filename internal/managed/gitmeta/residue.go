@@ -200,3 +200,47 @@ func SetIDFiles(root string) []string {
 	})
 	return out
 }
+
+// Redirects lists, relative to gitDir and sorted, what there makes host
+// Git read outside the repository or block: an alternates file
+// (objects/info/alternates or objects/info/http-alternates), whatever its
+// type, and every other entry that is neither a directory nor a regular
+// file, with its type ("refs/heads/x (symlink)"): Git follows a link
+// where it reads a ref, a loose object or a pack, and opening a FIFO
+// there blocks it. Links are never followed; an unreadable part is listed
+// as such; a missing gitDir has none.
+func Redirects(gitDir string) []string {
+	if _, err := os.Lstat(gitDir); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	var out []string
+	_ = filepath.WalkDir(gitDir, func(p string, d fs.DirEntry, err error) error {
+		rel, _ := filepath.Rel(gitDir, p)
+		switch {
+		case err != nil:
+			out = append(out, rel+" (unreadable)")
+		case slices.Contains(alternatesFiles, rel):
+			out = append(out, rel)
+		case !d.IsDir() && !d.Type().IsRegular():
+			out = append(out, rel+" ("+typeName(d.Type())+")")
+		}
+		return nil
+	})
+	slices.Sort(out)
+	return out
+}
+
+// typeName names a file type for a report.
+func typeName(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeSymlink != 0:
+		return "symlink"
+	case m&fs.ModeNamedPipe != 0:
+		return "fifo"
+	case m&fs.ModeSocket != 0:
+		return "socket"
+	case m&fs.ModeDevice != 0:
+		return "device"
+	}
+	return "special file"
+}
