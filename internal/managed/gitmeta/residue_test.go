@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -142,9 +143,10 @@ func FuzzExecutableKeys(f *testing.F) {
 // refs and logs during a launch. It names a host repository it cannot
 // read in objects/info/alternates and links a ref to that repository's
 // branch: the operator's `git fetch` of the repository from a fresh
-// clone, as root, copies the host repository's history in. A FIFO where
-// Git reads a ref or a pack blocks host Git for good. Redirects lists
-// each, never following a link.
+// clone, as root, copies the host repository's history in. A linked
+// reflog makes the runtime's own commit append to a host file. A FIFO
+// where Git reads a ref or a pack blocks host Git for good. Redirects
+// lists each, never following a link.
 func TestAttackRedirects(t *testing.T) {
 	parent, repo := newRepo(t)
 	private := filepath.Join(parent, "private")
@@ -167,6 +169,19 @@ func TestAttackRedirects(t *testing.T) {
 	if got := gitOut(t, fresh, "show", "FETCH_HEAD:secret"); got != "host secret" {
 		t.Fatalf("the fetch got %q: the attack needs the host repository's content", got)
 	}
+	// A linked reflog: the runtime's own commit in the main checkout
+	// appends to whatever host file it names.
+	target := filepath.Join(parent, "host-file")
+	write(t, target, "host\n", 0o600)
+	reflog := filepath.Join(gitDir, "logs", "refs", "heads", "main")
+	os.Remove(reflog)
+	if err := os.Symlink(target, reflog); err != nil {
+		t.Fatal(err)
+	}
+	gitRun(t, repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "--allow-empty", "-m", "runtime")
+	if data, _ := os.ReadFile(target); !strings.Contains(string(data), "commit: runtime") {
+		t.Fatalf("the host file holds %q: the attack needs Git to append there", data)
+	}
 	for _, p := range []string{filepath.Join(gitDir, "refs", "tags", "hang"), filepath.Join(gitDir, "objects", "pack", "pack-0.idx")} {
 		if err := unix.Mkfifo(p, 0o644); err != nil {
 			t.Fatal(err)
@@ -174,7 +189,7 @@ func TestAttackRedirects(t *testing.T) {
 	}
 	write(t, filepath.Join(gitDir, "objects", "info", "http-alternates"), "http://example.invalid/\n", 0o644)
 	want := []string{
-		"objects/info/alternates", "objects/info/http-alternates",
+		"logs/refs/heads/main (symlink)", "objects/info/alternates", "objects/info/http-alternates",
 		"objects/pack/pack-0.idx (fifo)", "refs/heads/task (symlink)", "refs/tags/hang (fifo)",
 	}
 	if got := gitmeta.Redirects(gitDir); !slices.Equal(got, want) {
