@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"agentbox/internal/secfs"
 )
 
@@ -177,27 +179,16 @@ func ExecutableKeys(file string) []string {
 
 // SetIDFiles lists, relative to root and sorted, every file or directory
 // under it with a set-user-ID or set-group-ID bit, without following
-// links. An unreadable part is listed as such; a missing root has none.
+// links (see walk: the tree may change while it is read). An unreadable
+// part is listed as such; a missing root has none.
 func SetIDFiles(root string) []string {
-	if _, err := os.Lstat(root); errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
 	var out []string
-	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		rel, _ := filepath.Rel(root, p)
-		if err != nil {
-			out = append(out, rel+" (unreadable)")
-			return nil
-		}
-		fi, err := d.Info()
-		if err != nil {
-			return nil // gone while walking
-		}
-		if fi.Mode()&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
+	walk(root, func(rel string, st *unix.Stat_t) {
+		if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
 			out = append(out, rel)
 		}
-		return nil
-	})
+	}, func(rel string) { out = append(out, rel+" (unreadable)") })
+	slices.Sort(out)
 	return out
 }
 
@@ -210,36 +201,29 @@ func SetIDFiles(root string) []string {
 // there blocks it. Links are never followed; an unreadable part is listed
 // as such; a missing gitDir has none.
 func Redirects(gitDir string) []string {
-	if _, err := os.Lstat(gitDir); errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
 	var out []string
-	_ = filepath.WalkDir(gitDir, func(p string, d fs.DirEntry, err error) error {
-		rel, _ := filepath.Rel(gitDir, p)
-		switch {
-		case err != nil:
-			out = append(out, rel+" (unreadable)")
+	walk(gitDir, func(rel string, st *unix.Stat_t) {
+		switch t := st.Mode & unix.S_IFMT; {
 		case slices.Contains(alternatesFiles, rel):
 			out = append(out, rel)
-		case !d.IsDir() && !d.Type().IsRegular():
-			out = append(out, rel+" ("+typeName(d.Type())+")")
+		case t != unix.S_IFDIR && t != unix.S_IFREG:
+			out = append(out, rel+" ("+typeName(t)+")")
 		}
-		return nil
-	})
+	}, func(rel string) { out = append(out, rel+" (unreadable)") })
 	slices.Sort(out)
 	return out
 }
 
-// typeName names a file type for a report.
-func typeName(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeSymlink != 0:
+// typeName names a file type (S_IFMT bits) for a report.
+func typeName(t uint32) string {
+	switch t {
+	case unix.S_IFLNK:
 		return "symlink"
-	case m&fs.ModeNamedPipe != 0:
+	case unix.S_IFIFO:
 		return "fifo"
-	case m&fs.ModeSocket != 0:
+	case unix.S_IFSOCK:
 		return "socket"
-	case m&fs.ModeDevice != 0:
+	case unix.S_IFCHR, unix.S_IFBLK:
 		return "device"
 	}
 	return "special file"
