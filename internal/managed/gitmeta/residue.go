@@ -180,16 +180,43 @@ func ExecutableKeys(file string) []string {
 // SetIDFiles lists, relative to root and sorted, every file or directory
 // under it with a set-user-ID or set-group-ID bit, without following
 // links (see walk: the tree may change while it is read). An unreadable
-// part is listed as such; a missing root has none.
+// part is listed as such; a missing root has none. At most MaxListed
+// are listed.
 func SetIDFiles(root string) []string {
-	var out []string
+	var out listing
 	walk(root, func(rel string, st *unix.Stat_t) {
 		if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
-			out = append(out, rel)
+			out.add(rel)
 		}
-	}, func(rel string) { out = append(out, rel+" (unreadable)") })
-	slices.Sort(out)
-	return out
+	}, func(rel string) { out.add(rel + " (unreadable)") })
+	return out.sorted()
+}
+
+// MaxListed bounds what one scan lists (a consumer could plant a
+// million entries): past it, a last entry says how many more it found.
+const MaxListed = 1000
+
+// listing is a scan's bounded list.
+type listing struct {
+	items []string
+	more  int
+}
+
+func (l *listing) add(s string) {
+	if len(l.items) < MaxListed {
+		l.items = append(l.items, s)
+	} else {
+		l.more++
+	}
+}
+
+// sorted is the list, sorted, and "... and N more" when it was full.
+func (l *listing) sorted() []string {
+	slices.Sort(l.items)
+	if l.more > 0 {
+		return append(l.items, fmt.Sprintf("... and %d more", l.more))
+	}
+	return l.items
 }
 
 // Redirects lists, relative to gitDir and sorted, what there makes host
@@ -199,19 +226,18 @@ func SetIDFiles(root string) []string {
 // file, with its type ("refs/heads/x (symlink)"): Git follows a link
 // where it reads a ref, a loose object or a pack, and opening a FIFO
 // there blocks it. Links are never followed; an unreadable part is listed
-// as such; a missing gitDir has none.
+// as such; a missing gitDir has none. At most MaxListed are listed.
 func Redirects(gitDir string) []string {
-	var out []string
+	var out listing
 	walk(gitDir, func(rel string, st *unix.Stat_t) {
 		switch t := st.Mode & unix.S_IFMT; {
 		case slices.Contains(alternatesFiles, rel):
-			out = append(out, rel)
+			out.add(rel)
 		case t != unix.S_IFDIR && t != unix.S_IFREG:
-			out = append(out, rel+" ("+typeName(t)+")")
+			out.add(rel + " (" + typeName(t) + ")")
 		}
-	}, func(rel string) { out = append(out, rel+" (unreadable)") })
-	slices.Sort(out)
-	return out
+	}, func(rel string) { out.add(rel + " (unreadable)") })
+	return out.sorted()
 }
 
 // typeName names a file type (S_IFMT bits) for a report.

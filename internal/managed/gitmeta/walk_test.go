@@ -118,3 +118,30 @@ func TestWalkDepth(t *testing.T) {
 		}
 	}
 }
+
+// TestScanListsAtMost: a consumer that plants a million links would make
+// the receipt as long; a scan lists MaxListed entries, then how many more.
+func TestScanListsAtMost(t *testing.T) {
+	for _, n := range []int{gitmeta.MaxListed, gitmeta.MaxListed + 1} {
+		_, repo := newRepo(t)
+		gitDir := filepath.Join(repo, ".git")
+		dir := filepath.Join(gitDir, "refs", "heads", "many")
+		os.Mkdir(dir, 0o755)
+		for i := range n {
+			if err := os.Symlink("/", filepath.Join(dir, fmt.Sprintf("l%05d", i))); err != nil {
+				t.Fatal(err)
+			}
+			write(t, filepath.Join(repo, "w", fmt.Sprintf("f%05d", i)), "", 0o755)
+			os.Chmod(filepath.Join(repo, "w", fmt.Sprintf("f%05d", i)), 0o755|os.ModeSetuid)
+		}
+		got, setID := gitmeta.Redirects(gitDir), gitmeta.SetIDFiles(filepath.Join(repo, "w"))
+		for _, l := range [][]string{got, setID} {
+			if n == gitmeta.MaxListed && (len(l) != n || strings.Contains(l[len(l)-1], "more")) {
+				t.Fatalf("%d planted: %d listed, last %q", n, len(l), l[len(l)-1])
+			}
+			if n > gitmeta.MaxListed && (len(l) != gitmeta.MaxListed+1 || l[len(l)-1] != "... and 1 more") {
+				t.Fatalf("%d planted: %d listed, last %q", n, len(l), l[len(l)-1])
+			}
+		}
+	}
+}
