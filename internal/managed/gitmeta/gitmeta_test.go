@@ -178,7 +178,7 @@ func TestLinkedWorktree(t *testing.T) {
 // consumer owns. Its own metadata is the runtime's, so the check passed;
 // but the consumer rewrites a loose object there and host Git checks the
 // rewritten content out for the assigned revision (Git does not verify a
-// loose object's hash on checkout), or plants a FIFO pack that hangs it.
+// loose object's hash on checkout), or makes its own alternates file a FIFO that hangs it.
 // Any alternates file is refused: the objects it names are outside what
 // the check looked at.
 func TestAttackCheckAlternates(t *testing.T) {

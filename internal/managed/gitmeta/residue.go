@@ -224,8 +224,8 @@ func (l *listing) sorted() []string {
 // (objects/info/alternates or objects/info/http-alternates), whatever its
 // type, and every other entry that is neither a directory nor a regular
 // file, with its type ("refs/heads/x (symlink)"): Git follows a link
-// where it reads a ref, a loose object or a pack, and opening a FIFO
-// there blocks it. Links are never followed; an unreadable part is listed
+// where it reads a ref, a reflog, a loose object or a pack, and opening
+// a FIFO as a ref or as the alternates file blocks it. Links are never followed; an unreadable part is listed
 // as such; a missing gitDir has none. At most MaxListed are listed.
 func Redirects(gitDir string) []string {
 	var out listing

@@ -145,7 +145,7 @@ func FuzzExecutableKeys(f *testing.F) {
 // branch: the operator's `git fetch` of the repository from a fresh
 // clone, as root, copies the host repository's history in. A linked
 // reflog makes the runtime's own commit append to a host file. A FIFO
-// where Git reads a ref or a pack blocks host Git for good. Redirects
+// as a ref blocks host Git for good (git for-each-ref never returns). Redirects
 // lists each, never following a link.
 func TestAttackRedirects(t *testing.T) {
 	parent, repo := newRepo(t)

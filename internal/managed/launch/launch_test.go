@@ -498,8 +498,8 @@ func TestTeardownReportsPlantedGitExecutables(t *testing.T) {
 // TestAttackTeardownReportsGitRedirects: the consumer, in its container,
 // names a host repository in the shared metadata's
 // objects/info/alternates, links a ref to that repository's branch (the
-// link dangles in the container, not on the host) and puts FIFOs where
-// Git reads a ref and a pack index. Host Git run later in the repository
+// link dangles in the container, not on the host) and puts FIFOs as a
+// ref and as a pack index. Host Git run later in the repository
 // (the operator's fetch from a fresh clone) would copy the host
 // repository's history in, or block for good. The receipt must name each
 // as residue, not call the teardown residue-free.
