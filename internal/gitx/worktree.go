@@ -23,7 +23,8 @@ func BranchExists(ctx context.Context, repo, branch string) (bool, error) {
 }
 
 // AddWorktree creates a linked worktree of repo at path on a new branch
-// starting at commit (a full object name). It never reuses a branch.
+// starting at commit (a full object name). It never reuses a branch, and
+// checks out commit's own tree: replace refs are ignored.
 func AddWorktree(ctx context.Context, repo, path, branch, commit string) error {
 	if err := CheckBranchName(ctx, branch); err != nil {
 		return err
@@ -34,7 +35,9 @@ func AddWorktree(ctx context.Context, repo, path, branch, commit string) error {
 	if err := checkArg("path", path); err != nil {
 		return err
 	}
-	_, err := run(ctx, repo, "worktree", "add", "--no-track", "-b", branch, "--", path, commit)
+	// --no-replace-objects (inherited by the git processes worktree add
+	// starts): a replace ref would check another tree out for commit.
+	_, err := run(ctx, repo, "--no-replace-objects", "worktree", "add", "--no-track", "-b", branch, "--", path, commit)
 	return err
 }
 

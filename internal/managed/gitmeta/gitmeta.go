@@ -32,7 +32,12 @@ const MaxAttributesBytes = 1 << 20
 //     rename what it does not own there, as in /tmp);
 //   - no file or directory there has a set-user-ID or set-group-ID bit;
 //   - no attributes file (.gitattributes at the top, info/attributes)
-//     defines a filter, which git would run on checkout.
+//     defines a filter, which git would run on checkout;
+//   - no objects/info/alternates or objects/info/http-alternates makes
+//     git read objects from a store the check did not look at.
+//
+// A Git directory with a commondir file (a .git directory too) is checked
+// with the common dir it names, as Git reads both.
 func Check(repo string, runtimeUID int) error {
 	dirs, err := metadataDirs(repo)
 	if err != nil {
@@ -43,6 +48,9 @@ func Check(repo string, runtimeUID int) error {
 			return err
 		}
 		if err := checkTree(d, runtimeUID); err != nil {
+			return err
+		}
+		if err := checkAlternates(d); err != nil {
 			return err
 		}
 	}
@@ -66,23 +74,27 @@ func metadataDirs(repo string) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gitmeta: %s is not a Git repository: %w", repo, err)
 	}
+	gitDir := dotGit
 	switch {
 	case fi.IsDir():
-		return []string{dotGit}, nil
 	case !fi.Mode().IsRegular():
 		return nil, fmt.Errorf("gitmeta: %s is neither a directory nor a gitdir file", dotGit)
+	default:
+		data, err := readSmall(dotGit)
+		if err != nil {
+			return nil, err
+		}
+		var ok bool
+		gitDir, ok = strings.CutPrefix(strings.TrimSpace(string(data)), "gitdir: ")
+		if !ok || gitDir == "" {
+			return nil, fmt.Errorf("gitmeta: %s does not name a gitdir", dotGit)
+		}
+		if !filepath.IsAbs(gitDir) {
+			gitDir = filepath.Join(repo, gitDir)
+		}
 	}
-	data, err := readSmall(dotGit)
-	if err != nil {
-		return nil, err
-	}
-	gitDir, ok := strings.CutPrefix(strings.TrimSpace(string(data)), "gitdir: ")
-	if !ok || gitDir == "" {
-		return nil, fmt.Errorf("gitmeta: %s does not name a gitdir", dotGit)
-	}
-	if !filepath.IsAbs(gitDir) {
-		gitDir = filepath.Join(repo, gitDir)
-	}
+	// Git reads commondir in any Git directory, a .git directory too:
+	// the configuration, hooks and objects are then the common dir's.
 	dirs := []string{filepath.Clean(gitDir)}
 	if data, err := readSmall(filepath.Join(gitDir, "commondir")); err == nil {
 		common := strings.TrimSpace(string(data))
@@ -94,6 +106,24 @@ func metadataDirs(repo string) ([]string, error) {
 		return nil, err
 	}
 	return dirs, nil
+}
+
+// alternatesFiles make Git read objects from other object stores, which
+// the check does not look at (an earlier consumer's, for a snapshot made
+// with `git clone --shared`): Git trusts what it reads there, and does
+// not even verify a loose object's hash on checkout.
+var alternatesFiles = []string{filepath.Join("objects", "info", "alternates"), filepath.Join("objects", "info", "http-alternates")}
+
+// checkAlternates refuses a Git directory that borrows objects.
+func checkAlternates(dir string) error {
+	for _, name := range alternatesFiles {
+		if _, err := os.Lstat(filepath.Join(dir, name)); err == nil {
+			return fmt.Errorf("gitmeta: %s: the repository borrows objects from another store, which is not checked (make the snapshot with git clone --no-hardlinks, without --shared or --reference, or run git repack -a -d and remove the file)", filepath.Join(dir, name))
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("gitmeta: %w", err)
+		}
+	}
+	return nil
 }
 
 // checkTree walks dir without following links.

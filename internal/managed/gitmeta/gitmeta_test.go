@@ -1,6 +1,9 @@
 package gitmeta_test
 
 import (
+	"bytes"
+	"compress/zlib"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -166,5 +169,136 @@ func TestLinkedWorktree(t *testing.T) {
 	defer os.Chmod(cfg, 0o644)
 	if err := gitmeta.Check(wt, uid); err == nil || !strings.Contains(err.Error(), "config is writable") {
 		t.Fatalf("the common dir's config writable: %v", err)
+	}
+}
+
+// TestAttackCheckAlternates: a repository snapshot made with `git clone
+// --shared` (or --reference) of an earlier, delegated repository reads
+// its objects from that repository's object store, which the earlier
+// consumer owns. Its own metadata is the runtime's, so the check passed;
+// but the consumer rewrites a loose object there and host Git checks the
+// rewritten content out for the assigned revision (Git does not verify a
+// loose object's hash on checkout), or makes its own alternates file a FIFO that hangs it.
+// Any alternates file is refused: the objects it names are outside what
+// the check looked at.
+func TestAttackCheckAlternates(t *testing.T) {
+	uid := os.Getuid()
+	parent, old := newRepo(t)
+	write(t, filepath.Join(old, "cfg.json"), "{\"safe\": true}\n", 0o644)
+	gitRun(t, old, "add", "cfg.json")
+	gitRun(t, old, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "-m", "second")
+	repo := filepath.Join(parent, "snapshot")
+	gitRun(t, parent, "clone", "-q", "--shared", "--no-checkout", old, repo)
+	// The attack: the earlier consumer rewrites the blob in its store;
+	// host Git in the snapshot reads the rewrite for the committed name.
+	blob := gitOut(t, repo, "rev-parse", "HEAD:cfg.json")
+	loose := filepath.Join(old, ".git", "objects", blob[:2], blob[2:])
+	var z bytes.Buffer
+	zw := zlib.NewWriter(&z)
+	fmt.Fprintf(zw, "blob %d\x00%s", len("{\"evil\": true}\n"), "{\"evil\": true}\n")
+	zw.Close()
+	os.Chmod(loose, 0o644)
+	if err := os.WriteFile(loose, z.Bytes(), 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if got := gitOut(t, repo, "show", "HEAD:cfg.json"); got != "{\"evil\": true}" {
+		t.Fatalf("the snapshot reads %q: the attack needs the rewritten object", got)
+	}
+	filepath.Walk(filepath.Join(repo, ".git"), func(p string, fi os.FileInfo, err error) error {
+		if err == nil {
+			os.Chmod(p, fi.Mode().Perm()&^0o022)
+		}
+		return nil
+	})
+	if os.Geteuid() == 0 { // the earlier launch delegated old's objects
+		filepath.Walk(filepath.Join(old, ".git", "objects"), func(p string, _ os.FileInfo, err error) error {
+			if err == nil {
+				os.Lchown(p, 4242, 4242)
+			}
+			return nil
+		})
+	}
+	alt := filepath.Join(repo, ".git", "objects", "info", "alternates")
+	if err := gitmeta.Check(repo, uid); err == nil || !strings.Contains(err.Error(), "objects/info/alternates") {
+		t.Fatalf("Check of a repository borrowing another's objects = %v, want a refusal naming objects/info/alternates", err)
+	}
+	// A relative path, or only the HTTP form, is refused the same way.
+	orig, err := os.ReadFile(alt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, alt, "../../../repo/.git/objects\n", 0o644)
+	if err := gitmeta.Check(repo, uid); err == nil || !strings.Contains(err.Error(), "objects/info/alternates") {
+		t.Fatalf("relative alternates: %v", err)
+	}
+	os.Remove(alt)
+	httpAlt := filepath.Join(repo, ".git", "objects", "info", "http-alternates")
+	write(t, httpAlt, "http://example.invalid/objects\n", 0o644)
+	if err := gitmeta.Check(repo, uid); err == nil || !strings.Contains(err.Error(), "objects/info/http-alternates") {
+		t.Fatalf("http-alternates: %v", err)
+	}
+	os.Remove(httpAlt)
+	// Without them (after `git repack -a -d` and removing the file) the
+	// snapshot's objects are its own and it passes.
+	write(t, alt, string(orig), 0o644)
+	gitRun(t, repo, "repack", "-q", "-a", "-d")
+	os.Remove(alt)
+	filepath.Walk(filepath.Join(repo, ".git"), func(p string, fi os.FileInfo, err error) error {
+		if err == nil {
+			os.Chmod(p, fi.Mode().Perm()&^0o022)
+		}
+		return nil
+	})
+	if err := gitmeta.Check(repo, uid); err != nil {
+		t.Fatalf("a repacked snapshot without alternates: %v", err)
+	}
+}
+
+// TestAttackCheckCommondir: a .git directory with a commondir file is a
+// linked worktree's Git directory to Git, whatever its place: Git takes
+// the configuration, hooks and objects of the directory it names. The
+// check looked at .git alone, so a commondir naming an earlier,
+// delegated repository (its config the consumer's) passed, and host Git
+// then ran that config's core.fsmonitor.
+func TestAttackCheckCommondir(t *testing.T) {
+	uid := os.Getuid()
+	parent, repo := newRepo(t)
+	other := filepath.Join(parent, "other")
+	gitRun(t, parent, "init", "-q", "-b", "main", other)
+	otherCfg := filepath.Join(other, ".git", "config")
+	appendTo(t, otherCfg, "[core]\n\tfsmonitor = echo planted\n")
+	os.Chmod(otherCfg, 0o666) // the consumer's to change
+	cd := filepath.Join(repo, ".git", "commondir")
+	write(t, cd, "../../other/.git\n", 0o644) // relative to .git
+	if out, err := exec.Command("git", "-C", repo, "config", "--get", "core.fsmonitor").Output(); err != nil || strings.TrimSpace(string(out)) != "echo planted" {
+		t.Fatalf("git does not read the commondir's config (%v %q): the attack needs it", err, out)
+	}
+	if err := gitmeta.Check(repo, uid); err == nil || !strings.Contains(err.Error(), "config is writable") {
+		t.Fatalf("Check through a .git directory's commondir = %v, want the common dir's config refused", err)
+	}
+	os.Chmod(otherCfg, 0o644)
+	os.Remove(cd)
+	if err := gitmeta.Check(repo, uid); err != nil {
+		t.Fatalf("without commondir: %v", err)
+	}
+}
+
+func gitOut(t *testing.T, dir string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("git %v: %v", args, err)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+func gitRun(t *testing.T, dir string, args ...string) {
+	t.Helper()
+	cmd := exec.Command("git", args...)
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("git %v: %v %s", args, err, out)
 	}
 }

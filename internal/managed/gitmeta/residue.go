@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"agentbox/internal/secfs"
 )
 
@@ -177,26 +179,78 @@ func ExecutableKeys(file string) []string {
 
 // SetIDFiles lists, relative to root and sorted, every file or directory
 // under it with a set-user-ID or set-group-ID bit, without following
-// links. An unreadable part is listed as such; a missing root has none.
+// links (see walk: the tree may change while it is read). An unreadable
+// part is listed as such; a missing root has none. At most MaxListed
+// are listed.
 func SetIDFiles(root string) []string {
-	if _, err := os.Lstat(root); errors.Is(err, fs.ErrNotExist) {
-		return nil
+	var out listing
+	walk(root, func(rel string, st *unix.Stat_t) {
+		if st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0 {
+			out.add(rel)
+		}
+	}, func(rel string) { out.add(rel + " (unreadable)") })
+	return out.sorted()
+}
+
+// MaxListed bounds what one scan lists (a consumer could plant a
+// million entries): past it, a last entry says how many more it found.
+const MaxListed = 1000
+
+// listing is a scan's bounded list.
+type listing struct {
+	items []string
+	more  int
+}
+
+func (l *listing) add(s string) {
+	if len(l.items) < MaxListed {
+		l.items = append(l.items, s)
+	} else {
+		l.more++
 	}
-	var out []string
-	_ = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		rel, _ := filepath.Rel(root, p)
-		if err != nil {
-			out = append(out, rel+" (unreadable)")
-			return nil
+}
+
+// sorted is the list, sorted, and "... and N more" when it was full.
+func (l *listing) sorted() []string {
+	slices.Sort(l.items)
+	if l.more > 0 {
+		return append(l.items, fmt.Sprintf("... and %d more", l.more))
+	}
+	return l.items
+}
+
+// Redirects lists, relative to gitDir and sorted, what there makes host
+// Git read outside the repository or block: an alternates file
+// (objects/info/alternates or objects/info/http-alternates), whatever its
+// type, and every other entry that is neither a directory nor a regular
+// file, with its type ("refs/heads/x (symlink)"): Git follows a link
+// where it reads a ref, a reflog, a loose object or a pack, and opening
+// a FIFO as a ref or as the alternates file blocks it. Links are never followed; an unreadable part is listed
+// as such; a missing gitDir has none. At most MaxListed are listed.
+func Redirects(gitDir string) []string {
+	var out listing
+	walk(gitDir, func(rel string, st *unix.Stat_t) {
+		switch t := st.Mode & unix.S_IFMT; {
+		case slices.Contains(alternatesFiles, rel):
+			out.add(rel)
+		case t != unix.S_IFDIR && t != unix.S_IFREG:
+			out.add(rel + " (" + typeName(t) + ")")
 		}
-		fi, err := d.Info()
-		if err != nil {
-			return nil // gone while walking
-		}
-		if fi.Mode()&(fs.ModeSetuid|fs.ModeSetgid) != 0 {
-			out = append(out, rel)
-		}
-		return nil
-	})
-	return out
+	}, func(rel string) { out.add(rel + " (unreadable)") })
+	return out.sorted()
+}
+
+// typeName names a file type (S_IFMT bits) for a report.
+func typeName(t uint32) string {
+	switch t {
+	case unix.S_IFLNK:
+		return "symlink"
+	case unix.S_IFIFO:
+		return "fifo"
+	case unix.S_IFSOCK:
+		return "socket"
+	case unix.S_IFCHR, unix.S_IFBLK:
+		return "device"
+	}
+	return "special file"
 }

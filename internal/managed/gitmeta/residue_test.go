@@ -4,7 +4,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"agentbox/internal/managed/gitmeta"
 )
@@ -134,4 +137,72 @@ func FuzzExecutableKeys(f *testing.F) {
 			t.Fatalf("unsorted: %q", keys)
 		}
 	})
+}
+
+// TestAttackRedirects: the consumer owns the shared metadata's objects,
+// refs and logs during a launch. It names a host repository it cannot
+// read in objects/info/alternates and links a ref to that repository's
+// branch: the operator's `git fetch` of the repository from a fresh
+// clone, as root, copies the host repository's history in. A linked
+// reflog makes the runtime's own commit append to a host file. A FIFO
+// as a ref blocks host Git for good (git for-each-ref never returns). Redirects
+// lists each, never following a link.
+func TestAttackRedirects(t *testing.T) {
+	parent, repo := newRepo(t)
+	private := filepath.Join(parent, "private")
+	gitRun(t, parent, "init", "-q", "-b", "main", private)
+	write(t, filepath.Join(private, "secret"), "host secret\n", 0o600)
+	gitRun(t, private, "add", "secret")
+	gitRun(t, private, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "-m", "private")
+	gitDir := filepath.Join(repo, ".git")
+	if got := gitmeta.Redirects(gitDir); len(got) != 0 {
+		t.Fatalf("a clean repository: %q", got)
+	}
+
+	write(t, filepath.Join(gitDir, "objects", "info", "alternates"), filepath.Join(private, ".git", "objects")+"\n", 0o644)
+	if err := os.Symlink(filepath.Join(private, ".git", "refs", "heads", "main"), filepath.Join(gitDir, "refs", "heads", "task")); err != nil {
+		t.Fatal(err)
+	}
+	fresh := filepath.Join(parent, "fresh")
+	gitRun(t, parent, "init", "-q", fresh)
+	gitRun(t, fresh, "fetch", "-q", repo, "task")
+	if got := gitOut(t, fresh, "show", "FETCH_HEAD:secret"); got != "host secret" {
+		t.Fatalf("the fetch got %q: the attack needs the host repository's content", got)
+	}
+	// A linked reflog: the runtime's own commit in the main checkout
+	// appends to whatever host file it names.
+	target := filepath.Join(parent, "host-file")
+	write(t, target, "host\n", 0o600)
+	reflog := filepath.Join(gitDir, "logs", "refs", "heads", "main")
+	os.Remove(reflog)
+	if err := os.Symlink(target, reflog); err != nil {
+		t.Fatal(err)
+	}
+	gitRun(t, repo, "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "--allow-empty", "-m", "runtime")
+	if data, _ := os.ReadFile(target); !strings.Contains(string(data), "commit: runtime") {
+		t.Fatalf("the host file holds %q: the attack needs Git to append there", data)
+	}
+	for _, p := range []string{filepath.Join(gitDir, "refs", "tags", "hang"), filepath.Join(gitDir, "objects", "pack", "pack-0.idx")} {
+		if err := unix.Mkfifo(p, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(t, filepath.Join(gitDir, "objects", "info", "http-alternates"), "http://example.invalid/\n", 0o644)
+	want := []string{
+		"logs/refs/heads/main (symlink)", "objects/info/alternates", "objects/info/http-alternates",
+		"objects/pack/pack-0.idx (fifo)", "refs/heads/task (symlink)", "refs/tags/hang (fifo)",
+	}
+	if got := gitmeta.Redirects(gitDir); !slices.Equal(got, want) {
+		t.Fatalf("Redirects = %q, want %q", got, want)
+	}
+	// An alternates file is listed whatever its type, once.
+	alt := filepath.Join(gitDir, "objects", "info", "alternates")
+	os.Remove(alt)
+	os.Symlink("/dev/zero", alt)
+	if got := gitmeta.Redirects(gitDir); !slices.Contains(got, "objects/info/alternates") || slices.Contains(got, "objects/info/alternates (symlink)") {
+		t.Fatalf("a linked alternates file: %q", got)
+	}
+	if got := gitmeta.Redirects(filepath.Join(parent, "missing")); len(got) != 0 {
+		t.Fatalf("a missing Git directory: %q", got)
+	}
 }

@@ -495,6 +495,46 @@ func TestTeardownReportsPlantedGitExecutables(t *testing.T) {
 	}
 }
 
+// TestAttackTeardownReportsGitRedirects: the consumer, in its container,
+// names a host repository in the shared metadata's
+// objects/info/alternates, links a ref to that repository's branch (the
+// link dangles in the container, not on the host) and puts FIFOs as a
+// ref and as a pack index. Host Git run later in the repository
+// (the operator's fetch from a fresh clone) would copy the host
+// repository's history in, or block for good. The receipt must name each
+// as residue, not call the teardown residue-free.
+func TestAttackTeardownReportsGitRedirects(t *testing.T) {
+	s := newSetup(t, defaultFiles())
+	if _, err := s.start("redirect"); err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	private := filepath.Join(t.TempDir(), "private")
+	if _, err := managedtest.Git("", "init", "-q", "-b", "main", private); err != nil {
+		t.Fatal(err)
+	}
+	plant := "echo " + private + "/.git/objects > ../main/.git/objects/info/alternates" +
+		" && ln -s " + private + "/.git/refs/heads/main ../main/.git/refs/heads/stolen" +
+		" && mkfifo ../main/.git/refs/tags/hang ../main/.git/objects/pack/pack-0.idx"
+	if out, code := execIn(t, s, "redirect", "sh", "-c", plant); code != 0 {
+		t.Fatalf("the consumer's plant: %d %q", code, out)
+	}
+	r, err := launch.Teardown(context.Background(), s.cfg, "redirect")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, res := range r.Residue {
+		got[res.Kind] = res.Identifiers
+	}
+	want := []string{".git/objects/info/alternates", ".git/objects/pack/pack-0.idx (fifo)", ".git/refs/heads/stolen (symlink)", ".git/refs/tags/hang (fifo)"}
+	if r.ResidueFree || !slices.Equal(got[launch.KindGitRedirect], want) {
+		t.Fatalf("receipt %+v, want %s residue %q", r, launch.KindGitRedirect, want)
+	}
+	if _, err := os.Lstat(filepath.Join(s.repo, ".git", "refs", "heads", "stolen")); err != nil {
+		t.Errorf("the planted link is the operator's to look at: %v", err)
+	}
+}
+
 func TestLaunchRefusals(t *testing.T) {
 	t.Run("branch-exists", func(t *testing.T) {
 		s := newSetup(t, defaultFiles())

@@ -31,7 +31,12 @@ const (
 	// KindGitExecutable: configuration, attributes or hooks of the shared
 	// Git metadata that changed since the launch (host Git would run them).
 	KindGitExecutable = "git-executable-config"
-	KindEngine        = "engine" // the engine could not be asked: nothing is verified
+	// KindGitRedirect: what in the shared Git metadata makes host Git
+	// read outside the repository or block: an alternates file, or a
+	// symbolic link, FIFO, socket or device where Git reads objects, refs
+	// or logs.
+	KindGitRedirect = "git-redirect"
+	KindEngine      = "engine" // the engine could not be asked: nothing is verified
 )
 
 // Receipt is what a teardown removed and what is left.
@@ -109,6 +114,9 @@ func teardown(ctx context.Context, cfg Config, eng *engine.Engine, rec *Record) 
 	_ = secfs.RemoveTree(filepath.Join(dir, homeDir))
 	gitResidue := gitMetadataResidue(rec)
 	removeWorktree(ctx, rec)
+	// After the worktree's Git directory went: what stays in the shared
+	// metadata.
+	gitResidue = append(gitResidue, gitRedirectResidue(rec)...)
 
 	// Look again: only what is observed gone counts.
 	left, err := eng.Owned(ctx, rec.ComposeProject, rec.SpoolVolumes)
@@ -196,6 +204,24 @@ func gitMetadataResidue(rec *Record) []Residue {
 		out = append(out, Residue{Kind: KindGitExecutable, Identifiers: changed})
 	}
 	return out
+}
+
+// gitRedirectResidue is what a consumer left in the shared Git metadata
+// that makes host Git read outside the repository or block (see
+// gitmeta.Redirects). Only a launch that delegated anything is looked at;
+// nothing is removed.
+func gitRedirectResidue(rec *Record) []Residue {
+	if !rec.Delegated {
+		return nil
+	}
+	var ids []string
+	for _, p := range gitmeta.Redirects(filepath.Join(rec.Repo, ".git")) {
+		ids = append(ids, ".git/"+p)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	return []Residue{{Kind: KindGitRedirect, Identifiers: ids}}
 }
 
 // removeWorktree removes the worktree and its Git directory as plain
