@@ -122,6 +122,9 @@ func TestFeatureStartRefusesVersion2(t *testing.T) {
 	noSecrets(t, f, r)
 }
 
+// cliRequests is TestFeatureCLIEndToEnd's tool-request lease.
+const cliRequests = "cli_requests"
+
 // TestFeatureCLIEndToEnd drives the whole lifecycle through the command
 // line on the real engine: the JSON shapes a user and an orchestrator
 // read.
@@ -144,6 +147,15 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	delete(doc["service_images"].(map[string]any), "db")
 	// A shell provider, so one can run while the consumer looks at it.
 	mt.Lease(doc, 0)["executable"] = "/bin/sh"
+	// A tool-request lease id of this test's own: the spool volume is
+	// named after the run and the lease, and the launch package's tests,
+	// which go test may run at the same time on the same engine, use
+	// delivery_requests of run-1.
+	for _, l := range doc["leases"].([]any) {
+		if l := l.(map[string]any); l["lease_id"] == "delivery_requests" {
+			l["lease_id"] = cliRequests
+		}
+	}
 	f := mt.New(t, doc)
 	// The trusted endpoint on the assignment's socket (the fixture's is
 	// stale): it answers every request with {"ok":true} and a string
@@ -217,20 +229,20 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 
 	// dispatch-tool: nothing pending is 75 and retryable; a request the
 	// consumer spools is dispatched; a wait past 300 s is a usage error.
-	r = runCLI(t, env, "feature", "dispatch-tool", "cli", "--lease", "delivery_requests", "--request-id", "none", "--json")
+	r = runCLI(t, env, "feature", "dispatch-tool", "cli", "--lease", cliRequests, "--request-id", "none", "--json")
 	if r.code != cli.ExitNotPending || strings.Join(strings.Fields(r.stdout), " ") !=
-		`{ "status": "not-pending", "retryable": true, "lease_id": "delivery_requests", "request_id": "none" }` {
+		`{ "status": "not-pending", "retryable": true, "lease_id": "cli_requests", "request_id": "none" }` {
 		t.Fatalf("not pending: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if r = runCLI(t, env, "feature", "dispatch-tool", "cli", "--lease", "delivery_requests", "--request-id", "x", "--wait-seconds", "301"); r.code != cli.ExitUsage {
+	if r = runCLI(t, env, "feature", "dispatch-tool", "cli", "--lease", cliRequests, "--request-id", "x", "--wait-seconds", "301"); r.code != cli.ExitUsage {
 		t.Fatalf("--wait-seconds 301: exit %d", r.code)
 	}
 	spool := "/run/branchbox/leases/tool-requests/delivery"
-	r = runCLI(t, env, "feature", "exec", "cli", "--", "sh", "-c", "cd "+spool+` && umask 077 && printf '{"version":"1","run_id":"run-1","lease_id":"delivery_requests","consumer":"coding-agent","request_id":"q1","capability":"%s","payload":{"q":1}}' "$(cat .capability)" > requests/.q1 && mv requests/.q1 requests/q1.json`)
+	r = runCLI(t, env, "feature", "exec", "cli", "--", "sh", "-c", "cd "+spool+` && umask 077 && printf '{"version":"1","run_id":"run-1","lease_id":"cli_requests","consumer":"coding-agent","request_id":"q1","capability":"%s","payload":{"q":1}}' "$(cat .capability)" > requests/.q1 && mv requests/.q1 requests/q1.json`)
 	if r.code != 0 {
 		t.Fatalf("spool a request: exit %d %s", r.code, r.stderr)
 	}
-	r = runCLI(t, env, "feature", "dispatch-tool", "cli", "--lease", "delivery_requests", "--request-id", "q1", "--wait-seconds", "5", "--json")
+	r = runCLI(t, env, "feature", "dispatch-tool", "cli", "--lease", cliRequests, "--request-id", "q1", "--wait-seconds", "5", "--json")
 	var disp struct {
 		Status    string `json:"status"`
 		Retryable bool   `json:"retryable"`
@@ -249,7 +261,7 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	if strings.ContainsAny(r.stdout, "\u009b\u202e") || !strings.Contains(r.stdout, `"echo": "\u009b2J\u202e"`) {
 		t.Fatalf("dispatch --json printed the response unescaped:\n%q", r.stdout)
 	}
-	r = runCLI(t, env, "feature", "dispatch-tool", "cli", "--lease", "delivery_requests", "--request-id", "q1")
+	r = runCLI(t, env, "feature", "dispatch-tool", "cli", "--lease", cliRequests, "--request-id", "q1")
 	if r.code != 0 || strings.ContainsAny(r.stdout, "\u009b\u202e") || !strings.Contains(r.stdout, `"echo":"\u009b2J\u202e"`) ||
 		!strings.Contains(r.stdout, "replayed from the ledger") {
 		t.Fatalf("dispatch: exit %d, printed the response unescaped:\n%q", r.code, r.stdout)
