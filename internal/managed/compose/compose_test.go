@@ -260,6 +260,33 @@ func TestInputs(t *testing.T) {
 			}
 		})
 	}
+	// A devcontainer config names at most MaxFiles files (a name may
+	// repeat, as Compose allows), of at most MaxTotalBytes together.
+	many := func(n int, name string) compose.DevcontainerFiles {
+		dc := compose.DevcontainerFiles{Set: true, Config: ".devcontainer.json"}
+		for range n {
+			dc.Files = append(dc.Files, name)
+		}
+		return dc
+	}
+	if files, err := compose.Inputs(wt, many(compose.MaxFiles, "compose.yml")); err != nil || len(files) != compose.MaxFiles {
+		t.Fatalf("%d files: %d %v", compose.MaxFiles, len(files), err)
+	}
+	if _, err := compose.Inputs(wt, many(compose.MaxFiles+1, "compose.yml")); err == nil ||
+		!strings.Contains(err.Error(), "devcontainer: .devcontainer.json: dockerComposeFile: 17 files, at most 16") {
+		t.Fatalf("%d files: %v", compose.MaxFiles+1, err)
+	}
+	write("half.yaml", "#"+strings.Repeat("x", compose.MaxTotalBytes/4-1))
+	if files, err := compose.Inputs(wt, many(4, "half.yaml")); err != nil || len(files) != 4 {
+		t.Fatalf("files of %d bytes together: %v", compose.MaxTotalBytes, err)
+	}
+	write("more.yaml", "#")
+	dc = many(4, "half.yaml")
+	dc.Files = append(dc.Files, "more.yaml")
+	if _, err := compose.Inputs(wt, dc); err == nil || !strings.Contains(err.Error(), "compose: the Compose files are over 16777216 bytes together") {
+		t.Fatalf("files of one byte more together: %v", err)
+	}
+
 	// A symlink that stays inside is followed; a file at the limit is read.
 	os.Symlink("compose.yml", filepath.Join(wt, "link.yaml"))
 	write("limit.yaml", "#"+strings.Repeat("x", compose.MaxFileBytes-1))
