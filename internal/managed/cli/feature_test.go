@@ -185,7 +185,7 @@ func TestFeatureCLIEndToEnd(t *testing.T) {
 	noSecrets(t, f, r)
 	// A notice on stderr for each key of the repository's Compose file the
 	// facade replaces; db is omitted, so nothing of its is.
-	for _, key := range []string{"build", "image", "ports", "volumes"} {
+	for _, key := range []string{"build", "environment", "image", "ports", "volumes"} {
 		if !strings.Contains(r.stderr, "branchbox: notice: compose: compose.yaml: services.app."+key+": replaced by the managed launch: ") {
 			t.Errorf("no notice for services.app.%s:\n%s", key, r.stderr)
 		}

@@ -1,8 +1,11 @@
 package compose
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -87,6 +90,9 @@ func Check(ctx context.Context, worktree string, files []File) (*Project, error)
 		if err := checkTopKeys(f.Path, alone); err != nil {
 			return nil, err
 		}
+		if err := checkEveryService(f.Path, alone); err != nil {
+			return nil, err
+		}
 		p.fileModels = append(p.fileModels, alone)
 	}
 	model, err := loader.LoadWithContext(ctx, details(worktree, files...), loadOptions)
@@ -160,11 +166,68 @@ func isConnector(name string, s types.ServiceConfig) bool {
 // checkRaw applies the rules that must see a file as written: keys the
 // loader is told to skip (include, extends, provider), interpolation,
 // engine sockets and variables, and environment entries without a value.
+// It reads every YAML document of the file: Compose merges them all, in
+// order, as it merges files.
 func checkRaw(f File) error {
-	var doc yaml.Node
-	if err := yaml.Unmarshal(f.Data, &doc); err != nil {
-		return fmt.Errorf("compose: %s: %w", f.Path, err)
+	dec := yaml.NewDecoder(bytes.NewReader(f.Data))
+	for {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("compose: %s: %w", f.Path, err)
+		}
+		if err := checkDocument(f, &doc); err != nil {
+			return err
+		}
 	}
+}
+
+// everyServiceRefused are keys refused in every service, connectors and
+// omitted services included, as Compose reads the file (anchors, merge
+// keys and every document applied): Compose acts on each when it loads
+// the files, whether the service runs or not (extends reads another
+// file, a local one or a remote one Compose fetches on the host;
+// label_file reads a host file), or runs a program on the host
+// (provider).
+var everyServiceRefused = []string{"extends", "label_file", "provider", "volumes_from"}
+
+// checkEveryService applies, to every service of a file as Compose reads
+// it, the rules checkRaw applies as written: everyServiceRefused and
+// environment entries without a value (an alias or a merge key can make
+// one that checkRaw does not see).
+func checkEveryService(path string, model map[string]any) error {
+	services, _ := model["services"].(map[string]any)
+	for _, name := range slices.Sorted(maps.Keys(services)) {
+		svc, _ := services[name].(map[string]any)
+		at := path + ": services." + segment(name)
+		for _, key := range everyServiceRefused {
+			if _, ok := svc[key]; ok {
+				return &Refusal{Rule: "not allowed in a managed launch", Where: at + "." + key}
+			}
+		}
+		switch env := svc["environment"].(type) {
+		case []any:
+			for i, item := range env {
+				if s, ok := item.(string); !ok || !strings.Contains(s, "=") {
+					return &Refusal{Rule: "a valueless entry " + quoteShort(fmt.Sprint(item)), Where: fmt.Sprintf("%s.environment[%d]", at, i)}
+				}
+			}
+		case map[string]any:
+			for _, k := range slices.Sorted(maps.Keys(env)) {
+				if env[k] == nil {
+					return &Refusal{Rule: "a valueless entry " + quoteShort(k), Where: at + ".environment." + segment(k)}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// checkDocument applies checkRaw's rules to one document of f.
+func checkDocument(f File, doc *yaml.Node) error {
 	if len(doc.Content) == 0 {
 		return nil
 	}

@@ -90,6 +90,18 @@ func TestCheckRefuses(t *testing.T) {
 		{"valueless list entry", "services:\n  app:\n    image: x\n    environment:\n      - TOKEN\n", "compose.yaml: services.app.environment[0]", `a valueless entry "TOKEN"`},
 		{"valueless map entry", base + "      TOKEN:\n", "compose.yaml: services.app.environment.TOKEN", `a valueless entry "TOKEN"`},
 		{"not a mapping", "- a\n- b\n", "compose.yaml", "not a mapping"},
+		// Compose reads every document of a file, merged in order, and
+		// acts on a connector's extends (another file read, a remote one
+		// fetched on the host) when it loads the files.
+		{"interpolation in a later document", base + "---\nservices:\n  db:\n    image: y\n    command: [\"${HOME}\"]\n", "compose.yaml: services.db.command[0]", "interpolation (write $$ for a literal $)"},
+		{"valueless entry in a later document", base + "---\nservices:\n  db:\n    image: y\n    environment: [HOME]\n", "compose.yaml: services.db.environment[0]", `a valueless entry "HOME"`},
+		{"extends in a later document", base + "---\nservices:\n  tunnel:\n    image: x\n    extends: {file: /etc/hostname, service: s}\n", "compose.yaml: services.tunnel.extends", notAllowed},
+		{"extends by a merge key", "x-e: &e\n  extends: {file: \"https://github.com/o/r.git#main:c.yaml\", service: s}\n" + base + "  tunnel:\n    image: x\n    <<: *e\n", "compose.yaml: services.tunnel.extends", notAllowed},
+		{"provider by a merge key", "x-p: &p\n  provider: {type: ./run.sh}\n" + base + "  tunnel:\n    <<: *p\n", "compose.yaml: services.tunnel.provider", notAllowed},
+		{"label_file on a connector", base + "  tunnel:\n    image: x\n    label_file: /etc/shadow\n", "compose.yaml: services.tunnel.label_file", notAllowed},
+		{"valueless entry by an alias", "x-h: &h HOME\n" + base + "  db:\n    image: y\n    environment: [*h]\n", "compose.yaml: services.db.environment[0]", `a valueless entry "HOME"`},
+		{"valueless entry by a merge key", "x-m: &m\n  HOME: null\n" + base + "  db:\n    image: y\n    environment:\n      <<: *m\n", "compose.yaml: services.db.environment.HOME", `a valueless entry "HOME"`},
+		{"valueless entry by an aliased mapping", "x-m: &m\n  HOME:\n" + base + "  db:\n    image: y\n    environment: *m\n", "compose.yaml: services.db.environment.HOME", `a valueless entry "HOME"`},
 		// A key is shown as it is only when it cannot forge a line.
 		{"a key with a newline", base + "    x-note: {\"x\\nbranchbox: docker.sock\": 1}\n", `compose.yaml: services.app.x-note."x\nbranchbox: docker.sock"`, "a container-engine socket (docker.sock)"},
 		{"nested too deep", base + "    x-deep: " + strings.Repeat("[", 70) + strings.Repeat("]", 70) + "\n", "compose.yaml: services.app.x-deep" + strings.Repeat("[0]", 62), "nested too deep"},
@@ -260,6 +272,33 @@ func TestInputs(t *testing.T) {
 			}
 		})
 	}
+	// A devcontainer config names at most MaxFiles files (a name may
+	// repeat, as Compose allows), of at most MaxTotalBytes together.
+	many := func(n int, name string) compose.DevcontainerFiles {
+		dc := compose.DevcontainerFiles{Set: true, Config: ".devcontainer.json"}
+		for range n {
+			dc.Files = append(dc.Files, name)
+		}
+		return dc
+	}
+	if files, err := compose.Inputs(wt, many(compose.MaxFiles, "compose.yml")); err != nil || len(files) != compose.MaxFiles {
+		t.Fatalf("%d files: %d %v", compose.MaxFiles, len(files), err)
+	}
+	if _, err := compose.Inputs(wt, many(compose.MaxFiles+1, "compose.yml")); err == nil ||
+		!strings.Contains(err.Error(), "devcontainer: .devcontainer.json: dockerComposeFile: 17 files, at most 16") {
+		t.Fatalf("%d files: %v", compose.MaxFiles+1, err)
+	}
+	write("half.yaml", "#"+strings.Repeat("x", compose.MaxTotalBytes/4-1))
+	if files, err := compose.Inputs(wt, many(4, "half.yaml")); err != nil || len(files) != 4 {
+		t.Fatalf("files of %d bytes together: %v", compose.MaxTotalBytes, err)
+	}
+	write("more.yaml", "#")
+	dc = many(4, "half.yaml")
+	dc.Files = append(dc.Files, "more.yaml")
+	if _, err := compose.Inputs(wt, dc); err == nil || !strings.Contains(err.Error(), "compose: the Compose files are over 16777216 bytes together") {
+		t.Fatalf("files of one byte more together: %v", err)
+	}
+
 	// A symlink that stays inside is followed; a file at the limit is read.
 	os.Symlink("compose.yml", filepath.Join(wt, "link.yaml"))
 	write("limit.yaml", "#"+strings.Repeat("x", compose.MaxFileBytes-1))
@@ -279,6 +318,7 @@ func FuzzCheck(f *testing.F) {
 	f.Add([]byte("include: [x]\n"))
 	f.Add([]byte("services: &a\n  b: *a\n"))
 	f.Add([]byte("x-e: &e\n  cap_add: [SYS_MODULE]\nservices:\n  a:\n    image: x\n    <<: *e\n"))
+	f.Add([]byte("services:\n  a: {image: x}\n---\nservices:\n  a: {command: [\"${X}\"]}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		p, err := compose.Check(context.Background(), t.TempDir(), []compose.File{{Path: "compose.yaml", Data: data}})
 		if err != nil {

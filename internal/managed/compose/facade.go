@@ -74,8 +74,9 @@ type FacadePlan struct {
 // privileged and a private cgroup namespace (on a cgroup v1 host the
 // default is the host's); connectors and omitted services moved to a
 // profile no launch enables; and the primary service run as the
-// workspace consumer with exactly the workspace, the signed leases
-// read-only and the spools as their named volumes. The runnable services
+// workspace consumer, with its image's environment only, with exactly
+// the workspace, the signed leases read-only and the spools as their
+// named volumes. The runnable services
 // must pass CheckRunnable.
 func Facade(p *Project, plan FacadePlan) ([]byte, error) {
 	if err := p.CheckRunnable(); err != nil {
@@ -161,6 +162,9 @@ func primary(svc *yaml.Node, plan FacadePlan) {
 	}
 	set(svc, "volumes", tagged("!override", mounts))
 	add(svc, "user", str(plan.User))
+	// The image's environment only: the Dev Containers CLI runs a root
+	// shell here with the container's environment.
+	add(svc, "environment", tagged("!reset", seq()))
 }
 
 func bindNode(b Bind) *yaml.Node {

@@ -42,6 +42,8 @@ const source = `services:
     user: "0"
     volumes: ["dbdata:/var/lib/postgresql/data", "/srv:/srv"]
     ports: ["5432:5432"]
+    environment:
+      PRICE: "5$$"
   cloudflared:
     image: cloudflare/cloudflared
     volumes: ["/root/.cloudflared:/etc/cloudflared"]
@@ -121,8 +123,13 @@ func TestFacadeOverTheSource(t *testing.T) {
 			t.Errorf("app volume %d: %+v, want %+v", i, got, w)
 		}
 	}
-	if app.Environment["PRICE"] == nil || *app.Environment["PRICE"] != "5$" {
-		t.Errorf("app environment kept as written: %v", app.Environment)
+	// The primary's environment is its image's (the Dev Containers CLI
+	// runs a root shell with it); another service's is kept as written.
+	if len(app.Environment) != 0 {
+		t.Errorf("app environment: %v, want none of the repository's", app.Environment)
+	}
+	if db.Environment["PRICE"] == nil || *db.Environment["PRICE"] != "5$" {
+		t.Errorf("db environment kept as written: %v", db.Environment)
 	}
 	if _, ok := model.Services["cloudflared"]; ok {
 		t.Error("the connector is enabled")
@@ -239,8 +246,8 @@ func TestOmittedServices(t *testing.T) {
 }
 
 // TestReplacedKeys: every key of the source the facade replaces is
-// listed, file by file, with what runs instead; the primary's user is,
-// db's is kept; the connector's keys are never run and not listed.
+// listed, file by file, with what runs instead; the primary's user and
+// environment are, db's are kept; the connector's keys are never run and not listed.
 func TestReplacedKeys(t *testing.T) {
 	files := []compose.File{{Path: "compose.yaml", Data: []byte(source)},
 		{Path: ".devcontainer/compose.dev.yaml", Data: []byte("services:\n  db:\n    build: ./db\n")}}
@@ -261,6 +268,7 @@ func TestReplacedKeys(t *testing.T) {
 		why("compose.yaml", "app.build", "nothing is built"),
 		why("compose.yaml", "app.cap_drop", "every capability is dropped but the policy's"),
 		why("compose.yaml", "app.env_file", "no host file is read"),
+		why("compose.yaml", "app.environment", "the primary service runs with its image's environment only (the Dev Containers CLI starts a root shell in it with that environment)"),
 		why("compose.yaml", "app.expose", ports),
 		why("compose.yaml", "app.image", "the service runs the image service_images binds"),
 		why("compose.yaml", "app.ports", ports),

@@ -23,6 +23,14 @@ import (
 // MaxFileBytes bounds one Compose file.
 const MaxFileBytes = 8 << 20
 
+// MaxFiles bounds the Compose files a devcontainer config may name, and
+// MaxTotalBytes their bytes together: a config of 1 MiB can name one
+// file over 100,000 times, each read (and parsed) in full.
+const (
+	MaxFiles      = 16
+	MaxTotalBytes = 2 * MaxFileBytes
+)
+
 // DefaultFileNames are looked for, in this order, at the worktree's root
 // when the devcontainer config names no Compose file.
 var DefaultFileNames = []string{"compose.yaml", "compose.yml", "docker-compose.yaml", "docker-compose.yml"}
@@ -46,9 +54,10 @@ type DevcontainerFiles struct {
 }
 
 // Inputs reads the Compose files of worktree: those the devcontainer
-// config names, else the first of DefaultFileNames that exists. Each must
-// resolve inside the worktree (a symlink may point only within it), be a
-// regular file of at most MaxFileBytes, and hold UTF-8.
+// config names (at most MaxFiles), else the first of DefaultFileNames
+// that exists. Each must resolve inside the worktree (a symlink may point
+// only within it), be a regular file of at most MaxFileBytes, and hold
+// UTF-8; together they hold at most MaxTotalBytes.
 func Inputs(worktree string, dc DevcontainerFiles) ([]File, error) {
 	root, err := os.OpenRoot(worktree)
 	if err != nil {
@@ -59,6 +68,8 @@ func Inputs(worktree string, dc DevcontainerFiles) ([]File, error) {
 	switch {
 	case dc.Set && len(dc.Files) == 0:
 		return nil, fmt.Errorf("devcontainer: %s: dockerComposeFile: an empty list", dc.Config)
+	case dc.Set && len(dc.Files) > MaxFiles:
+		return nil, fmt.Errorf("devcontainer: %s: dockerComposeFile: %d files, at most %d", dc.Config, len(dc.Files), MaxFiles)
 	case dc.Set:
 		for i, f := range dc.Files {
 			if f == "" || filepath.IsAbs(f) {
@@ -78,10 +89,14 @@ func Inputs(worktree string, dc DevcontainerFiles) ([]File, error) {
 		}
 	}
 	files := make([]File, 0, len(names))
+	total := 0
 	for _, n := range names {
 		data, err := ReadInside(root, n, MaxFileBytes)
 		if err != nil {
 			return nil, err
+		}
+		if total += len(data); total > MaxTotalBytes {
+			return nil, fmt.Errorf("compose: the Compose files are over %d bytes together", MaxTotalBytes)
 		}
 		files = append(files, File{Path: n, Data: data})
 	}

@@ -27,7 +27,6 @@ var serviceKeys = map[string]keyUse{
 	// What the service runs, inside its own container.
 	"command":           keyKept,
 	"entrypoint":        keyKept,
-	"environment":       keyKept, // no valueless entries, no engine variables
 	"working_dir":       keyKept,
 	"healthcheck":       keyKept, // a command the engine runs inside the container
 	"init":              keyKept, // the engine's own init as pid 1
@@ -46,6 +45,13 @@ var serviceKeys = map[string]keyUse{
 	// policy.ServiceCapabilities and reaches no host path); the primary
 	// always runs as the workspace consumer.
 	"user": keyKeptButPrimary,
+	// The environment: kept on other services (no valueless entries, no
+	// engine variables); the primary runs with its image's environment
+	// only, as the Dev Containers CLI starts a root shell in it (to patch
+	// /etc/environment and /etc/profile) with the container's
+	// environment: PATH, LD_PRELOAD or a line break there would run the
+	// repository's code as root.
+	"environment": keyKeptButPrimary,
 	// Replaced: the bound image, never built or pulled; no host file,
 	// port or mount (the primary gets exactly the signed ones).
 	"image":       keyReplaced,
@@ -70,6 +76,7 @@ var replacedWhy = map[string]string{
 	"env_file":    "no host file is read",
 	"cap_drop":    "every capability is dropped but the policy's",
 	"user":        "the primary service runs as the workspace consumer",
+	"environment": "the primary service runs with its image's environment only (the Dev Containers CLI starts a root shell in it with that environment)",
 }
 
 // Replacement is a key one of the repository's Compose files sets on a

@@ -96,7 +96,8 @@ var imageKeys = []string{"image", "dockerFile", "build"}
 //   - a config that is not Compose-based (image, dockerFile, build) or
 //     names no service;
 //   - initializeCommand (it runs on the host);
-//   - any `${localEnv:` reference (a host environment variable).
+//   - any `${localEnv:` or `${env:` reference (a host environment
+//     variable: the Dev Containers CLI reads `env` as `localEnv`).
 func Parse(path string, data []byte) (*Config, error) {
 	if len(data) > MaxConfigBytes {
 		return nil, fmt.Errorf("devcontainer: %s: the config is over %d bytes", path, MaxConfigBytes)
@@ -123,14 +124,21 @@ func Parse(path string, data []byte) (*Config, error) {
 	if _, ok := raw["initializeCommand"]; ok {
 		return nil, c.Refuse("initializeCommand", "runs on the host")
 	}
-	if where := findString(raw, "", func(s string) bool { return strings.Contains(s, "${localEnv:") }); where != "" {
-		return nil, c.Refuse(where, "${localEnv:...} reads the host's environment")
+	for _, ref := range hostEnvRefs {
+		if where := findString(raw, "", func(s string) bool { return strings.Contains(s, "${"+ref+":") }); where != "" {
+			return nil, c.Refuse(where, "${%s:...} reads the host's environment", ref)
+		}
 	}
 	if c.Service() == "" {
 		return nil, c.Refuse("service", "names no Compose service")
 	}
 	return c, nil
 }
+
+// hostEnvRefs are the Dev Containers CLI's variables that read the
+// environment of the CLI, on the host: it substitutes `${env:NAME}`
+// exactly as `${localEnv:NAME}`, anywhere in the config it is given.
+var hostEnvRefs = []string{"localEnv", "env"}
 
 // dropped are the keys the generated config leaves out: what runs on the
 // host, mounts a host path, publishes a port, adds capabilities, sets

@@ -98,6 +98,9 @@ func TestParseRefuses(t *testing.T) {
 		{"localEnv in a value", `{"service": "app", "containerEnv": {"A": "${localEnv:HOME}"}}`, at + `containerEnv.A: ${localEnv:...}`},
 		{"localEnv in a list", `{"service": "app", "postStartCommand": ["echo", "${localEnv:TOKEN}"]}`, at + `postStartCommand[1]: `},
 		{"localEnv in a key", `{"service": "app", "x": {"${localEnv:K}": 1}}`, at + `x.${localEnv:K}: `},
+		// The CLI substitutes ${env:NAME} as ${localEnv:NAME}.
+		{"env in a lifecycle command", `{"service": "app", "postCreateCommand": "echo ${env:HOME} > leak"}`, at + `postCreateCommand: ${env:...} reads the host's environment`},
+		{"env escaped in JSON", `{"service": "app", "name": "\u0024{env:PATH}"}`, at + `name: ${env:...}`},
 		{"no service", `{"dockerComposeFile": "compose.yaml"}`, at + `service: names no Compose service`},
 		{"not an object", `["service"]`, at + `json: cannot unmarshal array`},
 		{"data after", `{"service": "app"} {}`, at + `data after the config`},

@@ -92,6 +92,21 @@ func (e *Engine) ImageID(ctx context.Context, ref string) (string, error) {
 	return img.ID, nil
 }
 
+// ImageEnv is the environment the image ref names on the engine sets
+// (its Config.Env, in order; empty, never nil, when it sets none). It
+// never pulls.
+func (e *Engine) ImageEnv(ctx context.Context, ref string) ([]string, error) {
+	img, err := e.c.ImageInspect(ctx, ref)
+	if err != nil {
+		return nil, fmt.Errorf("docker engine: inspect image: %w", err)
+	}
+	env := []string{}
+	if img.Config != nil {
+		env = append(env, img.Config.Env...)
+	}
+	return env, nil
+}
+
 // Inspect returns the engine's view of container id.
 func (e *Engine) Inspect(ctx context.Context, id string) (container.InspectResponse, error) {
 	c, err := e.c.ContainerInspect(ctx, id)

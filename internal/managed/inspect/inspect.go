@@ -75,6 +75,14 @@ type Expect struct {
 	// ForbiddenEnv are exact variable names (the signed secret names) that
 	// must not be in the container's environment.
 	ForbiddenEnv []string
+	// ExactEnv, when set, requires the container's environment to be Env
+	// exactly (the primary's: its bound image's own). The Dev Containers
+	// CLI starts a root shell in the primary (to patch /etc/environment
+	// and /etc/profile) with the container's environment, so nothing of
+	// the repository's may be in it: PATH, LD_PRELOAD or a line break
+	// would run the repository's code as root there.
+	ExactEnv bool
+	Env      []string
 }
 
 // Bind is a host path (Source) bound at a container path (Target).
@@ -151,6 +159,7 @@ func Check(c container.InspectResponse, e Expect) error {
 		func() *Refusal { return checkSystemPaths(hc) },
 		func() *Refusal { return checkMounts(c.Mounts, hc.Tmpfs, e) },
 		func() *Refusal { return checkEnv(c.Config, e.ForbiddenEnv) },
+		func() *Refusal { return checkExactEnv(c.Config, e) },
 	} {
 		if r := check(); r != nil {
 			return r
@@ -560,6 +569,29 @@ func checkEnv(cfg *container.Config, forbidden []string) *Refusal {
 		}
 		if slices.Contains(forbidden, name) {
 			return refuse(RuleEnvironment, "the signed secret name %s is set as a variable", name)
+		}
+	}
+	return nil
+}
+
+// checkExactEnv requires the container's environment to be e.Env
+// exactly, in order, when e.ExactEnv is set. Only a variable's name is
+// shown (the first that differs), never a value.
+func checkExactEnv(cfg *container.Config, e Expect) *Refusal {
+	if !e.ExactEnv {
+		return nil
+	}
+	if cfg == nil {
+		return refuse(RuleEnvironment, "the inspection has no container configuration to verify")
+	}
+	for i := 0; i < len(cfg.Env) || i < len(e.Env); i++ {
+		switch {
+		case i >= len(cfg.Env):
+			name, _, _ := strings.Cut(e.Env[i], "=")
+			return refuse(RuleEnvironment, "the image's variable %s is missing", quoteShort(name))
+		case i >= len(e.Env) || cfg.Env[i] != e.Env[i]:
+			name, _, _ := strings.Cut(cfg.Env[i], "=")
+			return refuse(RuleEnvironment, "the variable %s is not the image's own (the primary's environment is its image's)", quoteShort(name))
 		}
 	}
 	return nil

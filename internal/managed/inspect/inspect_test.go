@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -186,6 +187,20 @@ func addMount(m container.MountPoint) func(*testing.T, *container.InspectRespons
 func addEnv(kv string) func(*testing.T, *container.InspectResponse, *inspect.Expect) {
 	return func(_ *testing.T, c *container.InspectResponse, _ *inspect.Expect) {
 		c.Config.Env = append(c.Config.Env, kv)
+	}
+}
+
+// exactEnv expects the fixture's environment (with two variables of its
+// image's) exactly, then adds extra to the container's and applies edit
+// to it.
+func exactEnv(extra []string, edit func([]string)) func(*testing.T, *container.InspectResponse, *inspect.Expect) {
+	return func(_ *testing.T, c *container.InspectResponse, e *inspect.Expect) {
+		c.Config.Env = append(c.Config.Env, "PATH=/usr/local/bin:/usr/bin:/bin", "LANG=C.UTF-8")
+		e.ExactEnv, e.Env = true, slices.Clone(c.Config.Env)
+		c.Config.Env = append(c.Config.Env, extra...)
+		if edit != nil {
+			edit(c.Config.Env[len(c.Config.Env)-2-len(extra):])
+		}
 	}
 }
 
@@ -394,6 +409,25 @@ func rows() []row {
 		{"forbidden secret name, no =", addEnv("NPM_TOKEN"), inspect.RuleEnvironment},
 		{"secret name other case ok", addEnv("github_token=not-the-secret"), ""},
 		{"secret name as prefix ok", addEnv("GITHUB_TOKEN_PATH=/run/branchbox/leases/token"), ""},
+
+		// The primary's environment is its image's exactly: the Dev
+		// Containers CLI runs a root shell with it.
+		{"exact env: the image's", exactEnv(nil, nil), ""},
+		{"exact env: a loader variable added", exactEnv([]string{"LD_PRELOAD=/workspaces/x/own.so"}, nil), inspect.RuleEnvironment},
+		{"exact env: PATH into the workspace", exactEnv(nil, func(env []string) { env[0] = "PATH=/workspaces/x/bin:/usr/bin:/bin" }), inspect.RuleEnvironment},
+		{"exact env: a line break in a value", exactEnv(nil, func(env []string) { env[1] = "LANG=C\netcEnvironmentEOF\nid" }), inspect.RuleEnvironment},
+		{"exact env: an image variable missing", func(_ *testing.T, c *container.InspectResponse, e *inspect.Expect) {
+			e.ExactEnv, e.Env = true, slices.Clone(c.Config.Env)
+			c.Config.Env = c.Config.Env[:1]
+		}, inspect.RuleEnvironment},
+		{"exact env: none at all", func(_ *testing.T, c *container.InspectResponse, e *inspect.Expect) {
+			e.ExactEnv, e.Env = true, slices.Clone(c.Config.Env)
+			c.Config.Env = nil
+		}, inspect.RuleEnvironment},
+		{"exact env: reordered", func(_ *testing.T, c *container.InspectResponse, e *inspect.Expect) {
+			e.ExactEnv, e.Env = true, slices.Clone(c.Config.Env)
+			slices.Reverse(c.Config.Env)
+		}, inspect.RuleEnvironment},
 	}
 
 	for _, name := range []string{"ALL", "SYS_ADMIN", "SYS_MODULE", "SYS_RAWIO", "DAC_READ_SEARCH", "SYS_PTRACE", "MKNOD", "NET_RAW", "NET_ADMIN", "SYSLOG", "BPF", "FSETID"} {

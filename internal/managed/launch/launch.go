@@ -299,6 +299,13 @@ func (l *launcher) run(ctx context.Context) (*Summary, error) {
 	if err := l.checkImages(ctx); err != nil {
 		return nil, err
 	}
+	// The primary's environment must be its image's exactly: the Dev
+	// Containers CLI runs a root shell in it with that environment.
+	env, err := l.eng.ImageEnv(ctx, a.ServiceImages[want.primaryService])
+	if err != nil {
+		return nil, fail(CodeEngine, "inspect the primary's image: %v", err)
+	}
+	want.primary.ExactEnv, want.primary.Env = true, env
 	if err := l.recordGitBaseline(); err != nil {
 		return nil, err
 	}
