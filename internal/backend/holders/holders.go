@@ -98,13 +98,15 @@ func inNamespace(pid int, ns unix.Stat_t) bool {
 	return unix.Stat("/proc/"+strconv.Itoa(pid)+"/ns/mnt", &st) == nil && st.Dev == ns.Dev && st.Ino == ns.Ino
 }
 
-// holds reports whether process pid has its working directory, root, an
-// open file or a mapping on the mount mntID. Each thread is looked at: a
+// holds reports whether process pid has its executable, working
+// directory, root, an open file or a mapping on the mount mntID. Each thread is looked at: a
 // thread may have a working directory and a descriptor table of its own
 // (unshare CLONE_FS, CLONE_FILES).
 func holds(pid int, mntID uint64) bool {
 	proc := "/proc/" + strconv.Itoa(pid)
-	if mapsOn(proc, mntID) {
+	// The executable first: a program run from the mount may unmap every
+	// mapping of its file and keep the mount through it alone.
+	if on(proc+"/exe", mntID) || mapsOn(proc, mntID) {
 		return true
 	}
 	tids, err := readNames(proc + "/task")
