@@ -26,6 +26,13 @@ const maxRounds = 64
 // exitWait paces the wait for a killed process to be gone.
 const exitWait = 20 * time.Millisecond
 
+// maxFDs bounds the descriptors looked at in one process, over its
+// distinct descriptor tables: each is a file of /proc to read (some 50 us
+// here), and a process may hold a million per table (fs.nr_open) at 8
+// bytes each. A process past the bound counts as a holder (fail closed)
+// without being looked at to the end.
+const maxFDs = 1 << 14
+
 // MountID is the mount id (statx STATX_MNT_ID, mountinfo's first field) of
 // the mount fd is on.
 func MountID(fd int) (uint64, error) {
@@ -47,7 +54,7 @@ func Kill(ctx context.Context, nsPID int, mntID uint64) error {
 		return fmt.Errorf("the sandbox's mount namespace: %w", err)
 	}
 	for range maxRounds {
-		killed, err := killRound(ns, mntID)
+		killed, err := killRound(ctx, ns, mntID)
 		if err != nil || len(killed) == 0 {
 			return err
 		}
@@ -63,13 +70,19 @@ func Kill(ctx context.Context, nsPID int, mntID uint64) error {
 }
 
 // killRound signals every holder once and returns their pidfds.
-func killRound(ns unix.Stat_t, mntID uint64) ([]int, error) {
+func killRound(ctx context.Context, ns unix.Stat_t, mntID uint64) ([]int, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
 	}
 	var killed []int
 	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			for _, fd := range killed {
+				unix.Close(fd)
+			}
+			return nil, fmt.Errorf("look for the processes holding a detached mount: %w", err)
+		}
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 {
 			continue
@@ -99,9 +112,11 @@ func inNamespace(pid int, ns unix.Stat_t) bool {
 }
 
 // holds reports whether process pid has its executable, working
-// directory, root, an open file or a mapping on the mount mntID. Each thread is looked at: a
-// thread may have a working directory and a descriptor table of its own
-// (unshare CLONE_FS, CLONE_FILES).
+// directory, root, an open file or a mapping on the mount mntID, or more
+// descriptors than maxFDs. Each thread is looked at: a thread may have a
+// working directory and a descriptor table of its own (unshare CLONE_FS,
+// CLONE_FILES); a table the thread shares with its leader is looked at
+// once, with the leader's.
 func holds(pid int, mntID uint64) bool {
 	proc := "/proc/" + strconv.Itoa(pid)
 	// The executable first: a program run from the mount may unmap every
@@ -113,19 +128,57 @@ func holds(pid int, mntID uint64) bool {
 	if err != nil {
 		return false // gone
 	}
+	budget := maxFDs
 	for _, tid := range tids {
 		task := proc + "/task/" + tid
 		if on(task+"/cwd", mntID) || on(task+"/root", mntID) {
 			return true
 		}
-		fds, _ := readNames(task + "/fdinfo")
-		for _, n := range fds {
+		if tid != strconv.Itoa(pid) && sameFiles(pid, tid) {
+			continue
+		}
+		if fdsOn(task, mntID, &budget) {
+			return true
+		}
+	}
+	return false
+}
+
+// fdsOn reports whether a descriptor of task is on mntID, or its
+// descriptors are more than budget (what is left of maxFDs) holds.
+func fdsOn(task string, mntID uint64, budget *int) bool {
+	f, err := os.Open(task + "/fdinfo")
+	if err != nil {
+		return false // gone
+	}
+	defer f.Close()
+	for {
+		names, err := f.Readdirnames(1024)
+		for _, n := range names {
+			if *budget--; *budget < 0 {
+				return true
+			}
 			if fdMountID(task+"/fdinfo/"+n) == mntID {
 				return true
 			}
 		}
+		if err != nil {
+			return false
+		}
 	}
-	return false
+}
+
+// sameFiles reports whether thread tid of process pid shares its
+// leader's descriptor table (kcmp KCMP_FILES); false when that cannot be
+// told, and the thread's table is looked at.
+func sameFiles(pid int, tid string) bool {
+	t, err := strconv.Atoi(tid)
+	if err != nil {
+		return false
+	}
+	const kcmpFiles = 2
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pid), uintptr(t), kcmpFiles, 0, 0, 0)
+	return errno == 0 && r == 0
 }
 
 // on reports whether the file the magic link p names is on mount mntID.

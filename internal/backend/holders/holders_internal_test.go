@@ -2,6 +2,7 @@ package holders
 
 import (
 	"bufio"
+	"context"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -246,5 +247,48 @@ func TestKillExe(t *testing.T) {
 	kill(t, p, id)
 	if !killed(t, p) {
 		t.Fatal("a process whose executable is on the detached mount lives on, and the mount with it")
+	}
+}
+
+// TestKillFDsLimit: a process's descriptors are looked at one file of
+// /proc each, and a process may hold a million per table: one with
+// maxFDs is looked at (and holds nothing), one with more counts as a
+// holder without being looked at to the end.
+func TestKillFDsLimit(t *testing.T) {
+	for _, tc := range []struct {
+		n    int
+		kill bool
+	}{{maxFDs, false}, {maxFDs + 1, true}} {
+		t.Run(strconv.Itoa(tc.n), func(t *testing.T) {
+			p, id := child(t, "fds "+strconv.Itoa(tc.n))
+			kill(t, p, id)
+			if got := killed(t, p); got != tc.kill {
+				t.Fatalf("a process of %d descriptors, none on the mount: killed %v, want %v", tc.n, got, tc.kill)
+			}
+		})
+	}
+}
+
+// TestKillSharedTable: threads that share their process's descriptor
+// table have it looked at once, not once each (64 threads of a table of
+// maxFDs/2 would be 32 times the bound).
+func TestKillSharedTable(t *testing.T) {
+	p, id := child(t, fmt.Sprintf("threads 64 %d", maxFDs/2))
+	kill(t, p, id)
+	if killed(t, p) {
+		t.Fatal("a process whose threads share a table under the bound was killed")
+	}
+}
+
+// TestKillCanceled: the scan stops when its context does.
+func TestKillCanceled(t *testing.T) {
+	p, id := child(t, "fds 16")
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := Kill(ctx, p.cmd.Process.Pid, id); err == nil {
+		t.Fatal("Kill with a canceled context looked on to the end")
+	}
+	if killed(t, p) {
+		t.Fatal("killed")
 	}
 }
