@@ -46,12 +46,21 @@ func MountID(fd int) (uint64, error) {
 	return stx.Mnt_id, nil
 }
 
-// Kill ends every process in the mount namespace of the host process
-// nsPID that holds the mount mntID, and returns once none does.
+// Kill ends every process of the sandbox whose first process is the host
+// process nsPID that holds the mount mntID, and returns once none does.
+// The sandbox's processes are those of nsPID's pid namespace and of the
+// namespaces nested in it, whatever their mount namespace: root inside
+// may move a holder to a mount namespace of its own, where a descriptor
+// it had still holds the mount (mount ids are unique on the host).
 func Kill(ctx context.Context, nsPID int, mntID uint64) error {
 	var ns unix.Stat_t
-	if err := unix.Stat("/proc/"+strconv.Itoa(nsPID)+"/ns/mnt", &ns); err != nil {
-		return fmt.Errorf("the sandbox's mount namespace: %w", err)
+	if err := unix.Stat("/proc/"+strconv.Itoa(nsPID)+"/ns/pid", &ns); err != nil {
+		return fmt.Errorf("the sandbox's pid namespace: %w", err)
+	}
+	var own unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/pid", &own); err != nil || own.Dev == ns.Dev && own.Ino == ns.Ino {
+		// Every process of the host would count as the sandbox's.
+		return errors.New("the sandbox has no pid namespace of its own")
 	}
 	for range maxRounds {
 		killed, err := killRound(ctx, ns, mntID)
@@ -106,9 +115,38 @@ func killRound(ctx context.Context, ns unix.Stat_t, mntID uint64) ([]int, error)
 	return killed, nil
 }
 
+// nsGetParent is NS_GET_PARENT: the namespace a pid namespace is nested in.
+const nsGetParent = 0xb702
+
+// maxNesting bounds the pid namespaces above a process (the kernel's
+// MAX_PID_NS_LEVEL is 32).
+const maxNesting = 33
+
+// inNamespace reports whether process pid is in the pid namespace ns or
+// in one nested in it.
 func inNamespace(pid int, ns unix.Stat_t) bool {
-	var st unix.Stat_t
-	return unix.Stat("/proc/"+strconv.Itoa(pid)+"/ns/mnt", &st) == nil && st.Dev == ns.Dev && st.Ino == ns.Ino
+	fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/ns/pid", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	for range maxNesting {
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) != nil {
+			break
+		}
+		if st.Dev == ns.Dev && st.Ino == ns.Ino {
+			unix.Close(fd)
+			return true
+		}
+		parent, err := unix.IoctlRetInt(fd, nsGetParent)
+		unix.Close(fd)
+		if err != nil {
+			return false // the host's: not nested in ns
+		}
+		fd = parent
+	}
+	unix.Close(fd)
+	return false
 }
 
 // holds reports whether process pid has its executable, working

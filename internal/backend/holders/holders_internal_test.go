@@ -38,7 +38,15 @@ func TestMain(m *testing.M) {
 //	threads T N T more threads sharing a table of N descriptors
 //	fd          a descriptor on the mount
 //	exe         its executable (and nothing else) on the mount
+//	nested      a child in a mount namespace of its own holds a
+//	            descriptor on the mount; exit code 42 says it was killed
+//	held        that child (stdin: its parent's end of a pipe)
 func childMain(mode []string) int {
+	if mode[0] == "held" {
+		var b [1]byte
+		os.Stdin.Read(b[:]) // until the parent ends
+		return 0
+	}
 	fail := func(err error) int { fmt.Println("error:", err); return 1 }
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fail(err)
@@ -81,6 +89,33 @@ func childMain(mode []string) int {
 		if _, err := os.Open(dir); err != nil {
 			return fail(err)
 		}
+	case "nested":
+		f, err := os.Open(dir)
+		if err != nil {
+			return fail(err)
+		}
+		r, w, err := os.Pipe()
+		if err != nil {
+			return fail(err)
+		}
+		held := exec.Command("/proc/self/exe", "-test.run=^$")
+		held.Env = append(os.Environ(), childEnv+"=held")
+		held.Stdin, held.ExtraFiles = r, []*os.File{f}
+		held.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+		if err := held.Start(); err != nil {
+			return fail(err)
+		}
+		f.Close()
+		r.Close()
+		fmt.Println("ready")
+		var b [1]byte
+		os.Stdin.Read(b[:])
+		w.Close()
+		held.Wait()
+		if st, ok := held.ProcessState.Sys().(syscall.WaitStatus); ok && st.Signaled() && st.Signal() == syscall.SIGKILL {
+			return 42
+		}
+		return 0
 	case "exe":
 		// The program's "ready" says it unmapped itself.
 		p := filepath.Join(dir, "exe")
@@ -172,7 +207,7 @@ func child(t *testing.T, mode string) (proc, uint64) {
 	}
 	cmd := exec.Command("/proc/self/exe", "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+mode)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -229,6 +264,18 @@ func TestKillHolder(t *testing.T) {
 	kill(t, p, id)
 	if !killed(t, p) {
 		t.Fatal("a process with a descriptor on the detached mount lives on")
+	}
+}
+
+// TestKillNestedNamespace: a process of the sandbox in a mount namespace
+// of its own (root inside may make one) that kept a descriptor on the
+// mount holds it as much as any: it is found and ended.
+func TestKillNestedNamespace(t *testing.T) {
+	p, id := child(t, "nested")
+	kill(t, p, id)
+	p.stdin.Close()
+	if err := p.cmd.Wait(); p.cmd.ProcessState.ExitCode() != 42 {
+		t.Fatalf("a process in a mount namespace of its own holding the detached mount lives on (%v)", err)
 	}
 }
 

@@ -290,3 +290,37 @@ func TestAttackMountTableFlood(t *testing.T) {
 		t.Fatalf("DetachMount with a table past the bound: %v, want ErrMountCopied", err)
 	}
 }
+
+// TestAttackDetachNestedNamespace: root inside moves a process holding a
+// named mount (a descriptor opened before, a working directory on the
+// copy unshare makes) into a mount namespace of its own. A detach must
+// not leave it reading the host directory.
+func TestAttackDetachNestedNamespace(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "nested"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	dir := backendtest.HostDir(t)
+	hm := backend.HostMount{Name: "data", Source: dir}
+	if err := b.AttachMount(ctx, name, hm); err != nil {
+		t.Fatal(err)
+	}
+	for _, prop := range []string{"private", "unchanged"} {
+		sh(t, b, name, "root", fmt.Sprintf(`cd %s && exec 3<hello && setsid unshare -m --propagation %s sh -c 'echo $$ > /tmp/%s; exec sleep 1000' </dev/null >/dev/null 2>&1 &
+			while ! test -s /tmp/%s; do sleep 0.05; done`, hm.Path(), prop, prop, prop))
+	}
+	err := b.DetachMount(ctx, name, hm.Device())
+	t.Logf("DetachMount: %v", err)
+	for _, prop := range []string{"private", "unchanged"} {
+		r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
+			fmt.Sprintf(`p=$(cat /tmp/%s); cat /proc/$p/fd/3; cat /proc/$p/cwd/hello`, prop)}})
+		if r.Code == 0 || strings.Contains(r.Stdout, "hi") {
+			t.Errorf("after DetachMount (%v), a process in a mount namespace of its own (%s) still reads the host directory: %q", err, prop, r.Stdout)
+		}
+	}
+}
