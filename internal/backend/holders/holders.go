@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -185,7 +186,16 @@ func holds(pid int, mntID uint64) bool {
 // fdsOn reports whether a descriptor of task is on mntID, or its
 // descriptors are more than budget (what is left of maxFDs) holds.
 func fdsOn(task string, mntID uint64, budget *int) bool {
-	f, err := os.Open(task + "/fdinfo")
+	return anyFD(task+"/fdinfo", budget, func(n string) bool {
+		return fdMountID(task+"/fdinfo/"+n) == mntID
+	})
+}
+
+// anyFD reports whether is reports true for a name in the descriptor
+// directory dir, or dir holds more names than budget; each name looked at
+// is taken from budget.
+func anyFD(dir string, budget *int, is func(name string) bool) bool {
+	f, err := os.Open(dir)
 	if err != nil {
 		return false // gone
 	}
@@ -193,10 +203,7 @@ func fdsOn(task string, mntID uint64, budget *int) bool {
 	for {
 		names, err := f.Readdirnames(1024)
 		for _, n := range names {
-			if *budget--; *budget < 0 {
-				return true
-			}
-			if fdMountID(task+"/fdinfo/"+n) == mntID {
+			if *budget--; *budget < 0 || is(n) {
 				return true
 			}
 		}
@@ -281,6 +288,64 @@ func waitGone(ctx context.Context, pidfds []int) error {
 		fds = live
 		if err := ctx.Err(); err != nil && len(fds) > 0 {
 			return fmt.Errorf("wait for the processes holding a detached mount: %w", err)
+		}
+	}
+	return nil
+}
+
+// ErrOtherMountNamespace: a process of the sandbox is in a mount
+// namespace other than the sandbox's, or keeps one by a descriptor. Its
+// copies of the sandbox's mounts are its own: a private one stays when
+// the sandbox's is detached, and what it holds cannot be told from
+// outside (its mount table shows only what its processes' roots reach).
+var ErrOtherMountNamespace = errors.New("a process of the sandbox has a mount namespace of its own")
+
+// OtherMountNamespace returns ErrOtherMountNamespace when a thread of the
+// sandbox whose first process is nsPID (see Kill) is in a mount namespace
+// other than nsPID's, or has a descriptor on one, or has more descriptors
+// than maxFDs (not looked at: fail closed).
+func OtherMountNamespace(ctx context.Context, nsPID int) error {
+	var pidNS, mntNS, own unix.Stat_t
+	first := "/proc/" + strconv.Itoa(nsPID)
+	if err := errors.Join(unix.Stat(first+"/ns/pid", &pidNS), unix.Stat(first+"/ns/mnt", &mntNS), unix.Stat("/proc/self/ns/pid", &own)); err != nil {
+		return fmt.Errorf("the sandbox's namespaces: %w", err)
+	}
+	if own.Dev == pidNS.Dev && own.Ino == pidNS.Ino {
+		return errors.New("the sandbox has no pid namespace of its own")
+	}
+	mine := "mnt:[" + strconv.FormatUint(mntNS.Ino, 10) + "]"
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("look at the sandbox's mount namespaces: %w", err)
+		}
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 || !inNamespace(pid, pidNS) {
+			continue
+		}
+		proc := "/proc/" + e.Name()
+		tids, err := readNames(proc + "/task")
+		if err != nil {
+			continue // gone
+		}
+		budget := maxFDs
+		for _, tid := range tids {
+			task := proc + "/task/" + tid
+			if ns, err := os.Readlink(task + "/ns/mnt"); err == nil && ns != mine {
+				return ErrOtherMountNamespace
+			}
+			if tid != e.Name() && sameFiles(pid, tid) {
+				continue
+			}
+			if anyFD(task+"/fd", &budget, func(n string) bool {
+				l, err := os.Readlink(task + "/fd/" + n)
+				return err == nil && strings.HasPrefix(l, "mnt:[") && l != mine
+			}) {
+				return ErrOtherMountNamespace
+			}
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -337,5 +338,18 @@ func TestKillCanceled(t *testing.T) {
 	}
 	if killed(t, p) {
 		t.Fatal("killed")
+	}
+}
+
+// TestOtherMountNamespace: a process of the sandbox in a mount namespace
+// of its own is reported; a sandbox of one namespace is not.
+func TestOtherMountNamespace(t *testing.T) {
+	p, _ := child(t, "nested")
+	if err := OtherMountNamespace(t.Context(), p.cmd.Process.Pid); !errors.Is(err, ErrOtherMountNamespace) {
+		t.Fatalf("a child in a mount namespace of its own: %v", err)
+	}
+	q, _ := child(t, "fds 16")
+	if err := OtherMountNamespace(t.Context(), q.cmd.Process.Pid); err != nil {
+		t.Fatalf("one namespace: %v", err)
 	}
 }

@@ -324,3 +324,50 @@ func TestAttackDetachNestedNamespace(t *testing.T) {
 		}
 	}
 }
+
+// TestAttackDetachCopyInNestedNamespace: a process makes a mount
+// namespace of its own (root with unshare -m; the agent too, in a user
+// namespace of its own) whose copy of a named mount does not follow the
+// container's (private). The device's removal leaves that
+// copy, and the host directory, in reach: the detach must say so
+// (ErrMountCopied), as for a copy bound in the container's own table.
+func TestAttackDetachCopyInNestedNamespace(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "nestedcopy"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	hm := backend.HostMount{Name: "data", Source: backendtest.HostDir(t)}
+	p := hm.Path()
+	bg := " </dev/null >/dev/null 2>&1 & while ! test -s /tmp/v; do sleep 0.05; done"
+	for _, tc := range []struct{ name, user, attack, reach string }{
+		{"agent", "", `setsid unshare -Urm --propagation private sh -c 'cd ` + p + ` && echo $$ > /tmp/v && exec sleep 1000'` + bg,
+			`cat /proc/$(cat /tmp/v)/cwd/hello`},
+		{"root", "root", `setsid unshare -m --propagation private sh -c 'cd ` + p + ` && echo $$ > /tmp/v && exec sleep 1000'` + bg,
+			`cat /proc/$(cat /tmp/v)/cwd/hello`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := b.AttachMount(ctx, name, hm); err != nil {
+				t.Fatal(err)
+			}
+			sh(t, b, name, tc.user, tc.attack)
+			err := b.DetachMount(ctx, name, hm.Device())
+			r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c", tc.reach}})
+			t.Logf("DetachMount: %v; the copy reads %q (%d)", err, r.Stdout, r.Code)
+			if r.Code == 0 && !errors.Is(err, incus.ErrMountCopied) {
+				t.Errorf("DetachMount: %v, while a copy in a mount namespace of its own still reads the host directory", err)
+			}
+			sh(t, b, name, "root", `p=$(cat /tmp/v); kill -9 $p; while test -e /proc/$p; do sleep 0.05; done; rm -f /tmp/v`)
+		})
+	}
+	if err := b.AttachMount(ctx, name, hm); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.DetachMount(ctx, name, hm.Device()); err != nil {
+		t.Fatalf("DetachMount with no namespace of its own left: %v", err)
+	}
+}

@@ -109,6 +109,17 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 	if leftover(mounts, want, source, in.Devices) {
 		return fail(ErrMountCopied)
 	}
+	// A mount namespace of a process's own (root's, or the agent's in a
+	// user namespace of its own) keeps its copy, private or not, in a
+	// table no one here can read whole: as if bound elsewhere.
+	b.mu.Lock()
+	initPID = b.inits[name].pid
+	b.mu.Unlock()
+	if err := holders.OtherMountNamespace(ctx, initPID); errors.Is(err, holders.ErrOtherMountNamespace) {
+		return fail(fmt.Errorf("%w (%v)", ErrMountCopied, err))
+	} else if err != nil {
+		return fail(err)
+	}
 	return nil
 }
 
