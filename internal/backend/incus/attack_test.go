@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
@@ -369,5 +370,57 @@ func TestAttackDetachCopyInNestedNamespace(t *testing.T) {
 	}
 	if err := b.DetachMount(ctx, name, hm.Device()); err != nil {
 		t.Fatalf("DetachMount with no namespace of its own left: %v", err)
+	}
+}
+
+// TestAttackStateFlood: root inside gives the container's interfaces
+// addresses at will (or makes interfaces), and Incus's answer to
+// /1.0/instances/NAME/state lists every one: the backend asks it for the
+// init's pid (after each broker start, each restart of the container)
+// and read all of it, before every Exec and detach. What is read of it
+// is bounded; past the bound, what the container covers cannot be told
+// (fail closed: Exec refuses, a detach says the mount may be elsewhere).
+func TestAttackStateFlood(t *testing.T) {
+	b, project := newBackendIn(t)
+	ctx := context.Background()
+	const name = "state"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	hm := backend.HostMount{Name: "data", Source: backendtest.HostDir(t)}
+	if err := b.AttachMount(ctx, name, hm); err != nil {
+		t.Fatal(err)
+	}
+	// The image has no ip(8): netlink from perl. Each message is
+	// RTM_NEWADDR of fd00::N/128 on lo (ifindex 1).
+	sh(t, b, name, "root", `perl -e 'socket(my $s, 16, 3, 0) or die "socket: $!"; for my $i (1..30000) {
+		my $a = pack("n8", 0xfd00, 0, 0, 0, 0, 0, $i >> 16, $i & 0xffff);
+		send($s, pack("LSSLL CCCCL SS a16", 44, 20, 0x601, $i, 0, 10, 128, 0, 0, 1, 20, 2, $a), 0) or die "send: $!" }'`)
+	out, err := exec.Command("incus", "query", "/1.0/instances/"+name+"/state?project="+project).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the state is %d KiB", len(out)>>10)
+	fresh := openIn(t, project, nil) // knows no init yet: asks for the state
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	_, err = fresh.Exec(ctx, name, backend.ExecOptions{Argv: []string{"true"}})
+	took := time.Since(start)
+	runtime.ReadMemStats(&after)
+	grew := after.TotalAlloc - before.TotalAlloc
+	t.Logf("Exec: %v; it took %v, the broker allocated %d KiB", err, took, grew>>10)
+	if grew > uint64(len(out))/2 {
+		t.Fatalf("the broker allocated %d KiB for an Exec while the state is %d KiB: it reads the state unbounded", grew>>10, len(out)>>10)
+	}
+	if !errors.Is(err, incus.ErrCovered) {
+		t.Fatalf("Exec with a state past the bound: %v, want ErrCovered", err)
+	}
+	if err := fresh.DetachMount(ctx, name, hm.Device()); !errors.Is(err, incus.ErrMountCopied) {
+		t.Fatalf("DetachMount with a state past the bound: %v, want ErrMountCopied", err)
 	}
 }

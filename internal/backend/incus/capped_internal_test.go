@@ -8,13 +8,14 @@ import (
 // TestCappedBuffer: at its bound everything is kept; one byte past it,
 // the bound is kept, the overflow is noted once, and every write still
 // succeeds (a client writing on is drained, never stuck).
+// The bounds used: maxInsideOutput, maxState (lookInit).
 func TestCappedBuffer(t *testing.T) {
 	for _, tc := range []struct {
-		n    int
-		over bool
-	}{{maxInsideOutput, false}, {maxInsideOutput + 1, true}} {
+		max, n int
+		over   bool
+	}{{maxInsideOutput, maxInsideOutput, false}, {maxInsideOutput, maxInsideOutput + 1, true}, {maxState, maxState, false}, {maxState, maxState + 1, true}} {
 		overs := 0
-		c := &cappedBuffer{max: maxInsideOutput, over: func() { overs++ }}
+		c := &cappedBuffer{max: tc.max, over: func() { overs++ }}
 		data := bytes.Repeat([]byte("x"), tc.n)
 		for len(data) > 0 {
 			piece := data[:min(len(data), 4096)]
@@ -26,7 +27,7 @@ func TestCappedBuffer(t *testing.T) {
 		if tc.over {
 			c.Write([]byte("more")) // after an overflow: dropped, noted once
 		}
-		if tc.over != c.overflow || c.buf.Len() != maxInsideOutput || (tc.over && overs != 1) {
+		if tc.over != c.overflow || c.buf.Len() != tc.max || (tc.over && overs != 1) {
 			t.Fatalf("%d bytes: overflow %v, kept %d, over called %d times", tc.n, c.overflow, c.buf.Len(), overs)
 		}
 	}

@@ -73,7 +73,7 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 	var id uint64
 	var initPID int
 	mounts, err := b.initMounts(ctx, name)
-	if errors.Is(err, errMountTableTooLarge) {
+	if unreadable(err) {
 		// Where root inside bound it cannot be told: as if elsewhere.
 		return fail(fmt.Errorf("%w (%v)", ErrMountCopied, err))
 	}
@@ -99,7 +99,7 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 		}
 	}
 	mounts, err = b.initMounts(ctx, name)
-	if errors.Is(err, errMountTableTooLarge) {
+	if unreadable(err) {
 		return fail(fmt.Errorf("%w (%v)", ErrMountCopied, err))
 	}
 	if err != nil || wantErr != nil {

@@ -710,13 +710,16 @@ func (b *Backend) incusMax(ctx context.Context, stdin []byte, max int, args ...s
 	cmd.Env = incusEnv()
 	err := cmd.Run()
 	if stdout.overflow {
-		return nil, fmt.Errorf("incus: the command printed more than %d bytes", max)
+		return nil, fmt.Errorf("%w (%d bytes)", errPrintedTooMuch, max)
 	}
 	if err != nil {
 		return nil, incusError(err, stderr.buf.String())
 	}
 	return stdout.buf.Bytes(), nil
 }
+
+// errPrintedTooMuch: an incus command printed more than incusMax reads.
+var errPrintedTooMuch = errors.New("incus: the command printed more than it may")
 
 // cappedBuffer keeps the first max bytes written to it (max < 0: all)
 // and drops the rest; over, when set, runs once it overflows.
