@@ -249,7 +249,7 @@ func (c *countWriter) Write(p []byte) (int, error) { c.n += len(p); return len(p
 // everything (Exec refuses, List reports it, a named mount's detach says
 // it may be bound elsewhere). A table of 48 KiB is read as ever.
 func TestAttackMountTableFlood(t *testing.T) {
-	b := newBackend(t)
+	b, project := newBackendIn(t)
 	ctx := context.Background()
 	const name = "mounts"
 	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
@@ -289,6 +289,30 @@ func TestAttackMountTableFlood(t *testing.T) {
 	}
 	if err := b.DetachMount(ctx, name, hm.Device()); !errors.Is(err, incus.ErrMountCopied) {
 		t.Fatalf("DetachMount with a table past the bound: %v, want ErrMountCopied", err)
+	}
+	// Restore cannot help (the table stays past the bound whatever it
+	// mounts): it must not remove and add the devices again, as it did
+	// in every round.
+	mon := exec.Command("incus", "monitor", "--project", project, "--type", "lifecycle", "--format", "json")
+	var events strings.Builder
+	mon.Stdout = &events
+	if err := mon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // the monitor subscribes
+	start := time.Now()
+	err := b.Restore(ctx, name)
+	took := time.Since(start)
+	time.Sleep(time.Second) // the last events arrive
+	mon.Process.Kill()
+	mon.Wait()
+	changes := strings.Count(events.String(), `"instance-updated"`) + strings.Count(events.String(), `"instance-device`)
+	t.Logf("Restore: %v; it took %v and made %d changes to the container", err, took, changes)
+	if err == nil {
+		t.Fatal("Restore with a table past the bound reported nothing covered")
+	}
+	if changes > 0 {
+		t.Fatalf("Restore with a table past the bound changed the container %d times (removed and added its devices), to no avail", changes)
 	}
 }
 

@@ -417,6 +417,12 @@ func (b *Backend) Restore(ctx context.Context, name string) error {
 	if in.Status != "Running" {
 		return nil
 	}
+	// A table past its bound stays past it whatever is mounted: adding
+	// the devices again would only cost a change of the container in
+	// every round.
+	if _, err := b.initMounts(ctx, name); unreadable(err) {
+		return fmt.Errorf("restore in %s: %w", name, err)
+	}
 	dirs := attached(in.Devices[backend.SocketDeviceName]["source"], in.Devices[backend.ModelDeviceName]["source"])
 	covered, err := b.covered(ctx, name, dirs, true)
 	if err != nil {
