@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -25,6 +26,13 @@ const maxRounds = 64
 
 // exitWait paces the wait for a killed process to be gone.
 const exitWait = 20 * time.Millisecond
+
+// maxFDs bounds the descriptors looked at in one process, over its
+// distinct descriptor tables: each is a file of /proc to read (some 50 us
+// here), and a process may hold a million per table (fs.nr_open) at 8
+// bytes each. A process past the bound counts as a holder (fail closed)
+// without being looked at to the end.
+const maxFDs = 1 << 14
 
 // MountID is the mount id (statx STATX_MNT_ID, mountinfo's first field) of
 // the mount fd is on.
@@ -39,15 +47,24 @@ func MountID(fd int) (uint64, error) {
 	return stx.Mnt_id, nil
 }
 
-// Kill ends every process in the mount namespace of the host process
-// nsPID that holds the mount mntID, and returns once none does.
+// Kill ends every process of the sandbox whose first process is the host
+// process nsPID that holds the mount mntID, and returns once none does.
+// The sandbox's processes are those of nsPID's pid namespace and of the
+// namespaces nested in it, whatever their mount namespace: root inside
+// may move a holder to a mount namespace of its own, where a descriptor
+// it had still holds the mount (mount ids are unique on the host).
 func Kill(ctx context.Context, nsPID int, mntID uint64) error {
 	var ns unix.Stat_t
-	if err := unix.Stat("/proc/"+strconv.Itoa(nsPID)+"/ns/mnt", &ns); err != nil {
-		return fmt.Errorf("the sandbox's mount namespace: %w", err)
+	if err := unix.Stat("/proc/"+strconv.Itoa(nsPID)+"/ns/pid", &ns); err != nil {
+		return fmt.Errorf("the sandbox's pid namespace: %w", err)
+	}
+	var own unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/pid", &own); err != nil || own.Dev == ns.Dev && own.Ino == ns.Ino {
+		// Every process of the host would count as the sandbox's.
+		return errors.New("the sandbox has no pid namespace of its own")
 	}
 	for range maxRounds {
-		killed, err := killRound(ns, mntID)
+		killed, err := killRound(ctx, ns, mntID)
 		if err != nil || len(killed) == 0 {
 			return err
 		}
@@ -63,13 +80,19 @@ func Kill(ctx context.Context, nsPID int, mntID uint64) error {
 }
 
 // killRound signals every holder once and returns their pidfds.
-func killRound(ns unix.Stat_t, mntID uint64) ([]int, error) {
+func killRound(ctx context.Context, ns unix.Stat_t, mntID uint64) ([]int, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
 	}
 	var killed []int
 	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			for _, fd := range killed {
+				unix.Close(fd)
+			}
+			return nil, fmt.Errorf("look for the processes holding a detached mount: %w", err)
+		}
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 {
 			continue
@@ -93,37 +116,114 @@ func killRound(ns unix.Stat_t, mntID uint64) ([]int, error) {
 	return killed, nil
 }
 
+// nsGetParent is NS_GET_PARENT: the namespace a pid namespace is nested in.
+const nsGetParent = 0xb702
+
+// maxNesting bounds the pid namespaces above a process (the kernel's
+// MAX_PID_NS_LEVEL is 32).
+const maxNesting = 33
+
+// inNamespace reports whether process pid is in the pid namespace ns or
+// in one nested in it.
 func inNamespace(pid int, ns unix.Stat_t) bool {
-	var st unix.Stat_t
-	return unix.Stat("/proc/"+strconv.Itoa(pid)+"/ns/mnt", &st) == nil && st.Dev == ns.Dev && st.Ino == ns.Ino
+	fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/ns/pid", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	for range maxNesting {
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) != nil {
+			break
+		}
+		if st.Dev == ns.Dev && st.Ino == ns.Ino {
+			unix.Close(fd)
+			return true
+		}
+		parent, err := unix.IoctlRetInt(fd, nsGetParent)
+		unix.Close(fd)
+		if err != nil {
+			return false // the host's: not nested in ns
+		}
+		fd = parent
+	}
+	unix.Close(fd)
+	return false
 }
 
-// holds reports whether process pid has its working directory, root, an
-// open file or a mapping on the mount mntID. Each thread is looked at: a
-// thread may have a working directory and a descriptor table of its own
-// (unshare CLONE_FS, CLONE_FILES).
+// holds reports whether process pid has its executable, working
+// directory, root, an open file or a mapping on the mount mntID, or more
+// descriptors than maxFDs. Each thread is looked at: a thread may have a
+// working directory and a descriptor table of its own (unshare CLONE_FS,
+// CLONE_FILES); a table the thread shares with its leader is looked at
+// once, with the leader's.
 func holds(pid int, mntID uint64) bool {
 	proc := "/proc/" + strconv.Itoa(pid)
-	if mapsOn(proc, mntID) {
+	// The executable first: a program run from the mount may unmap every
+	// mapping of its file and keep the mount through it alone.
+	if on(proc+"/exe", mntID) || mapsOn(proc, mntID) {
 		return true
 	}
 	tids, err := readNames(proc + "/task")
 	if err != nil {
 		return false // gone
 	}
+	budget := maxFDs
 	for _, tid := range tids {
 		task := proc + "/task/" + tid
 		if on(task+"/cwd", mntID) || on(task+"/root", mntID) {
 			return true
 		}
-		fds, _ := readNames(task + "/fdinfo")
-		for _, n := range fds {
-			if fdMountID(task+"/fdinfo/"+n) == mntID {
-				return true
-			}
+		if tid != strconv.Itoa(pid) && sameFiles(pid, tid) {
+			continue
+		}
+		if fdsOn(task, mntID, &budget) {
+			return true
 		}
 	}
 	return false
+}
+
+// fdsOn reports whether a descriptor of task is on mntID, or its
+// descriptors are more than budget (what is left of maxFDs) holds.
+func fdsOn(task string, mntID uint64, budget *int) bool {
+	return anyFD(task+"/fdinfo", budget, func(n string) bool {
+		return fdMountID(task+"/fdinfo/"+n) == mntID
+	})
+}
+
+// anyFD reports whether is reports true for a name in the descriptor
+// directory dir, or dir holds more names than budget; each name looked at
+// is taken from budget.
+func anyFD(dir string, budget *int, is func(name string) bool) bool {
+	f, err := os.Open(dir)
+	if err != nil {
+		return false // gone
+	}
+	defer f.Close()
+	for {
+		names, err := f.Readdirnames(1024)
+		for _, n := range names {
+			if *budget--; *budget < 0 || is(n) {
+				return true
+			}
+		}
+		if err != nil {
+			return false
+		}
+	}
+}
+
+// sameFiles reports whether thread tid of process pid shares its
+// leader's descriptor table (kcmp KCMP_FILES); false when that cannot be
+// told, and the thread's table is looked at.
+func sameFiles(pid int, tid string) bool {
+	t, err := strconv.Atoi(tid)
+	if err != nil {
+		return false
+	}
+	const kcmpFiles = 2
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(pid), uintptr(t), kcmpFiles, 0, 0, 0)
+	return errno == 0 && r == 0
 }
 
 // on reports whether the file the magic link p names is on mount mntID.
@@ -188,6 +288,64 @@ func waitGone(ctx context.Context, pidfds []int) error {
 		fds = live
 		if err := ctx.Err(); err != nil && len(fds) > 0 {
 			return fmt.Errorf("wait for the processes holding a detached mount: %w", err)
+		}
+	}
+	return nil
+}
+
+// ErrOtherMountNamespace: a process of the sandbox is in a mount
+// namespace other than the sandbox's, or keeps one by a descriptor. Its
+// copies of the sandbox's mounts are its own: a private one stays when
+// the sandbox's is detached, and what it holds cannot be told from
+// outside (its mount table shows only what its processes' roots reach).
+var ErrOtherMountNamespace = errors.New("a process of the sandbox has a mount namespace of its own")
+
+// OtherMountNamespace returns ErrOtherMountNamespace when a thread of the
+// sandbox whose first process is nsPID (see Kill) is in a mount namespace
+// other than nsPID's, or has a descriptor on one, or has more descriptors
+// than maxFDs (not looked at: fail closed).
+func OtherMountNamespace(ctx context.Context, nsPID int) error {
+	var pidNS, mntNS, own unix.Stat_t
+	first := "/proc/" + strconv.Itoa(nsPID)
+	if err := errors.Join(unix.Stat(first+"/ns/pid", &pidNS), unix.Stat(first+"/ns/mnt", &mntNS), unix.Stat("/proc/self/ns/pid", &own)); err != nil {
+		return fmt.Errorf("the sandbox's namespaces: %w", err)
+	}
+	if own.Dev == pidNS.Dev && own.Ino == pidNS.Ino {
+		return errors.New("the sandbox has no pid namespace of its own")
+	}
+	mine := "mnt:[" + strconv.FormatUint(mntNS.Ino, 10) + "]"
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("look at the sandbox's mount namespaces: %w", err)
+		}
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 || !inNamespace(pid, pidNS) {
+			continue
+		}
+		proc := "/proc/" + e.Name()
+		tids, err := readNames(proc + "/task")
+		if err != nil {
+			continue // gone
+		}
+		budget := maxFDs
+		for _, tid := range tids {
+			task := proc + "/task/" + tid
+			if ns, err := os.Readlink(task + "/ns/mnt"); err == nil && ns != mine {
+				return ErrOtherMountNamespace
+			}
+			if tid != e.Name() && sameFiles(pid, tid) {
+				continue
+			}
+			if anyFD(task+"/fd", &budget, func(n string) bool {
+				l, err := os.Readlink(task + "/fd/" + n)
+				return err == nil && strings.HasPrefix(l, "mnt:[") && l != mine
+			}) {
+				return ErrOtherMountNamespace
+			}
 		}
 	}
 	return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os/exec"
 	"runtime"
 	"slices"
 	"strings"
@@ -248,7 +249,7 @@ func (c *countWriter) Write(p []byte) (int, error) { c.n += len(p); return len(p
 // everything (Exec refuses, List reports it, a named mount's detach says
 // it may be bound elsewhere). A table of 48 KiB is read as ever.
 func TestAttackMountTableFlood(t *testing.T) {
-	b := newBackend(t)
+	b, project := newBackendIn(t)
 	ctx := context.Background()
 	const name = "mounts"
 	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
@@ -288,5 +289,162 @@ func TestAttackMountTableFlood(t *testing.T) {
 	}
 	if err := b.DetachMount(ctx, name, hm.Device()); !errors.Is(err, incus.ErrMountCopied) {
 		t.Fatalf("DetachMount with a table past the bound: %v, want ErrMountCopied", err)
+	}
+	// Restore cannot help (the table stays past the bound whatever it
+	// mounts): it must not remove and add the devices again, as it did
+	// in every round.
+	mon := exec.Command("incus", "monitor", "--project", project, "--type", "lifecycle", "--format", "json")
+	var events strings.Builder
+	mon.Stdout = &events
+	if err := mon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // the monitor subscribes
+	start := time.Now()
+	err := b.Restore(ctx, name)
+	took := time.Since(start)
+	time.Sleep(time.Second) // the last events arrive
+	mon.Process.Kill()
+	mon.Wait()
+	changes := strings.Count(events.String(), `"instance-updated"`) + strings.Count(events.String(), `"instance-device`)
+	t.Logf("Restore: %v; it took %v and made %d changes to the container", err, took, changes)
+	if err == nil {
+		t.Fatal("Restore with a table past the bound reported nothing covered")
+	}
+	if changes > 0 {
+		t.Fatalf("Restore with a table past the bound changed the container %d times (removed and added its devices), to no avail", changes)
+	}
+}
+
+// TestAttackDetachNestedNamespace: root inside moves a process holding a
+// named mount (a descriptor opened before, a working directory on the
+// copy unshare makes) into a mount namespace of its own. A detach must
+// not leave it reading the host directory.
+func TestAttackDetachNestedNamespace(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "nested"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	dir := backendtest.HostDir(t)
+	hm := backend.HostMount{Name: "data", Source: dir}
+	if err := b.AttachMount(ctx, name, hm); err != nil {
+		t.Fatal(err)
+	}
+	for _, prop := range []string{"private", "unchanged"} {
+		sh(t, b, name, "root", fmt.Sprintf(`cd %s && exec 3<hello && setsid unshare -m --propagation %s sh -c 'echo $$ > /tmp/%s; exec sleep 1000' </dev/null >/dev/null 2>&1 &
+			while ! test -s /tmp/%s; do sleep 0.05; done`, hm.Path(), prop, prop, prop))
+	}
+	err := b.DetachMount(ctx, name, hm.Device())
+	t.Logf("DetachMount: %v", err)
+	for _, prop := range []string{"private", "unchanged"} {
+		r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
+			fmt.Sprintf(`p=$(cat /tmp/%s); cat /proc/$p/fd/3; cat /proc/$p/cwd/hello`, prop)}})
+		if r.Code == 0 || strings.Contains(r.Stdout, "hi") {
+			t.Errorf("after DetachMount (%v), a process in a mount namespace of its own (%s) still reads the host directory: %q", err, prop, r.Stdout)
+		}
+	}
+}
+
+// TestAttackDetachCopyInNestedNamespace: a process makes a mount
+// namespace of its own (root with unshare -m; the agent too, in a user
+// namespace of its own) whose copy of a named mount does not follow the
+// container's (private). The device's removal leaves that
+// copy, and the host directory, in reach: the detach must say so
+// (ErrMountCopied), as for a copy bound in the container's own table.
+func TestAttackDetachCopyInNestedNamespace(t *testing.T) {
+	b := newBackend(t)
+	ctx := context.Background()
+	const name = "nestedcopy"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	hm := backend.HostMount{Name: "data", Source: backendtest.HostDir(t)}
+	p := hm.Path()
+	bg := " </dev/null >/dev/null 2>&1 & while ! test -s /tmp/v; do sleep 0.05; done"
+	for _, tc := range []struct{ name, user, attack, reach string }{
+		{"agent", "", `setsid unshare -Urm --propagation private sh -c 'cd ` + p + ` && echo $$ > /tmp/v && exec sleep 1000'` + bg,
+			`cat /proc/$(cat /tmp/v)/cwd/hello`},
+		{"root", "root", `setsid unshare -m --propagation private sh -c 'cd ` + p + ` && echo $$ > /tmp/v && exec sleep 1000'` + bg,
+			`cat /proc/$(cat /tmp/v)/cwd/hello`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := b.AttachMount(ctx, name, hm); err != nil {
+				t.Fatal(err)
+			}
+			sh(t, b, name, tc.user, tc.attack)
+			err := b.DetachMount(ctx, name, hm.Device())
+			r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c", tc.reach}})
+			t.Logf("DetachMount: %v; the copy reads %q (%d)", err, r.Stdout, r.Code)
+			if r.Code == 0 && !errors.Is(err, incus.ErrMountCopied) {
+				t.Errorf("DetachMount: %v, while a copy in a mount namespace of its own still reads the host directory", err)
+			}
+			sh(t, b, name, "root", `p=$(cat /tmp/v); kill -9 $p; while test -e /proc/$p; do sleep 0.05; done; rm -f /tmp/v`)
+		})
+	}
+	if err := b.AttachMount(ctx, name, hm); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.DetachMount(ctx, name, hm.Device()); err != nil {
+		t.Fatalf("DetachMount with no namespace of its own left: %v", err)
+	}
+}
+
+// TestAttackStateFlood: root inside gives the container's interfaces
+// addresses at will (or makes interfaces), and Incus's answer to
+// /1.0/instances/NAME/state lists every one: the backend asks it for the
+// init's pid (after each broker start, each restart of the container)
+// and read all of it, before every Exec and detach. What is read of it
+// is bounded; past the bound, what the container covers cannot be told
+// (fail closed: Exec refuses, a detach says the mount may be elsewhere).
+func TestAttackStateFlood(t *testing.T) {
+	b, project := newBackendIn(t)
+	ctx := context.Background()
+	const name = "state"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	hm := backend.HostMount{Name: "data", Source: backendtest.HostDir(t)}
+	if err := b.AttachMount(ctx, name, hm); err != nil {
+		t.Fatal(err)
+	}
+	// The image has no ip(8): netlink from perl. Each message is
+	// RTM_NEWADDR of fd00::N/128 on lo (ifindex 1).
+	sh(t, b, name, "root", `perl -e 'socket(my $s, 16, 3, 0) or die "socket: $!"; for my $i (1..30000) {
+		my $a = pack("n8", 0xfd00, 0, 0, 0, 0, 0, $i >> 16, $i & 0xffff);
+		send($s, pack("LSSLL CCCCL SS a16", 44, 20, 0x601, $i, 0, 10, 128, 0, 0, 1, 20, 2, $a), 0) or die "send: $!" }'`)
+	out, err := exec.Command("incus", "query", "/1.0/instances/"+name+"/state?project="+project).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the state is %d KiB", len(out)>>10)
+	fresh := openIn(t, project, nil) // knows no init yet: asks for the state
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	start := time.Now()
+	_, err = fresh.Exec(ctx, name, backend.ExecOptions{Argv: []string{"true"}})
+	took := time.Since(start)
+	runtime.ReadMemStats(&after)
+	grew := after.TotalAlloc - before.TotalAlloc
+	t.Logf("Exec: %v; it took %v, the broker allocated %d KiB", err, took, grew>>10)
+	if grew > uint64(len(out))/2 {
+		t.Fatalf("the broker allocated %d KiB for an Exec while the state is %d KiB: it reads the state unbounded", grew>>10, len(out)>>10)
+	}
+	if !errors.Is(err, incus.ErrCovered) {
+		t.Fatalf("Exec with a state past the bound: %v, want ErrCovered", err)
+	}
+	if err := fresh.DetachMount(ctx, name, hm.Device()); !errors.Is(err, incus.ErrMountCopied) {
+		t.Fatalf("DetachMount with a state past the bound: %v, want ErrMountCopied", err)
 	}
 }

@@ -73,7 +73,7 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 	var id uint64
 	var initPID int
 	mounts, err := b.initMounts(ctx, name)
-	if errors.Is(err, errMountTableTooLarge) {
+	if unreadable(err) {
 		// Where root inside bound it cannot be told: as if elsewhere.
 		return fail(fmt.Errorf("%w (%v)", ErrMountCopied, err))
 	}
@@ -99,7 +99,7 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 		}
 	}
 	mounts, err = b.initMounts(ctx, name)
-	if errors.Is(err, errMountTableTooLarge) {
+	if unreadable(err) {
 		return fail(fmt.Errorf("%w (%v)", ErrMountCopied, err))
 	}
 	if err != nil || wantErr != nil {
@@ -108,6 +108,17 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 	delete(in.Devices, device)
 	if leftover(mounts, want, source, in.Devices) {
 		return fail(ErrMountCopied)
+	}
+	// A mount namespace of a process's own (root's, or the agent's in a
+	// user namespace of its own) keeps its copy, private or not, in a
+	// table no one here can read whole: as if bound elsewhere.
+	b.mu.Lock()
+	initPID = b.inits[name].pid
+	b.mu.Unlock()
+	if err := holders.OtherMountNamespace(ctx, initPID); errors.Is(err, holders.ErrOtherMountNamespace) {
+		return fail(fmt.Errorf("%w (%v)", ErrMountCopied, err))
+	} else if err != nil {
+		return fail(err)
 	}
 	return nil
 }

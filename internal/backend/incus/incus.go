@@ -710,13 +710,16 @@ func (b *Backend) incusMax(ctx context.Context, stdin []byte, max int, args ...s
 	cmd.Env = incusEnv()
 	err := cmd.Run()
 	if stdout.Truncated() {
-		return nil, fmt.Errorf("incus: the command printed more than %d bytes", max)
+		return nil, fmt.Errorf("%w (%d bytes)", errPrintedTooMuch, max)
 	}
 	if err != nil {
 		return nil, incusError(err, stderr.String())
 	}
 	return stdout.Bytes(), nil
 }
+
+// errPrintedTooMuch: an incus command printed more than incusMax reads.
+var errPrintedTooMuch = errors.New("incus: the command printed more than it may")
 
 // projectPath is an API path in the backend's project.
 func (b *Backend) projectPath(path string) string {

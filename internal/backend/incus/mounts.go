@@ -3,6 +3,7 @@ package incus
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -189,7 +190,7 @@ func attached(socket, model string) []socketDir {
 // one, and each of dirs.
 func (b *Backend) covered(ctx context.Context, name string, dirs []socketDir, client bool) ([]string, error) {
 	mounts, err := b.initMounts(ctx, name)
-	if errors.Is(err, errMountTableTooLarge) {
+	if unreadable(err) {
 		mounts = nil // nothing is seen placed: all of it counts as covered
 	} else if err != nil {
 		return nil, err
@@ -284,7 +285,9 @@ func (b *Backend) initMounts(ctx context.Context, name string) ([]mountEntry, er
 		b.mu.Unlock()
 		if !ok || attempt > 0 {
 			var err error
-			if p, err = b.lookInit(ctx, name); err != nil {
+			if p, err = b.lookInit(ctx, name); unreadable(err) {
+				return nil, fmt.Errorf("read the mount table of %s: %w", name, err)
+			} else if err != nil {
 				return nil, err
 			}
 		}
@@ -329,6 +332,24 @@ func readMountinfo(pid int) ([]byte, error) {
 	return data, nil
 }
 
+// maxState bounds what is read of Incus's answer for a container's state
+// (lookInit), which lists every network interface and address inside:
+// root inside makes those at will (30,000 addresses on lo made 3.3 MiB,
+// and 8 MiB of the broker's memory, at each look). A container has a
+// few KiB; this holds some 2,000 addresses.
+const maxState = 256 << 10
+
+// errStateTooLarge: a container's state is past maxState. Its init
+// cannot be told, nor what covers what: it counts as covering
+// everything (fail closed), like errMountTableTooLarge.
+var errStateTooLarge = fmt.Errorf("Incus's state of the container is more than %d KiB (network addresses made by root inside?): what it covers is not looked at", maxState>>10)
+
+// unreadable reports whether err says what a container covers cannot be
+// told (a mount table or state past its bound).
+func unreadable(err error) bool {
+	return errors.Is(err, errMountTableTooLarge) || errors.Is(err, errStateTooLarge)
+}
+
 // lookInit asks Incus for the running container's init.
 func (b *Backend) lookInit(ctx context.Context, name string) (initProc, error) {
 	if backend.ValidateName(name) != nil {
@@ -338,8 +359,14 @@ func (b *Backend) lookInit(ctx context.Context, name string) (initProc, error) {
 		Status string `json:"status"`
 		PID    int    `json:"pid"`
 	}
-	if err := b.query(ctx, "/1.0/instances/"+url.PathEscape(name)+"/state", &st); err != nil {
+	data, err := b.incusMax(ctx, nil, maxState, "query", b.projectPath("/1.0/instances/"+url.PathEscape(name)+"/state"))
+	if errors.Is(err, errPrintedTooMuch) {
+		return initProc{}, fmt.Errorf("the state of %s: %w", name, errStateTooLarge)
+	} else if err != nil {
 		return initProc{}, err
+	}
+	if err := json.Unmarshal(data, &st); err != nil {
+		return initProc{}, fmt.Errorf("the state of %s: %w", name, err)
 	}
 	if st.Status != "Running" || st.PID <= 0 {
 		b.forgetInit(name)
@@ -389,6 +416,12 @@ func (b *Backend) Restore(ctx context.Context, name string) error {
 	}
 	if in.Status != "Running" {
 		return nil
+	}
+	// A table past its bound stays past it whatever is mounted: adding
+	// the devices again would only cost a change of the container in
+	// every round.
+	if _, err := b.initMounts(ctx, name); unreadable(err) {
+		return fmt.Errorf("restore in %s: %w", name, err)
 	}
 	dirs := attached(in.Devices[backend.SocketDeviceName]["source"], in.Devices[backend.ModelDeviceName]["source"])
 	covered, err := b.covered(ctx, name, dirs, true)
