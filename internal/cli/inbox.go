@@ -16,6 +16,7 @@ import (
 
 	"agentbox/internal/grant"
 	"agentbox/internal/inbox"
+	"agentbox/internal/untrusted"
 	"agentbox/internal/wire"
 )
 
@@ -126,12 +127,15 @@ type item struct {
 // summaryLen bounds the first line shown by ls and wait.
 const summaryLen = 80
 
+// firstLine is s's first line, cut at summaryLen bytes, with every
+// character a terminal acts on blanked: a body or detail is another
+// sandbox's text, and a summary is only a view of it (read shows it whole).
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(s, "\n")
 	if len(s) > summaryLen {
 		s = s[:summaryLen] + "..."
 	}
-	return s
+	return untrusted.Printable(s)
 }
 
 // summary is one line per item for ls and wait.
@@ -222,7 +226,7 @@ func printItem(w io.Writer, raw json.RawMessage, asJSON bool) error {
 			return protocolExit(inbox.ErrUnreachable)
 		}
 		buf.WriteByte('\n')
-		_, err := w.Write(buf.Bytes())
+		_, err := w.Write(untrusted.EscapeJSON(buf.Bytes()))
 		return err
 	}
 	var fields map[string]any

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
@@ -13,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/local"
@@ -402,5 +405,36 @@ func TestInboxJSONKeepsWholeDetails(t *testing.T) {
 	}
 	if _, stdout, _ := run(t, "", "inbox", "status", "long-1", "--json"); !strings.Contains(stdout, wantJSON) {
 		t.Errorf("status long-1 --json: want the whole detail in:\n%s", stdout)
+	}
+}
+
+// TestInboxOutputCarriesNoTerminalControls: a child's message body is
+// its own text, read by its orchestrator in a terminal a user may be
+// attached to. The list's one-line view blanks every character a terminal
+// acts on; read --json escapes them (the same JSON, the body whole); read
+// prints the body as sent.
+func TestInboxOutputCarriesNoTerminalControls(t *testing.T) {
+	b := realBroker(t)
+	body := "a\x1b]0;t\x07 b\u009b2J c\u202ed\u200b e\n"
+	t.Setenv(inbox.SocketEnv, b.SocketPath("kid"))
+	if code, _, stderr := run(t, body, "inbox", "send", "message", "--id", "esc-1"); code != 0 {
+		t.Fatalf("send: exit %d %s", code, stderr)
+	}
+	t.Setenv(inbox.SocketEnv, b.SocketPath("orch"))
+	acts := func(r rune) bool {
+		return r < 0x20 && r != '\n' || r >= 0x7f && r < 0xa0 || unicode.Is(unicode.Cf, r) || r == utf8.RuneError
+	}
+	code, list, stderr := run(t, "", "inbox", "ls")
+	if code != 0 || !strings.Contains(list, "from kid") || strings.ContainsFunc(list, acts) {
+		t.Fatalf("ls: exit %d (%s), printed %q", code, stderr, list)
+	}
+	id := strings.Fields(list)[0]
+	code, js, stderr := run(t, "", "inbox", "read", id, "--json", "--keep")
+	var it struct{ Body string }
+	if code != 0 || strings.ContainsFunc(js, acts) || json.Unmarshal([]byte(js), &it) != nil || it.Body != body {
+		t.Fatalf("read --json: exit %d (%s), printed %q", code, stderr, js)
+	}
+	if code, plain, _ := run(t, "", "inbox", "read", id); code != 0 || !strings.HasSuffix(plain, "\n"+body+"\n") {
+		t.Fatalf("read: exit %d, printed %q, want the body as sent at its end", code, plain)
 	}
 }
