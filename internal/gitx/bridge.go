@@ -440,9 +440,7 @@ func (r Repo) fetcher(ctx context.Context, commit, ref string, opts TransferOpti
 // common that the repository has (none: no negotiation), so it learns no
 // other commit of the user's, and git runs as the repository's owner.
 func (r Repo) fetchHost(ctx context.Context, commit, ref string, common []string, stdin, stdout *os.File, stderr *untrusted.Buffer, started func()) error {
-	args := append(append([]string{}, safeConfig...),
-		"-c", "protocol.fd.allow=always", "-c", "protocol.version=0",
-		"-c", "fetch.fsckObjects=true", "-c", "fetch.unpackLimit=1")
+	config := []string{"-c", "protocol.fd.allow=always", "-c", "protocol.version=0"}
 	var tips []string
 	for _, c := range common {
 		if id, err := ResolveCommit(ctx, r.dir, c); err == nil {
@@ -450,19 +448,11 @@ func (r Repo) fetchHost(ctx context.Context, commit, ref string, common []string
 		}
 	}
 	if len(tips) == 0 {
-		args = append(args, "-c", "fetch.negotiationAlgorithm=noop")
+		config = append(config, "-c", "fetch.negotiationAlgorithm=noop")
 	}
-	args = append(args, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--no-auto-maintenance")
-	args = append(append(args, tips...), "fd::3,4", "+"+commit+":"+ref)
-	// Through sh, so that the limit holds from git's first instruction
-	// (Go sets no rlimit on a child): ulimit -d is in KiB. It fails only
-	// where a lower hard limit holds already.
-	limited := append([]string{"-c", `ulimit -d "$0" 2>/dev/null; exec git "$@"`, strconv.Itoa(MaxHostFetchMemory >> 10)}, args...)
-	cmd := exec.CommandContext(ctx, "/bin/sh", limited...)
-	cmd.Dir, cmd.Env = r.dir, gitEnv()
+	cmd := untrustedFetch(ctx, r.dir, config, append(tips, "fd::3,4", "+"+commit+":"+ref)...)
 	cmd.ExtraFiles = []*os.File{stdin, stdout}
 	cmd.Stderr = stderr
-	cmd.SysProcAttr = ownerCredential(r.dir)
 	if err := cmd.Start(); err != nil {
 		return commandError(ctx, []string{"fetch"}, nil, err)
 	}
@@ -474,6 +464,33 @@ func (r Repo) fetchHost(ctx context.Context, commit, ref string, common []string
 		return fmt.Errorf("git fetch: %s does not name the commit fetched", ref)
 	}
 	return nil
+}
+
+// untrustedFetch is host git fetching from a source whose objects are not
+// trusted, into the repository at dir: `git fetch` with args, after
+// safeConfig and config. The objects are checked as git checks an
+// untrusted remote's (fetch.fsckObjects, with the paths no checkout may
+// hold as errors) and kept as the pack they came
+// in; nothing but the refspec's ref is written (no tag, no FETCH_HEAD, no
+// submodule, no maintenance); git's heap is bounded by MaxHostFetchMemory;
+// and git runs as the repository's owner (ownerCredential).
+func untrustedFetch(ctx context.Context, dir string, config []string, args ...string) *exec.Cmd {
+	full := append(append(append([]string{}, safeConfig...), config...),
+		"-c", "fetch.fsckObjects=true", "-c", "fetch.unpackLimit=1",
+		// git only warns of a tree entry named ".", ".." or ".git" (in
+		// any case, or as NTFS and HFS+ read it) or holding a "/", and
+		// refuses to check one out: such a tree is refused here.
+		"-c", "fetch.fsck.hasDot=error", "-c", "fetch.fsck.hasDotdot=error",
+		"-c", "fetch.fsck.hasDotgit=error", "-c", "fetch.fsck.fullPathname=error",
+		"fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--no-auto-maintenance")
+	// Through sh, so that the limit holds from git's first instruction
+	// (Go sets no rlimit on a child): ulimit -d is in KiB. It fails only
+	// where a lower hard limit holds already.
+	limited := append([]string{"-c", `ulimit -d "$0" 2>/dev/null; exec git "$@"`, strconv.Itoa(MaxHostFetchMemory >> 10)}, append(full, args...)...)
+	cmd := exec.CommandContext(ctx, "/bin/sh", limited...)
+	cmd.Dir, cmd.Env = dir, gitEnv()
+	cmd.SysProcAttr = ownerCredential(dir)
+	return cmd
 }
 
 // ownerCredential makes a root process run as the owner of dir (the

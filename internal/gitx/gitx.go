@@ -248,7 +248,10 @@ const PRRefPrefix = "refs/jailbee/pr/"
 
 // FetchPR fetches refs/pull/<pr>/head from remote into repo (the user's
 // own repository) at PRRefPrefix<pr> and returns its commit. The remote
-// is the user's; the objects it sends are data to git.
+// is the user's, but a pull request's objects are its author's: they are
+// checked as an untrusted remote's and fetched under the same memory
+// bound as a sandbox's (untrustedFetch), and git runs as the repository's
+// owner, so what it writes there stays the user's.
 func FetchPR(ctx context.Context, repo, remote string, pr int) (string, error) {
 	if pr <= 0 {
 		return "", fmt.Errorf("%w: pull request %d", ErrInvalidArgument, pr)
@@ -258,8 +261,11 @@ func FetchPR(ctx context.Context, repo, remote string, pr int) (string, error) {
 	}
 	ref := fmt.Sprintf("%s%d", PRRefPrefix, pr)
 	spec := fmt.Sprintf("+refs/pull/%d/head:%s", pr, ref)
-	if _, err := run(ctx, repo, "fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--end-of-options", remote, spec); err != nil {
-		return "", err
+	cmd := untrustedFetch(ctx, repo, nil, "--end-of-options", remote, spec)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return "", commandError(ctx, []string{"fetch"}, stderr.Bytes(), err)
 	}
 	return ResolveCommit(ctx, repo, ref)
 }
