@@ -31,6 +31,7 @@ import (
 	_ "modernc.org/sqlite"
 
 	"agentbox/internal/store"
+	"agentbox/internal/testutil/serve"
 	"agentbox/internal/wire"
 )
 
@@ -65,28 +66,18 @@ func BenchmarkRawEcho(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer ln.Close()
-	go func() {
+	serve.Serve(b, ln, func(conn net.Conn) {
+		r := bufio.NewReaderSize(conn, 4096)
 		for {
-			conn, err := ln.Accept()
+			line, err := wire.ReadLine(r, wire.MaxLineBytes)
 			if err != nil {
 				return
 			}
-			go func() {
-				defer conn.Close()
-				r := bufio.NewReaderSize(conn, 4096)
-				for {
-					line, err := wire.ReadLine(r, wire.MaxLineBytes)
-					if err != nil {
-						return
-					}
-					if _, err := conn.Write(append(line, '\n')); err != nil {
-						return
-					}
-				}
-			}()
+			if _, err := conn.Write(append(line, '\n')); err != nil {
+				return
+			}
 		}
-	}()
+	})
 	conn, err := net.Dial("unix", ln.Addr().String())
 	if err != nil {
 		b.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"agentbox/internal/testutil/serve"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
@@ -143,23 +144,13 @@ func tunnelServer(t *testing.T) (port string, accepted, ended chan struct{}) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
 	accepted, ended = make(chan struct{}, 8), make(chan struct{}, 8)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- struct{}{}
-			go func() {
-				defer c.Close()
-				c.Write([]byte("held open\n"))
-				io.Copy(io.Discard, c)
-				ended <- struct{}{}
-			}()
-		}
-	}()
+	serve.Serve(t, l, func(c net.Conn) {
+		accepted <- struct{}{}
+		c.Write([]byte("held open\n"))
+		io.Copy(io.Discard, c)
+		ended <- struct{}{}
+	})
 	_, port, _ = net.SplitHostPort(l.Addr().String())
 	return port, accepted, ended
 }

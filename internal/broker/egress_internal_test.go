@@ -12,6 +12,7 @@ import (
 
 	"agentbox/internal/egress"
 	"agentbox/internal/grant"
+	"agentbox/internal/testutil/serve"
 )
 
 // tunnelThrough opens a CONNECT tunnel to addr through the proxy at sock.
@@ -39,16 +40,7 @@ func TestEgressSetCutsLostRights(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer dst.Close()
-	go func() {
-		for {
-			c, err := dst.Accept()
-			if err != nil {
-				return
-			}
-			go io.Copy(c, c)
-		}
-	}()
+	serve.Serve(t, dst, func(c net.Conn) { io.Copy(c, c) })
 	sock := filepath.Join(t.TempDir(), "egress.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {

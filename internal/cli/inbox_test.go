@@ -24,6 +24,7 @@ import (
 	"agentbox/internal/config"
 	"agentbox/internal/inbox"
 	"agentbox/internal/orchestrate"
+	"agentbox/internal/testutil/serve"
 	"agentbox/internal/testutil/testbin"
 	"agentbox/internal/testutil/wait"
 )
@@ -60,19 +61,7 @@ func serveUnix(t *testing.T, handle func(c net.Conn, r *bufio.Reader)) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				handle(c, bufio.NewReader(c))
-			}()
-		}
-	}()
+	serve.Serve(t, ln, func(c net.Conn) { handle(c, bufio.NewReader(c)) })
 	return path
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"agentbox/internal/egress"
+	"agentbox/internal/testutil/serve"
 )
 
 // downloadBytes is BenchmarkEgress's transfer.
@@ -21,24 +22,14 @@ func startSource(b *testing.B) string {
 	if err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { ln.Close() })
 	chunk := make([]byte, 256<<10)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
+	serve.Serve(b, ln, func(c net.Conn) {
+		for sent := 0; sent < downloadBytes; sent += len(chunk) {
+			if _, err := c.Write(chunk); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				for sent := 0; sent < downloadBytes; sent += len(chunk) {
-					if _, err := c.Write(chunk); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 	return ln.Addr().String()
 }
 

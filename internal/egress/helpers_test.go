@@ -16,6 +16,7 @@ import (
 
 	"agentbox/internal/egress"
 	"agentbox/internal/grant"
+	"agentbox/internal/testutil/serve"
 )
 
 // fakeResolver answers names from a table, as the host's resolver would.
@@ -143,22 +144,12 @@ func startEcho(t testing.TB, addr string) *echoServer {
 		t.Fatal(err)
 	}
 	e := &echoServer{ln: ln}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			e.mu.Lock()
-			e.accepted++
-			e.mu.Unlock()
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-			}()
-		}
-	}()
+	serve.Serve(t, ln, func(c net.Conn) {
+		e.mu.Lock()
+		e.accepted++
+		e.mu.Unlock()
+		io.Copy(c, c)
+	})
 	return e
 }
 

@@ -18,6 +18,7 @@ import (
 	"agentbox/internal/egress"
 	"agentbox/internal/grant"
 	"agentbox/internal/testutil/admittest"
+	"agentbox/internal/testutil/serve"
 )
 
 func TestConnectTunnel(t *testing.T) {
@@ -605,23 +606,13 @@ func hangUpServer(t *testing.T, answer string) (port string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil || len(r.TransferEncoding) > 0 {
-					return // a request that had no body is sent with none
-				}
-				io.WriteString(c, answer)
-			}()
+	serve.Serve(t, ln, func(c net.Conn) {
+		r, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil || len(r.TransferEncoding) > 0 {
+			return // a request that had no body is sent with none
 		}
-	}()
+		io.WriteString(c, answer)
+	})
 	return portOf(ln.Addr())
 }
 

@@ -173,11 +173,7 @@ func OpenDirNoFollow(absPath string, visit func(depth int, st *unix.Stat_t) erro
 func ReadAllLimited(f *os.File, max int64) ([]byte, error) {
 	data, err := io.ReadAll(io.LimitReader(f, max+1))
 	if err != nil {
-		var pe *os.PathError
-		if errors.As(err, &pe) {
-			return nil, pe.Err // drop the path from the message
-		}
-		return nil, err
+		return nil, WithoutPath(err)
 	}
 	if int64(len(data)) > max {
 		clear(data)

@@ -26,12 +26,12 @@ func ReadSecretFile(path string, maxBytes int64) (string, error) {
 	}
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC|syscall.O_NONBLOCK, 0)
 	if err != nil {
-		return "", bare(err)
+		return "", WithoutPath(err)
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return "", bare(err)
+		return "", WithoutPath(err)
 	}
 	st, _ := fi.Sys().(*syscall.Stat_t)
 	switch {
@@ -44,7 +44,7 @@ func ReadSecretFile(path string, maxBytes int64) (string, error) {
 	}
 	data, err := io.ReadAll(io.LimitReader(f, maxBytes+1))
 	if err != nil {
-		return "", bare(err)
+		return "", WithoutPath(err)
 	}
 	if int64(len(data)) > maxBytes {
 		return "", fmt.Errorf("over %d bytes: not a key", maxBytes)
@@ -66,13 +66,4 @@ func IsSingleToken(secret string) bool {
 		}
 	}
 	return secret != ""
-}
-
-// bare is err without the path a *PathError adds.
-func bare(err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
 }

@@ -26,6 +26,7 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/gitx"
 	"agentbox/internal/term"
+	"agentbox/internal/testutil/serve"
 	"agentbox/internal/testutil/wait"
 )
 
@@ -279,17 +280,7 @@ func KindDir(t testing.TB, kind backend.SocketKind, greeting string) string {
 	if err := os.Chmod(sock, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			c.Write([]byte(greeting))
-			c.Close()
-		}
-	}()
+	serve.Serve(t, ln, func(c net.Conn) { c.Write([]byte(greeting)) })
 	return dir
 }
 

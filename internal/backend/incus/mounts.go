@@ -195,6 +195,11 @@ func (b *Backend) covered(ctx context.Context, name string, dirs []socketDir, cl
 	} else if err != nil {
 		return nil, err
 	}
+	return b.coveredIn(mounts, dirs, client)
+}
+
+// coveredIn is covered over mounts, a mount table already read.
+func (b *Backend) coveredIn(mounts []mountEntry, dirs []socketDir, client bool) ([]string, error) {
 	var out []string
 	check := func(what, inside, host string) error {
 		want, err := b.hostID(host, false)
@@ -420,11 +425,14 @@ func (b *Backend) Restore(ctx context.Context, name string) error {
 	// A table past its bound stays past it whatever is mounted: adding
 	// the devices again would only cost a change of the container in
 	// every round.
-	if _, err := b.initMounts(ctx, name); unreadable(err) {
+	mounts, err := b.initMounts(ctx, name)
+	if unreadable(err) {
 		return fmt.Errorf("restore in %s: %w", name, err)
+	} else if err != nil {
+		return err
 	}
 	dirs := attached(in.Devices[backend.SocketDeviceName]["source"], in.Devices[backend.ModelDeviceName]["source"])
-	covered, err := b.covered(ctx, name, dirs, true)
+	covered, err := b.coveredIn(mounts, dirs, true)
 	if err != nil {
 		return err
 	}

@@ -21,6 +21,7 @@ import (
 	"agentbox/internal/backend/backendtest"
 	"agentbox/internal/backend/local"
 	"agentbox/internal/cgroup"
+	"agentbox/internal/testutil/serve"
 	"agentbox/internal/testutil/testbin"
 	"agentbox/internal/wire"
 )
@@ -313,31 +314,21 @@ const fakeItem = "hello from the fake broker"
 func serveFakeBroker(t *testing.T, ln net.Listener) <-chan string {
 	t.Helper()
 	ops := make(chan string, 64)
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func(c net.Conn) {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(hangGuard))
-				line, err := wire.ReadLine(bufio.NewReader(c), wire.MaxLineBytes)
-				if err != nil {
-					return
-				}
-				var req wire.Request
-				if json.Unmarshal(line, &req) == nil {
-					select {
-					case ops <- req.Op:
-					default:
-					}
-				}
-				io.WriteString(c, fakeReply)
-			}(c)
+	serve.Serve(t, ln, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(hangGuard))
+		line, err := wire.ReadLine(bufio.NewReader(c), wire.MaxLineBytes)
+		if err != nil {
+			return
 		}
-	}()
+		var req wire.Request
+		if json.Unmarshal(line, &req) == nil {
+			select {
+			case ops <- req.Op:
+			default:
+			}
+		}
+		io.WriteString(c, fakeReply)
+	})
 	return ops
 }
 

@@ -129,7 +129,7 @@ func (s *Spool) attempt(ctx context.Context, id string, deadline time.Time) (*Ou
 	defer ledger.Close()
 	d, _, err := openDir(s.Dir)
 	if err != nil {
-		return nil, fmt.Errorf("spool: open: %w", bare(err))
+		return nil, fmt.Errorf("spool: open: %w", secfs.OpWithoutPath(err))
 	}
 	defer d.Close()
 	if err := Verify(d, s.Layout); err != nil {
@@ -175,11 +175,11 @@ func (s *Spool) attempt(ctx context.Context, id string, deadline time.Time) (*Ou
 // it. A crashed holder's lock goes with its process.
 func (s *Spool) lock(id string, deadline time.Time) (*os.File, error) {
 	if err := secfs.EnsurePrivateDir(s.Ledger); err != nil {
-		return nil, fmt.Errorf("ledger: %w", bare(err))
+		return nil, fmt.Errorf("ledger: %w", secfs.OpWithoutPath(err))
 	}
 	f, err := os.OpenFile(filepath.Join(s.Ledger, id+".ledger"), os.O_RDWR|os.O_CREATE|os.O_APPEND|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("ledger: %w", bare(err))
+		return nil, fmt.Errorf("ledger: %w", secfs.OpWithoutPath(err))
 	}
 	for {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
@@ -214,7 +214,7 @@ type step struct {
 func (st *step) readLedger() error {
 	data, err := io.ReadAll(io.NewSectionReader(st.ledger, 0, spool.MaxLedgerBytes+1))
 	if err != nil {
-		return fmt.Errorf("ledger: read: %w", bare(err))
+		return fmt.Errorf("ledger: read: %w", secfs.OpWithoutPath(err))
 	}
 	if st.rec, err = spool.ParseLedger(data, st.ids); err != nil {
 		return fmt.Errorf("ledger: the request's records are damaged: %w", err)
@@ -238,13 +238,13 @@ func (st *step) readLedger() error {
 func (st *step) record(kind string, body []byte, crash string, also ...func() error) error {
 	if st.rec.Torn {
 		if err := st.ledger.Truncate(int64(st.rec.Valid)); err != nil {
-			return fmt.Errorf("ledger: cut a torn record: %w", bare(err))
+			return fmt.Errorf("ledger: cut a torn record: %w", secfs.OpWithoutPath(err))
 		}
 		st.rec.Torn = false
 	}
 	rec := spool.AppendLedgerRecord(nil, kind, body)
 	if _, err := st.ledger.Write(rec); err != nil {
-		return fmt.Errorf("ledger: append the %s record: %w", kind, bare(err))
+		return fmt.Errorf("ledger: append the %s record: %w", kind, secfs.OpWithoutPath(err))
 	}
 	crashpoint.Hit(crash)
 	syncs := append(also, func() error { return unix.Fdatasync(int(st.ledger.Fd())) })
@@ -253,7 +253,7 @@ func (st *step) record(kind string, body []byte, crash string, also ...func() er
 	}
 	st.rec.Valid += len(rec)
 	if err := syncAll(syncs); err != nil {
-		return fmt.Errorf("ledger: sync the %s record: %w", kind, bare(err))
+		return fmt.Errorf("ledger: sync the %s record: %w", kind, secfs.OpWithoutPath(err))
 	}
 	return nil
 }

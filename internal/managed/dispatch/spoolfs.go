@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,7 +67,7 @@ func openDir(dir string) (*os.File, unix.Stat_t, error) {
 func Init(dir string, l Layout) error {
 	d, st, err := openDir(dir)
 	if err != nil {
-		return fmt.Errorf("spool: open the volume's directory: %w", bare(err))
+		return fmt.Errorf("spool: open the volume's directory: %w", secfs.OpWithoutPath(err))
 	}
 	defer d.Close()
 	if st.Uid != 0 {
@@ -293,16 +292,6 @@ func openSubdir(fd int, name string) (*os.File, error) {
 		return nil, fmt.Errorf("spool: open %s: %w", name, err)
 	}
 	return os.NewFile(uintptr(n), name), nil
-}
-
-// bare is err without the path an *fs.PathError carries: no message
-// names a host path (the spool volume's or the ledger's directory).
-func bare(err error) error {
-	var pe *fs.PathError
-	if errors.As(err, &pe) {
-		return fmt.Errorf("%s: %w", pe.Op, pe.Err)
-	}
-	return err
 }
 
 // requestFile is a request file's name for request id.

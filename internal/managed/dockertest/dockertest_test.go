@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"agentbox/internal/testutil/serve"
 )
 
 func TestRequireAndImageIDs(t *testing.T) {
@@ -159,24 +161,14 @@ func echoServer(t *testing.T, addr string) net.Listener {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(30 * time.Second))
-				data, err := io.ReadAll(c)
-				if err != nil {
-					return
-				}
-				c.Write(bytes.ToUpper(data))
-			}()
+	serve.Serve(t, ln, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		data, err := io.ReadAll(c)
+		if err != nil {
+			return
 		}
-	}()
+		c.Write(bytes.ToUpper(data))
+	})
 	return ln
 }
 

@@ -323,18 +323,18 @@ func Write(opts Options) (*Result, error) {
 	}
 	if !existed {
 		if err := secfs.MkdirFresh(dir); err != nil {
-			return nil, fmt.Errorf("DIR %s cannot be created: %w", dir, unwrapPath(err))
+			return nil, fmt.Errorf("DIR %s cannot be created: %w", dir, secfs.WithoutPath(err))
 		}
 		created = append(created, dir)
 	}
 	if p.Provider != "" {
 		bin := path.Dir(p.Provider)
 		if err := secfs.MkdirFresh(bin); err != nil {
-			return fail(fmt.Errorf("%s cannot be created: %w", bin, unwrapPath(err)))
+			return fail(fmt.Errorf("%s cannot be created: %w", bin, secfs.WithoutPath(err)))
 		}
 		created = append(created, bin)
 		if err := secfs.WriteFileAtomic(p.Provider, []byte(ProviderScript), ProviderMode); err != nil {
-			return fail(fmt.Errorf("%s cannot be written: %w", p.Provider, unwrapPath(err)))
+			return fail(fmt.Errorf("%s cannot be written: %w", p.Provider, secfs.WithoutPath(err)))
 		}
 		created = append(created, p.Provider)
 	}
@@ -346,7 +346,7 @@ func Write(opts Options) (*Result, error) {
 		addLaunch(doc, p, rev, opts.Launch)
 	}
 	if err := secfs.MkdirFresh(p.ManagedRoot); err != nil {
-		return fail(fmt.Errorf("%s cannot be created: %w", p.ManagedRoot, unwrapPath(err)))
+		return fail(fmt.Errorf("%s cannot be created: %w", p.ManagedRoot, secfs.WithoutPath(err)))
 	}
 	created = append(created, p.ManagedRoot)
 	laid, err := runlayout.Lay(p.RunDir, doc, runlayout.Options{
@@ -354,7 +354,7 @@ func Write(opts Options) (*Result, error) {
 	})
 	created = append(created, laid...)
 	if err != nil {
-		return fail(fmt.Errorf("the run directory cannot be written: %w", unwrapPath(err)))
+		return fail(fmt.Errorf("the run directory cannot be written: %w", secfs.WithoutPath(err)))
 	}
 	checked, err := check(p.Assignment, leasecheck.Options{ManagedRoot: p.ManagedRoot, Now: opts.Now, Runtime: opts.Runtime})
 	if err != nil {
@@ -429,7 +429,7 @@ func checkDir(dir string, owner uint32) (existed bool, err error) {
 	case errors.Is(err, secfs.ErrType):
 		return false, fmt.Errorf("the parent of DIR %s is not a directory", dir)
 	case err != nil:
-		return false, fmt.Errorf("the path to DIR %s cannot be opened: %w", dir, unwrapPath(err))
+		return false, fmt.Errorf("the path to DIR %s cannot be opened: %w", dir, secfs.WithoutPath(err))
 	}
 	defer pfd.Close()
 	h, st, err := secfs.OpenChild(pfd, path.Base(dir), unix.O_PATH)
@@ -439,7 +439,7 @@ func checkDir(dir string, owner uint32) (existed bool, err error) {
 	case errors.Is(err, secfs.ErrSymlink):
 		return false, fmt.Errorf("DIR %s is a symbolic link: example never follows one", dir)
 	case err != nil:
-		return false, fmt.Errorf("DIR %s cannot be opened: %w", dir, unwrapPath(err))
+		return false, fmt.Errorf("DIR %s cannot be opened: %w", dir, secfs.WithoutPath(err))
 	}
 	defer h.Close()
 	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
@@ -460,7 +460,7 @@ func checkDir(dir string, owner uint32) (existed bool, err error) {
 		return false, fmt.Errorf("DIR %s exists and is not empty: example writes only into a new or empty directory", dir)
 	}
 	if err != nil && !errors.Is(err, io.EOF) {
-		return false, fmt.Errorf("DIR %s cannot be read: %w", dir, unwrapPath(err))
+		return false, fmt.Errorf("DIR %s cannot be read: %w", dir, secfs.WithoutPath(err))
 	}
 	return true, nil
 }
@@ -470,7 +470,7 @@ func checkDir(dir string, owner uint32) (existed bool, err error) {
 func describe(name string, p Paths, existed bool) (File, error) {
 	fi, err := os.Lstat(name)
 	if err != nil {
-		return File{}, fmt.Errorf("%s cannot be inspected: %w", name, unwrapPath(err))
+		return File{}, fmt.Errorf("%s cannot be inspected: %w", name, secfs.WithoutPath(err))
 	}
 	f := File{Path: name, Type: "file", Mode: fmt.Sprintf("%04o", fi.Mode().Perm()), Role: role(name, p, existed)}
 	if fi.IsDir() {
@@ -588,17 +588,4 @@ func ShellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// unwrapPath drops the path an *os.PathError carries (callers name it).
-func unwrapPath(err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	var le *os.LinkError
-	if errors.As(err, &le) {
-		return le.Err
-	}
-	return err
 }

@@ -68,17 +68,17 @@ func addLaunch(doc map[string]any, p Paths, revision string, l *Launchable) {
 func writeRepository(p Paths, created *[]string) (string, error) {
 	for _, dir := range []string{p.Workspace, p.Repository} {
 		if err := secfs.MkdirFresh(dir); err != nil {
-			return "", fmt.Errorf("%s cannot be created: %w", dir, unwrapPath(err))
+			return "", fmt.Errorf("%s cannot be created: %w", dir, secfs.WithoutPath(err))
 		}
 		*created = append(*created, dir)
 	}
 	for _, f := range repositoryFiles {
 		name := path.Join(p.Repository, f.name)
 		if err := os.MkdirAll(path.Dir(name), 0o755); err != nil {
-			return "", fmt.Errorf("%s cannot be created: %w", path.Dir(name), unwrapPath(err))
+			return "", fmt.Errorf("%s cannot be created: %w", path.Dir(name), secfs.WithoutPath(err))
 		}
 		if err := secfs.WriteFileAtomic(name, []byte(f.data), 0o644); err != nil {
-			return "", fmt.Errorf("%s cannot be written: %w", name, unwrapPath(err))
+			return "", fmt.Errorf("%s cannot be written: %w", name, secfs.WithoutPath(err))
 		}
 	}
 	rev, err := gitx.InitCommit(context.Background(), p.Repository, "the branchbox example repository")

@@ -26,6 +26,7 @@ import (
 
 	"agentbox/internal/managed/assignment"
 	"agentbox/internal/managed/leasecheck"
+	"agentbox/internal/secfs"
 )
 
 // SafePATH is the fixed PATH a provider starts with, and the only PATH a
@@ -153,7 +154,7 @@ func (p *Plan) Run(ctx context.Context, caller []string, stdin io.Reader, stdout
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
 	if err := cmd.Start(); err != nil {
-		return 0, errors.Join(ErrStart, startReason(err))
+		return 0, errors.Join(ErrStart, secfs.WithoutPath(err))
 	}
 	done := make(chan struct{})
 	go func() {
@@ -173,18 +174,9 @@ func (p *Plan) Run(ctx context.Context, caller []string, stdin io.Reader, stdout
 		return ee.ExitCode(), nil
 	}
 	if err != nil {
-		return 0, errors.Join(ErrStart, startReason(err))
+		return 0, errors.Join(ErrStart, secfs.WithoutPath(err))
 	}
 	return 0, nil
-}
-
-// startReason strips the path from an exec error.
-func startReason(err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
 }
 
 // resolve finds the executable: an absolute path as signed, or a bare name
