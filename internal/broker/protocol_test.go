@@ -22,6 +22,7 @@ import (
 	"agentbox/internal/broker"
 	"agentbox/internal/config"
 	"agentbox/internal/inbox"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -667,9 +668,11 @@ func TestQueuedSendDroppedWhenClientLeaves(t *testing.T) {
 	// A second send queues behind it, then its client leaves.
 	gone := e.raw("orch")
 	fmt.Fprintln(gone, `{"v":1,"op":"send","args":{"manifest":{"version":1,"id":"gone","type":"message","to":"kid","body":"2"}}}`)
-	time.Sleep(100 * time.Millisecond) // let the request reach the queue
+	wait.For(t, "the second send to be read", func() bool { return e.b.BusyConnsForTest() == 2 })
 	gone.Close()
-	time.Sleep(300 * time.Millisecond) // let the broker see the hangup
+	// The first send still holds the executor, so the second can only
+	// end by being dropped.
+	wait.For(t, "the broker to drop the second send", func() bool { return e.b.BusyConnsForTest() == 1 })
 	e.b.SetExecHookForTest(nil)
 	close(hold)
 	if r := first.reply(t); !r.OK {
