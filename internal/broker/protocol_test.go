@@ -129,7 +129,7 @@ func TestConnectionCap(t *testing.T) {
 	}
 	// Freeing one slot admits a new connection.
 	conns[0].Close()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(wait.Guard)
 	for {
 		c := e.raw("orch")
 		fmt.Fprintln(c, `{"v":1,"op":"list"}`)
@@ -410,13 +410,7 @@ func TestOneParkedNextPerSandbox(t *testing.T) {
 // waitParked waits until a sandbox's next is parked.
 func waitParked(t *testing.T, e *testEnv, name string) {
 	t.Helper()
-	for range 1000 {
-		if e.b.ParkedForTest(name) {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("next never parked")
+	wait.For(t, "the next of "+name+" to park", func() bool { return e.b.ParkedForTest(name) })
 }
 
 func TestHalfCloseEndsParkedNext(t *testing.T) {
@@ -505,7 +499,7 @@ func TestStoreQueriesPerSandboxCap(t *testing.T) {
 	go func() { bDone <- e.client("b").Call(context.Background(), "list", nil, nil) }()
 	select {
 	case <-entered:
-	case <-time.After(10 * time.Second):
+	case <-time.After(wait.Guard):
 		t.Fatal("b's query did not reach a worker while a held its two")
 	}
 	if n := inFlight.Load(); n != broker.MaxQueriesPerSandbox+1 {
