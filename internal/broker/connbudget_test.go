@@ -17,6 +17,7 @@ import (
 	"agentbox/internal/egress"
 	"agentbox/internal/inbox"
 	"agentbox/internal/modelproxy/modeltest"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -59,7 +60,7 @@ func egressAnswer(t *testing.T, sock string) (int, string) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.SetDeadline(time.Now().Add(wait.Guard))
 	// A refusal is written and the connection closed without reading the
 	// request: the write may fail, the answer is still there to read.
 	c.Write([]byte("GET http://not-granted.example/ HTTP/1.1\r\nHost: not-granted.example\r\n\r\n"))
@@ -77,7 +78,7 @@ func egressAnswer(t *testing.T, sock string) (int, string) {
 // broker accepts those held in their own time).
 func awaitTreeConns(t *testing.T, e *testEnv, tree string, n int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(wait.Guard)
 	for e.b.TreeConnsForTest(tree) != n {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s holds %d connections, want %d", tree, e.b.TreeConnsForTest(tree), n)

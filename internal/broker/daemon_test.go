@@ -54,7 +54,7 @@ func TestAcceptSurvivesDescriptorExhaustion(t *testing.T) {
 	p := startProcBroker(t, bin, state)
 	p.newSandbox(wire.NewArgs{Name: "orch", Repo: repo, Role: "orchestrator"})
 	sock := p.socket("orch")
-	if err := callWithin(sock, "list", nil, 10*time.Second); err != nil {
+	if err := callWithin(sock, "list", nil, wait.Guard); err != nil {
 		t.Fatal(err)
 	}
 

@@ -20,6 +20,9 @@ func (b *Broker) ParkedForTest(name string) bool {
 	return s != nil && s.parked.Load()
 }
 
+// BusyConnsForTest is how many connections are handling a request.
+func (b *Broker) BusyConnsForTest() int { return b.conns.busy() }
+
 // QueuedQueriesForTest is how many store queries wait for a worker.
 func (b *Broker) QueuedQueriesForTest() int {
 	return int(b.queries.admitted.Load()) - len(b.queries.workers)

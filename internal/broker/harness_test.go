@@ -547,10 +547,10 @@ func dialRaw(t testing.TB, path string) *rawConn {
 	return &rawConn{Conn: conn, r: bufio.NewReader(conn)}
 }
 
-// reply reads one reply line (failing the test after 10 s).
+// reply reads one reply line (failing the test after the hang guard).
 func (c *rawConn) reply(t testing.TB) wire.Response {
 	t.Helper()
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	c.SetReadDeadline(time.Now().Add(wait.Guard))
 	defer c.SetReadDeadline(time.Time{})
 	line, err := wire.ReadLine(c.r, wire.MaxLineBytes)
 	if err != nil {
@@ -563,9 +563,10 @@ func (c *rawConn) reply(t testing.TB) wire.Response {
 	return resp
 }
 
-// closed reports whether the broker closed the connection (EOF within 5 s).
+// closed reports whether the broker closed the connection (EOF within the
+// hang guard).
 func (c *rawConn) closed() bool {
-	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	c.SetReadDeadline(time.Now().Add(wait.Guard))
 	defer c.SetReadDeadline(time.Time{})
 	_, err := c.r.ReadByte()
 	return err == io.EOF

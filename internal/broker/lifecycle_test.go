@@ -25,7 +25,9 @@ import (
 // pidsOf are the pids of the processes whose command line has marker,
 // less those whose parent has it too: a shell's child between its fork
 // and its exec (the loop's date, mv or sleep) still shows the shell's
-// command line, and comes and goes.
+// command line, and comes and goes. Such a child may also have ended and
+// been reaped between the scan and the look at its parent: a process
+// whose parent can no longer be read is gone, and not counted.
 func pidsOf(marker string) []int {
 	ps := processesOf(-1, marker)
 	marked := map[int]bool{}
@@ -34,7 +36,7 @@ func pidsOf(marker string) []int {
 	}
 	var out []int
 	for _, p := range ps {
-		if !marked[parentPID(p.pid)] {
+		if parent := parentPID(p.pid); parent != 0 && !marked[parent] {
 			out = append(out, p.pid)
 		}
 	}

@@ -256,7 +256,7 @@ func TestModelBudgetConcurrent(t *testing.T) {
 			if r.code != http.StatusOK && (r.code != http.StatusTooManyRequests || !strings.Contains(r.body, "reserved by requests in flight")) {
 				t.Errorf("a refusal: %d %q", r.code, r.body)
 			}
-		case <-time.After(20 * time.Second):
+		case <-time.After(wait.Guard):
 			t.Fatalf("answers so far %v", counts)
 		}
 	}

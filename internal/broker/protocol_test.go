@@ -22,6 +22,7 @@ import (
 	"agentbox/internal/broker"
 	"agentbox/internal/config"
 	"agentbox/internal/inbox"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
 
@@ -128,7 +129,7 @@ func TestConnectionCap(t *testing.T) {
 	}
 	// Freeing one slot admits a new connection.
 	conns[0].Close()
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(wait.Guard)
 	for {
 		c := e.raw("orch")
 		fmt.Fprintln(c, `{"v":1,"op":"list"}`)
@@ -409,13 +410,7 @@ func TestOneParkedNextPerSandbox(t *testing.T) {
 // waitParked waits until a sandbox's next is parked.
 func waitParked(t *testing.T, e *testEnv, name string) {
 	t.Helper()
-	for range 1000 {
-		if e.b.ParkedForTest(name) {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatal("next never parked")
+	wait.For(t, "the next of "+name+" to park", func() bool { return e.b.ParkedForTest(name) })
 }
 
 func TestHalfCloseEndsParkedNext(t *testing.T) {
@@ -504,7 +499,7 @@ func TestStoreQueriesPerSandboxCap(t *testing.T) {
 	go func() { bDone <- e.client("b").Call(context.Background(), "list", nil, nil) }()
 	select {
 	case <-entered:
-	case <-time.After(10 * time.Second):
+	case <-time.After(wait.Guard):
 		t.Fatal("b's query did not reach a worker while a held its two")
 	}
 	if n := inFlight.Load(); n != broker.MaxQueriesPerSandbox+1 {
@@ -667,9 +662,11 @@ func TestQueuedSendDroppedWhenClientLeaves(t *testing.T) {
 	// A second send queues behind it, then its client leaves.
 	gone := e.raw("orch")
 	fmt.Fprintln(gone, `{"v":1,"op":"send","args":{"manifest":{"version":1,"id":"gone","type":"message","to":"kid","body":"2"}}}`)
-	time.Sleep(100 * time.Millisecond) // let the request reach the queue
+	wait.For(t, "the second send to be read", func() bool { return e.b.BusyConnsForTest() == 2 })
 	gone.Close()
-	time.Sleep(300 * time.Millisecond) // let the broker see the hangup
+	// The first send still holds the executor, so the second can only
+	// end by being dropped.
+	wait.For(t, "the broker to drop the second send", func() bool { return e.b.BusyConnsForTest() == 1 })
 	e.b.SetExecHookForTest(nil)
 	close(hold)
 	if r := first.reply(t); !r.OK {

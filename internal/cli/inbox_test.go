@@ -290,7 +290,10 @@ func TestWaitSurvivesBrokerRestart(t *testing.T) {
 		code, stdout, stderr := run(t, "", "inbox", "wait", "--timeout", "60s")
 		done <- strings.Join([]string{string(rune('0' + code)), stdout, stderr}, "|")
 	}()
-	time.Sleep(300 * time.Millisecond)
+	// The wait reads its socket from the environment (changed below) and
+	// must be connected before the broker goes: a first connection that
+	// fails exits 4.
+	wait.For(t, "the wait to connect to kid's socket", func() bool { return unixConns(t, kidSock) > 0 })
 	state := os.Getenv(cli.StateDirEnv)
 	be := b.BackendForTest()
 	b.Close()
@@ -315,6 +318,24 @@ func TestWaitSurvivesBrokerRestart(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("wait did not reconnect after the broker restarted")
 	}
+}
+
+// unixConns counts the connections to the Unix socket at path that its
+// listener (in this process's network namespace) has taken or queued: the
+// kernel lists each under the socket's path, beside the listener itself.
+func unixConns(t *testing.T, path string) int {
+	t.Helper()
+	data, err := os.ReadFile("/proc/net/unix")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := -1 // the listener
+	for line := range strings.SplitSeq(string(data), "\n") {
+		if f := strings.Fields(line); len(f) == 8 && f[7] == path {
+			n++
+		}
+	}
+	return n
 }
 
 // TestInboxOnHostSaysItRunsInASandbox: without the override, a default

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"agentbox/internal/testutil/serve"
+	"agentbox/internal/testutil/wait"
 )
 
 func TestRequireAndImageIDs(t *testing.T) {
@@ -120,7 +121,7 @@ func TestTCPProxyForwards(t *testing.T) {
 func roundTrip(t *testing.T, addr string) {
 	t.Helper()
 	const msg = "hello, proxy"
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(wait.Guard)
 	for {
 		got, err := exchange(addr, msg)
 		if err == nil && got == strings.ToUpper(msg) {
@@ -187,17 +188,17 @@ func dockerLogs(cid string) string {
 	return string(out)
 }
 
-// waitFor waits up to 20 s for get() to contain want.
+// waitFor waits up to wait.Guard for get() to contain want.
 func waitFor(t *testing.T, get func() string, want string) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(wait.Guard)
 	for {
 		s := get()
 		if strings.Contains(s, want) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("waited 20 s for %q in:\n%s", want, s)
+			t.Fatalf("waited %v for %q in:\n%s", wait.Guard, want, s)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

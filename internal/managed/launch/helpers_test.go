@@ -13,6 +13,7 @@ import (
 
 	"agentbox/internal/managed/dockertest"
 	"agentbox/internal/managed/launch"
+	"agentbox/internal/testutil/wait"
 )
 
 // execIn runs argv in feature name's container and returns its combined
@@ -43,7 +44,7 @@ func freePort(t testing.TB) uint16 {
 func dialRead(t *testing.T, port uint16) string {
 	t.Helper()
 	var last error
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+	for deadline := time.Now().Add(wait.Guard); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		c, err := net.DialTimeout("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))), 2*time.Second)
 		if err != nil {
 			last = err
