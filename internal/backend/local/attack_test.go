@@ -1091,8 +1091,18 @@ func TestAttackTTYHeldOnlyByPID1(t *testing.T) {
 		s.Close()
 		m.Close()
 	}
-	// The supervisor closes an exec's connection just after its reply, so
-	// the count settles a moment after Exec returns.
+	// It closes a relayed terminal before it replies: none is left now.
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", sup.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if target, _ := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", sup.PID, e.Name())); strings.HasPrefix(target, "/dev/pts/") || target == "/dev/ptmx" {
+			t.Errorf("the supervisor still holds a terminal after its exec ended: fd %s is %s", e.Name(), target)
+		}
+	}
+	// It closes an exec's connection just after its reply, so the count
+	// of all its descriptors settles a moment after Exec returns.
 	after := fds()
 	for deadline := time.Now().Add(wait.Guard); after > before && time.Now().Before(deadline); after = fds() {
 		time.Sleep(10 * time.Millisecond)
