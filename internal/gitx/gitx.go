@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"unicode"
 	"unicode/utf8"
+
+	"agentbox/internal/untrusted"
 )
 
 // maxStderrBytes bounds how much of git's stderr an error carries: enough
@@ -262,10 +264,10 @@ func FetchPR(ctx context.Context, repo, remote string, pr int) (string, error) {
 	ref := fmt.Sprintf("%s%d", PRRefPrefix, pr)
 	spec := fmt.Sprintf("+refs/pull/%d/head:%s", pr, ref)
 	cmd := untrustedFetch(ctx, repo, nil, "--end-of-options", remote, spec)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
+	stderr := &untrusted.Buffer{Max: maxOutputBytes} // the remote's messages, the author's ref names
+	cmd.Stderr = stderr
 	if err := cmd.Run(); err != nil {
-		return "", commandError(ctx, []string{"fetch"}, stderr.Bytes(), err)
+		return "", commandError(ctx, []string{"fetch"}, []byte(stderrText(stderr)), err)
 	}
 	return ResolveCommit(ctx, repo, ref)
 }
