@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+
+	"agentbox/internal/secfs"
 )
 
 // Group commit. broker.db runs at synchronous=NORMAL: in WAL mode a COMMIT
@@ -185,7 +187,7 @@ func (d *durability) lead() {
 	d.syncing = false
 	d.syncs++
 	if err != nil {
-		d.err = fmt.Errorf("%w: %w", ErrNotDurable, withoutPath(err))
+		d.err = fmt.Errorf("%w: %w", ErrNotDurable, secfs.WithoutPath(err))
 	} else {
 		d.durable = upto
 	}
@@ -270,13 +272,4 @@ func syncPath(path string) error {
 	}
 	defer f.Close()
 	return syncFile(f)
-}
-
-// withoutPath keeps a host path out of an error that may reach a reply.
-func withoutPath(err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
 }
