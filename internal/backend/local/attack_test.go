@@ -32,6 +32,7 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/backendtest"
 	"agentbox/internal/backend/local"
+	"agentbox/internal/backend/local/unit"
 	"agentbox/internal/term"
 	"agentbox/internal/testutil/testbin"
 	"agentbox/internal/testutil/wait"
@@ -239,23 +240,31 @@ func TestAttackForkLoop(t *testing.T) {
 	x := f.start("forker", backend.Limits{Pids: maxPids, MemoryBytes: 512 << 20, CPUWeight: 100})
 	other := f.start("bystander", testLimits)
 	pidsDir := cgroupDirs(t, x.uuid)["pids"]
+	supervisor := readMeta(t, x.dir).PID
 
 	r := sh(t, f.b, x.name, `i=0; while [ $i -lt 5000 ]; do sleep 3600 & i=$((i+1)); done; echo "all $i started"`)
 	if r.Code == 0 || strings.Contains(r.Stdout, "all") || !strings.Contains(strings.ToLower(r.Stderr), "fork") {
 		t.Fatalf("fork loop: exit %d, stdout %q, stderr %q; want it stopped by fork failures", r.Code, r.Stdout, r.Stderr)
 	}
-	// Its sleeps hold the sandbox at its limit.
-	if cur, err := strconv.Atoi(readTrim(t, filepath.Join(pidsDir, "pids.current"))); err != nil || cur > maxPids || cur < maxPids/2 {
-		// Seen once (0) in a loaded CI run, never alone: say what else
-		// the sandbox shows, for the next look.
-		t.Errorf("pids.current %d (%v), want the loop's sleeps, at most %d; %d processes in its cgroup; loop stderr %q",
-			cur, err, maxPids, len(cgroupPids(t, x.uuid)), r.Stderr)
+	// Its sleeps hold the sandbox at its limit, which counts the
+	// sandbox's own tasks: the unit's (bubblewrap, the supervisor's
+	// threads) come on top.
+	if got, want := readTrim(t, filepath.Join(pidsDir, "pids.max")), strconv.Itoa(maxPids+unit.UnitTasks); got != want {
+		t.Errorf("pids.max %s, want the limit %d and the unit's %d tasks", got, maxPids, unit.UnitTasks)
+	}
+	cur, err := strconv.Atoi(readTrim(t, filepath.Join(pidsDir, "pids.current")))
+	if err != nil || cur > maxPids+unit.UnitTasks {
+		t.Errorf("pids.current %d (%v), over pids.max", cur, err)
+	}
+	if m := readMeta(t, x.dir); m.PID != supervisor || procStatus(supervisor) == nil {
+		t.Fatalf("the supervisor did not survive the loop: %s", logExcerpt(filepath.Join(x.dir, "supervisor.log")))
+	}
+	// Every process but bubblewrap's monitor and the supervisor is a sleep.
+	if sleeps := len(cgroupPids(t, x.uuid)) - 2; sleeps < maxPids {
+		t.Errorf("%d sleeps hold the sandbox: the loop stopped before its limit %d (pids.current %d)", sleeps, maxPids, cur)
 	}
 	if hits := keyed(t, filepath.Join(pidsDir, "pids.events"), "max"); hits <= 0 {
 		t.Errorf("pids.events max %d: the limit was never hit", hits)
-	}
-	if procs := cgroupPids(t, x.uuid); len(procs) > maxPids {
-		t.Errorf("%d processes in the sandbox, over its limit %d", len(procs), maxPids)
 	}
 	if r, err := run(t, f.b, x.name, backend.ExecOptions{Argv: []string{"sh", "-c", "sleep 3600 & sleep 3600 & sleep 3600 & echo three"}}); err == nil && strings.Contains(r.Stdout, "three") {
 		t.Errorf("the full sandbox still forked three more: %+v", r)
@@ -1110,4 +1119,123 @@ func TestAttackTTYHeldOnlyByPID1(t *testing.T) {
 	if after > before {
 		t.Errorf("the supervisor holds %d descriptors after three terminal execs, %d before", after, before)
 	}
+}
+
+// TestSupervisorThreadsAtTheTaskLimit: a sandbox at its task limit cannot
+// end its own unit. The supervisor is a Go program, and Go aborts when it
+// cannot make a thread it needs (clone fails with EAGAIN at pids.max), so
+// a fork loop or a parallel build at the limit would kill pid 1, and with
+// it every process of the sandbox. Here the sandbox fills its limit, then
+// execs whose stderr is a full pipe each hold a supervisor thread in a
+// blocked write: the supervisor must make no new thread for them.
+func TestSupervisorThreadsAtTheTaskLimit(t *testing.T) {
+	f := newFixture(t)
+	const maxPids = 64
+	x := f.start("full", backend.Limits{Pids: maxPids, MemoryBytes: 512 << 20, CPUWeight: 100})
+	supervisor := readMeta(t, x.dir).PID
+	pidsDir := cgroupDirs(t, x.uuid)["pids"]
+
+	sh(t, f.b, x.name, `i=0; while [ $i -lt 5000 ]; do sleep 3600 & i=$((i+1)); done`)
+	threads := len(tasksOf(t, supervisor))
+	t.Logf("the supervisor has %d threads", threads)
+	full := readTrim(t, filepath.Join(pidsDir, "pids.current"))
+
+	// A blocking pipe with its buffer full: a write to it waits for a
+	// reader, holding the thread that makes it.
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	r, w := os.NewFile(uintptr(p[0]), "r"), os.NewFile(uintptr(p[1]), "w")
+	defer r.Close()
+	if err := unix.SetNonblock(p[1], true); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := unix.Write(p[1], make([]byte, 4096)); err != nil {
+			break
+		}
+	}
+	if err := unix.SetNonblock(p[1], false); err != nil {
+		t.Fatal(err)
+	}
+
+	const execs = 32
+	codes := make(chan int, execs)
+	for range execs {
+		go func() {
+			code, _ := f.b.Exec(t.Context(), x.name, backend.ExecOptions{Argv: []string{"no-such-command"}, Stderr: w})
+			codes <- code
+		}()
+	}
+	// Wait until the supervisor is blocked writing "command not found" to
+	// the full pipe (or is gone).
+	deadline := time.Now().Add(hangGuard)
+	for blockedInWrite(t, supervisor) == 0 {
+		if procStatus(supervisor) == nil {
+			t.Fatalf("the supervisor died with its sandbox at its task limit: %s", logExcerpt(filepath.Join(x.dir, "supervisor.log")))
+		}
+		if time.Now().After(deadline) {
+			var w []string
+			for _, id := range tasksOf(t, supervisor) {
+				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/wchan", supervisor, id))
+				w = append(w, string(b))
+			}
+			t.Fatalf("no exec reached its stderr in %v: %q", hangGuard, w)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	go io.Copy(io.Discard, r)
+	for range execs {
+		select {
+		case code := <-codes:
+			if code != 127 {
+				t.Errorf("exec of a missing command: %d, want 127", code)
+			}
+		case <-time.After(hangGuard):
+			t.Fatalf("execs still running after %v", hangGuard)
+		}
+	}
+	w.Close()
+
+	if procStatus(supervisor) == nil || readMeta(t, x.dir).PID != supervisor {
+		t.Fatalf("the supervisor died with its sandbox at its task limit: %s", logExcerpt(filepath.Join(x.dir, "supervisor.log")))
+	}
+	if got := len(tasksOf(t, supervisor)); got > threads {
+		t.Errorf("the supervisor went from %d threads to %d at the task limit", threads, got)
+	}
+	if got := readTrim(t, filepath.Join(pidsDir, "pids.current")); got != full {
+		t.Errorf("pids.current %s after the execs, %s before: the sandbox's processes did not all survive", got, full)
+	}
+}
+
+// tasksOf lists the thread ids of a host process.
+func tasksOf(t *testing.T, pid int) []string {
+	t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatalf("threads of %d: %v", pid, err)
+	}
+	var ids []string
+	for _, e := range ents {
+		ids = append(ids, e.Name())
+	}
+	return ids
+}
+
+// blockedInWrite counts a process's threads asleep in a pipe write; 0 if
+// the process is gone.
+func blockedInWrite(t *testing.T, pid int) int {
+	t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0
+	}
+	n := 0
+	for _, e := range ents {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/wchan", pid, e.Name())); err == nil && strings.HasSuffix(string(b), "pipe_write") {
+			n++
+		}
+	}
+	return n
 }

@@ -392,3 +392,16 @@ func randomHex(t *testing.T) string {
 	}
 	return fmt.Sprintf("%x", b)
 }
+
+// logExcerpt is the start and the end of a log file (a Go crash says why
+// first and ends with goroutine stacks), or why it could not be read.
+func logExcerpt(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) <= 2048 {
+		return string(b)
+	}
+	return string(b[:1024]) + "\n...\n" + string(b[len(b)-1024:])
+}

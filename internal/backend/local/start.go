@@ -120,7 +120,12 @@ func (b *Backend) stopUnit(ctx context.Context, dir string, m meta) error {
 func (b *Backend) launch(ctx context.Context, name, dir string, m meta) (int, uint64, error) {
 	spec := unit.LaunchSpec{UID: -1, GID: -1, Bwrap: b.bwrap}
 	if b.cg != nil {
-		g, err := b.cg.Create(m.UUID, cgroup.Limits{Pids: m.Limits.Pids, MemoryBytes: m.Limits.MemoryBytes, CPUWeight: m.Limits.CPUWeight})
+		// The limit counts the sandbox's own tasks: the unit's are added.
+		pids := m.Limits.Pids
+		if pids != 0 {
+			pids = min(pids+unit.UnitTasks, cgroup.MaxPids)
+		}
+		g, err := b.cg.Create(m.UUID, cgroup.Limits{Pids: pids, MemoryBytes: m.Limits.MemoryBytes, CPUWeight: m.Limits.CPUWeight})
 		if err != nil {
 			return 0, 0, fmt.Errorf("cgroups: %w", err)
 		}

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,6 +33,28 @@ const (
 	notFoundStatus  = 127
 	cannotRunStatus = 126
 )
+
+// The supervisor's threads. It lives in its sandbox's task (pids) cgroup,
+// and Go aborts when clone fails to make a thread the scheduler needs: a
+// sandbox at its task limit (a fork loop, a parallel build) would kill its
+// own pid 1, and with it every process it has. So the supervisor makes its
+// threads before the sandbox has any process and bounds what it needs:
+// supervisorProcs Ps running Go code, and at most startSlots commands
+// being started, the one place it blocks in a syscall (a path lookup, the
+// fork, a reason written to the caller's stderr, which the caller may not
+// read). Go keeps idle threads for reuse and never ends them.
+const (
+	supervisorProcs   = 2
+	startSlots        = 4
+	supervisorThreads = 10
+)
+
+// UnitTasks is how many tasks the unit itself holds in its sandbox's pids
+// cgroup: bubblewrap's monitor, and the supervisor's threads (those it
+// makes at start and those Go made before: 16 in all on the test
+// machines). The backend adds it to the sandbox's limit, so that the limit
+// is what the sandbox's own processes and threads may use.
+const UnitTasks = 1 + supervisorThreads + 8
 
 // InitMain is `jailbee _sandbox-init`: the sandbox's pid 1. It returns only
 // on a setup failure.
@@ -71,7 +94,9 @@ func InitMain() int {
 		fmt.Fprintf(os.Stderr, "sandbox-init: control listener: %v\n", err)
 		return 1
 	}
-	s := &supervisor{waiters: map[int]chan syscall.WaitStatus{}}
+	runtime.GOMAXPROCS(supervisorProcs)
+	makeThreads(supervisorThreads)
+	s := &supervisor{waiters: map[int]chan syscall.WaitStatus{}, starting: make(chan struct{}, startSlots)}
 	go s.reap()
 	go relayEgress()
 	for {
@@ -84,6 +109,25 @@ func InitMain() int {
 		}
 		go s.serve(conn.(*net.UnixConn))
 	}
+}
+
+// makeThreads has Go make n threads now, while the sandbox has no process
+// that could fill its task limit: n goroutines each hold a thread of their
+// own at once, then end, leaving the threads idle for the scheduler.
+func makeThreads(n int) {
+	var held, release sync.WaitGroup
+	held.Add(n)
+	release.Add(1)
+	for range n {
+		go func() {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			held.Done()
+			release.Wait()
+		}()
+	}
+	held.Wait()
+	release.Done()
 }
 
 // relayEgress serves the sandbox's egress relay on loopback for as long
@@ -101,8 +145,9 @@ func relayEgress() {
 
 // supervisor runs commands and reaps every process of the sandbox.
 type supervisor struct {
-	mu      sync.Mutex
-	waiters map[int]chan syscall.WaitStatus // commands of live connections, by pid
+	mu       sync.Mutex
+	waiters  map[int]chan syscall.WaitStatus // commands of live connections, by pid
+	starting chan struct{}                   // a slot per command being started
 }
 
 // reap collects every child that ended (commands, and orphans reparented
@@ -153,7 +198,9 @@ func (s *supervisor) serve(conn *net.UnixConn) {
 // exec starts one command and reports its pid and its exit status; the
 // connection closing first kills the command's process group.
 func (s *supervisor) exec(conn *net.UnixConn, req Request, files []*os.File) {
+	s.starting <- struct{}{}
 	status, ch, relay, started := s.start(req, files)
+	<-s.starting
 	closeAll(files)
 	if !started {
 		writeReply(conn, Reply{Exit: &status})
