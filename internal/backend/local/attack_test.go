@@ -1148,6 +1148,7 @@ func TestSupervisorThreadsAtTheTaskLimit(t *testing.T) {
 	}
 	r, w := os.NewFile(uintptr(p[0]), "r"), os.NewFile(uintptr(p[1]), "w")
 	defer r.Close()
+	defer w.Close()
 	if err := unix.SetNonblock(p[1], true); err != nil {
 		t.Fatal(err)
 	}
@@ -1176,12 +1177,12 @@ func TestSupervisorThreadsAtTheTaskLimit(t *testing.T) {
 			t.Fatalf("the supervisor died with its sandbox at its task limit: %s", logExcerpt(filepath.Join(x.dir, "supervisor.log")))
 		}
 		if time.Now().After(deadline) {
-			var w []string
+			var wchans []string
 			for _, id := range tasksOf(t, supervisor) {
 				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/wchan", supervisor, id))
-				w = append(w, string(b))
+				wchans = append(wchans, string(b))
 			}
-			t.Fatalf("no exec reached its stderr in %v: %q", hangGuard, w)
+			t.Fatalf("no exec reached its stderr in %v; the supervisor's threads wait in %q", hangGuard, wchans)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -1196,7 +1197,6 @@ func TestSupervisorThreadsAtTheTaskLimit(t *testing.T) {
 			t.Fatalf("execs still running after %v", hangGuard)
 		}
 	}
-	w.Close()
 
 	if procStatus(supervisor) == nil || readMeta(t, x.dir).PID != supervisor {
 		t.Fatalf("the supervisor died with its sandbox at its task limit: %s", logExcerpt(filepath.Join(x.dir, "supervisor.log")))
