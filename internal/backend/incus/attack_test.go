@@ -1,12 +1,17 @@
 package incus_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -447,4 +452,127 @@ func TestAttackStateFlood(t *testing.T) {
 	if err := fresh.DetachMount(ctx, name, hm.Device()); !errors.Is(err, incus.ErrMountCopied) {
 		t.Fatalf("DetachMount with a state past the bound: %v, want ErrMountCopied", err)
 	}
+}
+
+// TestAttackTaskLimitEgressRelay: the agent fills the container's task
+// limit, then churns connections through the egress relay, a Go program
+// in that limit. Go aborts when it cannot make a thread it needs, so the
+// relay must make none: it keeps serving (a new connection is accepted,
+// then closed, as no proxy is attached here) with the threads it made at
+// start.
+func TestAttackTaskLimitEgressRelay(t *testing.T) {
+	b, project := newBackendIn(t)
+	ctx := context.Background()
+	const name = "relay"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name, Limits: backend.Limits{Pids: 64, MemoryBytes: 512 << 20, CPUWeight: 100}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	relay := egressRelayPID(t, project, name)
+	threads := threadsOf(t, relay)
+	t.Logf("the relay has %d threads", threads)
+
+	// One bash, all builtins once the limit is reached: sh forks sleeps
+	// until a fork fails (dash then exits), then 2000 connections open
+	// and close through the relay, 50 at a time.
+	r := backendtest.Exec(t, b, name, backend.ExecOptions{Argv: []string{"bash", "-c", `
+		sh -c 'while :; do sleep 3600 & done' 2>/dev/null &
+		wait $!
+		ok=0
+		for round in {1..40}; do
+			fds=()
+			for i in {1..50}; do
+				exec {fd}<>/dev/tcp/127.0.0.1/3128 && { fds+=($fd); ok=$((ok+1)); }
+			done
+			for fd in "${fds[@]}"; do exec {fd}>&-; done
+		done
+		echo "$ok connections"`}})
+	t.Logf("inside: exit %d, %q, stderr %q", r.Code, strings.TrimSpace(r.Stdout), r.Stderr)
+	if !strings.HasSuffix(strings.TrimSpace(r.Stdout), "2000 connections") {
+		t.Errorf("the relay did not take every connection at the task limit: %q", r.Stdout)
+	}
+	if got := threadsOf(t, relay); got > threads {
+		t.Errorf("the relay went from %d threads to %d at the task limit", threads, got)
+	}
+	if hits := pidsMaxEvents(t, relay); hits <= 0 {
+		t.Errorf("pids.events max %d in the relay's cgroup: the limit was never reached", hits)
+	}
+}
+
+// pidsMaxEvents is how often a fork failed at pids.max in pid's pids
+// cgroup (cgroup v1, as on the test machines; v2's unified path else).
+func pidsMaxEvents(t *testing.T, pid int) int {
+	t.Helper()
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := ""
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		if slices.Contains(strings.Split(f[1], ","), "pids") {
+			dir = filepath.Join("/sys/fs/cgroup/pids", f[2])
+		} else if f[1] == "" && dir == "" {
+			dir = filepath.Join("/sys/fs/cgroup", f[2])
+		}
+	}
+	ev, err := os.ReadFile(filepath.Join(dir, "pids.events"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(ev), "\n") {
+		if v, ok := strings.CutPrefix(line, "max "); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
+}
+
+// egressRelayPID finds the host pid of the container's egress relay: the
+// `_egress-listen -serve` process in the pid namespace of its init.
+func egressRelayPID(t *testing.T, project, name string) int {
+	t.Helper()
+	out, err := exec.Command("incus", "query", "/1.0/instances/"+name+"/state?project="+project).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		PID int `json:"pid"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || st.PID <= 0 {
+		t.Fatalf("the container's init: %v %s", err, out)
+	}
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", st.PID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range procs {
+		cmd, _ := os.ReadFile(p + "/cmdline")
+		if !bytes.Contains(cmd, []byte(incus.EgressCommand+"\x00-serve")) {
+			continue
+		}
+		if got, _ := os.Readlink(p + "/ns/pid"); got == ns {
+			pid, _ := strconv.Atoi(filepath.Base(p))
+			return pid
+		}
+	}
+	t.Fatal("no egress relay in the container")
+	return 0
+}
+
+// threadsOf counts a host process's threads.
+func threadsOf(t *testing.T, pid int) int {
+	t.Helper()
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatalf("the relay (%d) is gone: %v", pid, err)
+	}
+	return len(ents)
 }

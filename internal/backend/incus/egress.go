@@ -13,6 +13,7 @@ import (
 
 	"agentbox/internal/backend"
 	"agentbox/internal/egress"
+	"agentbox/internal/threads"
 
 	"golang.org/x/sys/unix"
 )
@@ -27,6 +28,12 @@ const EgressCommand = "_egress-listen"
 
 // egressServeArg makes the detached copy serve the listener it inherits.
 const egressServeArg = "-serve"
+
+// The relay's Ps and the threads it makes at start (threads.Reserve).
+const (
+	relayProcs   = 2
+	relayThreads = 6
+)
 
 // startEgressRelay starts the container's egress relay (Start, each time):
 // a container has no network device, so this is its only way out.
@@ -71,6 +78,11 @@ func egressMain(args []string) int {
 		if err != nil {
 			return 1
 		}
+		// The relay lives in the container's task limit, which the
+		// agent's processes may fill: it makes its threads now, as the
+		// container starts (it blocks in no system call: its sockets are
+		// polled).
+		threads.Reserve(relayProcs, relayThreads)
 		egress.Relay(ln, sock)
 		return 1
 	}

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/signal"
 	"path"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,6 +16,7 @@ import (
 
 	"agentbox/internal/backend"
 	"agentbox/internal/egress"
+	"agentbox/internal/threads"
 )
 
 // ControlFD is the descriptor the supervisor inherits its control
@@ -38,11 +38,11 @@ const (
 // and Go aborts when clone fails to make a thread the scheduler needs: a
 // sandbox at its task limit (a fork loop, a parallel build) would kill its
 // own pid 1, and with it every process it has. So the supervisor makes its
-// threads before the sandbox has any process and bounds what it needs:
-// supervisorProcs Ps running Go code, and at most startSlots commands
-// being started, the one place it blocks in a syscall (a path lookup, the
-// fork, a reason written to the caller's stderr, which the caller may not
-// read). Go keeps idle threads for reuse and never ends them.
+// threads before the sandbox has any process (threads.Reserve) and bounds
+// what it needs: supervisorProcs Ps running Go code, and at most
+// startSlots commands being started, the one place it blocks in a syscall
+// (a path lookup, the fork, a reason written to the caller's stderr, which
+// the caller may not read).
 const (
 	supervisorProcs   = 2
 	startSlots        = 4
@@ -94,8 +94,7 @@ func InitMain() int {
 		fmt.Fprintf(os.Stderr, "sandbox-init: control listener: %v\n", err)
 		return 1
 	}
-	runtime.GOMAXPROCS(supervisorProcs)
-	makeThreads(supervisorThreads)
+	threads.Reserve(supervisorProcs, supervisorThreads)
 	s := &supervisor{waiters: map[int]chan syscall.WaitStatus{}, starting: make(chan struct{}, startSlots)}
 	go s.reap()
 	go relayEgress()
@@ -109,25 +108,6 @@ func InitMain() int {
 		}
 		go s.serve(conn.(*net.UnixConn))
 	}
-}
-
-// makeThreads has Go make n threads now, while the sandbox has no process
-// that could fill its task limit: n goroutines each hold a thread of their
-// own at once, then end, leaving the threads idle for the scheduler.
-func makeThreads(n int) {
-	var held, release sync.WaitGroup
-	held.Add(n)
-	release.Add(1)
-	for range n {
-		go func() {
-			runtime.LockOSThread()
-			defer runtime.UnlockOSThread()
-			held.Done()
-			release.Wait()
-		}()
-	}
-	held.Wait()
-	release.Done()
 }
 
 // relayEgress serves the sandbox's egress relay on loopback for as long
