@@ -7,6 +7,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"agentbox/internal/testutil/wait"
 )
 
 func threadCount(t *testing.T) int {
@@ -51,7 +53,7 @@ func TestReserve(t *testing.T) {
 		defer syscall.Close(fds[i][1])
 	}
 	// Wait until every reader is in its read, then let them go.
-	for {
+	wait.For(t, "every reader in its read", func() bool {
 		in := 0
 		ents, _ := os.ReadDir("/proc/self/task")
 		for _, e := range ents {
@@ -59,11 +61,8 @@ func TestReserve(t *testing.T) {
 				in++
 			}
 		}
-		if in == blocked {
-			break
-		}
-		runtime.Gosched()
-	}
+		return in == blocked
+	})
 	for i := range fds {
 		syscall.Write(fds[i][1], []byte{0})
 	}
