@@ -3,6 +3,7 @@ package broker_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -96,11 +97,27 @@ func (e *testEnv) limits(name string) backend.Limits {
 	if err != nil {
 		e.t.Fatalf("limits of %s: %v", name, err)
 	}
-	return backend.Limits{Pids: l.Pids, MemoryBytes: l.MemoryBytes, CPUWeight: l.CPUWeight}
+	// pids.max holds the unit's own tasks on top of the sandbox's limit.
+	return backend.Limits{Pids: l.Pids - e.unitTasks(name), MemoryBytes: l.MemoryBytes, CPUWeight: l.CPUWeight}
 }
 
-// tasks counts a sandbox's tasks: its pids cgroup's, or on Incus its
-// container's processes.
+// unitTasks counts the local unit's own tasks in its sandbox's pids
+// cgroup: bubblewrap's monitor and the supervisor's threads.
+func (e *testEnv) unitTasks(name string) int64 {
+	e.t.Helper()
+	var meta struct{ PID int }
+	if err := json.Unmarshal([]byte(readFile(e.t, filepath.Join(e.state, "sandboxes", name, "meta.json"))), &meta); err != nil || meta.PID <= 0 {
+		e.t.Fatalf("the supervisor of %s: %v %+v", name, err, meta)
+	}
+	threads, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", meta.PID))
+	if err != nil {
+		e.t.Fatalf("the supervisor of %s: %v", name, err)
+	}
+	return 1 + int64(len(threads))
+}
+
+// tasks counts a sandbox's tasks: its pids cgroup's less its unit's, or
+// on Incus its container's processes.
 func (e *testEnv) tasks(name string) int {
 	e.t.Helper()
 	if e.incusProject != "" {
@@ -128,7 +145,7 @@ func (e *testEnv) tasks(name string) int {
 	if err != nil {
 		e.t.Fatalf("pids.current of %s: %q", name, cur)
 	}
-	return n
+	return n - int(e.unitTasks(name))
 }
 
 // TestUnitEndedIsRecordedStopped: a child whose supervisor is killed (as

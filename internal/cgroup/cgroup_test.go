@@ -584,6 +584,30 @@ func TestJoinAndPids(t *testing.T) {
 	if err := g.Join(-1); err == nil {
 		t.Error("Join(-1) accepted")
 	}
+	if n, err := g.Tasks(); err != nil || n != 2 {
+		t.Errorf("Tasks() = %d, %v; want the 2 sleeps", n, err)
+	}
+}
+
+// TestSetPids: the task limit alone changes, down to the tasks the group
+// holds (which stay), and bad values are refused.
+func TestSetPids(t *testing.T) {
+	h := realHierarchy(t)
+	g := create(t, h, Limits{Pids: 64, MemoryBytes: 64 << 20})
+	for _, n := range []int64{MinPids, MaxPids, 0, 100} {
+		if err := g.SetPids(n); err != nil {
+			t.Fatalf("SetPids(%d): %v", n, err)
+		}
+		l, err := g.Limits()
+		if err != nil || l.Pids != n || l.MemoryBytes != 64<<20 {
+			t.Fatalf("after SetPids(%d): %+v, %v", n, l, err)
+		}
+	}
+	for _, n := range []int64{-1, MinPids - 1, MaxPids + 1} {
+		if err := g.SetPids(n); err == nil {
+			t.Errorf("SetPids(%d) accepted", n)
+		}
+	}
 }
 
 // startForkLoop starts a shell that, once joined to g, forks sleeps

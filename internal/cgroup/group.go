@@ -202,11 +202,7 @@ func v1Weight(shares int64) int {
 }
 
 func (g *Group) setLimits(l Limits) error {
-	pids := "max"
-	if l.Pids != 0 {
-		pids = strconv.FormatInt(l.Pids, 10)
-	}
-	if err := writeControl(filepath.Join(g.dirs["pids"], "pids.max"), pids); err != nil {
+	if err := g.writePidsMax(l.Pids); err != nil {
 		return err
 	}
 	if g.h.version == 2 {
@@ -232,6 +228,36 @@ func (g *Group) setLimits(l Limits) error {
 		return err
 	}
 	return writeControl(filepath.Join(g.dirs["cpu"], "cpu.shares"), strconv.FormatInt(v1Shares(l.CPUWeight), 10))
+}
+
+// SetPids sets the group's task limit alone (0: none). A limit under the
+// tasks it holds only stops new ones.
+func (g *Group) SetPids(n int64) error {
+	if err := (Limits{Pids: n}).Validate(); err != nil {
+		return err
+	}
+	if err := g.writePidsMax(n); err != nil {
+		return fmt.Errorf("cgroup: %w", err)
+	}
+	return nil
+}
+
+func (g *Group) writePidsMax(n int64) error {
+	v := "max"
+	if n != 0 {
+		v = strconv.FormatInt(n, 10)
+	}
+	return writeControl(filepath.Join(g.dirs["pids"], "pids.max"), v)
+}
+
+// Tasks is how many tasks (processes and threads) the group holds now:
+// pids.current.
+func (g *Group) Tasks() (int64, error) {
+	n, err := readInt(filepath.Join(g.dirs["pids"], "pids.current"))
+	if err != nil {
+		return 0, fmt.Errorf("cgroup: %w", err)
+	}
+	return n, nil
 }
 
 // setMemoryV1 sets memory.limit_in_bytes and, when swap accounting is on,

@@ -32,7 +32,6 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/backendtest"
 	"agentbox/internal/backend/local"
-	"agentbox/internal/backend/local/unit"
 	"agentbox/internal/term"
 	"agentbox/internal/testutil/testbin"
 	"agentbox/internal/testutil/wait"
@@ -241,27 +240,30 @@ func TestAttackForkLoop(t *testing.T) {
 	other := f.start("bystander", testLimits)
 	pidsDir := cgroupDirs(t, x.uuid)["pids"]
 	supervisor := readMeta(t, x.dir).PID
+	unitTasks := 1 + len(tasksOf(t, supervisor))
 
 	r := sh(t, f.b, x.name, `i=0; while [ $i -lt 5000 ]; do sleep 3600 & i=$((i+1)); done; echo "all $i started"`)
 	if r.Code == 0 || strings.Contains(r.Stdout, "all") || !strings.Contains(strings.ToLower(r.Stderr), "fork") {
 		t.Fatalf("fork loop: exit %d, stdout %q, stderr %q; want it stopped by fork failures", r.Code, r.Stdout, r.Stderr)
 	}
 	// Its sleeps hold the sandbox at its limit, which counts the
-	// sandbox's own tasks: the unit's (bubblewrap, the supervisor's
-	// threads) come on top.
-	if got, want := readTrim(t, filepath.Join(pidsDir, "pids.max")), strconv.Itoa(maxPids+unit.UnitTasks); got != want {
-		t.Errorf("pids.max %s, want the limit %d and the unit's %d tasks", got, maxPids, unit.UnitTasks)
+	// sandbox's own tasks: the unit's (bubblewrap's monitor, the
+	// supervisor's threads) come on top.
+	if got, want := readTrim(t, filepath.Join(pidsDir, "pids.max")), strconv.Itoa(maxPids+unitTasks); got != want {
+		t.Errorf("pids.max %s, want the limit %d and the unit's %d tasks", got, maxPids, unitTasks)
 	}
 	cur, err := strconv.Atoi(readTrim(t, filepath.Join(pidsDir, "pids.current")))
-	if err != nil || cur > maxPids+unit.UnitTasks {
+	if err != nil || cur > maxPids+unitTasks {
 		t.Errorf("pids.current %d (%v), over pids.max", cur, err)
 	}
 	if m := readMeta(t, x.dir); m.PID != supervisor || procStatus(supervisor) == nil {
 		t.Fatalf("the supervisor did not survive the loop: %s", logExcerpt(filepath.Join(x.dir, "supervisor.log")))
 	}
-	// Every process but bubblewrap's monitor and the supervisor is a sleep.
-	if sleeps := len(cgroupPids(t, x.uuid)) - 2; sleeps < maxPids {
-		t.Errorf("%d sleeps hold the sandbox: the loop stopped before its limit %d (pids.current %d)", sleeps, maxPids, cur)
+	// Every process but bubblewrap's monitor and the supervisor is a
+	// sleep: the loop's shell and its sleeps reached the limit, then the
+	// shell ended.
+	if sleeps := len(cgroupPids(t, x.uuid)) - 2; sleeps != maxPids-1 {
+		t.Errorf("%d sleeps hold the sandbox, want its limit %d less the loop's shell (pids.current %d)", sleeps, maxPids, cur)
 	}
 	if hits := keyed(t, filepath.Join(pidsDir, "pids.events"), "max"); hits <= 0 {
 		t.Errorf("pids.events max %d: the limit was never hit", hits)

@@ -119,13 +119,16 @@ func (b *Backend) stopUnit(ctx context.Context, dir string, m meta) error {
 // host pid and start time of its supervisor once the supervisor answers.
 func (b *Backend) launch(ctx context.Context, name, dir string, m meta) (int, uint64, error) {
 	spec := unit.LaunchSpec{UID: -1, GID: -1, Bwrap: b.bwrap}
+	var g *cgroup.Group
 	if b.cg != nil {
-		// The limit counts the sandbox's own tasks: the unit's are added.
+		// Room for the unit as it starts; set to the sandbox's own limit
+		// on top of the unit's tasks once it is up (below).
 		pids := m.Limits.Pids
 		if pids != 0 {
 			pids = min(pids+unit.UnitTasks, cgroup.MaxPids)
 		}
-		g, err := b.cg.Create(m.UUID, cgroup.Limits{Pids: pids, MemoryBytes: m.Limits.MemoryBytes, CPUWeight: m.Limits.CPUWeight})
+		var err error
+		g, err = b.cg.Create(m.UUID, cgroup.Limits{Pids: pids, MemoryBytes: m.Limits.MemoryBytes, CPUWeight: m.Limits.CPUWeight})
 		if err != nil {
 			return 0, 0, fmt.Errorf("cgroups: %w", err)
 		}
@@ -213,6 +216,18 @@ func (b *Backend) launch(ctx context.Context, name, dir string, m meta) (int, ui
 	st, err := waitPing(ctx, dir, pid)
 	if err != nil {
 		return 0, 0, fmt.Errorf("the supervisor does not answer: %w%s", err, logTail(dir))
+	}
+	if g != nil && m.Limits.Pids != 0 {
+		// The supervisor answers once it has made its threads, and no
+		// command of the sandbox has run yet: what the group holds now
+		// is the unit's own, and the limit is the sandbox's on top.
+		unitTasks, err := g.Tasks()
+		if err != nil {
+			return 0, 0, fmt.Errorf("cgroups: %w", err)
+		}
+		if err := g.SetPids(min(m.Limits.Pids+unitTasks, cgroup.MaxPids)); err != nil {
+			return 0, 0, fmt.Errorf("cgroups: %w", err)
+		}
 	}
 	return pid, st, nil
 }

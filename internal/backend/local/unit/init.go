@@ -49,11 +49,13 @@ const (
 	supervisorThreads = 10
 )
 
-// UnitTasks is how many tasks the unit itself holds in its sandbox's pids
-// cgroup: bubblewrap's monitor, and the supervisor's threads (those it
-// makes at start and those Go made before: 16 in all on the test
-// machines). The backend adds it to the sandbox's limit, so that the limit
-// is what the sandbox's own processes and threads may use.
+// UnitTasks bounds the tasks the unit itself holds in its sandbox's pids
+// cgroup as it starts: bubblewrap's monitor, and the supervisor's threads
+// (those it makes at start and those Go made before: 16 in all on the
+// test machines). The backend adds it to the sandbox's limit until the
+// supervisor answers, then sets the limit to the sandbox's on top of the
+// tasks the unit holds then, so that the limit is what the sandbox's own
+// processes and threads may use.
 const UnitTasks = 1 + supervisorThreads + 8
 
 // InitMain is `jailbee _sandbox-init`: the sandbox's pid 1. It returns only
