@@ -1211,6 +1211,45 @@ func TestSupervisorThreadsAtTheTaskLimit(t *testing.T) {
 	}
 }
 
+// TestAttackTaskLimitEgressChurn: the sandbox fills its task limit, then
+// churns connections through the egress relay, which the supervisor
+// serves: each is accepted and closed (no proxy is attached here), and
+// the supervisor makes no thread for them.
+func TestAttackTaskLimitEgressChurn(t *testing.T) {
+	f := newFixture(t)
+	x := f.start("churn", backend.Limits{Pids: 64, MemoryBytes: 512 << 20, CPUWeight: 100})
+	supervisor := readMeta(t, x.dir).PID
+	threads := len(tasksOf(t, supervisor))
+
+	// One bash, all builtins once the limit is reached: sh forks sleeps
+	// until a fork fails (dash then exits), then 2000 connections open
+	// and close through the relay, 50 at a time.
+	r := sh(t, f.b, x.name, `exec bash -c '
+		sh -c "while :; do sleep 3600 & done" 2>/dev/null &
+		wait $!
+		ok=0
+		for round in {1..40}; do
+			fds=()
+			for i in {1..50}; do
+				exec {fd}<>/dev/tcp/127.0.0.1/`+strconv.Itoa(backend.EgressPort)+` && { fds+=($fd); ok=$((ok+1)); }
+			done
+			for fd in "${fds[@]}"; do exec {fd}>&-; done
+		done
+		echo "$ok connections"'`)
+	if got := strings.TrimSpace(r.Stdout); got != "2000 connections" {
+		t.Errorf("the relay at the task limit: %q (exit %d, stderr %q), want 2000 connections", got, r.Code, r.Stderr)
+	}
+	if hits := keyed(t, filepath.Join(cgroupDirs(t, x.uuid)["pids"], "pids.events"), "max"); hits <= 0 {
+		t.Errorf("pids.events max %d: the limit was never reached", hits)
+	}
+	if procStatus(supervisor) == nil || readMeta(t, x.dir).PID != supervisor {
+		t.Fatalf("the supervisor died with its sandbox at its task limit: %s", logExcerpt(filepath.Join(x.dir, "supervisor.log")))
+	}
+	if got := len(tasksOf(t, supervisor)); got > threads {
+		t.Errorf("the supervisor went from %d threads to %d serving the relay at the task limit", threads, got)
+	}
+}
+
 // tasksOf lists the thread ids of a host process.
 func tasksOf(t *testing.T, pid int) []string {
 	t.Helper()
