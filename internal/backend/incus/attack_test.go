@@ -455,7 +455,8 @@ func TestAttackStateFlood(t *testing.T) {
 }
 
 // TestAttackTaskLimitEgressRelay: the agent fills the container's task
-// limit, then churns connections through the egress relay, a Go program
+// limit, then churns connections through the egress relay
+// (backendtest.EgressChurnAtTaskLimit), a Go program
 // in that limit. Go aborts when it cannot make a thread it needs, so the
 // relay must make none: it keeps serving (a new connection is accepted,
 // then closed, as no proxy is attached here) with the threads it made at
@@ -474,25 +475,7 @@ func TestAttackTaskLimitEgressRelay(t *testing.T) {
 	threads := threadsOf(t, relay)
 	t.Logf("the relay has %d threads", threads)
 
-	// One bash, all builtins once the limit is reached: sh forks sleeps
-	// until a fork fails (dash then exits), then 2000 connections open
-	// and close through the relay, 50 at a time.
-	r := backendtest.Exec(t, b, name, backend.ExecOptions{Argv: []string{"bash", "-c", `
-		sh -c 'while :; do sleep 3600 & done' 2>/dev/null &
-		wait $!
-		ok=0
-		for round in {1..40}; do
-			fds=()
-			for i in {1..50}; do
-				exec {fd}<>/dev/tcp/127.0.0.1/3128 && { fds+=($fd); ok=$((ok+1)); }
-			done
-			for fd in "${fds[@]}"; do exec {fd}>&-; done
-		done
-		echo "$ok connections"`}})
-	t.Logf("inside: exit %d, %q, stderr %q", r.Code, strings.TrimSpace(r.Stdout), r.Stderr)
-	if !strings.HasSuffix(strings.TrimSpace(r.Stdout), "2000 connections") {
-		t.Errorf("the relay did not take every connection at the task limit: %q", r.Stdout)
-	}
+	backendtest.EgressChurnAtTaskLimit(t, b, name)
 	if got := threadsOf(t, relay); got > threads {
 		t.Errorf("the relay went from %d threads to %d at the task limit", threads, got)
 	}

@@ -256,9 +256,7 @@ func TestAttackForkLoop(t *testing.T) {
 	if err != nil || cur > maxPids+unitTasks {
 		t.Errorf("pids.current %d (%v), over pids.max", cur, err)
 	}
-	if m := readMeta(t, x.dir); m.PID != supervisor || procStatus(supervisor) == nil {
-		t.Fatalf("the supervisor did not survive the loop: %s", logExcerpt(filepath.Join(x.dir, "supervisor.log")))
-	}
+	requireSupervisor(t, x, supervisor)
 	// Every process but bubblewrap's monitor and the supervisor is a
 	// sleep: the loop's shell and its sleeps reached the limit, then the
 	// shell ended.
@@ -1174,17 +1172,10 @@ func TestSupervisorThreadsAtTheTaskLimit(t *testing.T) {
 	// Wait until the supervisor is blocked writing "command not found" to
 	// the full pipe (or is gone).
 	deadline := time.Now().Add(hangGuard)
-	for blockedInWrite(t, supervisor) == 0 {
-		if procStatus(supervisor) == nil {
-			t.Fatalf("the supervisor died with its sandbox at its task limit: %s", logExcerpt(filepath.Join(x.dir, "supervisor.log")))
-		}
+	for !slices.ContainsFunc(waitChannels(supervisor), isPipeWrite) {
+		requireSupervisor(t, x, supervisor)
 		if time.Now().After(deadline) {
-			var wchans []string
-			for _, id := range tasksOf(t, supervisor) {
-				b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/wchan", supervisor, id))
-				wchans = append(wchans, string(b))
-			}
-			t.Fatalf("no exec reached its stderr in %v; the supervisor's threads wait in %q", hangGuard, wchans)
+			t.Fatalf("no exec reached its stderr in %v; the supervisor's threads wait in %q", hangGuard, waitChannels(supervisor))
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -1200,9 +1191,7 @@ func TestSupervisorThreadsAtTheTaskLimit(t *testing.T) {
 		}
 	}
 
-	if procStatus(supervisor) == nil || readMeta(t, x.dir).PID != supervisor {
-		t.Fatalf("the supervisor died with its sandbox at its task limit: %s", logExcerpt(filepath.Join(x.dir, "supervisor.log")))
-	}
+	requireSupervisor(t, x, supervisor)
 	if got := len(tasksOf(t, supervisor)); got > threads {
 		t.Errorf("the supervisor went from %d threads to %d at the task limit", threads, got)
 	}
@@ -1212,7 +1201,8 @@ func TestSupervisorThreadsAtTheTaskLimit(t *testing.T) {
 }
 
 // TestAttackTaskLimitEgressChurn: the sandbox fills its task limit, then
-// churns connections through the egress relay, which the supervisor
+// churns connections through the egress relay
+// (backendtest.EgressChurnAtTaskLimit), which the supervisor
 // serves: each is accepted and closed (no proxy is attached here), and
 // the supervisor makes no thread for them.
 func TestAttackTaskLimitEgressChurn(t *testing.T) {
@@ -1221,30 +1211,11 @@ func TestAttackTaskLimitEgressChurn(t *testing.T) {
 	supervisor := readMeta(t, x.dir).PID
 	threads := len(tasksOf(t, supervisor))
 
-	// One bash, all builtins once the limit is reached: sh forks sleeps
-	// until a fork fails (dash then exits), then 2000 connections open
-	// and close through the relay, 50 at a time.
-	r := sh(t, f.b, x.name, `exec bash -c '
-		sh -c "while :; do sleep 3600 & done" 2>/dev/null &
-		wait $!
-		ok=0
-		for round in {1..40}; do
-			fds=()
-			for i in {1..50}; do
-				exec {fd}<>/dev/tcp/127.0.0.1/`+strconv.Itoa(backend.EgressPort)+` && { fds+=($fd); ok=$((ok+1)); }
-			done
-			for fd in "${fds[@]}"; do exec {fd}>&-; done
-		done
-		echo "$ok connections"'`)
-	if got := strings.TrimSpace(r.Stdout); got != "2000 connections" {
-		t.Errorf("the relay at the task limit: %q (exit %d, stderr %q), want 2000 connections", got, r.Code, r.Stderr)
-	}
+	backendtest.EgressChurnAtTaskLimit(t, f.b, x.name)
 	if hits := keyed(t, filepath.Join(cgroupDirs(t, x.uuid)["pids"], "pids.events"), "max"); hits <= 0 {
 		t.Errorf("pids.events max %d: the limit was never reached", hits)
 	}
-	if procStatus(supervisor) == nil || readMeta(t, x.dir).PID != supervisor {
-		t.Fatalf("the supervisor died with its sandbox at its task limit: %s", logExcerpt(filepath.Join(x.dir, "supervisor.log")))
-	}
+	requireSupervisor(t, x, supervisor)
 	if got := len(tasksOf(t, supervisor)); got > threads {
 		t.Errorf("the supervisor went from %d threads to %d serving the relay at the task limit", threads, got)
 	}
@@ -1264,19 +1235,27 @@ func tasksOf(t *testing.T, pid int) []string {
 	return ids
 }
 
-// blockedInWrite counts a process's threads asleep in a pipe write; 0 if
-// the process is gone.
-func blockedInWrite(t *testing.T, pid int) int {
-	t.Helper()
-	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		return 0
-	}
-	n := 0
+// waitChannels lists what each thread of a host process sleeps in (its
+// wchan); none when the process is gone.
+func waitChannels(pid int) []string {
+	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	var out []string
 	for _, e := range ents {
-		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/wchan", pid, e.Name())); err == nil && strings.HasSuffix(string(b), "pipe_write") {
-			n++
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/wchan", pid, e.Name())); err == nil {
+			out = append(out, string(b))
 		}
 	}
-	return n
+	return out
+}
+
+// isPipeWrite: a thread asleep writing to a full pipe.
+func isPipeWrite(wchan string) bool { return strings.HasSuffix(wchan, "pipe_write") }
+
+// requireSupervisor fails t unless the sandbox's supervisor is still the
+// process pid, and says why it ended (its log) when not.
+func requireSupervisor(t *testing.T, x box, pid int) {
+	t.Helper()
+	if procStatus(pid) == nil || readMeta(t, x.dir).PID != pid {
+		t.Fatalf("the supervisor died with its sandbox at its task limit: %s", logExcerpt(filepath.Join(x.dir, "supervisor.log")))
+	}
 }
