@@ -105,15 +105,22 @@ func (e *testEnv) limits(name string) backend.Limits {
 // cgroup: bubblewrap's monitor and the supervisor's threads.
 func (e *testEnv) unitTasks(name string) int64 {
 	e.t.Helper()
-	var meta struct{ PID int }
-	if err := json.Unmarshal([]byte(readFile(e.t, filepath.Join(e.state, "sandboxes", name, "meta.json"))), &meta); err != nil || meta.PID <= 0 {
-		e.t.Fatalf("the supervisor of %s: %v %+v", name, err, meta)
-	}
-	threads, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", meta.PID))
+	threads, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", e.supervisorPID(name)))
 	if err != nil {
 		e.t.Fatalf("the supervisor of %s: %v", name, err)
 	}
 	return 1 + int64(len(threads))
+}
+
+// supervisorPID is the host pid of a local sandbox's supervisor, as its
+// meta.json records it.
+func (e *testEnv) supervisorPID(name string) int {
+	e.t.Helper()
+	var meta struct{ PID int }
+	if err := json.Unmarshal([]byte(readFile(e.t, filepath.Join(e.state, "sandboxes", name, "meta.json"))), &meta); err != nil || meta.PID <= 0 {
+		e.t.Fatalf("the supervisor of %s: %v %+v", name, err, meta)
+	}
+	return meta.PID
 }
 
 // tasks counts a sandbox's tasks: its pids cgroup's less its unit's, or
@@ -164,11 +171,7 @@ func TestUnitEndedIsRecordedStopped(t *testing.T) {
 	lead := e.client("lead")
 	spawn(t, lead, "s-1", map[string]any{"branch": "fill", "prompt": "stay-busy", "on_done": "keep"})
 	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "child `fill` is ready")
-	var meta struct{ PID int }
-	if err := json.Unmarshal([]byte(readFile(t, filepath.Join(e.state, "sandboxes", "fill", "meta.json"))), &meta); err != nil || meta.PID <= 0 {
-		t.Fatalf("the child's supervisor: %v %+v", err, meta)
-	}
-	if err := syscall.Kill(meta.PID, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(e.supervisorPID("fill"), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	blocked := messageFrom(t, lead, "fill", "blocked")
