@@ -583,8 +583,13 @@ func testExecCancelForks(s *suite) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
+		// The idle sleeps, with an environment of 1.6 MiB each, make the
+		// kill take a while, as a build's many processes would.
 		_, err := b.Exec(ctx, name, backend.ExecOptions{Argv: []string{"sh", "-c",
-			`while :; do (sleep 0.3; echo x >> "$HOME/late") & sleep 0.005; done`}})
+			`x=$(head -c 131000 /dev/zero | tr '\0' x)
+			export A1=$x A2=$x A3=$x A4=$x A5=$x A6=$x A7=$x A8=$x A9=$x A10=$x A11=$x A12=$x A13=$x
+			i=0; while [ $i -lt 150 ]; do sleep 1000 & i=$((i + 1)); done
+			while :; do (sleep 0.3; echo x >> "$HOME/late") & sleep 0.02; done`}})
 		done <- err
 	}()
 	wait.For(t, "the command's children to write", func() bool {
@@ -598,6 +603,11 @@ func testExecCancelForks(s *suite) {
 		}
 	case <-time.After(60 * time.Second):
 		t.Fatal("cancelling did not end the command")
+	}
+	for _, p := range Processes(t, b, name) {
+		if p == "sleep 0.3" || p == "sleep 1000" || strings.Contains(p, "$HOME/late") {
+			t.Fatalf("a cancelled command's process still runs after Exec returned: %q", p)
+		}
 	}
 	Sh(t, b, name, `rm -f "$HOME/late"`)
 	time.Sleep(time.Second) // three times what a child sleeps
@@ -626,9 +636,27 @@ func testStopEndsEveryProcess(s *suite) {
 	if again := Sh(t, b, name, "cat /home/agent/beat"); again != first {
 		t.Fatal("a background loop survived Stop: its heartbeat still changes")
 	}
-	if got := Sh(t, b, name, "ps -e -o comm= | grep -c -x sleep || true"); got != "0" {
-		t.Fatalf("processes of the old unit after a restart: %s sleep", got)
+	for _, p := range Processes(t, b, name) {
+		if p == "sleep 0.05" || strings.Contains(p, "/home/agent/beat") {
+			t.Fatalf("a process of the old unit after a restart: %q", p)
+		}
 	}
+}
+
+// Processes lists the command lines (arguments joined by spaces) of the
+// sandbox's live processes, read from /proc: the Incus image has no ps.
+// A process that has exited, a zombie included, has none and is left out.
+func Processes(t testing.TB, b backend.Backend, name string) []string {
+	t.Helper()
+	out := Exec(t, b, name, backend.ExecOptions{Argv: []string{"sh", "-c",
+		`for p in /proc/[0-9]*; do tr '\0' ' ' < "$p/cmdline" 2>/dev/null; echo; done`}}).Stdout
+	var procs []string
+	for line := range strings.Lines(out) {
+		if p := strings.TrimSpace(line); p != "" {
+			procs = append(procs, p)
+		}
+	}
+	return procs
 }
 
 func testPersistsAcrossStop(s *suite) {

@@ -124,8 +124,9 @@ func (b *Backend) runExec(ctx context.Context, name string, uid int, marker stri
 	if opts.Started != nil {
 		opts.Started()
 	}
-	done := make(chan struct{})
+	done, killed := make(chan struct{}), make(chan struct{})
 	go func() {
+		defer close(killed)
 		select {
 		case <-ctx.Done():
 			// The incus client going away does not end the command in the
@@ -137,6 +138,10 @@ func (b *Backend) runExec(ctx context.Context, name string, uid int, marker stri
 	}()
 	err := cmd.Wait()
 	close(done)
+	// The client ends as soon as the kill reaches the command's first
+	// process; a cancelled Exec returns only once the kill's passes are
+	// over, so nothing of the command runs on after it.
+	<-killed
 	status, framedOK := 0, false
 	if f != nil {
 		status, framedOK = f.wait()

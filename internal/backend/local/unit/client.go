@@ -48,10 +48,16 @@ func Ping(ctx context.Context, socket string) error {
 	return nil
 }
 
+// CancelTimeout bounds how long a cancelled Exec waits for the
+// supervisor to say the command's process group is gone. It is above the
+// supervisor's own bound on that wait (groupEndTimeout).
+const CancelTimeout = 10 * time.Second
+
 // Exec runs req (op exec) with files as its stdin, stdout and stderr and
 // returns its exit status. started (if not nil) is called once the
 // supervisor holds its own copies of files and the command runs.
-// Cancelling ctx closes the connection, which kills the command.
+// Cancelling ctx kills the command: Exec returns ctx's error once the
+// command's process group is gone, or after CancelTimeout.
 func Exec(ctx context.Context, socket string, req Request, files [3]*os.File, started func()) (int, error) {
 	req.Op = "exec"
 	conn, err := Dial(ctx, socket)
@@ -59,7 +65,13 @@ func Exec(ctx context.Context, socket string, req Request, files [3]*os.File, st
 		return -1, err
 	}
 	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	stop := context.AfterFunc(ctx, func() {
+		// Half-closed, the connection tells the supervisor to kill the
+		// command; it answers once nothing of the command runs. It is
+		// sandbox-controlled: that wait is bounded.
+		conn.CloseWrite()
+		conn.SetReadDeadline(time.Now().Add(CancelTimeout))
+	})
 	defer stop()
 	if err := sendRequest(conn, req, files[:]); err != nil {
 		return -1, ctxOr(ctx, err)
@@ -71,7 +83,7 @@ func Exec(ctx context.Context, socket string, req Request, files [3]*os.File, st
 			return -1, ctxOr(ctx, err)
 		}
 		if rep.Exit != nil {
-			return *rep.Exit, nil
+			return *rep.Exit, ctx.Err()
 		}
 		if rep.PID == nil {
 			return -1, fmt.Errorf("%w: unexpected exec reply", ErrProtocol)

@@ -190,8 +190,7 @@ func (s *supervisor) exec(conn *net.UnixConn, req Request, files []*os.File) {
 	}
 	pid := status
 	if err := writeReply(conn, Reply{PID: &pid}); err != nil {
-		syscall.Kill(-pid, syscall.SIGKILL)
-		<-ch
+		endGroup(pid, ch)
 		relay.close(false)
 		return
 	}
@@ -206,9 +205,12 @@ func (s *supervisor) exec(conn *net.UnixConn, req Request, files []*os.File) {
 	select {
 	case ws = <-ch:
 	case <-gone:
-		syscall.Kill(-pid, syscall.SIGKILL)
-		<-ch
+		// The broker cancelled: it waits (bounded) for the word that
+		// nothing of the command runs any more.
+		endGroup(pid, ch)
 		relay.close(false)
+		killed := 128 + int(syscall.SIGKILL)
+		writeReply(conn, Reply{Exit: &killed})
 		return
 	}
 	relay.close(true)
@@ -218,6 +220,31 @@ func (s *supervisor) exec(conn *net.UnixConn, req Request, files []*os.File) {
 	}
 	writeReply(conn, Reply{Exit: &code})
 }
+
+// endGroup kills the command's process group and returns once the group
+// is empty: its leader reaped, and every other member gone too (this
+// process is pid 1, so the reaper reaps them as they die). A member stuck
+// in the kernel must not hold the supervisor for ever: after
+// groupEndTimeout it stops looking.
+func endGroup(pid int, ch chan syscall.WaitStatus) {
+	syscall.Kill(-pid, syscall.SIGKILL)
+	<-ch
+	for deadline := time.Now().Add(groupEndTimeout); time.Now().Before(deadline); {
+		// SIGKILL again, not 0: a member forked as the first one was
+		// sent is killed too.
+		if syscall.Kill(-pid, syscall.SIGKILL) != nil {
+			return
+		}
+		time.Sleep(groupEndPoll)
+	}
+}
+
+// groupEndTimeout bounds endGroup's wait; groupEndPoll is how often it
+// looks.
+const (
+	groupEndTimeout = 5 * time.Second
+	groupEndPoll    = 5 * time.Millisecond
+)
 
 // start forks the command in a session of its own. It returns the pid,
 // the channel the reaper sends its status on (registered under the same

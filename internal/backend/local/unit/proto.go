@@ -18,9 +18,11 @@
 //	<- {"pid":N}         the command started (N: its pid inside)
 //	<- {"exit":S}        it ended with status S (128+n for signal n)
 //
-// or {"op":"ping"} -> {"ok":true}. The broker closing the connection before
-// the exit line kills the command's process group. Everything the
-// supervisor says is treated by the broker as sandbox-controlled.
+// or {"op":"ping"} -> {"ok":true}. The broker shutting its side of the
+// connection (or closing it) before the exit line kills the command's
+// process group; the supervisor then sends {"exit":137} once the group is
+// empty, which a cancelled Exec waits for. Everything the supervisor says
+// is treated by the broker as sandbox-controlled.
 package unit
 
 import (
