@@ -287,7 +287,7 @@ func dupFile(f *os.File) (*os.File, error) {
 const execMarker = "JAILBEE_EXEC"
 
 // killScript kills, inside the container, every process whose environment
-// holds the line $1. It runs as the command's uid, so it can end nothing
+// holds the entry $1 (grep -z: entries end in NUL, one grep per process). It runs as the command's uid, so it can end nothing
 // but what that uid could end itself. One pass is not enough: a process
 // forked after the pass listed /proc, by a parent killed later in it,
 // would live on, so passes repeat until one finds nothing to kill. A
@@ -299,7 +299,7 @@ while [ "$n" -lt 100 ]; do
 	n=$((n + 1))
 	found=
 	for p in /proc/[0-9]*; do
-		if tr '\0' '\n' < "$p/environ" 2>/dev/null | grep -qxF -- "$1"; then
+		if grep -qzxF -- "$1" "$p/environ" 2>/dev/null; then
 			kill -KILL "${p#/proc/}" 2>/dev/null && found=1
 		fi
 	done
