@@ -287,8 +287,8 @@ func dupFile(f *os.File) (*os.File, error) {
 const execMarker = "JAILBEE_EXEC"
 
 // killScript kills, inside the container, every process whose environment
-// holds the entry $1 (grep -z: entries end in NUL, one grep per process). It runs as the command's uid, so it can end nothing
-// but what that uid could end itself. One pass is not enough: a process
+// holds the entry $1 (grep -z: entries end in NUL). It runs as the
+// command's uid, so it can end nothing but what that uid could end itself. One pass is not enough: a process
 // forked after the pass listed /proc, by a parent killed later in it,
 // would live on, so passes repeat until one finds nothing to kill. A
 // killed process is found again until it has exited; one that never can
