@@ -288,12 +288,13 @@ const execMarker = "JAILBEE_EXEC"
 
 // killScript kills, inside the container, every process whose environment
 // holds the entry $1 (grep -z: entries end in NUL). It runs as the
-// command's uid, so it can end nothing but what that uid could end itself. One pass is not enough: a process
-// forked after the pass listed /proc, by a parent killed later in it,
-// would live on, so passes repeat until one finds nothing to kill. A
-// killed process is found again until it has exited; one that never can
-// (stuck in the kernel) must not keep the script spinning in the sandbox
-// after the broker gave up on it, so the passes are bounded too.
+// command's uid, so it can end nothing but what that uid could end
+// itself. One pass is not enough: a process forked after the pass listed
+// /proc, by a parent killed later in it, would live on, so passes repeat
+// until one finds nothing to kill. A killed process is found again until
+// it has exited; one that never can (stuck in the kernel) must not keep
+// the script spinning in the sandbox after the broker gave up on it, so
+// the passes are bounded too.
 const killScript = `n=0
 while [ "$n" -lt 100 ]; do
 	n=$((n + 1))
