@@ -290,18 +290,19 @@ const execMarker = "JAILBEE_EXEC"
 // holds the entry $1 (grep -z: entries end in NUL). It runs as the
 // command's uid, so it can end nothing but what that uid could end
 // itself. One pass is not enough: a process forked after the pass listed
-// /proc, by a parent killed later in it, would live on, so passes repeat
-// until one finds nothing to kill. A killed process is found again until
-// it has exited; one that never can (stuck in the kernel) must not keep
-// the script spinning in the sandbox after the broker gave up on it, so
-// the passes are bounded too.
+// /proc, by a parent killed (or exited) later in it, would live on, so
+// passes repeat until one finds none of the command's processes. A killed
+// process is found again until it has exited; one that never can (stuck
+// in the kernel) must not keep the script spinning in the sandbox after
+// the broker gave up on it, so the passes are bounded too.
 const killScript = `n=0
 while [ "$n" -lt 100 ]; do
 	n=$((n + 1))
 	found=
 	for p in /proc/[0-9]*; do
 		if grep -qzxF -- "$1" "$p/environ" 2>/dev/null; then
-			kill -KILL "${p#/proc/}" 2>/dev/null && found=1
+			kill -KILL "${p#/proc/}" 2>/dev/null
+			found=1
 		fi
 	done
 	[ -n "$found" ] || exit 0
