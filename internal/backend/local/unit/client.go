@@ -48,16 +48,17 @@ func Ping(ctx context.Context, socket string) error {
 	return nil
 }
 
-// CancelTimeout bounds how long a cancelled Exec waits for the
-// supervisor to say the command's process group is gone. It is above the
-// supervisor's own bound on that wait (groupEndTimeout).
-const CancelTimeout = 10 * time.Second
+// cancelTimeout bounds how long a cancelled Exec waits for the
+// supervisor to say the command's process group is gone: twice the
+// supervisor's own bound on that wait, so a supervisor that gives up
+// looking is still heard.
+const cancelTimeout = 2 * groupEndTimeout
 
 // Exec runs req (op exec) with files as its stdin, stdout and stderr and
 // returns its exit status. started (if not nil) is called once the
 // supervisor holds its own copies of files and the command runs.
 // Cancelling ctx kills the command: Exec returns ctx's error once the
-// command's process group is gone, or after CancelTimeout.
+// command's process group is gone, or after cancelTimeout.
 func Exec(ctx context.Context, socket string, req Request, files [3]*os.File, started func()) (int, error) {
 	req.Op = "exec"
 	conn, err := Dial(ctx, socket)
@@ -70,7 +71,7 @@ func Exec(ctx context.Context, socket string, req Request, files [3]*os.File, st
 		// command; it answers once nothing of the command runs. It is
 		// sandbox-controlled: that wait is bounded.
 		conn.CloseWrite()
-		conn.SetReadDeadline(time.Now().Add(CancelTimeout))
+		conn.SetReadDeadline(time.Now().Add(cancelTimeout))
 	})
 	defer stop()
 	if err := sendRequest(conn, req, files[:]); err != nil {

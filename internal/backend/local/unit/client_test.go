@@ -73,7 +73,7 @@ func TestCancelledExecWaitsForTheKill(t *testing.T) {
 }
 
 // TestCancelledExecSilentSupervisor: the supervisor is the sandbox's; one
-// that never answers a cancel holds Exec for CancelTimeout, not for ever.
+// that never answers a cancel holds Exec for cancelTimeout, not for ever.
 func TestCancelledExecSilentSupervisor(t *testing.T) {
 	sock := fakeSupervisor(t, func(*net.UnixConn) { <-t.Context().Done() })
 	ctx, cancel := context.WithCancel(t.Context())
