@@ -88,6 +88,42 @@ func BenchmarkEgress(b *testing.B) {
 		b.ReportMetric(proxied.Seconds()/direct.Seconds(), "time-ratio")
 	})
 
+	// The sandbox's path: its loopback relay in front of the proxy's
+	// socket, against the proxy's socket alone.
+	b.Run("relay-download", func(b *testing.B) {
+		src := startSource(b)
+		relay := startRelay(b, tp.sock)
+		var viaSocket, viaRelay time.Duration
+		for b.Loop() {
+			t0 := time.Now()
+			pc, br := connectThrough(b, tp.sock, src)
+			n, _ := io.Copy(io.Discard, br)
+			pc.Close()
+			viaSocket += time.Since(t0)
+
+			t0 = time.Now()
+			rc, err := net.Dial("tcp", relay)
+			if err != nil {
+				b.Fatal(err)
+			}
+			io.WriteString(rc, "CONNECT "+src+" HTTP/1.1\r\n\r\n")
+			rbr := bufio.NewReader(rc)
+			if resp, err := http.ReadResponse(rbr, &http.Request{Method: http.MethodConnect}); err != nil || resp.StatusCode != http.StatusOK {
+				b.Fatalf("CONNECT through the relay: %v %v", resp, err)
+			}
+			m, _ := io.Copy(io.Discard, rbr)
+			rc.Close()
+			viaRelay += time.Since(t0)
+			if n != downloadBytes || m != downloadBytes {
+				b.Fatalf("downloaded %d through the socket, %d through the relay", n, m)
+			}
+		}
+		mib := float64(downloadBytes) / (1 << 20) * float64(b.N)
+		b.ReportMetric(mib/viaSocket.Seconds(), "socket-MiB/s")
+		b.ReportMetric(mib/viaRelay.Seconds(), "relay-MiB/s")
+		b.ReportMetric(viaRelay.Seconds()/viaSocket.Seconds(), "time-ratio")
+	})
+
 	b.Run("setup", func(b *testing.B) {
 		echo := startEcho(b, "127.0.0.1:0")
 		target := "127.0.0.1:" + echo.port()

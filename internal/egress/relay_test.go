@@ -2,19 +2,66 @@ package egress_test
 
 import (
 	"bufio"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"agentbox/internal/egress"
+	"agentbox/internal/threads"
 )
+
+// relayHelperEnv makes the test binary a relay process of its own
+// (relayHelper): "SLOTS SLOW SOCK".
+const relayHelperEnv = "EGRESS_TEST_RELAY"
+
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(relayHelperEnv); spec != "" {
+		os.Exit(relayHelper(spec))
+	}
+	os.Exit(m.Run())
+}
+
+// relayHelper serves a relay as the sandbox's relay does (its threads
+// made ahead, as in the Incus backend), its gate and system calls as spec
+// says, and prints its address once it serves.
+func relayHelper(spec string) int {
+	f := strings.Fields(spec)
+	if len(f) != 3 {
+		fmt.Fprintf(os.Stderr, "%s: %q\n", relayHelperEnv, spec)
+		return 2
+	}
+	slots, err1 := strconv.Atoi(f[0])
+	slow, err2 := time.ParseDuration(f[1])
+	if err := errors.Join(err1, err2); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	sock := f[2]
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	egress.SetRelaySyscalls(slots, slow)
+	threads.Reserve(2, 6)
+	fmt.Println(ln.Addr())
+	egress.Relay(ln, sock)
+	return 1
+}
 
 // startRelay relays a loopback TCP listener to sock until the test ends
 // and returns its address.
-func startRelay(t *testing.T, sock string) string {
+func startRelay(t testing.TB, sock string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -70,4 +117,112 @@ func TestRelayWithoutProxy(t *testing.T) {
 		}
 		c.Close()
 	}
+}
+
+// TestRelayThreadsBounded: the relay lives in its sandbox's task limit,
+// where a thread it cannot make aborts it. With every system call slow
+// (as on a loaded machine, where the kernel preempts a thread in its
+// call), a churn of connections through it makes it no thread past those
+// it made at start. The same churn through a relay whose gate lets every
+// goroutine into a system call at once (the relay before the gate) does
+// make threads: the case is the one that needs the gate.
+func TestRelayThreadsBounded(t *testing.T) {
+	sock := startUnixEcho(t)
+	if grew := relayThreadGrowth(t, 1000, sock); grew <= 0 {
+		t.Fatalf("an ungated relay made no thread under the churn (%d): the case does not load it", grew)
+	}
+	if grew := relayThreadGrowth(t, 2, sock); grew > 0 {
+		t.Fatalf("the relay made %d threads under the churn", grew)
+	}
+}
+
+// relayThreadGrowth runs a relay process with a gate of slots and slow
+// system calls, churns connections through it to sock, checking the bytes
+// come back, and returns how many threads it had more at the end.
+func relayThreadGrowth(t *testing.T, slots int, sock string) int {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%d 2ms %s", relayHelperEnv, slots, sock))
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	addr, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatalf("the relay did not start: %v", err)
+	}
+	addr = strings.TrimSpace(addr)
+	threadsOf := func() int {
+		ents, err := os.ReadDir("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/task")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	// The runtime (the race detector's more so) may still make a thread
+	// of its own just after the relay serves: the count to compare with
+	// is the one it settles at before any connection.
+	start := 0
+	for range 5 {
+		start = max(start, threadsOf())
+		time.Sleep(50 * time.Millisecond)
+	}
+	for round := range 4 {
+		var wg sync.WaitGroup
+		for i := range 50 {
+			wg.Go(func() {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(time.Minute))
+				msg := fmt.Sprintf("round %d conn %d", round, i)
+				io.WriteString(c, msg)
+				c.(*net.TCPConn).CloseWrite()
+				if got, err := io.ReadAll(c); err != nil || string(got) != msg {
+					t.Errorf("through the relay: %q, %v; want %q", got, err, msg)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	grew := threadsOf() - start
+	t.Logf("gate of %d: %d threads at start, %d more after the churn", slots, start, grew)
+	return grew
+}
+
+// startUnixEcho serves an echo on a Unix socket until the test ends: each
+// connection gets back what it sent, then a half-close.
+func startUnixEcho(t *testing.T) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "echo.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.Copy(c, c)
+				c.(*net.UnixConn).CloseWrite()
+			}()
+		}
+	}()
+	return sock
 }

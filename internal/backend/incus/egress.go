@@ -80,8 +80,9 @@ func egressMain(args []string) int {
 		}
 		// The relay lives in the container's task limit, which the
 		// agent's processes may fill: it makes its threads now, as the
-		// container starts (it blocks in no system call: its sockets are
-		// polled).
+		// container starts. It needs no more: its sockets are polled,
+		// and at most two of its goroutines are in a system call at
+		// once, besides the one accepting (egress.Relay).
 		threads.Reserve(relayProcs, relayThreads)
 		egress.Relay(ln, sock)
 		return 1
