@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"agentbox/internal/egress"
+	"agentbox/internal/testutil/serve"
 	"agentbox/internal/threads"
 )
 
@@ -210,19 +211,9 @@ func startUnixEcho(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.Copy(c, c)
-				c.(*net.UnixConn).CloseWrite()
-			}()
-		}
-	}()
+	serve.Serve(t, ln, func(c net.Conn) {
+		io.Copy(c, c)
+		c.(*net.UnixConn).CloseWrite()
+	})
 	return sock
 }
