@@ -24,6 +24,14 @@ import (
 // accepting goroutine's, the poller's, and the runtime's own.
 const relaySyscalls = 2
 
+// What a relay process reserves as it starts (threads.Reserve): Ps to run
+// Go code on, and a thread for each of them, for each gate slot, for the
+// accepting goroutine and for the poller's wait.
+const (
+	RelayProcs   = 2
+	RelayThreads = RelayProcs + relaySyscalls + 2
+)
+
 // syscallGate holds a slot per connection goroutine in a system call.
 var syscallGate = make(chan struct{}, relaySyscalls)
 

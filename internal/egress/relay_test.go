@@ -32,8 +32,8 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// relayHelper serves a relay as the sandbox's relay does (its threads
-// made ahead, as in the Incus backend), its gate and system calls as spec
+// relayHelper serves a relay as the Incus sandbox's relay does (its
+// threads made ahead), its gate and system calls as spec
 // says, and prints its address once it serves.
 func relayHelper(spec string) int {
 	f := strings.Fields(spec)
@@ -54,7 +54,7 @@ func relayHelper(spec string) int {
 		return 1
 	}
 	egress.SetRelaySyscalls(slots, slow)
-	threads.Reserve(2, 6)
+	threads.Reserve(egress.RelayProcs, egress.RelayThreads)
 	fmt.Println(ln.Addr())
 	egress.Relay(ln, sock)
 	return 1

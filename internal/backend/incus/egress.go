@@ -29,12 +29,6 @@ const EgressCommand = "_egress-listen"
 // egressServeArg makes the detached copy serve the listener it inherits.
 const egressServeArg = "-serve"
 
-// The relay's Ps and the threads it makes at start (threads.Reserve).
-const (
-	relayProcs   = 2
-	relayThreads = 6
-)
-
 // startEgressRelay starts the container's egress relay (Start, each time):
 // a container has no network device, so this is its only way out.
 func (b *Backend) startEgressRelay(ctx context.Context, name string) error {
@@ -83,7 +77,7 @@ func egressMain(args []string) int {
 		// container starts. It needs no more: its sockets are polled,
 		// and at most two of its goroutines are in a system call at
 		// once, besides the one accepting (egress.Relay).
-		threads.Reserve(relayProcs, relayThreads)
+		threads.Reserve(egress.RelayProcs, egress.RelayThreads)
 		egress.Relay(ln, sock)
 		return 1
 	}
