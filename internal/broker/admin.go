@@ -50,7 +50,7 @@ func (b *Broker) listenAdmin() error {
 				return
 			}
 			b.goWorker(func() {
-				b.serveConn(b.ctx, newRightsConn(conn, maxAdminFDs), b.dispatchAdmin)
+				b.serveConn(b.ctx, newRightsConn(conn, maxAdminFDs), nil, b.dispatchAdmin)
 			})
 		})
 	})

@@ -57,10 +57,12 @@ func (b *Broker) serveListener(srv *sandboxServer) {
 			return
 		}
 		b.goWorker(func() {
-			defer srv.conns.Add(-1)
-			defer srv.untrack(conn)
 			ctx := withCaller(b.ctx, srv.caller)
-			b.serveConn(ctx, conn, func(ctx context.Context, cc *connCtx, req *wire.Request) *reply {
+			release := func() {
+				srv.untrack(conn)
+				srv.conns.Add(-1)
+			}
+			b.serveConn(ctx, conn, release, func(ctx context.Context, cc *connCtx, req *wire.Request) *reply {
 				return b.dispatch(ctx, srv, cc, req)
 			})
 		})
@@ -217,9 +219,17 @@ func waitReadable(conn net.Conn) error {
 type handlerFunc func(ctx context.Context, cc *connCtx, req *wire.Request) *reply
 
 // serveConn runs one connection: read a line, answer it, and only then
-// read the next (one request in flight per connection).
-func (b *Broker) serveConn(ctx context.Context, conn net.Conn, handle handlerFunc) {
-	defer conn.Close()
+// read the next (one request in flight per connection). release, if not
+// nil, gives back the connection's slot just before the connection is
+// closed, so a client that has seen the broker close it can connect again
+// at once.
+func (b *Broker) serveConn(ctx context.Context, conn net.Conn, release func(), handle handlerFunc) {
+	defer func() {
+		if release != nil {
+			release()
+		}
+		conn.Close()
+	}()
 	defer func() {
 		if p := recover(); p != nil {
 			b.log.Error("connection handler panic", "panic", p, "stack", string(debug.Stack()))

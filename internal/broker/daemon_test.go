@@ -233,32 +233,27 @@ func TestHandlerPanicLoggedAndServing(t *testing.T) {
 		}
 	}
 
-	// Every slot comes back (a connection's slot is given back just after
-	// it is closed): a full set of connections, each with a query.
+	// Every slot comes back, and before the connection is closed: having
+	// seen each panicking connection closed, a full set of connections is
+	// served at once, each with a query. The set is kept open for the send
+	// below.
 	e.b.SetQueryHookForTest(nil)
-	wait.For(t, "a full set of connections to be served", func() bool {
-		var conns []*rawConn
-		defer func() {
-			for _, c := range conns {
-				c.Close()
-			}
-		}()
-		for range broker.MaxConnsPerSandbox {
-			c := e.raw("orch")
-			fmt.Fprintln(c, `{"v":1,"op":"list"}`)
-			conns = append(conns, c)
+	var full []*rawConn
+	defer func() {
+		for _, c := range full {
+			c.Close()
 		}
-		for i, c := range conns {
-			r := c.reply(t)
-			if !r.OK && r.Error.Code == wire.CodeBusy {
-				return false
-			}
-			if !r.OK {
-				t.Fatalf("connection %d after the panics: %+v", i+1, r.Error)
-			}
+	}()
+	for range broker.MaxConnsPerSandbox {
+		c := e.raw("orch")
+		fmt.Fprintln(c, `{"v":1,"op":"list"}`)
+		full = append(full, c)
+	}
+	for i, c := range full {
+		if r := c.reply(t); !r.OK {
+			t.Fatalf("connection %d after the panics: %+v", i+1, r.Error)
 		}
-		return true
-	})
+	}
 
 	// A panic while a request holds the executor (an admin mutation).
 	var once atomic.Bool
@@ -276,7 +271,10 @@ func TestHandlerPanicLoggedAndServing(t *testing.T) {
 		t.Fatalf("the executor panic was not logged:\n%s", e.logs)
 	}
 	// The executor is free: sends and admin mutations run.
-	sendMessage(t, e.client("orch"), map[string]any{"id": "m-1", "to": "kid", "body": "after"})
+	fmt.Fprintln(full[0], `{"v":1,"op":"send","args":{"manifest":{"version":1,"type":"message","id":"m-1","to":"kid","body":"after"}}}`)
+	if r := full[0].reply(t); !r.OK {
+		t.Fatalf("send m-1 after the panic: %+v", r.Error)
+	}
 	if err := e.admin("stop", wire.NameArgs{Name: "kid"}, nil); err != nil {
 		t.Fatalf("stop after the panic: %v", err)
 	}
