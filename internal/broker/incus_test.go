@@ -92,8 +92,14 @@ func TestIncusCopyLosesTheSocket(t *testing.T) {
 	wait.For(t, "the copy's device to go", func() bool {
 		return !strings.Contains(incusDevices(t, e.incusProject, "lead-copy"), "jailbee-orchestration")
 	})
-	if _, err := os.Stat(filepath.Dir(old)); !os.IsNotExist(err) {
-		t.Fatalf("the old socket directory: %v", err)
+	// The server is unlisted first, then its connections are closed and
+	// its directory removed.
+	wait.For(t, "the old socket directory to go", func() bool {
+		_, err := os.Lstat(filepath.Dir(old))
+		return os.IsNotExist(err)
+	})
+	if strings.Contains(e.logs.String(), "cannot remove socket dir") {
+		t.Fatalf("the old socket directory was not removed:\n%s", e.logs)
 	}
 	if !conn.closed() {
 		t.Fatal("a connection to the old socket survived the move")
@@ -188,8 +194,14 @@ func TestIncusImportTwinLosesTheSocket(t *testing.T) {
 	wait.For(t, "the conflict in the log", func() bool {
 		return strings.Contains(e.logs.String(), `msg="several instances share the uuid of a sandbox (an import beside it?): none gets a socket until only one is left" sandbox=lead`)
 	})
-	if _, err := os.Stat(filepath.Dir(old)); !os.IsNotExist(err) {
-		t.Fatalf("the old socket directory: %v", err)
+	// The server is unlisted first, then its connections are closed and
+	// its directory removed.
+	wait.For(t, "the old socket directory to go", func() bool {
+		_, err := os.Lstat(filepath.Dir(old))
+		return os.IsNotExist(err)
+	})
+	if strings.Contains(e.logs.String(), "cannot remove socket dir") {
+		t.Fatalf("the old socket directory was not removed:\n%s", e.logs)
 	}
 	if !conn.closed() {
 		t.Fatal("a connection to the old socket survived the conflict")
