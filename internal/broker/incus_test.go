@@ -92,15 +92,7 @@ func TestIncusCopyLosesTheSocket(t *testing.T) {
 	wait.For(t, "the copy's device to go", func() bool {
 		return !strings.Contains(incusDevices(t, e.incusProject, "lead-copy"), "jailbee-orchestration")
 	})
-	// The server is unlisted first, then its connections are closed and
-	// its directory removed.
-	wait.For(t, "the old socket directory to go", func() bool {
-		_, err := os.Lstat(filepath.Dir(old))
-		return os.IsNotExist(err)
-	})
-	if strings.Contains(e.logs.String(), "cannot remove socket dir") {
-		t.Fatalf("the old socket directory was not removed:\n%s", e.logs)
-	}
+	waitSocketDirGone(t, e, old)
 	if !conn.closed() {
 		t.Fatal("a connection to the old socket survived the move")
 	}
@@ -194,15 +186,7 @@ func TestIncusImportTwinLosesTheSocket(t *testing.T) {
 	wait.For(t, "the conflict in the log", func() bool {
 		return strings.Contains(e.logs.String(), `msg="several instances share the uuid of a sandbox (an import beside it?): none gets a socket until only one is left" sandbox=lead`)
 	})
-	// The server is unlisted first, then its connections are closed and
-	// its directory removed.
-	wait.For(t, "the old socket directory to go", func() bool {
-		_, err := os.Lstat(filepath.Dir(old))
-		return os.IsNotExist(err)
-	})
-	if strings.Contains(e.logs.String(), "cannot remove socket dir") {
-		t.Fatalf("the old socket directory was not removed:\n%s", e.logs)
-	}
+	waitSocketDirGone(t, e, old)
 	if !conn.closed() {
 		t.Fatal("a connection to the old socket survived the conflict")
 	}
@@ -243,6 +227,21 @@ func leadWithMessage(t *testing.T, body string) (*testEnv, string, *rawConn) {
 	e.child("kid", "lead")
 	sendManifest(t, e.client("kid"), map[string]any{"id": "m-1", "type": "message", "body": body})
 	return e, e.sock("lead"), e.raw("lead")
+}
+
+// waitSocketDirGone waits for the directory of the socket at old to be
+// removed: a server that stops is unlisted first, then its connections
+// are closed and its directory removed. A removal the broker logs as
+// failed fails the test at once.
+func waitSocketDirGone(t *testing.T, e *testEnv, old string) {
+	t.Helper()
+	wait.For(t, "the old socket directory to go", func() bool {
+		if strings.Contains(e.logs.String(), "cannot remove socket dir") {
+			t.Fatalf("the old socket directory was not removed:\n%s", e.logs)
+		}
+		_, err := os.Lstat(filepath.Dir(old))
+		return os.IsNotExist(err)
+	})
 }
 
 // incusCmd runs incus in the env's project.
