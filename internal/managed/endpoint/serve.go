@@ -216,7 +216,8 @@ func serveConn(ctx context.Context, conn *net.UnixConn, h Handler, logf func(str
 		logf("request %q: no response: %v", ids.RequestID, err)
 		return
 	}
-	if err := conn.SetWriteDeadline(time.Now().Add(Timeout)); err == nil {
+	err = conn.SetWriteDeadline(time.Now().Add(Timeout))
+	if err == nil {
 		_, err = conn.Write(resp)
 	}
 	if err != nil {

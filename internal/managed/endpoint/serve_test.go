@@ -359,3 +359,33 @@ func TestEndpointFrameIDs(t *testing.T) {
 		t.Fatalf("err %v", err)
 	}
 }
+
+// A response the caller is no longer there to take is logged as not
+// delivered, not as answered.
+func TestServeLogsUndeliveredResponse(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ep.sock")
+	gone := make(chan struct{})
+	log, _ := startServe(t, path, func(ctx context.Context, frame []byte) ([]byte, error) {
+		<-gone
+		return []byte(`{"late":true}`), nil
+	})
+	conn, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte(frameFor("req-gone") + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	close(gone)
+	for range 500 {
+		if strings.Contains(log.String(), `request "req-gone": `+"the response was not delivered") {
+			if l := log.String(); strings.Contains(l, `"req-gone": answered`) {
+				t.Fatalf("log %q", l)
+			}
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("log %q: no undelivered response", log.String())
+}
