@@ -390,5 +390,3 @@ func withTimeout(ctx context.Context, d time.Duration) (context.Context, context
 	}
 	return context.WithTimeout(ctx, d)
 }
-
-var errTimeout = errors.New("timed out")

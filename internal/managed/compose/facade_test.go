@@ -141,8 +141,9 @@ func TestFacadeOverTheSource(t *testing.T) {
 		t.Errorf("spool volume: %+v", v)
 	}
 	// A project name and volume names are deterministic and distinct.
-	if compose.ProjectName("run-1", "/run/m.json", "/srv/wt") != compose.ProjectName("run-1", "/run/m.json", "/srv/wt") ||
-		compose.ProjectName("run-1", "/run/m.json", "/srv/wt") == compose.ProjectName("run-2", "/run/m.json", "/srv/wt") ||
+	name := compose.ProjectName("run-1", "/run/m.json", "/srv/wt")
+	if again := compose.ProjectName("run-1", "/run/m.json", "/srv/wt"); name != again ||
+		name == compose.ProjectName("run-2", "/run/m.json", "/srv/wt") ||
 		compose.SpoolVolumeName("run-1", "a") == compose.SpoolVolumeName("run-1", "b") {
 		t.Error("names are not deterministic or not distinct")
 	}

@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/network"
@@ -72,7 +73,7 @@ func (e *Engine) Ping(ctx context.Context) error {
 // It never pulls.
 func (e *Engine) ImagePresent(ctx context.Context, ref string) (bool, error) {
 	_, err := e.c.ImageInspect(ctx, ref)
-	if client.IsErrNotFound(err) {
+	if cerrdefs.IsNotFound(err) {
 		return false, nil
 	}
 	return err == nil, err
@@ -83,7 +84,7 @@ func (e *Engine) ImagePresent(ctx context.Context, ref string) (bool, error) {
 // never pulls.
 func (e *Engine) ImageID(ctx context.Context, ref string) (string, error) {
 	img, err := e.c.ImageInspect(ctx, ref)
-	if client.IsErrNotFound(err) {
+	if cerrdefs.IsNotFound(err) {
 		return "", ErrNotFound
 	}
 	if err != nil {
@@ -110,7 +111,7 @@ func (e *Engine) ImageEnv(ctx context.Context, ref string) ([]string, error) {
 // Inspect returns the engine's view of container id.
 func (e *Engine) Inspect(ctx context.Context, id string) (container.InspectResponse, error) {
 	c, err := e.c.ContainerInspect(ctx, id)
-	if client.IsErrNotFound(err) {
+	if cerrdefs.IsNotFound(err) {
 		return c, ErrNotFound
 	}
 	return c, err
@@ -161,7 +162,7 @@ func (e *Engine) Owned(ctx context.Context, project string, named []string) (Own
 			continue
 		}
 		_, err := e.c.VolumeInspect(ctx, name)
-		if client.IsErrNotFound(err) {
+		if cerrdefs.IsNotFound(err) {
 			continue
 		}
 		if err != nil {
@@ -206,7 +207,7 @@ func (e *Engine) containers(ctx context.Context, label string) ([]string, error)
 func (e *Engine) Remove(ctx context.Context, o Owned) error {
 	var first error
 	keep := func(err error, what string) {
-		if err != nil && !client.IsErrNotFound(err) && first == nil {
+		if err != nil && !cerrdefs.IsNotFound(err) && first == nil {
 			first = fmt.Errorf("docker engine: remove %s: %w", what, err)
 		}
 	}
@@ -338,7 +339,7 @@ func (e *Engine) UsernsRemap(ctx context.Context) (bool, error) {
 // is the engine's own.
 func (e *Engine) VolumeDir(ctx context.Context, name string) (string, error) {
 	v, err := e.c.VolumeInspect(ctx, name)
-	if client.IsErrNotFound(err) {
+	if cerrdefs.IsNotFound(err) {
 		return "", ErrNotFound
 	}
 	if err != nil {

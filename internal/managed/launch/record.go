@@ -130,9 +130,6 @@ func (r *Record) save(stateRoot string) error {
 	return nil
 }
 
-// errNoFeature reports a feature with no record.
-var errNoFeature = errors.New("no such feature")
-
 // Load reads feature name's record without following a symlink.
 func Load(stateRoot, name string) (*Record, error) {
 	if err := CheckName(name); err != nil {

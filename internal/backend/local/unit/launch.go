@@ -56,13 +56,11 @@ type StageEntry struct {
 // LaunchMain is `jailbee _sandbox-launch`. It executes bubblewrap and
 // returns only on failure, with the reason on stderr.
 func LaunchMain() int {
-	if err := launch(); err != nil {
-		fmt.Fprintf(os.Stderr, "sandbox-launch: %v\n", err)
-		return 1
-	}
-	return 0
+	fmt.Fprintf(os.Stderr, "sandbox-launch: %v\n", launch())
+	return 1
 }
 
+// launch becomes bubblewrap; it returns only with what stopped it.
 func launch() error {
 	spec, err := readSpec()
 	if err != nil {
