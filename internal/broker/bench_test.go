@@ -6,6 +6,7 @@ package broker_test
 //	BenchmarkList, BenchmarkRead  vs  BenchmarkRawEcho          (target <= 3x)
 //	BenchmarkSendMessage          vs  BenchmarkRawSQLiteCommit  (target <= 1.5x)
 //	BenchmarkSendConcurrent       vs  BenchmarkRawSQLiteCommit  (throughput >= 3x)
+//	BenchmarkListConcurrent       the same request path, no write (CPU per op)
 //
 // Every temp dir comes from b.TempDir(), so the broker's broker.db and the
 // bare SQLite file are on the same filesystem. Benchmarks report; they
@@ -346,6 +347,49 @@ func BenchmarkSendConcurrent(b *testing.B) {
 	if got := int64(len(items)); got != sent.Load() {
 		b.Fatalf("o has %d unread messages after %d sends", got, sent.Load())
 	}
+}
+
+// BenchmarkListConcurrent is SendConcurrent's request path without the
+// store's write: the same benchSenders children, each on its own warm
+// connection, send `list` (an empty inbox) at once. Its cpu-us/op against
+// SendConcurrent's cpu-us/send is how much of a send's CPU the request
+// path (framing, decoding, dispatch, the reply) can account for.
+func BenchmarkListConcurrent(b *testing.B) {
+	e := newTestEnv(b)
+	e.orchestrator("o")
+	conns := make([]*rawConn, benchSenders)
+	for i := range conns {
+		name := "c" + strconv.Itoa(i)
+		e.child(name, "o")
+		conns[i] = e.raw(name)
+	}
+	lister := func(c *rawConn, ops int) {
+		for range ops {
+			if _, err := c.Write(benchListLine); err != nil {
+				b.Error(err)
+				return
+			}
+			reply, err := wire.ReadLine(c.r, wire.MaxLineBytes)
+			if err != nil || !bytes.HasPrefix(reply, []byte(`{"v":1,"ok":true`)) {
+				b.Errorf("list: %s %v", reply, err)
+				return
+			}
+		}
+	}
+	b.ReportAllocs()
+	cpu0 := processCPU(b)
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for i, c := range conns {
+		ops := b.N / benchSenders
+		if i < b.N%benchSenders {
+			ops++
+		}
+		wg.Go(func() { lister(c, ops) })
+	}
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/float64(b.N), "cpu-us/op")
 }
 
 // processCPU is the user and system CPU time this process has used.

@@ -21,7 +21,8 @@ const (
 	HeadTimeout = 30 * time.Second
 	// ResolveTimeout bounds the host's name lookup for one connection.
 	ResolveTimeout = 10 * time.Second
-	// DialTimeout bounds the connection to the destination.
+	// DialTimeout bounds the connection to the destination, every
+	// address of its name together.
 	DialTimeout = 30 * time.Second
 	// ResponseHeadTimeout bounds how long an upstream may take to answer
 	// a forwarded request with its head.
@@ -33,12 +34,15 @@ const (
 	// slot, two descriptors and two goroutines for as long as the
 	// destination keeps the connection open.
 	HalfClosedTimeout = 2 * time.Minute
-	// ClientIdleTimeout bounds each wait on the client of a forwarded
-	// request once its head is read: for the next bytes of the body its
-	// head declares, and for it to take the next bytes of the answer. A
-	// client that sends or reads nothing for this long ends its
-	// connection; else it would hold its slot for ever, long after its
-	// destination hung up.
+	// ClientIdleTimeout bounds each wait of a forwarded request once its
+	// head is read: on its client for the next bytes of the body its head
+	// declares and for it to take the next bytes of the answer, and on
+	// its destination to take the next bytes of the request. A client
+	// that sends or reads nothing for this long ends its connection; else
+	// it would hold its slot for ever, long after its destination hung
+	// up. So does a destination that takes nothing: else a client that
+	// left mid-body would hold its slot while the destination neither
+	// reads nor hangs up.
 	ClientIdleTimeout = 2 * time.Minute
 	// RefusalLogBurst is how many refused connections one proxy logs one
 	// by one in each RefusalLogPeriod. The period's further refusals, and

@@ -415,6 +415,8 @@ func (p *Proxy) fail(c net.Conn, rec *Record, err error) {
 			rec.Verdict = Refused
 		}
 		writeError(c, he, replyTimeout)
+	case errors.Is(err, errClientLeft):
+		rec.Verdict, rec.Reason = Failed, err.Error()
 	default:
 		rec.Verdict, rec.Reason = Failed, "the connection broke midway"
 	}
@@ -441,9 +443,14 @@ func (p *Proxy) dial(ctx context.Context, host string, port uint16, right string
 			return nil, err
 		}
 	}
-	d := net.Dialer{Timeout: DialTimeout}
+	// One bound for every address together: a name with many addresses
+	// that drop what is sent to them would otherwise hold the slot for
+	// DialTimeout each.
+	dctx, cancel := context.WithTimeout(ctx, DialTimeout)
+	defer cancel()
+	var d net.Dialer
 	for _, a := range addrs {
-		c, derr := d.DialContext(ctx, "tcp", netip.AddrPortFrom(a.Unmap(), port).String())
+		c, derr := d.DialContext(dctx, "tcp", netip.AddrPortFrom(a.Unmap(), port).String())
 		if derr == nil {
 			return c, nil
 		}

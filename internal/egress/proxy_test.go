@@ -648,3 +648,79 @@ func TestForwardClientIdle(t *testing.T) {
 		})
 	}
 }
+
+// stallServer answers each connection with answer (after reading the
+// request head when readHead) and then holds it open, silent, until the
+// test ends: a destination that neither finishes nor hangs up.
+func stallServer(t *testing.T, readHead bool, answer string) (port string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	serve.Serve(t, ln, func(c net.Conn) {
+		if readHead {
+			if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+				return
+			}
+			io.WriteString(c, answer)
+		}
+		<-done
+	})
+	return portOf(ln.Addr())
+}
+
+// TestForwardEndsAfterClientLeaves: a forwarded request whose client
+// leaves while its destination stays open and silent does not keep its
+// slot: the client's end ends the forward at once, and a destination that
+// takes none of the request body ends it after ClientIdleTimeout. On the
+// old code the first two waited for as long as the destination kept the
+// connection (the second up to the 2 minute head limit), the third for
+// ever: 256 such clients left their sandbox no egress at all.
+func TestForwardEndsAfterClientLeaves(t *testing.T) {
+	big := strings.Repeat("x", 8<<20)
+	for _, tc := range []struct {
+		name      string
+		readHead  bool
+		answer    string
+		head      string
+		body      string
+		readHead2 bool // the client reads the answer's head before it leaves
+		verdict   egress.Verdict
+		reason    string
+	}{
+		{name: "answer stalls after its head", readHead: true, answer: "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc",
+			head: "GET http://127.0.0.1:%s/ HTTP/1.1\r\n\r\n", readHead2: true, verdict: egress.Failed, reason: "the client left before the answer ended"},
+		{name: "answer never comes", readHead: true,
+			head: "GET http://127.0.0.1:%s/ HTTP/1.1\r\n\r\n", verdict: egress.Failed, reason: "the client left before the answer ended"},
+		{name: "destination takes no body",
+			head: "POST http://127.0.0.1:%s/ HTTP/1.1\r\nContent-Length: 67108864\r\n\r\n", body: big, verdict: egress.Failed, reason: "the destination did not take the request in time"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port := stallServer(t, tc.readHead, tc.answer)
+			tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), ClientIdleTimeout: 200 * time.Millisecond})
+			c := tp.dial(t)
+			if _, err := fmt.Fprintf(c, tc.head, port); err != nil {
+				t.Fatal(err)
+			}
+			if tc.body != "" {
+				// As much of the body as the buffers take, then the client leaves.
+				c.SetWriteDeadline(time.Now().Add(time.Second))
+				c.Write([]byte(tc.body))
+			}
+			if tc.readHead2 {
+				c.SetReadDeadline(time.Now().Add(10 * time.Second))
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil || resp.StatusCode != http.StatusOK {
+					t.Fatalf("the answer's head: %v", err)
+				}
+			}
+			c.Close()
+			if r := tp.record(t); r.Verdict != tc.verdict || r.Reason != tc.reason {
+				t.Fatalf("record %+v", r)
+			}
+		})
+	}
+}

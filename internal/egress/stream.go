@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -111,8 +112,12 @@ func removeHopByHop(h http.Header) {
 
 // forward sends one plain request to the destination in origin form and
 // its response back, both ends told the connection closes after it, and
-// returns the bytes each way. Each read of the client's body and each
-// write of the answer to it has idle to go through. An httpError is
+// returns the bytes each way. Each read of the client's body, each write
+// of the request to the destination and each write of the answer to the
+// client has idle to go through. Once the request is written the client
+// has nothing more to send: its end (a close or a half-close) ends the
+// forward at once, as a proxy does for a client that gave up, so a silent
+// destination cannot keep the slot of a client that left. An httpError is
 // returned only while nothing of the response has been written.
 func forward(c net.Conn, req *http.Request, up net.Conn, idle time.Duration) (upN, downN int64, err error) {
 	removeHopByHop(req.Header)
@@ -132,14 +137,36 @@ func forward(c net.Conn, req *http.Request, up net.Conn, idle time.Duration) (up
 	if req.Body != nil && req.Body != http.NoBody {
 		req.Body = body // no body stays none (Write would send one of unknown length)
 	}
-	uw := &counter{w: up}
+	upw := &idleWriter{c: up, idle: idle}
+	uw := &counter{w: upw}
 	if err := req.Write(uw); err != nil {
-		if body.timedOut {
+		switch {
+		case body.timedOut:
 			return uw.n, 0, &httpError{http.StatusRequestTimeout, "the request body did not arrive in time"}
+		case upw.timedOut:
+			return uw.n, 0, &httpError{http.StatusGatewayTimeout, "the destination did not take the request in time"}
 		}
 		return uw.n, 0, &httpError{http.StatusBadGateway, "the request could not be passed on"}
 	}
+	up.SetWriteDeadline(time.Time{})
+	// Whatever the client sends now (a pipelined request) is dropped; its
+	// end closes the destination, which ends the reads and writes below.
 	c.SetReadDeadline(time.Time{})
+	var left atomic.Bool
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		if _, err := io.Copy(io.Discard, c); !errors.Is(err, os.ErrDeadlineExceeded) {
+			left.Store(true)
+			up.Close()
+		}
+	})
+	defer func() {
+		c.SetReadDeadline(time.Now()) // stops the watch
+		watch.Wait()
+		if err != nil && left.Load() {
+			err = errClientLeft
+		}
+	}()
 	resp, err := readResponse(up, req)
 	if err != nil {
 		return uw.n, 0, err
@@ -151,6 +178,10 @@ func forward(c net.Conn, req *http.Request, up net.Conn, idle time.Duration) (up
 	err = resp.Write(cw)
 	return uw.n, cw.n, err
 }
+
+// errClientLeft ends a forwarded request whose client closed its end
+// before the whole answer was passed on.
+var errClientLeft = errors.New("the client left before the answer ended")
 
 // idleReader reads a forwarded request's body from its client, each read
 // given idle to bring something.
@@ -172,16 +203,21 @@ func (r *idleReader) Read(b []byte) (int, error) {
 
 func (r *idleReader) Close() error { return r.r.Close() }
 
-// idleWriter writes an answer to its client, each write given idle to go
-// through.
+// idleWriter writes to c, each write given idle to go through: an answer
+// to its client, a request to its destination.
 type idleWriter struct {
-	c    net.Conn
-	idle time.Duration
+	c        net.Conn
+	idle     time.Duration
+	timedOut bool
 }
 
 func (w *idleWriter) Write(b []byte) (int, error) {
 	w.c.SetWriteDeadline(time.Now().Add(w.idle))
-	return w.c.Write(b)
+	n, err := w.c.Write(b)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		w.timedOut = true // net/http does not always wrap what it is given
+	}
+	return n, err
 }
 
 // readResponse reads the destination's response head, bounded by
