@@ -1,10 +1,9 @@
 package modelproxy
 
 import (
-	"bytes"
 	"encoding/json"
-	"io"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -41,36 +40,32 @@ func providerTool(request []byte) (name string, ok bool) {
 	if !json.Valid(request) {
 		return "", false
 	}
-	dec := json.NewDecoder(bytes.NewReader(request))
-	dec.UseNumber()
-	// One frame per open object or array. In an object, key is the key
-	// whose value comes next ("" while a key is expected).
+	s := scanner{data: request}
+	// One frame per open object or array. In an object, key is the raw key
+	// whose value comes next (nil while a key is expected).
 	type frame struct {
 		object   bool
-		key      string
+		key      []byte
 		expected bool // a key comes next
 	}
 	var stack []frame
 	// The value of the current key is complete: the frame expects a key.
 	done := func() {
 		if n := len(stack); n > 0 && stack[n-1].object {
-			stack[n-1].expected, stack[n-1].key = true, ""
+			stack[n-1].expected, stack[n-1].key = true, nil
 		}
 	}
 	// inTool reports whether the current frame is an element of the
 	// top-level tools list.
 	inTool := func() bool {
-		return len(stack) == 3 && stack[2].object && !stack[1].object && strings.EqualFold(stack[0].key, "tools")
+		return len(stack) == 3 && stack[2].object && !stack[1].object && foldIs(stack[0].key, "tools")
 	}
 	for {
-		t, err := dec.Token()
-		if err == io.EOF {
+		kind, raw := s.next()
+		if kind == tokEnd {
 			return "", len(stack) == 0
 		}
-		if err != nil {
-			return "", false
-		}
-		if len(stack) == 0 && t != json.Delim('{') {
+		if len(stack) == 0 && kind != tokObject {
 			return "", false // not one object
 		}
 		n := len(stack)
@@ -79,42 +74,42 @@ func providerTool(request []byte) (name string, ok bool) {
 			top = &stack[n-1]
 		}
 		if top != nil && top.object && top.expected {
-			if d, isDelim := t.(json.Delim); isDelim && d == '}' {
+			if kind == tokObjectEnd {
 				stack = stack[:n-1]
 				done()
 				continue
 			}
-			top.key, _ = t.(string) // valid JSON: a key is a string
+			top.key = raw // valid JSON: a key is a string
 			top.expected = false
 			continue
 		}
 		// A value (or the end of an array) of top.key, or the whole body.
-		key := ""
+		var key []byte
 		if top != nil && top.object {
 			key = top.key
 		}
-		if n == 1 && containsFold(providerRequestKeys, key) && t != nil {
-			return strconv.Quote(key), true
+		if n == 1 && kind != tokNull && slices.ContainsFunc(providerRequestKeys, func(k string) bool { return foldIs(key, k) }) {
+			return strconv.Quote(decodeString(key)), true
 		}
-		if inTool() && strings.EqualFold(key, "type") {
-			typ, isString := t.(string)
-			if !isString || typ != "custom" && !clientToolType.MatchString(typ) {
+		if inTool() && foldIs(key, "type") {
+			typ := ""
+			if kind == tokString {
+				typ = decodeString(raw)
+			}
+			if kind != tokString || typ != "custom" && !clientToolType.MatchString(typ) {
 				return "tool type " + strconv.Quote(shorten(typ)), true
 			}
 		}
-		switch v := t.(type) {
-		case json.Delim:
-			switch v {
-			case '{':
-				stack = append(stack, frame{object: true, expected: true})
-			case '[':
-				stack = append(stack, frame{})
-			case ']':
-				stack = stack[:n-1]
-				done()
-			}
-		case string:
-			if strings.EqualFold(key, "type") && strings.EqualFold(v, "url") {
+		switch kind {
+		case tokObject:
+			stack = append(stack, frame{object: true, expected: true})
+		case tokArray:
+			stack = append(stack, frame{})
+		case tokArrayEnd:
+			stack = stack[:n-1]
+			done()
+		case tokString:
+			if foldIs(key, "type") && foldIs(raw, "url") {
 				return urlSource, true
 			}
 			done()

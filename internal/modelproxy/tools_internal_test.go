@@ -62,15 +62,21 @@ func TestProviderTool(t *testing.T) {
 	}
 }
 
-// FuzzProviderTool: whatever body a sandbox sends, a tool type Go's own
-// decoder reads as the provider's is found, and what is named back is
+// FuzzProviderTool: whatever body a sandbox sends, the scanner finds what
+// encoding/json's Decoder found (providerToolDecoder), a tool type Go's
+// own decoder reads as the provider's is found, and what is named back is
 // short.
 func FuzzProviderTool(f *testing.F) {
 	f.Add([]byte(`{"tools":[{"type":"web_search_20250305"}]}`))
 	f.Add([]byte(`{"tools":[{"name":"a"},{"Type":"custom","type":"x"}],"mcp_servers":[]}`))
 	f.Add([]byte(`{"tools":[{"type":"bash_20250124"}]}`))
+	f.Add([]byte(`{"t\u006fols":[{"typ\u0065":"web_search_20250305"}],"m\u0063p_servers":null}`))
+	f.Add([]byte(`{"toolſ":[{"TYPE":"\u0055rl"}],"x":[1,true,null,"a\"b"]}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		name, ok := providerTool(body)
+		if rname, rok := providerToolDecoder(body); name != rname || ok != rok {
+			t.Fatalf("%q: %q, %v; encoding/json's Decoder read %q, %v", body, name, ok, rname, rok)
+		}
 		if len(name) > len(`tool type ""`)+maxToolNameInError+len("...") {
 			t.Fatalf("named back %d bytes", len(name))
 		}
@@ -88,4 +94,54 @@ func FuzzProviderTool(f *testing.F) {
 			}
 		}
 	})
+}
+
+// floodBody is a request of n small numbers with a provider tool at its
+// end: every token is read before the tool is found.
+func floodBody(n int) []byte {
+	return []byte(`{"max_tokens":1,"a":[` + strings.Repeat("0,", n) + `0],"tools":[{"type":"web_search_20250305"}]}`)
+}
+
+// TestBodyChecksAllocateNothingPerToken: the checks of a request body
+// cost no allocation per token. encoding/json's Decoder made several a
+// token: a 32 MiB body of small numbers took the broker 8 s of CPU, with
+// a sandbox free to send eight at once (measured: 7.8 s with the
+// Decoder, 0.46 s with the scanner).
+func TestBodyChecksAllocateNothingPerToken(t *testing.T) {
+	body := floodBody(100_000)
+	for name, check := range map[string]func(){
+		"providerTool": func() {
+			if tool, ok := providerTool(body); tool != `tool type "web_search_20250305"` || !ok {
+				t.Fatalf("providerTool: %q, %v", tool, ok)
+			}
+		},
+		"outputCharge": func() {
+			if charge := outputCharge(body); charge != 1 {
+				t.Fatalf("outputCharge: %d", charge)
+			}
+		},
+	} {
+		if allocs := testing.AllocsPerRun(3, check); allocs > 20 {
+			t.Errorf("%s: %.0f allocations for 100,001 tokens", name, allocs)
+		}
+	}
+}
+
+// BenchmarkBodyChecks: the two checks of a Messages request body against
+// json.Valid on the same 32 MiB body (the floor: each check runs it
+// first).
+func BenchmarkBodyChecks(b *testing.B) {
+	body := floodBody(16<<20 - 32)
+	for name, check := range map[string]func(){
+		"valid":        func() { json.Valid(body) },
+		"providerTool": func() { providerTool(body) },
+		"outputCharge": func() { outputCharge(body) },
+	} {
+		b.Run(name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				check()
+			}
+		})
+	}
 }

@@ -3,7 +3,6 @@ package modelproxy
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
 )
 
 // maxEventLine bounds one server-sent event line kept for usage: a longer
@@ -53,25 +52,23 @@ func outputCharge(request []byte) int64 {
 	if !json.Valid(request) {
 		return UnknownMaxTokens
 	}
-	dec := json.NewDecoder(bytes.NewReader(request))
-	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+	s := scanner{data: request}
+	if k, _ := s.next(); k != tokObject {
 		return UnknownMaxTokens
 	}
 	var charge int64
-	for dec.More() {
-		t, err := dec.Token()
-		if err != nil {
-			return UnknownMaxTokens
+	for {
+		k, key := s.next()
+		if k != tokString {
+			break // the object's end
 		}
-		var v json.RawMessage
-		if err := dec.Decode(&v); err != nil {
-			return UnknownMaxTokens
-		}
-		if key, _ := t.(string); !strings.EqualFold(key, "max_tokens") {
+		vk, v := s.next()
+		s.skip(vk)
+		if !foldIs(key, "max_tokens") {
 			continue
 		}
 		var n int64
-		if json.Unmarshal(v, &n) != nil || n <= 0 {
+		if vk != tokScalar || json.Unmarshal(v, &n) != nil || n <= 0 {
 			n = UnknownMaxTokens
 		}
 		charge = max(charge, min(n, maxChargedTokens))

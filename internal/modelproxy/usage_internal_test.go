@@ -70,8 +70,9 @@ func TestOutputCharge(t *testing.T) {
 	}
 }
 
-// FuzzOutputCharge: whatever body a sandbox sends, a cut response is
-// charged at least one token and at most maxChargedTokens, never less
+// FuzzOutputCharge: whatever body a sandbox sends, the scanner charges
+// what encoding/json's Decoder did (outputChargeDecoder), a cut response
+// is charged at least one token and at most maxChargedTokens, never less
 // than the max_tokens the body states (up to that bound).
 func FuzzOutputCharge(f *testing.F) {
 	f.Add([]byte(`{"max_tokens":1024,"stream":true}`))
@@ -79,8 +80,12 @@ func FuzzOutputCharge(f *testing.F) {
 	f.Add([]byte(`{"max_tokens":-1,"max_tokens":7}`))
 	f.Add([]byte(`not json`))
 	f.Add([]byte(`{"max_tokens":500000,"Max_Tokens":null}`))
+	f.Add([]byte(`{"a":{"max_tokens":1},"max_to\u212aens":[2],"MAX_TOKENS":3e0,"max_tokens":true}`))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		got := outputCharge(body)
+		if ref := outputChargeDecoder(body); got != ref {
+			t.Fatalf("%q: charge %d; encoding/json's Decoder read %d", body, got, ref)
+		}
 		if got < 1 || got > maxChargedTokens {
 			t.Fatalf("charge %d", got)
 		}
