@@ -94,6 +94,8 @@ type Broker struct {
 	conns   connTracker
 	// proxyConns admits the model and egress sockets' connections.
 	proxyConns *connBudget
+	// modelBodies admits the bytes of the model sockets' request bodies.
+	modelBodies *bodyBudget
 
 	queries  queryPool
 	executor serial.Executor
@@ -169,12 +171,13 @@ func Open(cfg Config) (*Broker, error) {
 	b := &Broker{
 		cfg: cfg, log: cfg.Logger, store: st, lock: lock,
 		ctx: ctx, cancel: cancel,
-		serving:    map[string]*sandboxServer{},
-		conflicted: map[string]bool{},
-		conns:      newConnTracker(),
-		proxyConns: newConnBudget(cmp.Or(cfg.TreeMaxConns, DefaultTreeMaxConns), descriptors),
-		queries:    queryPool{workers: make(chan struct{}, QueryWorkers)},
-		retention:  cmp.Or(cfg.ReadRetention, DefaultReadRetention),
+		serving:     map[string]*sandboxServer{},
+		conflicted:  map[string]bool{},
+		conns:       newConnTracker(),
+		proxyConns:  newConnBudget(cmp.Or(cfg.TreeMaxConns, DefaultTreeMaxConns), descriptors),
+		modelBodies: newBodyBudget(TreeMaxModelBodyBytes),
+		queries:     queryPool{workers: make(chan struct{}, QueryWorkers)},
+		retention:   cmp.Or(cfg.ReadRetention, DefaultReadRetention),
 	}
 	b.executor.Cap = ExecQueueCap
 	if n := descriptors / descriptorsPerConn; n < lowConnBudget {

@@ -43,3 +43,11 @@ func (b *Broker) TreeConnsForTest(tree string) int {
 
 // SweepStorageForTest runs the storage sweep as if at now.
 func (b *Broker) SweepStorageForTest(now time.Time) { b.sweepStorage(now) }
+
+// TreeModelBodiesForTest is how many bytes of model request bodies of
+// tree's are admitted and not yet released.
+func (b *Broker) TreeModelBodiesForTest(tree string) int64 {
+	b.modelBodies.mu.Lock()
+	defer b.modelBodies.mu.Unlock()
+	return b.modelBodies.byTree[tree]
+}

@@ -204,6 +204,7 @@ func (b *Broker) listenModel(sb store.Sandbox, sockPath string, e ModelEndpoint)
 		Reserve:       func(charge int64) (func(), error) { return b.reserveModel(sb, charge) },
 		ProviderTools: b.cfg.Model.ProviderTools,
 		AdmitConn:     b.admitConn(sb),
+		AdmitBody:     b.admitBody(sb),
 		Log:           b.log.With("sandbox", sb.Name, "socket", filepath.Base(sockPath)),
 		ReadTimeout:   m.ReadTimeout, StreamIdle: m.StreamIdle,
 	})

@@ -108,6 +108,13 @@ type Config struct {
 	// error's message) and the connection closed; release gives the place
 	// back when the connection closes.
 	AdmitConn func() (release func(), err error)
+	// AdmitBody, when set, is asked for each POST before its body is read,
+	// with the bytes the body may hold in memory (its Content-Length, or
+	// MaxRequestBytes when it has none): the broker's budget of request
+	// bodies in flight across sandboxes. An error is answered 503
+	// (overloaded_error, with the error's message) and the body is not
+	// read; release gives the bytes back when the request has ended.
+	AdmitBody func(n int64) (release func(), err error)
 	// ProviderTools passes Messages requests that ask the provider to run
 	// tools on its own side (web search and fetch, code execution, remote
 	// MCP servers); without it they are refused 400, since those reach
@@ -243,6 +250,20 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 		if err := p.cfg.Admit(); err != nil {
 			return apiError(w, http.StatusTooManyRequests, "rate_limit_error", err.Error())
 		}
+	}
+	if r.ContentLength > MaxRequestBytes {
+		return apiError(w, http.StatusRequestEntityTooLarge, "request_too_large", fmt.Sprintf("the request is over %d bytes", MaxRequestBytes))
+	}
+	if p.cfg.AdmitBody != nil && r.Method == http.MethodPost {
+		size := r.ContentLength
+		if size < 0 {
+			size = MaxRequestBytes // no length said: it may be as large as allowed
+		}
+		release, err := p.cfg.AdmitBody(size)
+		if err != nil {
+			return apiError(w, http.StatusServiceUnavailable, "overloaded_error", err.Error())
+		}
+		defer release() // the body is held until the request has ended
 	}
 	body, status, n, ok := p.readBody(w, r)
 	if !ok {

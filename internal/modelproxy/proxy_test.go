@@ -12,6 +12,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -952,5 +953,85 @@ func TestProviderToolsRefused(t *testing.T) {
 	}
 	if n := len(allowed.up.Seen()); n != 1 {
 		t.Fatalf("upstream saw %d requests", n)
+	}
+}
+
+// TestAdmitBody: a POST asks AdmitBody for its Content-Length (the most
+// a body of unsaid length may be when it has none) before its body is
+// read; a refusal is answered 503 overloaded_error with the reason and
+// nothing reaches the upstream; an admitted request gives its bytes back
+// once it has ended. A body declared past MaxRequestBytes is answered 413
+// at once, neither admitted nor read.
+func TestAdmitBody(t *testing.T) {
+	var mu sync.Mutex
+	var asked []int64
+	var refuse error
+	held := 0
+	w := newWorld(t, func(c *modelproxy.Config) {
+		c.AdmitBody = func(n int64) (func(), error) {
+			mu.Lock()
+			defer mu.Unlock()
+			asked = append(asked, n)
+			if refuse != nil {
+				return nil, refuse
+			}
+			held++
+			return func() { mu.Lock(); held--; mu.Unlock() }, nil
+		}
+	})
+	body := modeltest.RequestBody("hi", false)
+	resp := w.post(t, "/v1/messages", body)
+	if b := readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("admitted: %d %s", resp.StatusCode, b)
+	}
+	// A body of unsaid length (chunked) may be as large as allowed.
+	req, err := http.NewRequest(http.MethodPost, "http://localhost/v1/messages", io.MultiReader(strings.NewReader(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err = w.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := readAll(t, resp); resp.StatusCode != 200 {
+		t.Fatalf("chunked: %d %s", resp.StatusCode, b)
+	}
+	mu.Lock()
+	refuse = errors.New("orchestrator lead and its children hold 256 MiB of model request bodies")
+	mu.Unlock()
+	resp = w.post(t, "/v1/messages", body)
+	if b := readAll(t, resp); resp.StatusCode != 503 || apiErrorType(t, b) != "overloaded_error" || !strings.Contains(b, "256 MiB of model request bodies") {
+		t.Fatalf("refused: %d %s", resp.StatusCode, b)
+	}
+	if n := len(w.up.Seen()); n != 2 {
+		t.Fatalf("the upstream saw %d requests, want the 2 admitted", n)
+	}
+	// Declared past the limit: answered at once, its body never sent.
+	conn, err := net.Dial("unix", w.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n", modelproxy.MaxRequestBytes+1)
+	if answer, err := http.ReadResponse(bufio.NewReader(conn), nil); err != nil || answer.StatusCode != 413 {
+		t.Fatalf("declared past the limit: %v %v", answer, err)
+	}
+	// The bytes are given back as each handler returns.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		h := held
+		mu.Unlock()
+		if h == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d admissions still held", h)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []int64{int64(len(body)), modelproxy.MaxRequestBytes, int64(len(body))}; !slices.Equal(asked, want) {
+		t.Fatalf("AdmitBody asked %v, want %v", asked, want)
 	}
 }

@@ -1,0 +1,78 @@
+package broker
+
+import (
+	"fmt"
+	"sync"
+
+	"agentbox/internal/modelproxy"
+	"agentbox/internal/store"
+)
+
+// The budget of model request bodies. A model socket reads a request's
+// body whole (at most modelproxy.MaxRequestBytes) before it forwards it
+// and holds it until the request has ended, for up to
+// modelproxy.MaxConcurrent requests at once. Those bounds multiply with
+// an orchestrator's children and its LiteLLM profiles: one tree could
+// hold gigabytes of the broker's memory with bodies it sends all but the
+// last byte of, or whose answers it keeps streaming.
+const (
+	// TreeMaxModelBodyBytes is what the model request bodies of one
+	// orchestrator and all its children may hold at once: 8 bodies of the
+	// largest size.
+	TreeMaxModelBodyBytes = 8 * modelproxy.MaxRequestBytes
+	// SandboxMaxModelBodyBytes is one sandbox's share of it, half (as for
+	// connections, sandboxShare): one hostile child cannot leave its
+	// orchestrator no room to reach its model.
+	SandboxMaxModelBodyBytes = TreeMaxModelBodyBytes / 2
+)
+
+// bodyBudget admits the bytes of model request bodies: at most treeMax
+// per orchestrator tree and half of that per sandbox.
+type bodyBudget struct {
+	treeMax int64
+
+	mu        sync.Mutex
+	byTree    map[string]int64 // bytes admitted and not yet released, by tree
+	bySandbox map[string]int64 // the same by sandbox (its uuid)
+}
+
+func newBodyBudget(treeMax int64) *bodyBudget {
+	return &bodyBudget{treeMax: treeMax, byTree: map[string]int64{}, bySandbox: map[string]int64{}}
+}
+
+// admit takes n bytes for one body of sandbox (its uuid, name for the
+// refusal) of tree, or says which bound refuses them.
+func (c *bodyBudget) admit(tree, sandbox, name string, n int64) (release func(), err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if held, share := c.bySandbox[sandbox], c.treeMax/2; held+n > share {
+		return nil, fmt.Errorf("sandbox %s holds %s of model request bodies at once and this one may hold %s: more than one sandbox may (%s, half of its tree's); try again when a request has ended", name, mib(held), mib(n), mib(share))
+	}
+	if held := c.byTree[tree]; held+n > c.treeMax {
+		return nil, fmt.Errorf("orchestrator %s and its children hold %s of model request bodies at once and this one may hold %s: more than they may (%s); try again when a request has ended", tree, mib(held), mib(n), mib(c.treeMax))
+	}
+	c.byTree[tree] += n
+	c.bySandbox[sandbox] += n
+	var once sync.Once
+	return func() { once.Do(func() { c.release(tree, sandbox, n) }) }, nil
+}
+
+func (c *bodyBudget) release(tree, sandbox string, n int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.byTree[tree] -= n; c.byTree[tree] == 0 {
+		delete(c.byTree, tree)
+	}
+	if c.bySandbox[sandbox] -= n; c.bySandbox[sandbox] == 0 {
+		delete(c.bySandbox, sandbox)
+	}
+}
+
+// mib is n bytes in MiB, to one decimal.
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+// admitBody is a model socket's AdmitBody for sb.
+func (b *Broker) admitBody(sb store.Sandbox) func(int64) (func(), error) {
+	tree := sb.Tree()
+	return func(n int64) (func(), error) { return b.modelBodies.admit(tree, sb.UUID, sb.Name, n) }
+}
