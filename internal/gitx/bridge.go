@@ -13,9 +13,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"agentbox/internal/serial"
 	"agentbox/internal/untrusted"
 )
 
@@ -313,10 +315,14 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 		closeFiles(fromSrc, srcOut, dstIn, toDst, fromDst, dstOut)
 		return err
 	}
-	var wg sync.WaitGroup
+	var wg, cmds sync.WaitGroup
 	var copyErr, reqErr, srcErr, dstErr error
+	// ended: both commands have; what the copies wait on then is only a
+	// process either side left behind, and is cut (below).
+	var ended atomic.Bool
 	srcStderr, dstStderr := output(0), output(0)
 	wg.Add(4)
+	cmds.Add(2)
 	go func() {
 		defer wg.Done()
 		defer closeFiles(fromDst, toSrc)
@@ -336,6 +342,9 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 		case n > limit:
 			copyErr = fmt.Errorf("%w (%d bytes)", ErrTransferTooLarge, limit)
 			cancel()
+		case ended.Load():
+			// Cut once both commands had ended: the destination has
+			// what it took, and says whether that was enough.
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			copyErr = fmt.Errorf("%w (%s)", ErrTransferStalled, idle)
 			cancel()
@@ -345,6 +354,7 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	}()
 	go func() {
 		defer wg.Done()
+		defer cmds.Done()
 		// Once a command holds its ends, ours are closed: each side then
 		// sees the end of the other's stream when the other closes it.
 		// A source that fails stops sending: the destination sees the end
@@ -355,6 +365,7 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 	}()
 	go func() {
 		defer wg.Done()
+		defer cmds.Done()
 		dstErr = fetch(ctx, dstIn, dstOut, dstStderr, func() { closeFiles(dstIn, dstOut) })
 		closeFiles(dstIn, dstOut)
 		// Its requests end with it, whatever else of the destination's
@@ -364,7 +375,21 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 			cancel()
 		}
 	}()
-	wg.Wait()
+	// Once both commands have ended, a process of a sandbox that still
+	// holds a pipe's other end (it opened /proc/PID/fd/N of a command) must
+	// not keep a copy waiting: one blocked writing to a pipe nobody reads
+	// would hold the Transfer, and its caller, for ever. Closing our ends
+	// wakes a blocked write; a past deadline wakes a read.
+	go func() {
+		cmds.Wait()
+		ended.Store(true)
+		fromSrc.SetReadDeadline(time.Now())
+		fromDst.SetReadDeadline(time.Now())
+		closeFiles(toSrc, toDst)
+	}()
+	// Nothing here needs the caller's turn (serial): it waits on the
+	// processes of a sandbox, and on host git paced by them.
+	serial.Outside(ctx, wg.Wait)
 	switch {
 	case errors.Is(copyErr, ErrTransferTooLarge), errors.Is(copyErr, ErrTransferStalled):
 		return fmt.Errorf("transfer from %s to %s: %w", src.name, dst.name, copyErr)
@@ -490,7 +515,27 @@ func untrustedFetch(ctx context.Context, dir string, config []string, args ...st
 	cmd := exec.CommandContext(ctx, "/bin/sh", limited...)
 	cmd.Dir, cmd.Env = dir, gitEnv()
 	cmd.SysProcAttr = ownerCredential(dir)
+	endsWholeOnCancel(cmd)
 	return cmd
+}
+
+// hostGitWaitDelay bounds how long a host git's Wait waits, once git is
+// killed, for its output pipes to close: a backstop for a process outside
+// its group still holding one.
+const hostGitWaitDelay = 10 * time.Second
+
+// endsWholeOnCancel makes cmd, a host git that a sandbox paces, end with
+// every process it started when its context ends: git fetch runs its
+// transport in a child (git remote-fd) that killing git alone leaves
+// behind, blocked on the sandbox and holding git's stderr, so Wait, and
+// the Transfer waiting on it, would never return.
+func endsWholeOnCancel(cmd *exec.Cmd) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Setpgid = true
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = hostGitWaitDelay
 }
 
 // ownerCredential makes a root process run as the owner of dir (the
@@ -570,6 +615,7 @@ func (r Repo) uploadPack(ctx context.Context, commit string, stdin, stdout *os.F
 	cmd := exec.CommandContext(ctx, "git", args...)
 	cmd.Env = append(gitEnv(), "GIT_NAMESPACE="+ns)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+	endsWholeOnCancel(cmd) // its pack-objects would outlive it
 	if err := cmd.Start(); err != nil {
 		return commandError(ctx, []string{"upload-pack"}, nil, err)
 	}
