@@ -98,6 +98,14 @@ func v1(d map[string]any) {
 	}
 }
 
+// swapLeases swaps leases i and j.
+func swapLeases(i, j int) func(map[string]any) {
+	return func(doc map[string]any) {
+		ls := doc["leases"].([]any)
+		ls[i], ls[j] = ls[j], ls[i]
+	}
+}
+
 func leaseWith(i int, kv ...any) func(map[string]any) {
 	return func(d map[string]any) {
 		l := mt.Lease(d, i)
@@ -328,6 +336,9 @@ var refusals = []refusal{
 	{name: "provider value without name", mutate: with("leases.1.materializations.0.environment_name", del), field: "leases[1].materializations[0].environment_name", reason: "is required"},
 	{name: "provider value reserved name", mutate: with("leases.1.materializations.0.environment_name", "LD_LIBRARY_PATH"), field: "leases[1].materializations[0].environment_name", reason: "loader"},
 	{name: "name bound twice for a consumer", mutate: with("leases.1.materializations.0.environment_name", "MODEL_ACCESS_TOKEN"), field: "leases[1].materializations[0].environment_name", reason: "at most once per consumer"},
+	// The same with the provider-environment lease first: the check once
+	// saw only inherited names of leases before it.
+	{name: "name bound twice, value first", mutate: all(with("leases.1.materializations.0.environment_name", "MODEL_ACCESS_TOKEN"), swapLeases(0, 1)), field: "leases[1].inherited_environment[0]", reason: "at most once per consumer"},
 	{name: "project env elsewhere", mutate: with("leases.2.materializations.0.target_path", "/run/branchbox/leases/other"), field: "leases[2].materializations[0].target_path", reason: "must be /run/branchbox/leases/project-env"},
 	{name: "project env with name", mutate: with("leases.2.materializations.0.environment_name", "X_TOKEN"), field: "leases[2].materializations[0].environment_name", reason: "only provider-environment"},
 	{name: "capability target elsewhere", mutate: with("leases.5.materializations.0.target_path", "/run/branchbox/leases/tool-requests/delivery/cap"), field: "leases[5].materializations[0].target_path", reason: ".capability"},

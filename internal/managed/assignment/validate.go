@@ -381,7 +381,14 @@ func (v *validator) leases() error {
 				if j > 0 && name <= l.InheritedEnvironment[j-1] {
 					return Errorf(f, "names must be unique and in strictly ascending order")
 				}
-				envTargets[[2]string{l.Consumer, name}] = true
+				// Whichever lease comes first: a provider-environment
+				// value bound before this lease is caught here, one after
+				// it in materialization.
+				key := [2]string{l.Consumer, name}
+				if envTargets[key] {
+					return Errorf(f, "each environment name is bound at most once per consumer (inherited or provider-environment)")
+				}
+				envTargets[key] = true
 			}
 		}
 		if l.Scope == ScopeToolRequest {
