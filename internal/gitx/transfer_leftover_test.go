@@ -2,6 +2,7 @@ package gitx_test
 
 import (
 	"context"
+	"crypto/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -86,10 +87,8 @@ func TestTransferEndsDespiteLeftovers(t *testing.T) {
 		// the pack (larger than a pipe holds) is written to it.
 		repo := t.TempDir()
 		git(t, repo, "init", "-q")
-		big := make([]byte, 2<<20)
-		for i := range big {
-			big[i] = byte(i*7919 + i>>8)
-		}
+		big := make([]byte, 2<<20) // incompressible: its pack is far more than a pipe holds
+		rand.Read(big)
 		if err := os.WriteFile(filepath.Join(repo, "big"), big, 0o644); err != nil {
 			t.Fatal(err)
 		}
