@@ -74,6 +74,26 @@ func holding(t *testing.T) (context.Context, *serial.Executor) {
 	return ctx, e
 }
 
+// transferFails runs a Transfer under a held turn, its context ending
+// after 2 s (standing for the import's bound), and requires it to fail
+// rather than run on.
+func transferFails(t *testing.T, src gitx.Repo, commit string, dst gitx.Repo, ref string, opts gitx.TransferOptions) {
+	t.Helper()
+	ctx, e := holding(t)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- gitx.Transfer(ctx, src, commit, dst, ref, opts) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the transfer succeeded")
+		}
+	case <-time.After(wait.Guard):
+		t.Fatalf("the transfer still runs %s after its context ended (the turn free: %v)", wait.Guard, turnFree(e))
+	}
+}
+
 // TestTransferEndsDespiteLeftovers: a sandbox that leaves a process
 // holding one of its command's pipes, reading nothing (it can open
 // /proc/PID/fd/N of its own command), does not hold the Transfer once its
@@ -100,19 +120,7 @@ exec 3<&0 # sh gives a background process /dev/null for stdin unless told
 sleep 100000 <&3 >/dev/null 2>&1 3<&- & echo $! > "$LEFT"
 printf '0032want %s\n0000' "$C"; printf '0009done\n'
 sleep 1; exit 1`, "C="+commit), "/")
-		ctx, e := holding(t)
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Second) // stands for the import's bound
-		defer cancel()
-		done := make(chan error, 1)
-		go func() { done <- gitx.Transfer(ctx, gitx.HostRepo(repo), commit, dst, "refs/x", gitx.TransferOptions{}) }()
-		select {
-		case err := <-done:
-			if err == nil {
-				t.Fatal("the transfer succeeded")
-			}
-		case <-time.After(wait.Guard):
-			t.Fatalf("the transfer still runs %s after its context ended (the turn free: %v)", wait.Guard, turnFree(e))
-		}
+		transferFails(t, gitx.HostRepo(repo), commit, dst, "refs/x", gitx.TransferOptions{})
 	})
 	t.Run("source", func(t *testing.T) {
 		// A child reporting done: its upload-pack advertises a commit and
@@ -139,21 +147,7 @@ line="$C refs/jailbee/transfer"; caps="multi_ack_detailed side-band-64k ofs-delt
 printf '%04x%s\0%s\n0000' $((4 + ${#line} + 1 + ${#caps} + 1)) "$line" "$caps"
 i=0; while [ $i -lt 400 ]; do printf '0008NAK\n'; i=$((i+1)); done
 sleep 1; exit 0`, "C="+commit), "/")
-		ctx, e := holding(t)
-		ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		defer cancel()
-		done := make(chan error, 1)
-		go func() {
-			done <- gitx.Transfer(ctx, src, commit, gitx.HostRepo(repo), "refs/jailbee/sandboxes/c/main", gitx.TransferOptions{Common: []string{tip}})
-		}()
-		select {
-		case err := <-done:
-			if err == nil {
-				t.Fatal("the transfer succeeded")
-			}
-		case <-time.After(wait.Guard):
-			t.Fatalf("the transfer still runs %s after its context ended (the turn free: %v)", wait.Guard, turnFree(e))
-		}
+		transferFails(t, src, commit, gitx.HostRepo(repo), "refs/jailbee/sandboxes/c/main", gitx.TransferOptions{Common: []string{tip}})
 		if out := git(t, repo, "for-each-ref", "refs/jailbee/"); out != "" {
 			t.Fatalf("the repository got refs: %q", out)
 		}
