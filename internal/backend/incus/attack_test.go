@@ -210,7 +210,8 @@ func TestAttackControlBytesInErrors(t *testing.T) {
 // stdout that floods it, or writes a line every half second, for ever.
 // Its Exec still ends with the command's status: after the command's end
 // the framer passes on at most maxOutputAfterEnd (1 MiB, what a pipe can
-// hold) and waits for more at most 2 s in all.
+// hold) and waits for more at most 2 s in all. Stderr is not the
+// framer's: a flood there holds it up at most drainWait (5 s).
 func TestAttackOutputAfterTheEnd(t *testing.T) {
 	b := newBackend(t)
 	ctx := context.Background()
@@ -224,14 +225,15 @@ func TestAttackOutputAfterTheEnd(t *testing.T) {
 	for _, tc := range []struct{ how, script string }{
 		{"flood", "(sleep 0.2; exec yes) & exit 4"},
 		{"trickle", "(while :; do echo x; sleep 0.5; done) & exit 4"},
+		{"flood on stderr", "(sleep 0.2; exec yes >&2) & exit 4"},
 	} {
 		t.Run(tc.how, func(t *testing.T) {
 			cctx, cancel := context.WithTimeout(ctx, time.Minute) // a bound on the test only
 			defer cancel()
-			var out countWriter
-			code, err := b.Exec(cctx, name, backend.ExecOptions{Argv: []string{"sh", "-c", tc.script}, Stdout: &out})
+			var out, errOut countWriter
+			code, err := b.Exec(cctx, name, backend.ExecOptions{Argv: []string{"sh", "-c", tc.script}, Stdout: &out, Stderr: &errOut})
 			if err != nil || code != 4 {
-				t.Fatalf("%d, %v after %d bytes; want the command's status 4", code, err, out.n)
+				t.Fatalf("%d, %v after %d bytes (%d on stderr); want the command's status 4", code, err, out.n, errOut.n)
 			}
 			if out.n > 2<<20 {
 				t.Fatalf("passed on %d bytes after the command ended", out.n)

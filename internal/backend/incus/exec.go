@@ -159,6 +159,14 @@ func (b *Backend) runExec(ctx context.Context, name string, uid int, marker stri
 			return 0, err
 		}
 	}
+	return clientResult(name, framed, err)
+}
+
+// clientResult is an Exec's result from its client's end (err from its
+// Wait): the status incus passed through. A framed command's status is
+// never that of a client that ended well, as its framer ends well after
+// it sent the status: without the status, that is no success.
+func clientResult(name string, framed bool, err error) (int, error) {
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {
 		return exit.ExitCode(), nil
@@ -166,8 +174,15 @@ func (b *Backend) runExec(ctx context.Context, name string, uid int, marker stri
 	if err != nil {
 		return 0, fmt.Errorf("exec in %s: %w", name, err)
 	}
+	if framed {
+		return 0, fmt.Errorf("exec in %s: %w", name, errStatusLost)
+	}
 	return 0, nil
 }
+
+// errStatusLost: a framed command's client ended without passing on the
+// command's status.
+var errStatusLost = errors.New("the command's status was lost on its way out")
 
 // framing is one framed Exec's plumbing: the client's stdin and stdout
 // are pipes this side owns; the caller's streams are read and written

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // The incus client keeps its stdout open until the command it runs has
@@ -49,6 +51,34 @@ const (
 	outputGrace       = 2 * time.Second
 	maxOutputAfterEnd = 1 << 20
 )
+
+// Incus passes on what a command wrote only while its copy finds the
+// bytes before it learns that the command has ended: it learns that
+// before its copies see the pipes' far ends close, and a copy that then
+// finds no close ends at once, dropping what the pipe still holds (the
+// status frame with it; seen under load on Incus 6.0). So the framer
+// ends only once what it and the command wrote to stdout and stderr has
+// been taken out of those pipes, or after drainWait: a process the
+// command left may write on into stderr for ever.
+const drainWait = 5 * time.Second
+
+// waitTaken returns once none of files (pipes) holds unread bytes, or
+// after at most limit. A file that cannot tell (not a pipe) counts as
+// taken.
+func waitTaken(limit time.Duration, files ...*os.File) {
+	deadline := time.Now().Add(limit)
+	pause := time.Millisecond
+	for _, f := range files {
+		for {
+			n, err := unix.IoctlGetInt(int(f.Fd()), unix.TIOCINQ) // FIONREAD
+			if err != nil || n == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(pause)
+			pause = min(2*pause, 20*time.Millisecond)
+		}
+	}
+}
 
 // frameMain is `jailbee _exec-frame` inside a container.
 func frameMain(args []string) int {
@@ -151,6 +181,7 @@ func frameMain(args []string) int {
 	if _, err := out.Write(end[:]); err != nil {
 		return status
 	}
+	waitTaken(drainWait, os.Stdout, os.Stderr)
 	// The status went in the stream: the client's own exit is not it (and
 	// incus would print "Error: Command not found" for a 127).
 	return 0
