@@ -6,8 +6,6 @@
 package holders
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +31,17 @@ const exitWait = 20 * time.Millisecond
 // bytes each. A process past the bound counts as a holder (fail closed)
 // without being looked at to the end.
 const maxFDs = 1 << 14
+
+// maxMaps bounds the file mappings looked at in one process (each a
+// statx; vm.max_map_count allows some 65,000). A process past it counts
+// as a holder, as for maxFDs: a real program maps a few thousand files'
+// pieces at most.
+const maxMaps = 1 << 14
+
+// statxFlags: a look at a file never waits on its filesystem. What the
+// sandbox mounts (FUSE, whose daemon is the sandbox's) could make a
+// statx that asks it block for ever; the mount id is the VFS's own.
+const statxFlags = unix.AT_STATX_DONT_SYNC
 
 // MountID is the mount id (statx STATX_MNT_ID, mountinfo's first field) of
 // the mount fd is on.
@@ -103,7 +112,7 @@ func killRound(ctx context.Context, ns unix.Stat_t, mntID uint64) ([]int, error)
 		if err != nil {
 			continue // gone
 		}
-		if !inNamespace(pid, ns) || !holds(pid, mntID) {
+		if !inNamespace(pid, ns) || !holds(ctx, pid, mntID) {
 			unix.Close(fd)
 			continue
 		}
@@ -156,11 +165,12 @@ func inNamespace(pid int, ns unix.Stat_t) bool {
 // working directory and a descriptor table of its own (unshare CLONE_FS,
 // CLONE_FILES); a table the thread shares with its leader is looked at
 // once, with the leader's.
-func holds(pid int, mntID uint64) bool {
+// A scan that its context ends reports no hold; its caller sees the end.
+func holds(ctx context.Context, pid int, mntID uint64) bool {
 	proc := "/proc/" + strconv.Itoa(pid)
 	// The executable first: a program run from the mount may unmap every
 	// mapping of its file and keep the mount through it alone.
-	if on(proc+"/exe", mntID) || mapsOn(proc, mntID) {
+	if on(proc+"/exe", mntID) || mapsOn(ctx, proc, mntID) {
 		return true
 	}
 	tids, err := readNames(proc + "/task")
@@ -176,7 +186,7 @@ func holds(pid int, mntID uint64) bool {
 		if tid != strconv.Itoa(pid) && sameFiles(pid, tid) {
 			continue
 		}
-		if fdsOn(task, mntID, &budget) {
+		if fdsOn(ctx, task, mntID, &budget) {
 			return true
 		}
 	}
@@ -184,23 +194,27 @@ func holds(pid int, mntID uint64) bool {
 }
 
 // fdsOn reports whether a descriptor of task is on mntID, or its
-// descriptors are more than budget (what is left of maxFDs) holds.
-func fdsOn(task string, mntID uint64, budget *int) bool {
-	return anyFD(task+"/fdinfo", budget, func(n string) bool {
-		return fdMountID(task+"/fdinfo/"+n) == mntID
+// descriptors are more than budget (what is left of maxFDs) holds. The
+// file a descriptor names is looked at through its magic link, never
+// through its fdinfo: the kernel writes out an epoll descriptor's whole
+// interest list there, and a sandbox can make that list a million lines
+// long and dup the descriptor thousands of times.
+func fdsOn(ctx context.Context, task string, mntID uint64, budget *int) bool {
+	return anyFD(ctx, task+"/fd", budget, func(n string) bool {
+		return on(task+"/fd/"+n, mntID)
 	})
 }
 
 // anyFD reports whether is reports true for a name in the descriptor
 // directory dir, or dir holds more names than budget; each name looked at
-// is taken from budget.
-func anyFD(dir string, budget *int, is func(name string) bool) bool {
+// is taken from budget. It reports false once ctx ends.
+func anyFD(ctx context.Context, dir string, budget *int, is func(name string) bool) bool {
 	f, err := os.Open(dir)
 	if err != nil {
 		return false // gone
 	}
 	defer f.Close()
-	for {
+	for ctx.Err() == nil {
 		names, err := f.Readdirnames(1024)
 		for _, n := range names {
 			if *budget--; *budget < 0 || is(n) {
@@ -211,6 +225,7 @@ func anyFD(dir string, budget *int, is func(name string) bool) bool {
 			return false
 		}
 	}
+	return false
 }
 
 // sameFiles reports whether thread tid of process pid shares its
@@ -229,18 +244,16 @@ func sameFiles(pid int, tid string) bool {
 // on reports whether the file the magic link p names is on mount mntID.
 func on(p string, mntID uint64) bool {
 	var stx unix.Statx_t
-	return unix.Statx(unix.AT_FDCWD, p, 0, unix.STATX_MNT_ID, &stx) == nil && stx.Mnt_id == mntID
+	return unix.Statx(unix.AT_FDCWD, p, statxFlags, unix.STATX_MNT_ID, &stx) == nil && stx.Mnt_id == mntID
 }
 
-// mapsOn reports whether a file mapped into the process is on mntID.
-func mapsOn(proc string, mntID uint64) bool {
-	names, _ := readNames(proc + "/map_files")
-	for _, n := range names {
-		if on(proc+"/map_files/"+n, mntID) {
-			return true
-		}
-	}
-	return false
+// mapsOn reports whether a file mapped into the process is on mntID, or
+// it maps more than maxMaps pieces of files.
+func mapsOn(ctx context.Context, proc string, mntID uint64) bool {
+	budget := maxMaps
+	return anyFD(ctx, proc+"/map_files", &budget, func(n string) bool {
+		return on(proc+"/map_files/"+n, mntID)
+	})
 }
 
 func readNames(dir string) ([]string, error) {
@@ -250,22 +263,6 @@ func readNames(dir string) ([]string, error) {
 	}
 	defer f.Close()
 	return f.Readdirnames(-1)
-}
-
-// fdMountID is the mnt_id line of an fdinfo file (0 if none).
-func fdMountID(p string) uint64 {
-	data, err := os.ReadFile(p)
-	if err != nil {
-		return 0
-	}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		if v, ok := bytes.CutPrefix(sc.Bytes(), []byte("mnt_id:")); ok {
-			id, _ := strconv.ParseUint(string(bytes.TrimSpace(v)), 10, 64)
-			return id
-		}
-	}
-	return 0
 }
 
 // waitGone waits until every process of pidfds has exited (a pidfd turns
@@ -340,7 +337,7 @@ func OtherMountNamespace(ctx context.Context, nsPID int) error {
 			if tid != e.Name() && sameFiles(pid, tid) {
 				continue
 			}
-			if anyFD(task+"/fd", &budget, func(n string) bool {
+			if anyFD(ctx, task+"/fd", &budget, func(n string) bool {
 				l, err := os.Readlink(task + "/fd/" + n)
 				return err == nil && strings.HasPrefix(l, "mnt:[") && l != mine
 			}) {

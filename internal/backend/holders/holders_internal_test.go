@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"agentbox/internal/testutil/contain"
 
@@ -36,6 +37,9 @@ func TestMain(m *testing.M) {
 // "ready" and waits for its stdin to close.
 //
 //	fds N       N descriptors in all, none on the mount
+//	maps N      N pieces of files mapped in all, none on the mount
+//	epoll W N   an epoll descriptor watching W descriptors, duplicated
+//	            N times, none on the mount
 //	threads T N T more threads sharing a table of N descriptors
 //	fd          a descriptor on the mount
 //	exe         its executable (and nothing else) on the mount
@@ -84,6 +88,14 @@ func childMain(mode []string) int {
 			}()
 		}
 		if err := fillFDs(num(2)); err != nil {
+			return fail(err)
+		}
+	case "maps":
+		if err := fillMaps(num(1)); err != nil {
+			return fail(err)
+		}
+	case "epoll":
+		if err := epollList(num(1), num(2)); err != nil {
 			return fail(err)
 		}
 	case "fd":
@@ -183,6 +195,81 @@ func fillFDs(n int) error {
 		return fmt.Errorf("%d descriptors, want %d", have, n)
 	}
 	return nil
+}
+
+// fillMaps maps one page of a file again and again until the process
+// maps n pieces of files (each its own: the pieces' file offsets do not
+// follow on, so none merge).
+func fillMaps(n int) error {
+	f, err := os.CreateTemp("", "maps")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if err := f.Truncate(4096); err != nil {
+		return err
+	}
+	have := countNames("/proc/self/map_files")
+	for ; have < n; have++ {
+		if _, err := unix.Mmap(int(f.Fd()), 0, 4096, unix.PROT_READ, unix.MAP_SHARED); err != nil {
+			return err
+		}
+	}
+	if have := countNames("/proc/self/map_files"); have != n {
+		return fmt.Errorf("%d mapped pieces, want %d", have, n)
+	}
+	return nil
+}
+
+// epollList makes an epoll descriptor whose interest list holds w
+// entries (each eventfd of a few, under one descriptor number after
+// another, closed once added: the entries stay while the eventfds are
+// open) and duplicates it n times.
+func epollList(w, n int) error {
+	const files, first = 25, 1000
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return err
+	}
+	lim.Cur = min(uint64(first+w/files+n+64), lim.Max)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		return err
+	}
+	ep, err := unix.EpollCreate1(0)
+	if err != nil {
+		return err
+	}
+	var efds [files]int
+	for i := range efds {
+		if efds[i], err = unix.Eventfd(0, 0); err != nil {
+			return err
+		}
+	}
+	for k := first; k < first+w/files; k++ {
+		for _, e := range efds {
+			if err := unix.Dup2(e, k); err != nil {
+				return err
+			}
+			if err := unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, k, &unix.EpollEvent{Events: unix.EPOLLIN}); err != nil {
+				return err
+			}
+		}
+		unix.Close(k)
+	}
+	for range n {
+		if _, err := unix.Dup(ep); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func countNames(dir string) int {
+	names, err := readNames(dir)
+	if err != nil {
+		return -1
+	}
+	return len(names)
 }
 
 func countFDs() int {
@@ -289,7 +376,7 @@ func TestKillExe(t *testing.T) {
 		t.Skip("the self-unmapping program is x86-64")
 	}
 	p, id := child(t, "exe")
-	if !on("/proc/"+strconv.Itoa(p.cmd.Process.Pid)+"/exe", id) || mapsOn("/proc/"+strconv.Itoa(p.cmd.Process.Pid), id) {
+	if !on("/proc/"+strconv.Itoa(p.cmd.Process.Pid)+"/exe", id) || mapsOn(t.Context(), "/proc/"+strconv.Itoa(p.cmd.Process.Pid), id) {
 		t.Fatal("the program's executable is not on the mount, or it maps a file of it")
 	}
 	kill(t, p, id)
@@ -314,6 +401,42 @@ func TestKillFDsLimit(t *testing.T) {
 				t.Fatalf("a process of %d descriptors, none on the mount: killed %v, want %v", tc.n, got, tc.kill)
 			}
 		})
+	}
+}
+
+// TestKillMapsLimit: each piece of a file a process maps is a statx, and
+// a process may map some 65,000: one with maxMaps is looked at (and
+// holds nothing), one with more counts as a holder.
+func TestKillMapsLimit(t *testing.T) {
+	for _, tc := range []struct {
+		n    int
+		kill bool
+	}{{maxMaps, false}, {maxMaps + 1, true}} {
+		t.Run(strconv.Itoa(tc.n), func(t *testing.T) {
+			p, id := child(t, "maps "+strconv.Itoa(tc.n))
+			kill(t, p, id)
+			if got := killed(t, p); got != tc.kill {
+				t.Fatalf("a process mapping %d pieces of files, none on the mount: killed %v, want %v", tc.n, got, tc.kill)
+			}
+		})
+	}
+}
+
+// TestKillEpollList: the kernel writes an epoll descriptor's whole
+// interest list into its fdinfo; a process that made it 200,000 entries
+// long and dup'd it 1,000 times made the scan format some 15 GB (the old
+// scan read each descriptor's fdinfo for its mount). Descriptors are
+// looked at through their magic links: the scan ends well within its
+// bound (a bound on the test only) and the process, holding nothing, lives.
+func TestKillEpollList(t *testing.T) {
+	p, id := child(t, "epoll 200000 1000")
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	if err := Kill(ctx, p.cmd.Process.Pid, id); err != nil {
+		t.Fatalf("Kill: %v", err)
+	}
+	if killed(t, p) {
+		t.Fatal("a process holding nothing on the mount was killed")
 	}
 }
 
