@@ -285,9 +285,12 @@ func (o *Orchestrator) publishPolicy(ctx context.Context, from manifest.Sender, 
 
 // pendingCap refuses when the requester's outboxes hold more than
 // MaxOutboxPending pending manifests: staged ones whose journal is not done.
+// The listing is the sandbox's bytes: one longer than the helper writes
+// (MaxListed per outbox) is refused before any journal is looked at, as
+// each look locks the journals of every sandbox.
 func (o *Orchestrator) pendingCap(sandbox string, read outboxread.Result) error {
 	tooMany := refusef("your outboxes hold more than %d pending manifests: remove the published or abandoned ones", manifest.MaxOutboxPending)
-	if read.More {
+	if read.More || len(read.Staged) > len(outboxread.Dirs)*outboxread.MaxListed {
 		return tooMany
 	}
 	pending := 0
@@ -303,9 +306,9 @@ func (o *Orchestrator) pendingCap(sandbox string, read outboxread.Result) error 
 		if state != pubjournal.Done {
 			pending++
 		}
-	}
-	if pending > manifest.MaxOutboxPending {
-		return tooMany
+		if pending > manifest.MaxOutboxPending {
+			return tooMany
+		}
 	}
 	return nil
 }

@@ -58,10 +58,19 @@ func (d *Dir) Reserve(sandbox, ref string, n, limit int, now time.Time) error {
 	})
 }
 
-// Refund gives back what ref reserved of sandbox's budget.
+// Refund gives back the newest reservation ref made of sandbox's budget:
+// the one a refused manifest has just made. An older one under the same
+// id stays spent: the store forgets old manifest ids, so a resend of a
+// forgotten id that is refused must not give back what the first one
+// used.
 func (d *Dir) Refund(sandbox, ref string) error {
 	return d.updateBudget(sandbox, func(rs []Reservation) ([]Reservation, error) {
-		return slices.DeleteFunc(rs, func(r Reservation) bool { return r.Ref == ref }), nil
+		for i := len(rs) - 1; i >= 0; i-- {
+			if rs[i].Ref == ref {
+				return slices.Delete(rs, i, i+1), nil
+			}
+		}
+		return rs, nil
 	})
 }
 

@@ -73,6 +73,29 @@ func TestBudget(t *testing.T) {
 	}
 }
 
+// TestRefundGivesBackOnlyTheNewest: a manifest id the store forgot may
+// come again; its refusal gives back what it reserved, not what the first
+// manifest of that id used.
+func TestRefundGivesBackOnlyTheNewest(t *testing.T) {
+	d := openDir(t)
+	now := time.Unix(1_800_000_000, 0)
+	if err := d.Reserve("lead", "p1", 29, 30, now); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Reserve("lead", "p1", 1, 30, now.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Refund("lead", "p1"); err != nil {
+		t.Fatal(err)
+	}
+	if used, err := d.Used("lead", now.Add(time.Minute)); err != nil || used != 29 {
+		t.Fatalf("after refunding the resend: used %d (%v), want 29", used, err)
+	}
+	if err := d.Refund("lead", "p9"); err != nil {
+		t.Fatalf("a refund of nothing: %v", err)
+	}
+}
+
 // TestJournalAtItsBound: a journal of maxJournalBytes is written and read
 // back; one byte more is not written (the journal before it stays).
 func TestJournalAtItsBound(t *testing.T) {
