@@ -9,6 +9,7 @@ package local
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/cgroup"
 	"agentbox/internal/secfs"
+	"agentbox/internal/serial"
 )
 
 // Type names this backend.
@@ -47,6 +49,11 @@ const (
 	controlSock = "control.sock"   // the supervisor's control socket (owner only)
 	unitLog     = "supervisor.log" // stderr of the launcher, bubblewrap and supervisor
 )
+
+// trashDir, under Root, holds destroyed sandboxes' directories while they
+// are emptied (no sandbox name starts with a dot). What a crash left
+// there is emptied when the backend opens.
+const trashDir = ".trash"
 
 // Options configures a local backend.
 type Options struct {
@@ -127,7 +134,28 @@ func New(opts Options) (*Backend, error) {
 	if err := secfs.EnsurePrivateDir(root); err != nil {
 		return nil, fmt.Errorf("local backend root: %w", err)
 	}
+	if err := b.emptyTrash(); err != nil {
+		return nil, fmt.Errorf("local backend root: empty %s: %w", trashDir, err)
+	}
 	return b, nil
+}
+
+// emptyTrash removes what destroys left half removed (a crash).
+func (b *Backend) emptyTrash() error {
+	trash := filepath.Join(b.root, trashDir)
+	entries, err := os.ReadDir(trash)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := secfs.RemoveTree(filepath.Join(trash, e.Name())); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Type returns "local".
@@ -229,29 +257,57 @@ func populate(dir, name string, m meta) error {
 	return saveMeta(dir, m)
 }
 
-// Destroy stops the sandbox and removes its directory by handles: nothing
-// the sandbox put there (symlinks, read-only trees) can redirect it.
+// Destroy stops the sandbox, moves its directory out of the backend's
+// view (into trashDir) and removes it there by handles: nothing the
+// sandbox put there (symlinks, read-only trees) can redirect it. The
+// sandbox made that tree, as many entries as it liked, so it is emptied
+// outside the broker's turn (serial.Outside) and without the sandbox's
+// lock: other requests go on meanwhile, and its name is free.
 func (b *Backend) Destroy(ctx context.Context, name string) error {
-	dir, m, unlock, err := b.lockLoad(name)
-	defer unlock()
-	if errors.Is(err, errIncomplete) {
-		return secfs.RemoveTree(dir) // an interrupted Create
-	}
+	trash, err := b.takeOut(ctx, name)
 	if err != nil {
 		return err
 	}
-	if err := b.stopUnit(ctx, dir, m); err != nil {
-		return err
-	}
-	// The sandbox disappears for List and Exec before it is emptied, so a
-	// failure halfway never leaves a half-removed sandbox that looks whole.
-	if err := os.Remove(filepath.Join(dir, metaFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	if err := secfs.RemoveTree(dir); err != nil {
+	serial.Outside(ctx, func() { err = secfs.RemoveTree(trash) })
+	if err != nil {
 		return fmt.Errorf("remove %s: %w", name, err)
 	}
 	return nil
+}
+
+// takeOut stops the sandbox and moves its directory into trashDir,
+// returning where it went.
+func (b *Backend) takeOut(ctx context.Context, name string) (string, error) {
+	dir, m, unlock, err := b.lockLoad(name)
+	defer unlock()
+	if errors.Is(err, errIncomplete) {
+		return b.toTrash(dir) // an interrupted Create
+	}
+	if err != nil {
+		return "", err
+	}
+	if err := b.stopUnit(ctx, dir, m); err != nil {
+		return "", err
+	}
+	// The sandbox disappears for List and Exec first, so a failure halfway
+	// never leaves a half-removed sandbox that looks whole.
+	if err := os.Remove(filepath.Join(dir, metaFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	return b.toTrash(dir)
+}
+
+// toTrash moves dir into trashDir under a name of its own.
+func (b *Backend) toTrash(dir string) (string, error) {
+	trash := filepath.Join(b.root, trashDir)
+	if err := secfs.EnsurePrivateDir(trash); err != nil {
+		return "", err
+	}
+	to := filepath.Join(trash, filepath.Base(dir)+"."+rand.Text())
+	if err := os.Rename(dir, to); err != nil {
+		return "", err
+	}
+	return to, nil
 }
 
 // AttachSocket records dir as the sandbox's directory of kind, owned by

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/backendtest"
 	"agentbox/internal/backend/local"
+	"agentbox/internal/serial"
 	"agentbox/internal/testutil/contain"
 	"agentbox/internal/testutil/testbin"
 )
@@ -404,5 +406,76 @@ func TestAgentBinaryChecks(t *testing.T) {
 	}
 	if list, _ := b.List(t.Context()); len(list) != 1 || list[0].Running {
 		t.Fatalf("after the failed start: %+v", list)
+	}
+}
+
+// TestDestroyEmptiesOutsideTheTurn: a sandbox decides how many entries
+// its tree holds, and a destroy's removal of them ran under the broker's
+// turn, so every other request waited for it. The tree now leaves the
+// backend's view at once and is emptied outside the turn: another holder
+// gets the turn while the removal runs, and the destroy still ends with
+// the tree gone.
+func TestDestroyEmptiesOutsideTheTurn(t *testing.T) {
+	f := newFixture(t)
+	x := f.create("flood", testLimits)
+	flood := filepath.Join(x.dir, "home", "flood")
+	if err := os.Mkdir(flood, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100_000 {
+		if err := os.WriteFile(filepath.Join(flood, strconv.Itoa(i)), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ex := &serial.Executor{}
+	var destroyed atomic.Bool
+	errc := make(chan error, 1)
+	go ex.Run(t.Context(), func(ctx context.Context) {
+		err := f.b.Destroy(ctx, x.name)
+		destroyed.Store(true)
+		errc <- err
+	})
+	// Once the sandbox is gone from the view, its tree is being emptied.
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(time.Millisecond) {
+		if _, err := os.Stat(filepath.Join(x.dir, "meta.json")); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the sandbox never left the view")
+		}
+	}
+	var during bool
+	if err := ex.Run(t.Context(), func(context.Context) { during = !destroyed.Load() }); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if !during {
+		t.Fatal("no other holder had the turn until the destroy had emptied the sandbox's tree")
+	}
+	if _, err := os.Lstat(x.dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the sandbox's directory: %v", err)
+	}
+	if left, err := os.ReadDir(filepath.Join(f.root, ".trash")); err != nil || len(left) != 0 {
+		t.Fatalf("the trash after a destroy: %d entries, %v", len(left), err)
+	}
+}
+
+// TestOpenEmptiesTheTrash: what a crash left half removed in the trash is
+// removed when the backend opens.
+func TestOpenEmptiesTheTrash(t *testing.T) {
+	requireRoot(t)
+	root := filepath.Join(t.TempDir(), "sandboxes")
+	left := filepath.Join(root, ".trash", "box.X", "home")
+	if err := os.MkdirAll(left, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(left, "f"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	openBackend(t, root)
+	if entries, err := os.ReadDir(filepath.Join(root, ".trash")); err != nil || len(entries) != 0 {
+		t.Fatalf("the trash after open: %d entries, %v", len(entries), err)
 	}
 }
