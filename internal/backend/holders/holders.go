@@ -38,6 +38,15 @@ const maxFDs = 1 << 14
 // pieces at most.
 const maxMaps = 1 << 14
 
+// scanBound bounds a whole Kill or OtherMountNamespace: the sandbox
+// decides how many processes, descriptors and mappings there are to look
+// at (a thousand processes of 16,384 descriptors each took some two
+// minutes), and its callers hold what other sandboxes wait for. Past it
+// the scan fails, and with it the detach: its callers then end the
+// sandbox (fail closed). A sandbox of a thousand ordinary processes is
+// looked at in well under a second. A variable for tests.
+var scanBound = 10 * time.Second
+
 // statxFlags: a look at a file never waits on its filesystem. What the
 // sandbox mounts (FUSE, whose daemon is the sandbox's) could make a
 // statx that asks it block for ever; the mount id is the VFS's own.
@@ -63,6 +72,8 @@ func MountID(fd int) (uint64, error) {
 // may move a holder to a mount namespace of its own, where a descriptor
 // it had still holds the mount (mount ids are unique on the host).
 func Kill(ctx context.Context, nsPID int, mntID uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, scanBound)
+	defer cancel()
 	var ns unix.Stat_t
 	if err := unix.Stat("/proc/"+strconv.Itoa(nsPID)+"/ns/pid", &ns); err != nil {
 		return fmt.Errorf("the sandbox's pid namespace: %w", err)
@@ -302,6 +313,8 @@ var ErrOtherMountNamespace = errors.New("a process of the sandbox has a mount na
 // other than nsPID's, or has a descriptor on one, or has more descriptors
 // than maxFDs (not looked at: fail closed).
 func OtherMountNamespace(ctx context.Context, nsPID int) error {
+	ctx, cancel := context.WithTimeout(ctx, scanBound)
+	defer cancel()
 	var pidNS, mntNS, own unix.Stat_t
 	first := "/proc/" + strconv.Itoa(nsPID)
 	if err := errors.Join(unix.Stat(first+"/ns/pid", &pidNS), unix.Stat(first+"/ns/mnt", &mntNS), unix.Stat("/proc/self/ns/pid", &own)); err != nil {

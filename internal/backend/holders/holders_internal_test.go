@@ -440,6 +440,20 @@ func TestKillEpollList(t *testing.T) {
 	}
 }
 
+// TestKillBounded: a scan the sandbox makes longer than scanBound fails
+// (its caller then ends the sandbox) and kills nothing it did not find.
+func TestKillBounded(t *testing.T) {
+	p, id := child(t, "fds 8192")
+	defer func(old time.Duration) { scanBound = old }(scanBound)
+	scanBound = time.Millisecond
+	if err := Kill(t.Context(), p.cmd.Process.Pid, id); err == nil {
+		t.Fatal("a scan past its bound succeeded")
+	}
+	if killed(t, p) {
+		t.Fatal("a process holding nothing on the mount was killed")
+	}
+}
+
 // TestKillSharedTable: threads that share their process's descriptor
 // table have it looked at once, not once each (64 threads of a table of
 // maxFDs/2 would be 32 times the bound).
