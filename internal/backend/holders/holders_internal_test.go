@@ -385,38 +385,22 @@ func TestKillExe(t *testing.T) {
 	}
 }
 
-// TestKillFDsLimit: a process's descriptors are looked at one file of
-// /proc each, and a process may hold a million per table: one with
-// maxFDs is looked at (and holds nothing), one with more counts as a
-// holder without being looked at to the end.
-func TestKillFDsLimit(t *testing.T) {
+// TestKillLimits: a process's descriptors and mapped pieces of files are
+// looked at one statx each, and a process may hold a million descriptors
+// per table and some 65,000 mappings: one with maxFDs descriptors, or
+// maxMaps mappings, is looked at (and holds nothing); one with more
+// counts as a holder without being looked at to the end.
+func TestKillLimits(t *testing.T) {
 	for _, tc := range []struct {
+		what string
 		n    int
 		kill bool
-	}{{maxFDs, false}, {maxFDs + 1, true}} {
-		t.Run(strconv.Itoa(tc.n), func(t *testing.T) {
-			p, id := child(t, "fds "+strconv.Itoa(tc.n))
+	}{{"fds", maxFDs, false}, {"fds", maxFDs + 1, true}, {"maps", maxMaps, false}, {"maps", maxMaps + 1, true}} {
+		t.Run(tc.what+" "+strconv.Itoa(tc.n), func(t *testing.T) {
+			p, id := child(t, tc.what+" "+strconv.Itoa(tc.n))
 			kill(t, p, id)
 			if got := killed(t, p); got != tc.kill {
-				t.Fatalf("a process of %d descriptors, none on the mount: killed %v, want %v", tc.n, got, tc.kill)
-			}
-		})
-	}
-}
-
-// TestKillMapsLimit: each piece of a file a process maps is a statx, and
-// a process may map some 65,000: one with maxMaps is looked at (and
-// holds nothing), one with more counts as a holder.
-func TestKillMapsLimit(t *testing.T) {
-	for _, tc := range []struct {
-		n    int
-		kill bool
-	}{{maxMaps, false}, {maxMaps + 1, true}} {
-		t.Run(strconv.Itoa(tc.n), func(t *testing.T) {
-			p, id := child(t, "maps "+strconv.Itoa(tc.n))
-			kill(t, p, id)
-			if got := killed(t, p); got != tc.kill {
-				t.Fatalf("a process mapping %d pieces of files, none on the mount: killed %v, want %v", tc.n, got, tc.kill)
+				t.Fatalf("a process of %d %s, none on the mount: killed %v, want %v", tc.n, tc.what, got, tc.kill)
 			}
 		})
 	}
