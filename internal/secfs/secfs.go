@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -54,8 +55,31 @@ func MkdirFresh(dir string) error {
 	return os.Chmod(dir, 0o700) // exact mode regardless of umask
 }
 
-// Chmod sets the mode of a path this program created.
-func Chmod(path string, mode os.FileMode) error { return os.Chmod(path, mode) }
+// Chmod sets the permission bits of a path this program created, never
+// through a symlink: the name's last component is opened O_PATH and
+// O_NOFOLLOW, refused if it is a symlink, and the mode is set on what
+// was opened (through its /proc/self/fd link), so a name swapped for a
+// symlink after it was made (a socket in a directory a sandbox can write)
+// redirects nothing.
+func Chmod(path string, mode os.FileMode) error {
+	fail := func(err error) error { return &os.PathError{Op: "chmod", Path: path, Err: err} }
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fail(err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fail(err)
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return fail(fmt.Errorf("%w: symlink", ErrUnsafe))
+	}
+	if err := unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), uint32(mode.Perm())); err != nil {
+		return fail(err)
+	}
+	return nil
+}
 
 // WriteFileAtomic writes data to path durably: a temp file beside it
 // (O_EXCL, 0600), write, fsync, chmod, close, rename, fsync the directory.
