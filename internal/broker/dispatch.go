@@ -153,15 +153,14 @@ func (b *Broker) runExec(ctx context.Context, cc *connCtx, lane chan struct{}, f
 	case err != nil:
 		return errDropped
 	}
-	defer b.executor.Release()
+	ctx, end := serial.Holding(ctx, &b.executor)
+	defer end()
 	if h := b.execHook.Load(); h != nil {
 		(*h)()
 	}
 	if b.ctx.Err() != nil {
 		return errDropped
 	}
-	ctx, end := serial.Holding(ctx, &b.executor)
-	defer end()
 	fn(ctx)
 	return nil
 }

@@ -100,7 +100,6 @@ func (e *Executor) Run(ctx context.Context, fn func(context.Context)) error {
 	if err := e.Wait(ctx); err != nil {
 		return err
 	}
-	defer e.Release()
 	ctx, end := Holding(ctx, e)
 	defer end()
 	fn(ctx)
@@ -108,16 +107,25 @@ func (e *Executor) Run(ctx context.Context, fn func(context.Context)) error {
 }
 
 // Holding returns ctx carrying a turn of e that the caller holds (got
-// with Wait), so Outside calls under it can give the turn away; end must
-// be called before the turn is released. Outside under the context after
-// end (a goroutine that outlived its request) runs fn in place: the turn
-// is no longer the context's to give.
+// with Wait), so Outside calls under it can give the turn away; end gives
+// the turn up, and the caller must not Release it itself. A goroutine the
+// holder started may still be in Outside when the holder ends: the turn
+// is then not the holder's (Outside gave it away), so end releases
+// nothing and that Outside does not take a turn back when it returns.
+// Outside under the context after end runs fn in place: the turn is no
+// longer the context's to give.
 func Holding(ctx context.Context, e *Executor) (_ context.Context, end func()) {
 	t := &turn{e: e}
 	return context.WithValue(ctx, turnKey{}, t), func() {
 		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.ended {
+			return
+		}
 		t.ended = true
-		t.mu.Unlock()
+		if t.away == 0 {
+			e.Release()
+		}
 	}
 }
 
@@ -162,7 +170,7 @@ func Outside(ctx context.Context, fn func()) {
 	defer func() {
 		t.mu.Lock()
 		defer t.mu.Unlock()
-		if t.away--; t.away == 0 {
+		if t.away--; t.away == 0 && !t.ended {
 			// The holder's own context may have ended; it still needs its
 			// turn back to finish what it started.
 			t.e.wait(context.WithoutCancel(ctx), false)

@@ -228,3 +228,35 @@ func TestOutsideAfterTheTurnEnded(t *testing.T) {
 	e.Release()
 	<-wDone
 }
+
+// TestOutsideOutlivesItsHolder: a holder ends while a goroutine it
+// started is still in Outside under its context (the turn given away).
+// Its end gives back nothing (the old end released the turn a second
+// time), and that Outside, when it returns, takes no turn (the old one
+// took a turn nobody would release: the executor served no one again).
+func TestOutsideOutlivesItsHolder(t *testing.T) {
+	var e Executor
+	h := &holders{t: t}
+	inside, unblock, gDone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	e.Run(context.Background(), func(ctx context.Context) {
+		h.in()
+		go func() {
+			defer close(gDone)
+			Outside(ctx, func() { close(inside); <-unblock })
+		}()
+		<-inside
+		h.out()
+	})
+	others := func() {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a bound on the test only
+		defer cancel()
+		if err := e.Run(ctx, func(context.Context) { h.in(); h.out() }); err != nil {
+			t.Fatalf("another holder got no turn: %v", err)
+		}
+	}
+	others()
+	close(unblock)
+	<-gDone
+	others()
+}
