@@ -6,6 +6,7 @@ import (
 	"errors"
 	"time"
 
+	"agentbox/internal/manifest"
 	"agentbox/internal/store"
 	"agentbox/internal/wire"
 )
@@ -117,6 +118,24 @@ func (b *Broker) opAck(ctx context.Context, c *call) *reply {
 }
 
 // nextMatch reports whether it passes next's filter a.
+// MaxNextFilter bounds each of next's filter lists. A line of 1 MiB
+// could carry some 350,000 kinds, which would be held, decoded to several
+// times their size, for as long as the next waits, and compared against
+// every unread item on each wake; there are a handful of kinds and states.
+const MaxNextFilter = 32
+
+// checkNextArgs refuses a filter no item could need: a ref longer than
+// any manifest id, or a list past MaxNextFilter.
+func checkNextArgs(a *wire.NextArgs) *wire.Error {
+	if len(a.Ref) > manifest.MaxIDLen {
+		return wire.Errorf(wire.CodeBadRequest, "ref is longer than %d bytes, the longest manifest id", manifest.MaxIDLen)
+	}
+	if len(a.MsgKinds) > MaxNextFilter || len(a.StatusStates) > MaxNextFilter {
+		return wire.Errorf(wire.CodeBadRequest, "msg_kinds and status_states hold at most %d entries each", MaxNextFilter)
+	}
+	return nil
+}
+
 func nextMatch(a *wire.NextArgs, it store.Item) bool {
 	if a.Ref != "" {
 		return it.Type == wire.ItemStatus && it.Ref == a.Ref
@@ -155,6 +174,9 @@ func contains(list []string, s string) bool {
 func (b *Broker) opNext(ctx context.Context, c *call) *reply {
 	var args wire.NextArgs
 	if werr := decodeArgs(c.args, &args); werr != nil {
+		return replyErr(werr)
+	}
+	if werr := checkNextArgs(&args); werr != nil {
 		return replyErr(werr)
 	}
 	// The one park slot is for general waits. A wait for one manifest's

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,6 +23,7 @@ import (
 	"agentbox/internal/broker"
 	"agentbox/internal/config"
 	"agentbox/internal/inbox"
+	"agentbox/internal/manifest"
 	"agentbox/internal/testutil/wait"
 	"agentbox/internal/wire"
 )
@@ -463,6 +465,40 @@ func TestNextFilters(t *testing.T) {
 	}
 	if !res.Quiet {
 		t.Fatalf("next ref=n1 found %s although the reply already carried that status", res.Item)
+	}
+}
+
+// TestNextFilterBounds: each filter list holds up to broker.MaxNextFilter
+// entries and a ref up to the longest manifest id; one past is refused
+// at once, before anything waits holding it.
+func TestNextFilterBounds(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("orch")
+	orch := e.client("orch")
+	kinds := func(n int) []string { return slices.Repeat([]string{"question"}, n) }
+	for _, tc := range []struct {
+		name string
+		args wire.NextArgs
+		want string // "" = answered
+	}{
+		{"kinds at the bound", wire.NextArgs{MsgKinds: kinds(broker.MaxNextFilter), QuietAfterMS: 1}, ""},
+		{"states at the bound", wire.NextArgs{StatusStates: kinds(broker.MaxNextFilter), QuietAfterMS: 1}, ""},
+		{"ref at the bound", wire.NextArgs{Ref: strings.Repeat("a", manifest.MaxIDLen), QuietAfterMS: 1}, ""},
+		{"kinds past the bound", wire.NextArgs{MsgKinds: kinds(broker.MaxNextFilter + 1)}, "msg_kinds and status_states hold at most 32 entries each"},
+		{"states past the bound", wire.NextArgs{StatusStates: kinds(broker.MaxNextFilter + 1)}, "msg_kinds and status_states hold at most 32 entries each"},
+		{"ref past the bound", wire.NextArgs{Ref: strings.Repeat("a", manifest.MaxIDLen+1)}, "ref is longer than 64 bytes, the longest manifest id"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var res wire.NextResult
+			err := orch.Call(context.Background(), "next", tc.args, &res)
+			if tc.want == "" {
+				if err != nil || !res.Quiet {
+					t.Fatalf("next: %v, %+v; want quiet", err, res)
+				}
+				return
+			}
+			wantWireError(t, tc.name, err, wire.CodeBadRequest, tc.want)
+		})
 	}
 }
 

@@ -294,9 +294,18 @@ func (s *Store) MarkUnread(ctx context.Context, sandbox, id string) error {
 	})
 }
 
+// MaxHistoryBytes bounds the documents ListItems reads of a sandbox's
+// history (all=true): the list's reply holds at most a line
+// (wire.MaxLineBytes), and read items are kept for days and not counted
+// by the inbox quota, so a sandbox acking what its children send could
+// make its history gigabytes that each list would load whole.
+const MaxHistoryBytes = wire.MaxLineBytes
+
 // ListItems lists a sandbox's unread items (all=true: read history too),
 // oldest first. The unread list comes from the cache; callers must not
-// modify the returned slice.
+// modify the returned slice. The history stops at the first item that
+// takes its documents past MaxHistoryBytes (that item included, so the
+// caller sees there is more).
 func (s *Store) ListItems(ctx context.Context, sandbox string, all bool) (_ []Item, err error) {
 	defer s.settle(&err)
 	ctx = detach(ctx)
@@ -309,12 +318,14 @@ func (s *Store) ListItems(ctx context.Context, sandbox string, all bool) (_ []It
 	}
 	defer rows.Close()
 	var out []Item
-	for rows.Next() {
+	size := 0
+	for size <= MaxHistoryBytes && rows.Next() {
 		it, err := scanItem(rows)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, it)
+		size += len(it.Doc)
 	}
 	return out, rows.Err()
 }

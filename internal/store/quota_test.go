@@ -345,3 +345,25 @@ func TestChildShare(t *testing.T) {
 		})
 	}
 }
+
+// TestListHistoryBounded: a history is read up to MaxHistoryBytes of
+// documents, and the one item past it (what a list's reply needs to say
+// there is more); never the rest, however long the history grew.
+func TestListHistoryBounded(t *testing.T) {
+	s, _ := openTestStore(t)
+	ctx := context.Background()
+	const docLen = MaxHistoryBytes / 16
+	body := strings.Repeat("x", docLen-int(msgLen(t, "c", "m-00", "")))
+	for i := range 18 {
+		if _, err := s.DeliverMessage(ctx, Delivery{From: "c", To: "o", ManifestID: fmt.Sprintf("m-%02d", i), Kind: "note", Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hist, err := s.ListItems(ctx, "o", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != 17 || len(hist[0].Doc) != docLen {
+		t.Fatalf("read %d items of %d bytes; want the 16 that make %d bytes and one more", len(hist), len(hist[0].Doc), MaxHistoryBytes)
+	}
+}
