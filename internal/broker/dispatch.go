@@ -1,10 +1,12 @@
 package broker
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"agentbox/internal/serial"
@@ -87,11 +89,36 @@ var errBusyQueries = wire.Errorf(wire.CodeBusy, "the broker's query queue is ful
 type queryPool struct {
 	admitted atomic.Int32  // running + waiting
 	workers  chan struct{} // one token per running query
+
+	mu     sync.Mutex
+	byTree map[string]int // running + waiting, by orchestrator tree
+}
+
+// admitTree takes one of tree's TreeMaxQueries; false when none is left.
+func (p *queryPool) admitTree(tree string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.byTree[tree] >= TreeMaxQueries {
+		return false
+	}
+	if p.byTree == nil {
+		p.byTree = map[string]int{}
+	}
+	p.byTree[tree]++
+	return true
+}
+
+func (p *queryPool) releaseTree(tree string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.byTree[tree]--; p.byTree[tree] <= 0 {
+		delete(p.byTree, tree)
+	}
 }
 
 // runQuery runs fn as a store query: at most MaxQueriesPerSandbox queued or
-// running per sandbox (more wait here, in their connection), and busy only
-// when the broker-wide queue is full.
+// running per sandbox (more wait here, in their connection), and busy when
+// the sandbox's tree holds TreeMaxQueries or the broker-wide queue is full.
 func (b *Broker) runQuery(ctx context.Context, srv *sandboxServer, op string, fn func()) error {
 	select {
 	case srv.querySem <- struct{}{}:
@@ -99,6 +126,11 @@ func (b *Broker) runQuery(ctx context.Context, srv *sandboxServer, op string, fn
 		return ctx.Err()
 	}
 	defer func() { <-srv.querySem }()
+	tree := cmp.Or(srv.caller.Parent, srv.caller.Sandbox)
+	if !b.queries.admitTree(tree) {
+		return wire.Errorf(wire.CodeBusy, "orchestrator %s and its children have %d store queries queued or running, the most one tree may; retry", tree, TreeMaxQueries)
+	}
+	defer b.queries.releaseTree(tree)
 	if b.queries.admitted.Add(1) > QueryWorkers+QueryQueueCap {
 		b.queries.admitted.Add(-1)
 		return errBusyQueries

@@ -51,3 +51,6 @@ func (b *Broker) TreeModelBodiesForTest(tree string) int64 {
 	defer b.modelBodies.mu.Unlock()
 	return b.modelBodies.byTree[tree]
 }
+
+// QueriesAdmitted is how many store queries are queued or running.
+func (b *Broker) QueriesAdmitted() int { return int(b.queries.admitted.Load()) }

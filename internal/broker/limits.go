@@ -25,6 +25,11 @@ const (
 	// QueryQueueCap bounds the broker-wide store-query queue; a query finding
 	// it full gets busy.
 	QueryQueueCap = 64
+	// TreeMaxQueries bounds the store queries one orchestrator's tree (it
+	// and its children) has queued or running: half of the broker-wide
+	// queue. Its 64 children may each hold MaxQueriesPerSandbox, enough
+	// to keep the whole queue full and every other sandbox busy.
+	TreeMaxQueries = (QueryWorkers + QueryQueueCap) / 2
 	// ExecQueueCap bounds the executor's queue (send); a full queue is busy.
 	ExecQueueCap = 256
 	// WriteTimeout: a client that does not collect its reply for this long

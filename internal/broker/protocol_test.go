@@ -554,6 +554,53 @@ func TestStoreQueriesPerSandboxCap(t *testing.T) {
 	}
 }
 
+// TestStoreQueriesTreeCap: one orchestrator's tree holds at most
+// TreeMaxQueries store queries queued or running (its 64 children could
+// otherwise fill the broker-wide queue); the next of that tree is busy,
+// naming the cap, while another tree's query is admitted and served.
+func TestStoreQueriesTreeCap(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("a")
+	e.orchestrator("b")
+	members := []string{"a"}
+	for i := range broker.TreeMaxQueries / broker.MaxQueriesPerSandbox {
+		kid := fmt.Sprintf("a-kid-%d", i)
+		e.child(kid, "a")
+		members = append(members, kid)
+	}
+	release := make(chan struct{})
+	e.b.SetQueryHookForTest(func(string) { <-release })
+	defer e.b.SetQueryHookForTest(nil)
+	var wg sync.WaitGroup
+	held := members[:broker.TreeMaxQueries/broker.MaxQueriesPerSandbox]
+	errs := make(chan error, len(held)*broker.MaxQueriesPerSandbox)
+	for _, m := range held {
+		for range broker.MaxQueriesPerSandbox {
+			c := e.client(m)
+			wg.Go(func() { errs <- c.Call(context.Background(), "list", nil, nil) })
+		}
+	}
+	wait.For(t, "the tree's queries admitted", func() bool { return e.b.QueriesAdmitted() == broker.TreeMaxQueries })
+	last := members[len(members)-1]
+	err := e.client(last).Call(context.Background(), "list", nil, nil)
+	wantWireError(t, "a query past the tree's cap", err, wire.CodeBusy,
+		fmt.Sprintf("orchestrator a and its children have %d store queries queued or running, the most one tree may; retry", broker.TreeMaxQueries))
+	bDone := make(chan error, 1)
+	go func() { bDone <- e.client("b").Call(context.Background(), "list", nil, nil) }()
+	wait.For(t, "b's query admitted", func() bool { return e.b.QueriesAdmitted() == broker.TreeMaxQueries+1 })
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("a query within the tree's cap: %v", err)
+		}
+	}
+	if err := <-bDone; err != nil {
+		t.Errorf("b's query: %v", err)
+	}
+}
+
 func TestSecondBrokerRefused(t *testing.T) {
 	e := newTestEnv(t)
 	_, err := broker.Open(broker.Config{StateDir: e.state, Backend: backendOf(t, e)})
