@@ -40,11 +40,10 @@ const maxMaps = 1 << 14
 
 // scanBound bounds a whole Kill or OtherMountNamespace: the sandbox
 // decides how many processes, descriptors and mappings there are to look
-// at (a thousand processes of 16,384 descriptors each took some two
-// minutes), and its callers hold what other sandboxes wait for. Past it
-// the scan fails, and with it the detach: its callers then end the
-// sandbox (fail closed). A sandbox of a thousand ordinary processes is
-// looked at in well under a second. A variable for tests.
+// at (16,384 descriptors take about 0.2 s here, so a thousand such
+// processes would take minutes), and its callers hold what other
+// sandboxes wait for. Past it the scan fails, and with it the detach: its
+// callers then end the sandbox (fail closed). A variable for tests.
 var scanBound = 10 * time.Second
 
 // statxFlags: a look at a file never waits on its filesystem. What the
