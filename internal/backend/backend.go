@@ -272,6 +272,9 @@ type Backend interface {
 	// gone; stopping a stopped sandbox is a no-op.
 	Stop(ctx context.Context, name string) error
 	// Destroy stops the sandbox and removes it and everything it holds.
+	// What the sandbox made (its files, as many as it liked) is removed
+	// outside the turn ctx carries (serial.Outside), so other holders are
+	// served meanwhile.
 	Destroy(ctx context.Context, name string) error
 	// Exec runs a command inside a running sandbox and returns its exit
 	// status (128+n when a signal n ended it). Cancelling ctx ends it.

@@ -301,3 +301,27 @@ func TestAdminDestroyQueuedChild(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminDestroyTwiceAtOnce: a destroy removes the sandbox's files
+// outside the broker's turn, so a second destroy of the same sandbox can
+// run meanwhile and finish first. Both succeed, and nothing is left.
+func TestAdminDestroyTwiceAtOnce(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("orch")
+	// Enough files that removing them outlasts the second destroy.
+	e.mustExec("orch", "sh", "-c", "mkdir -p \"$HOME/flood\" && cd \"$HOME/flood\" && seq 100000 | xargs touch")
+	tr := e.trace("orch")
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := e.destroy("orch", true)
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("destroy: %v", err)
+		}
+	}
+	e.assertGone(tr)
+}

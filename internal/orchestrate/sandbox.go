@@ -420,7 +420,9 @@ func (o *Orchestrator) destroy(ctx context.Context, name string, force bool, by 
 			return 0, fmt.Errorf("destroy `%s`: %w", v.Name, err)
 		}
 		crashpoint.Hit(crashpoint.DestroyUnitGone)
-		if err := o.Store.DeleteSandbox(ctx, v.Name); err != nil {
+		// The backend removed the sandbox's files outside the turn: a
+		// second destroy of it may have run meanwhile and finished first.
+		if err := o.Store.DeleteSandbox(ctx, v.Name); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return 0, err
 		}
 	}

@@ -20,11 +20,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/gitx"
+	"agentbox/internal/serial"
 	"agentbox/internal/term"
 	"agentbox/internal/testutil/serve"
 	"agentbox/internal/testutil/wait"
@@ -148,6 +150,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend, opts Optio
 		{"TransferBound", testTransferBound},
 		{"WorkChecks", testWorkChecks},
 		{"Destroy", testDestroy},
+		{"DestroyGivesTheTurnAway", testDestroyGivesTheTurnAway},
 		{"UnknownSandbox", testUnknown},
 	}
 	for _, tc := range tests {
@@ -979,6 +982,44 @@ func testDestroy(s *suite) {
 	}
 	if again.UUID == first.UUID || again.Running {
 		t.Fatalf("a re-created sandbox: %+v (old uuid %s)", again, first.UUID)
+	}
+}
+
+// testDestroyGivesTheTurnAway: a holder of the broker's turn that
+// destroys a sandbox lets the next holder run before the sandbox's files
+// are gone (the sandbox chose how many there are).
+func testDestroyGivesTheTurnAway(s *suite) {
+	t, b := s.t, s.b
+	name := s.started("turn")
+	ex := &serial.Executor{}
+	holding := make(chan struct{})
+	var destroyed atomic.Bool
+	errc := make(chan error, 1)
+	go ex.Run(t.Context(), func(ctx context.Context) {
+		close(holding)
+		// The other holder is in line before the destroy starts.
+		for ex.Waiting() == 0 && ctx.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+		err := b.Destroy(ctx, name)
+		destroyed.Store(true)
+		errc <- err
+	})
+	<-holding
+	// The destroy returns only once it has the turn back, so this runs
+	// before it returns exactly when the destroy gave the turn away.
+	var during bool
+	if err := ex.Run(t.Context(), func(context.Context) { during = !destroyed.Load() }); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if !during {
+		t.Fatal("no other holder had the turn until the destroy had removed the sandbox")
+	}
+	if _, ok := s.find(name); ok {
+		t.Fatal("List still has the destroyed sandbox")
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"agentbox/internal/backend"
+	"agentbox/internal/serial"
 	"agentbox/internal/untrusted"
 
 	"go.yaml.in/yaml/v3"
@@ -475,17 +476,23 @@ func (b *Backend) Stop(ctx context.Context, name string) error {
 	return nil
 }
 
-// Destroy implements backend.Backend.
+// Destroy implements backend.Backend. Incus removes the container's files
+// as part of the delete, as many as the sandbox made, so the delete runs
+// outside the broker's turn (serial.Outside): other requests go on
+// meanwhile.
 func (b *Backend) Destroy(ctx context.Context, name string) error {
 	if _, err := b.instance(ctx, name); err != nil {
 		return err
 	}
-	if _, err := b.run(ctx, nil, "delete", "--force", name); err != nil {
-		if errors.Is(err, backend.ErrNotFound) {
-			b.forget(name)
-			return nil
+	var err error
+	serial.Outside(ctx, func() { _, err = b.run(ctx, nil, "delete", "--force", name) })
+	if err != nil && !errors.Is(err, backend.ErrNotFound) {
+		// A delete already running (another destroy's, outside its turn
+		// too) makes this one fail once it has ended; the container is
+		// gone all the same.
+		if _, look := b.instance(ctx, name); !errors.Is(look, backend.ErrNotFound) {
+			return fmt.Errorf("delete %s: %w", name, err)
 		}
-		return fmt.Errorf("delete %s: %w", name, err)
 	}
 	b.forget(name)
 	return nil
