@@ -70,10 +70,15 @@ func (s *Store) forgetTotals() {
 }
 
 // applyInboxes applies a committed cu to the inboxes already loaded; an
-// inbox not loaded yet will read the committed state when it is.
+// inbox not loaded yet will read the committed state when it is. Each
+// inbox changed out of order is copied once per commit, not once per
+// item: a prune may remove thousands of one inbox's items in a commit,
+// and a copy of the inbox for each would cost the square of its length
+// under the write lock.
 func (s *Store) applyInboxes(cu *cacheUpdate) {
 	s.cmu.Lock()
 	defer s.cmu.Unlock()
+	late := map[string][]Item{} // added items that are not the newest
 	for _, a := range cu.added {
 		items, ok := s.inboxes[a.sandbox]
 		if !ok {
@@ -85,20 +90,27 @@ func (s *Store) applyInboxes(cu *cacheUpdate) {
 			s.inboxes[a.sandbox] = append(items, a.item)
 			continue
 		}
-		i, found := slices.BinarySearchFunc(items, a.item.Seq, func(it Item, seq int64) int { return cmpInt(it.Seq, seq) })
-		if !found {
-			// Copy on write: readers hold the old slice.
-			s.inboxes[a.sandbox] = slices.Insert(slices.Clone(items), i, a.item)
-		}
+		late[a.sandbox] = append(late[a.sandbox], a.item)
 	}
+	for sandbox, added := range late {
+		// Copy on write: readers hold the old slice. The inbox's own
+		// copy of an item comes first and is the one kept.
+		items := append(slices.Clone(s.inboxes[sandbox]), added...)
+		slices.SortStableFunc(items, func(a, b Item) int { return cmpInt(a.Seq, b.Seq) })
+		s.inboxes[sandbox] = slices.CompactFunc(items, func(a, b Item) bool { return a.Seq == b.Seq })
+	}
+	gone := map[string]map[string]bool{} // ids that became read, by inbox
 	for _, r := range cu.removed {
-		items, ok := s.inboxes[r.sandbox]
-		if !ok {
+		if _, ok := s.inboxes[r.sandbox]; !ok {
 			continue
 		}
-		if i := slices.IndexFunc(items, func(it Item) bool { return it.ID == r.item.ID }); i >= 0 {
-			s.inboxes[r.sandbox] = slices.Delete(slices.Clone(items), i, i+1)
+		if gone[r.sandbox] == nil {
+			gone[r.sandbox] = map[string]bool{}
 		}
+		gone[r.sandbox][r.item.ID] = true
+	}
+	for sandbox, ids := range gone {
+		s.inboxes[sandbox] = slices.DeleteFunc(slices.Clone(s.inboxes[sandbox]), func(it Item) bool { return ids[it.ID] })
 	}
 	for _, name := range cu.dropped {
 		delete(s.inboxes, name)
