@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"agentbox/internal/store"
 )
 
 // TestUpdateTransport: an update without merge fetches the orchestrator's
@@ -255,5 +257,39 @@ func TestUpdateServesNoHostTag(t *testing.T) {
 	}
 	if objs := hostGit(t, loot, "cat-file", "--batch-all-objects", "--batch-check=%(objecttype)"); strings.Contains(objs, "tag") {
 		t.Fatalf("the child got the host's tag: %s", hostGit(t, loot, "cat-file", "--batch-all-objects", "--batch-check"))
+	}
+}
+
+// TestUpdateRefusedWhenTheChildsInboxIsFull: an update's message reports
+// a change already made, so its delivery is never refused; the child's
+// room is checked before the update instead. Updates to a child that
+// never reads fill its inbox to the quota and no further, and a refused
+// update changes nothing in the child.
+func TestUpdateRefusedWhenTheChildsInboxIsFull(t *testing.T) {
+	const limit = 3
+	e := newTestEnvQuota(t, store.Quota{MaxUnreadItems: limit})
+	e.orchestrator("orch")
+	e.child("kid", "orch")
+	orch, kid := e.client("orch"), e.client("kid")
+	room := limit - len(unread(t, kid))
+	if room <= 0 {
+		t.Fatalf("kid's inbox starts with %d unread items", limit-room)
+	}
+	base := hostGit(t, e.repo, "rev-parse", "main")
+	for i := range room {
+		id := fmt.Sprintf("up-%d", i)
+		wantStatus(t, sendManifest(t, orch, map[string]any{"id": id, "type": "update", "child": "kid", "base": "main"}),
+			"done", "delivered to kid: refs/jailbee/update/orch/"+id+" at "+base[:12])
+	}
+	st := sendManifest(t, orch, map[string]any{"id": "up-past", "type": "update", "child": "kid", "base": "main"})
+	want := fmt.Sprintf("the inbox of `kid` is full: %d unread items (at most %d) and ", limit, limit)
+	if st.State != "refused" || !strings.HasPrefix(st.Detail, want) || !strings.HasSuffix(st.Detail, "; send again with a new id once `kid` has read its messages") {
+		t.Fatalf("the update past the quota: %s %q, want refused %q...", st.State, st.Detail, want)
+	}
+	if got := e.mustExec("kid", "git", "for-each-ref", "refs/jailbee/update/orch/up-past"); got != "" {
+		t.Fatalf("a refused update fetched %q into the child", got)
+	}
+	if got := unread(t, kid); len(got) != limit {
+		t.Fatalf("kid's inbox holds %d unread items, want %d", len(got), limit)
 	}
 }

@@ -51,18 +51,25 @@ func (o *Orchestrator) SendMessage(ctx context.Context, req wire.Caller, m Messa
 		From: req.Sandbox, To: to, ManifestID: m.ID, Kind: m.Kind, Body: m.Body, InReplyTo: m.InReplyTo,
 	})
 	if err != nil {
-		if full, ok := errors.AsType[*store.InboxFullError](err); ok {
-			return store.Sent{}, &Refusal{Detail: inboxFullDetail(full)}
-		}
-		if full, ok := errors.AsType[*store.TreeFullError](err); ok {
-			return store.Sent{}, &Refusal{Detail: treeFullDetail(full)}
-		}
-		return sent, err
+		return sent, quotaRefusal(err)
 	}
 	if sent.Fresh {
 		o.notify(to, req.Sandbox)
 	}
 	return sent, nil
+}
+
+// quotaRefusal is the refusal of a message the recipient's inbox or its
+// tree has no room for (err from DeliverMessage or CheckRoom); any other
+// err is returned as it is.
+func quotaRefusal(err error) error {
+	if full, ok := errors.AsType[*store.InboxFullError](err); ok {
+		return &Refusal{Detail: inboxFullDetail(full)}
+	}
+	if full, ok := errors.AsType[*store.TreeFullError](err); ok {
+		return &Refusal{Detail: treeFullDetail(full)}
+	}
+	return err
 }
 
 // inboxFullDetail is the refusal of a message the recipient's inbox quota

@@ -20,6 +20,11 @@ const UpdateRefPrefix = "refs/jailbee/update/"
 // MsgUpdate is the kind of the message an update delivers to the child.
 const MsgUpdate = "update"
 
+// updateMessageRoom is the room an update's message is checked for
+// before the update: more than its document takes (names, a ref, two
+// commit ids and a sentence).
+const updateMessageRoom = 1 << 10
+
 // Update runs an update manifest: a source (the orchestrator's current
 // branch, or its ref, or a host base) is fetched into a running child,
 // and with merge applied to the child's branch after a conflict check;
@@ -43,6 +48,13 @@ func (o *Orchestrator) Update(ctx context.Context, req wire.Caller, m *manifest.
 			return "", nil, refusef("`%s` is queued: it has not started", child.Name)
 		case store.StateStopped:
 			return "", nil, refusef("`%s` is stopped: restart it before updating it", child.Name)
+		}
+		// The message reports a change already made, so its delivery is
+		// not refused: its room is checked before the change instead.
+		// Without that, updates nobody reads would pile up in the child's
+		// inbox without bound.
+		if err := o.Store.CheckRoom(ctx, orch.Name, child.Name, updateMessageRoom); err != nil {
+			return "", nil, quotaRefusal(err)
 		}
 		dst := o.checkout(child.Name)
 		var work workState

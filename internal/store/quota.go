@@ -136,6 +136,17 @@ func (t *unreadTotals) add(typ string, size int64, n int) {
 	}
 }
 
+// CheckRoom refuses, as a delivery would, a message of msgBytes from
+// sender to sandbox that the inbox quota or the tree bounds have no room
+// for now (an *InboxFullError or a *TreeFullError); it writes nothing. An
+// unmetered delivery (one reporting a change already made) is checked
+// with it before the change is made.
+func (s *Store) CheckRoom(ctx context.Context, sender, sandbox string, msgBytes int64) error {
+	return s.withTx(ctx, func(w *writer, _ *cacheUpdate) error {
+		return s.checkQuota(ctx, w, sender, sandbox, msgBytes)
+	})
+}
+
 // checkQuota refuses a message of msgBytes from sender to sandbox when it
 // would put the sandbox's unread inbox past the quota, or the sender's
 // share of it past ChildShare. It runs inside the delivery's write
