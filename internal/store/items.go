@@ -301,33 +301,83 @@ func (s *Store) MarkUnread(ctx context.Context, sandbox, id string) error {
 // make its history gigabytes that each list would load whole.
 const MaxHistoryBytes = wire.MaxLineBytes
 
+// minItemDoc is less than any stored item's document takes: its id
+// alone ("h-" and 2*hostIDBytes hex digits) is 10 bytes, and the JSON
+// around it (version, type, ...) more than 22.
+const minItemDoc = 32
+
+// maxHistoryItems is the most items ListItems reads of a history: that
+// many documents take more than MaxHistoryBytes.
+const maxHistoryItems = MaxHistoryBytes/minItemDoc + 1
+
+// historyChunk is how many items of a history one query reads.
+const historyChunk = 256
+
 // ListItems lists a sandbox's unread items (all=true: read history too),
 // oldest first. The unread list comes from the cache; callers must not
 // modify the returned slice. The history stops at the first item that
 // takes its documents past MaxHistoryBytes (that item included, so the
-// caller sees there is more).
+// caller sees there is more). It is read in two steps, the oldest
+// maxHistoryItems seqs from the index and then their rows a chunk at a
+// time, so what a list reads is bounded however long the history (read
+// items are kept for days and not counted by the inbox quota).
 func (s *Store) ListItems(ctx context.Context, sandbox string, all bool) (_ []Item, err error) {
 	defer s.settle(&err)
 	ctx = detach(ctx)
 	if !all {
 		return s.unread(ctx, sandbox)
 	}
-	rows, err := s.q.allItems.QueryContext(ctx, sandbox)
+	seqs, err := s.historySeqs(ctx, sandbox)
+	if err != nil {
+		return nil, err
+	}
+	var out []Item
+	size := 0
+	for len(seqs) > 0 && size <= MaxHistoryBytes {
+		chunk := seqs[:min(len(seqs), historyChunk)]
+		seqs = seqs[len(chunk):]
+		list, err := json.Marshal(chunk)
+		if err != nil {
+			return nil, err
+		}
+		rows, err := s.q.itemsBySeq.QueryContext(ctx, string(list), sandbox)
+		if err != nil {
+			return nil, err
+		}
+		for size <= MaxHistoryBytes && rows.Next() {
+			it, err := scanItem(rows)
+			if err != nil {
+				rows.Close()
+				return nil, err
+			}
+			out = append(out, it)
+			size += len(it.Doc)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// historySeqs returns the seqs of sandbox's oldest maxHistoryItems items,
+// oldest first. (An item removed before its row is read is left out.)
+func (s *Store) historySeqs(ctx context.Context, sandbox string) ([]int64, error) {
+	rows, err := s.q.historySeqs.QueryContext(ctx, sandbox, maxHistoryItems)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []Item
-	size := 0
-	for size <= MaxHistoryBytes && rows.Next() {
-		it, err := scanItem(rows)
-		if err != nil {
+	var seqs []int64
+	for rows.Next() {
+		var seq int64
+		if err := rows.Scan(&seq); err != nil {
 			return nil, err
 		}
-		out = append(out, it)
-		size += len(it.Doc)
+		seqs = append(seqs, seq)
 	}
-	return out, rows.Err()
+	return seqs, rows.Err()
 }
 
 // DeliveredImport reports whether sandbox's inbox holds, read or not, a

@@ -367,3 +367,94 @@ func TestListHistoryBounded(t *testing.T) {
 		t.Fatalf("read %d items of %d bytes; want the 16 that make %d bytes and one more", len(hist), len(hist[0].Doc), MaxHistoryBytes)
 	}
 }
+
+// TestListHistoryPlan: the history is read from the index and then by
+// seq, never sorted whole. (Ordered by seq, the sandbox's index gives its
+// rows in id order: a query reading them sorts the whole history,
+// documents and all, before its first row; the read bound would then
+// bound only what Go keeps.)
+func TestListHistoryPlan(t *testing.T) {
+	s, _ := openTestStore(t)
+	for _, tc := range []struct {
+		query, want, never string
+		args               []any
+	}{
+		{historySeqsSQL, "COVERING INDEX", "", []any{"o", 10}},
+		{itemsBySeqSQL, "INTEGER PRIMARY KEY", "TEMP B-TREE", []any{"[1,2]", "o"}},
+	} {
+		rows, err := s.db.Query("EXPLAIN QUERY PLAN "+tc.query, tc.args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan []string
+		for rows.Next() {
+			var id, parent, notused int
+			var detail string
+			if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+				t.Fatal(err)
+			}
+			plan = append(plan, detail)
+		}
+		rows.Close()
+		all := strings.Join(plan, "; ")
+		if !strings.Contains(all, tc.want) || tc.never != "" && strings.Contains(all, tc.never) {
+			t.Errorf("%s:\nplan %s, want %s and no %q", tc.query, all, tc.want, tc.never)
+		}
+	}
+}
+
+// TestListHistoryChunks: a history read in several chunks comes back
+// whole and in order, and never holds an item of another sandbox.
+func TestListHistoryChunks(t *testing.T) {
+	s, _ := openTestStore(t)
+	ctx := context.Background()
+	const n = 2*historyChunk + 1
+	for i := range n {
+		if _, err := deliver(s, "c", "o", fmt.Sprintf("m-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := deliver(s, "o", "c", fmt.Sprintf("r-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hist, err := s.ListItems(ctx, "o", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// o holds c's messages and the statuses of its own sends.
+	if len(hist) != 2*n {
+		t.Fatalf("o's history: %d items, want %d", len(hist), 2*n)
+	}
+	for i, it := range hist {
+		if i > 0 && it.Seq <= hist[i-1].Seq {
+			t.Fatalf("item %d (seq %d) after seq %d", i, it.Seq, hist[i-1].Seq)
+		}
+		if it.Type == wire.ItemMessage && !strings.Contains(string(it.Doc), `"from":"c"`) {
+			t.Fatalf("o's history holds %s", it.Doc)
+		}
+	}
+}
+
+// TestMinItemDoc: the smallest document the store writes is at least
+// minItemDoc bytes, which maxHistoryItems relies on.
+func TestMinItemDoc(t *testing.T) {
+	s, _ := openTestStore(t)
+	ctx := context.Background()
+	if _, err := s.DeliverMessage(ctx, Delivery{From: "o", To: "c", ManifestID: "m"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RecordStatus(ctx, "c", "", "message", "", "", true); err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range []string{"o", "c"} {
+		items, err := s.ListItems(ctx, sb, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, it := range items {
+			if len(it.Doc) < minItemDoc {
+				t.Errorf("%s: a document of %d bytes, under minItemDoc (%d): %s", sb, len(it.Doc), minItemDoc, it.Doc)
+			}
+		}
+	}
+}

@@ -13,7 +13,8 @@ type statements struct {
 
 	// On the pool, for reads.
 	unreadItems *sql.Stmt
-	allItems    *sql.Stmt
+	historySeqs *sql.Stmt
+	itemsBySeq  *sql.Stmt
 	sandboxByNm *sql.Stmt
 	treeOutput  *sql.Stmt
 }
@@ -44,6 +45,16 @@ type writer struct {
 
 const itemCols = `seq, id, type, ref, doc, read`
 
+// A history is read in two steps (ListItems). First its oldest seqs, from
+// the index alone: ordered by seq, a query reading the rows would sort
+// every one of them, documents and all, before the first came back. Then
+// their rows by seq (+sandbox: not through the index, which would walk
+// the whole history for each chunk). TestListHistoryPlan holds the plans.
+const (
+	historySeqsSQL = `SELECT seq FROM items WHERE sandbox = ? ORDER BY seq LIMIT ?`
+	itemsBySeqSQL  = `SELECT ` + itemCols + ` FROM items WHERE seq IN (SELECT value FROM json_each(?)) AND +sandbox = ? ORDER BY seq`
+)
+
 const journalGetSQL = `SELECT j.status_seq, i.seq, i.id, i.type, i.ref, i.doc, i.read
 	FROM journal j LEFT JOIN items i ON i.seq = j.status_seq
 	WHERE j.sandbox = ? AND j.manifest_id = ?`
@@ -71,7 +82,8 @@ func (s *Store) prepare(ctx context.Context) error {
 	r, w := prep(s.db), prep(conn)
 	err = errors.Join(
 		r(&s.q.unreadItems, `SELECT `+itemCols+` FROM items WHERE sandbox = ? AND read = 0 ORDER BY seq`),
-		r(&s.q.allItems, `SELECT `+itemCols+` FROM items WHERE sandbox = ? ORDER BY seq`),
+		r(&s.q.historySeqs, historySeqsSQL),
+		r(&s.q.itemsBySeq, itemsBySeqSQL),
 		r(&s.q.sandboxByNm, `SELECT `+sandboxCols+` FROM sandboxes WHERE name = ?`),
 		r(&s.q.treeOutput, `SELECT coalesce(sum(output_tokens), 0) FROM tree_output WHERE tree = ? AND minute >= ?`),
 		w(&s.w.insertItem, `INSERT INTO items (id, sandbox, type, ref, doc, read, created_at) VALUES (?,?,?,?,?,?,?)`),
