@@ -133,6 +133,12 @@ func loadOptions(o *loader.Options) {
 	o.SkipResolveLabels = true
 	o.ResolvePaths = false
 	o.ResourceLoaders = nil
+	// Every profile: a service behind one is a service like any other
+	// here (runnable, a connector or omitted), so every rule and the
+	// facade's resets reach it. The Dev Containers CLI loads the files
+	// with every profile too (config --profile '*'), which reads such a
+	// service's env_file on the host.
+	o.Profiles = []string{"*"}
 	o.SetProjectName("branchbox-check", true)
 }
 
@@ -329,6 +335,9 @@ func walk(n *yaml.Node, file, where string, depth int, fn func(where, s string) 
 	}
 	switch n.Kind {
 	case yaml.ScalarNode:
+		if err := checkTag(n, file, where); err != nil {
+			return err
+		}
 		return fn(where, n.Value)
 	case yaml.AliasNode:
 		return nil // its anchor is walked where it is defined
@@ -338,6 +347,9 @@ func walk(n *yaml.Node, file, where string, depth int, fn func(where, s string) 
 			at := segment(key)
 			if where != "" {
 				at = where + "." + at
+			}
+			if err := checkTag(n.Content[i], file, at); err != nil {
+				return err
 			}
 			if err := fn(at, key); err != nil {
 				return err
@@ -352,6 +364,16 @@ func walk(n *yaml.Node, file, where string, depth int, fn func(where, s string) 
 				return err
 			}
 		}
+	}
+	return nil
+}
+
+// checkTag refuses a scalar tagged !!binary: Compose reads it decoded,
+// text the rules here would never see as written (an interpolation in
+// base64 has no '$').
+func checkTag(n *yaml.Node, file, where string) error {
+	if n.ShortTag() == "!!binary" {
+		return &Refusal{Rule: "a !!binary value (write it as text)", Where: file + ": " + where}
 	}
 	return nil
 }

@@ -102,6 +102,13 @@ func TestCheckRefuses(t *testing.T) {
 		{"valueless entry by an alias", "x-h: &h HOME\n" + base + "  db:\n    image: y\n    environment: [*h]\n", "compose.yaml: services.db.environment[0]", `a valueless entry "HOME"`},
 		{"valueless entry by a merge key", "x-m: &m\n  HOME: null\n" + base + "  db:\n    image: y\n    environment:\n      <<: *m\n", "compose.yaml: services.db.environment.HOME", `a valueless entry "HOME"`},
 		{"valueless entry by an aliased mapping", "x-m: &m\n  HOME:\n" + base + "  db:\n    image: y\n    environment: *m\n", "compose.yaml: services.db.environment.HOME", `a valueless entry "HOME"`},
+		// A service behind a profile is runnable like any other (the Dev
+		// Containers CLI loads every profile, reading its env_file on
+		// the host), and its profiles key is refused.
+		{"a service behind a profile", base + "  evil:\n    image: y\n    profiles: [p]\n    env_file: /etc/shadow\n", "compose.yaml: services.evil.profiles", notAllowed},
+		// Compose reads a !!binary value decoded: ${HOME} in base64.
+		{"!!binary value", base + "    command: !!binary JHtIT01FfQ==\n", "compose.yaml: services.app.command", "a !!binary value (write it as text)"},
+		{"!!binary key", base + "    x-k:\n      !!binary JHtIT01FfQ==: v\n", "compose.yaml: services.app.x-k.JHtIT01FfQ==", "a !!binary value (write it as text)"},
 		// A key is shown as it is only when it cannot forge a line.
 		{"a key with a newline", base + "    x-note: {\"x\\nbranchbox: docker.sock\": 1}\n", `compose.yaml: services.app.x-note."x\nbranchbox: docker.sock"`, "a container-engine socket (docker.sock)"},
 		{"nested too deep", base + "    x-deep: " + strings.Repeat("[", 70) + strings.Repeat("]", 70) + "\n", "compose.yaml: services.app.x-deep" + strings.Repeat("[0]", 62), "nested too deep"},

@@ -3,6 +3,7 @@ package compose_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -282,5 +283,49 @@ func TestReplacedKeys(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Replaced:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// TestOmittedServiceBehindAProfile: a service behind a profile is a
+// runnable service to omit like any other, and the facade resets its
+// env_file, which Compose would otherwise read on the host when it loads
+// every profile (as the Dev Containers CLI's config does).
+func TestOmittedServiceBehindAProfile(t *testing.T) {
+	ctx := context.Background()
+	missing := filepath.Join(t.TempDir(), "never-read")
+	src := base + "  evil:\n    image: y\n    profiles: [p]\n    env_file: " + missing + "\n"
+	files := []compose.File{{Path: "compose.yaml", Data: []byte(src)}}
+	p, err := compose.Check(ctx, t.TempDir(), files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(p.Runnable, []string{"app", "evil"}) {
+		t.Fatalf("runnable %q, want app and evil", p.Runnable)
+	}
+	if err := p.Omit([]string{"evil"}, "app"); err != nil {
+		t.Fatal(err)
+	}
+	facade, err := compose.Facade(p, compose.FacadePlan{
+		Images: map[string]string{"app": appImage}, Primary: "app",
+		Workspace: compose.Bind{Source: "/w", Target: "/workspaces/w"}, Seccomp: "/s.json", User: "1000:1000",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	load := func(files ...types.ConfigFile) error {
+		_, err := loader.LoadWithContext(ctx, types.ConfigDetails{WorkingDir: t.TempDir(), Environment: types.Mapping{}, ConfigFiles: files},
+			func(o *loader.Options) {
+				o.SetProjectName("p", true)
+				o.Profiles = []string{"*"}
+			})
+		return err
+	}
+	source := types.ConfigFile{Filename: "compose.yaml", Content: []byte(src)}
+	// Without the facade, loading every profile reads the env_file.
+	if err := load(source); err == nil || !strings.Contains(err.Error(), "never-read") {
+		t.Fatalf("the source alone: %v, want its env_file read", err)
+	}
+	if err := load(source, types.ConfigFile{Filename: "facade.yaml", Content: facade}); err != nil {
+		t.Fatalf("with the facade: %v", err)
 	}
 }
