@@ -12,7 +12,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -33,6 +35,10 @@ const MaxAttributesBytes = 1 << 20
 //   - no file or directory there has a set-user-ID or set-group-ID bit;
 //   - no attributes file (.gitattributes at the top, info/attributes)
 //     defines a filter, which git would run on checkout;
+//   - no configuration file there defines a filter driver's command or
+//     includes another file: the assigned commit's own .gitattributes,
+//     at any depth, are read only as it is checked out, and can name
+//     any driver defined;
 //   - no objects/info/alternates or objects/info/http-alternates makes
 //     git read objects from a store the check did not look at.
 //
@@ -51,6 +57,9 @@ func Check(repo string, runtimeUID int) error {
 			return err
 		}
 		if err := checkAlternates(d); err != nil {
+			return err
+		}
+		if err := checkConfig(d); err != nil {
 			return err
 		}
 	}
@@ -122,6 +131,37 @@ func checkAlternates(dir string) error {
 		} else if !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("gitmeta: %w", err)
 		}
+	}
+	return nil
+}
+
+// configRunning matches the configuration keys checkConfig refuses (git
+// reads section and key names lowercased): a filter driver's commands,
+// which a checkout runs for any path its attributes give that driver,
+// and includes, which read configuration the check does not see (a file
+// of the work tree the checkout itself writes, for one).
+const configRunning = `^(filter\..+\.(smudge|clean|process)|include\.path|includeif\..+\.path)$`
+
+// checkConfig refuses a Git directory whose config (or config.worktree)
+// sets a key of configRunning, read by git itself so it is parsed as the
+// checkout would parse it; a file git cannot read is refused too.
+func checkConfig(dir string) error {
+	for _, name := range []string{"config", "config.worktree"} {
+		p := filepath.Join(dir, name)
+		if _, err := os.Lstat(p); errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		cmd := exec.Command("git", "config", "--file", p, "--no-includes", "--name-only", "--get-regexp", configRunning)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "LC_ALL=C"}
+		out, err := cmd.Output()
+		if exit, ok := errors.AsType[*exec.ExitError](err); ok && exit.ExitCode() == 1 && len(out) == 0 {
+			continue // no such key
+		}
+		if err != nil {
+			return fmt.Errorf("gitmeta: %s cannot be read as Git configuration: %w", p, err)
+		}
+		key, _, _ := strings.Cut(string(out), "\n")
+		return fmt.Errorf("gitmeta: %s sets %s: a checkout would run a program or read configuration the check does not see (remove it from the repository's configuration)", p, strconv.Quote(key))
 	}
 	return nil
 }

@@ -111,6 +111,35 @@ func TestCheck(t *testing.T) {
 			os.WriteFile(p, []byte("[attr]evil filter=x\n*.c evil\n"), 0o644)
 			return func() { os.Remove(p) }
 		}, ".gitattributes:1 defines a filter"},
+		// The assigned commit's .gitattributes, at any depth, can name
+		// any filter driver: none may be defined, nor configuration
+		// read from elsewhere.
+		{"a filter driver's smudge", false, func(t *testing.T, _, repo string) func() {
+			gitRun(t, repo, "config", "filter.x.smudge", "sh -c 'touch /tmp/mark; cat'")
+			return func() { gitRun(t, repo, "config", "--remove-section", "filter.x") }
+		}, `sets "filter.x.smudge"`},
+		{"a filter driver's process", false, func(t *testing.T, _, repo string) func() {
+			gitRun(t, repo, "config", "filter.Lfs.process", "git-lfs filter-process")
+			return func() { gitRun(t, repo, "config", "--remove-section", "filter.Lfs") }
+		}, `sets "filter.Lfs.process"`},
+		{"an include", false, func(t *testing.T, _, repo string) func() {
+			gitRun(t, repo, "config", "include.path", "../work-tree-file")
+			return func() { gitRun(t, repo, "config", "--unset", "include.path") }
+		}, `sets "include.path"`},
+		{"a conditional include", false, func(t *testing.T, _, repo string) func() {
+			gitRun(t, repo, "config", "includeIf.onbranch:main.path", "x")
+			return func() { gitRun(t, repo, "config", "--remove-section", "includeIf.onbranch:main") }
+		}, `sets "includeif.onbranch:main.path"`},
+		{"a config.worktree", false, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".git", "config.worktree")
+			os.WriteFile(p, []byte("[filter \"y\"]\n\tclean = cat\n"), 0o644)
+			return func() { os.Remove(p) }
+		}, `config.worktree sets "filter.y.clean"`},
+		{"a config git cannot read", false, func(t *testing.T, _, repo string) func() {
+			p := filepath.Join(repo, ".git", "config.worktree")
+			os.WriteFile(p, []byte("[filter\n"), 0o644)
+			return func() { os.Remove(p) }
+		}, "cannot be read as Git configuration"},
 		{"a linked .gitattributes", false, func(t *testing.T, _, repo string) func() {
 			p := filepath.Join(repo, ".gitattributes")
 			os.Symlink("/etc/hostname", p)
