@@ -55,7 +55,8 @@ func spoolOf(ctx context.Context, eng *engine.Engine, rec *Record, checked *leas
 }
 
 // initSpools lays out every tool-request lease's spool volume, after the
-// container user was checked and before the final inspection.
+// containers were created and inspected (their user among the rules) and
+// before any starts: id -u runs later, in the started container.
 func (l *launcher) initSpools(ctx context.Context) error {
 	a := l.checked.Assignment
 	first := true
