@@ -54,3 +54,6 @@ func (b *Broker) TreeModelBodiesForTest(tree string) int64 {
 
 // QueriesAdmitted is how many store queries are queued or running.
 func (b *Broker) QueriesAdmitted() int { return int(b.queries.admitted.Load()) }
+
+// RunRoundForTest runs one round now.
+func (b *Broker) RunRoundForTest() { b.runRound() }

@@ -73,3 +73,38 @@ func TestHostCommandsShowAtOnce(t *testing.T) {
 		t.Fatalf("grant of the new orch: %s, want %s", got, grant)
 	}
 }
+
+// TestStatusesOfANameReused: a child destroyed by its orchestrator's
+// manifest (no host command, so no refresh) and made again under its
+// name before the next round starts with no status: the statuses the
+// broker keeps by name are never the earlier child's (its details name
+// its work), neither after the host's new nor after the next round.
+func TestStatusesOfANameReused(t *testing.T) {
+	e := newTestEnv(t)
+	e.b.HoldRoundsForTest(true)
+	e.orchestrator("orch")
+	e.child("kid", "orch")
+	sendMessage(t, e.client("kid"), map[string]any{"id": "m-1", "body": "secret work"})
+	e.b.RunRoundForTest()
+	statuses := func(step string) []json.RawMessage {
+		t.Helper()
+		var res wire.StatusResult
+		if err := e.client("kid").Call(context.Background(), "status", nil, &res); err != nil {
+			t.Fatalf("%s: status: %v", step, err)
+		}
+		return res.Statuses
+	}
+	if got := statuses("the first kid"); len(got) != 1 {
+		t.Fatalf("the first kid's statuses: %s", got)
+	}
+	wantStatus(t, sendManifest(t, e.client("orch"), map[string]any{"id": "del-1", "type": "destroy", "child": "kid", "force": true}),
+		"done", "child `kid` destroyed")
+	e.child("kid", "orch")
+	if got := statuses("the new kid"); len(got) != 0 {
+		t.Fatalf("the new kid sees the statuses of the one before: %s", got)
+	}
+	e.b.RunRoundForTest()
+	if got := statuses("the new kid after a round"); len(got) != 0 {
+		t.Fatalf("after a round, the new kid sees the statuses of the one before: %s", got)
+	}
+}

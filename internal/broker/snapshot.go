@@ -23,6 +23,10 @@ type Snapshot struct {
 	// parents names each child's orchestrator (a refresh finds a
 	// destroyed child's entry by it).
 	parents map[string]string
+	// uuids is each sandbox's UUID: the statuses kept under a name are
+	// its sandbox's, never those of an earlier sandbox of that name
+	// (destroyed and made again between two rounds).
+	uuids map[string]string
 	// statusSeq is the newest status folded into Statuses.
 	statusSeq int64
 }
@@ -82,12 +86,14 @@ func (b *Broker) runRound() {
 		Statuses:  map[string][]store.Item{},
 		Grants:    map[string]json.RawMessage{},
 		parents:   map[string]string{},
+		uuids:     make(map[string]string, len(sbs)),
 		statusSeq: prev.statusSeq,
 	}
 	live := map[string]bool{}
 	for _, sb := range sbs {
 		live[sb.Name] = true
-		if st, ok := prev.Statuses[sb.Name]; ok {
+		next.uuids[sb.Name] = sb.UUID
+		if st, ok := prev.Statuses[sb.Name]; ok && prev.uuids[sb.Name] == sb.UUID {
 			next.Statuses[sb.Name] = st // shared until changed below
 		}
 		switch sb.Role {
@@ -170,7 +176,7 @@ func (b *Broker) refresh(name, parent string) {
 		return
 	}
 	e := &snapEdit{next: &Snapshot{Children: prev.Children, Statuses: prev.Statuses, Grants: prev.Grants,
-		parents: prev.parents, statusSeq: prev.statusSeq}}
+		parents: prev.parents, uuids: prev.uuids, statusSeq: prev.statusSeq}}
 	root := name
 	if p, ok := prev.parents[name]; ok {
 		root = p
@@ -220,8 +226,8 @@ func (b *Broker) refresh(name, parent string) {
 // snapEdit makes a snapshot from the last one, copying each of its maps
 // before its first change (readers hold the last one).
 type snapEdit struct {
-	next                                            *Snapshot
-	ownChildren, ownGrants, ownParents, ownStatuses bool
+	next                                                      *Snapshot
+	ownChildren, ownGrants, ownParents, ownStatuses, ownUUIDs bool
 }
 
 func (e *snapEdit) children() map[string][]wire.ChildInfo {
@@ -252,6 +258,13 @@ func (e *snapEdit) statuses() map[string][]store.Item {
 	return e.next.Statuses
 }
 
+func (e *snapEdit) uuids() map[string]string {
+	if !e.ownUUIDs {
+		e.next.uuids, e.ownUUIDs = clone(e.next.uuids), true
+	}
+	return e.next.uuids
+}
+
 // clone copies m; a nil m (the empty snapshot before the first round)
 // gives an empty map.
 func clone[M ~map[K]V, K comparable, V any](m M) M {
@@ -264,6 +277,13 @@ func clone[M ~map[K]V, K comparable, V any](m M) M {
 // update puts sb's record in the snapshot. named: sb is the sandbox the
 // host command named, running when its record says so.
 func (e *snapEdit) update(sb store.Sandbox, named bool) {
+	if e.next.uuids[sb.Name] != sb.UUID {
+		// A new sandbox under the name: nothing of the one before is its.
+		if _, ok := e.next.Statuses[sb.Name]; ok {
+			delete(e.statuses(), sb.Name)
+		}
+		e.uuids()[sb.Name] = sb.UUID
+	}
 	switch sb.Role {
 	case wire.RoleOrchestrator:
 		if old, had := e.next.Grants[sb.Name]; had != (sb.Grant != "") || string(old) != sb.Grant {
@@ -297,6 +317,9 @@ func (e *snapEdit) update(sb store.Sandbox, named bool) {
 func (e *snapEdit) forget(name string) {
 	if _, ok := e.next.Statuses[name]; ok {
 		delete(e.statuses(), name)
+	}
+	if _, ok := e.next.uuids[name]; ok {
+		delete(e.uuids(), name)
 	}
 	if _, ok := e.next.Grants[name]; ok {
 		delete(e.grants(), name)
