@@ -104,6 +104,19 @@ func (o *Orchestrator) selfRights(ctx context.Context, req wire.Caller, m *manif
 	return o.Store.FinishManifest(ctx, req.Sandbox, m.ID, wire.StateDone, detail)
 }
 
+// lockRights takes rightsMu for a holder of the broker's turn, waiting
+// for it outside the turn: its holder may be a round detaching an expired
+// mount, whose scan of the sandbox's processes (which the sandbox
+// shapes) takes up to holders' bound, and the executor must serve others
+// meanwhile. Once the mutex is the caller's, its turn is back and stays
+// (serial.Pin) until unlock: nobody waits for the mutex with a turn, so
+// the two can never wait for each other. What the caller read before
+// may have changed meanwhile.
+func (o *Orchestrator) lockRights(ctx context.Context) (context.Context, func()) {
+	serial.Outside(ctx, o.rightsMu.Lock)
+	return serial.Pin(ctx), o.rightsMu.Unlock
+}
+
 // rightsPlan is what one rights manifest changes.
 type rightsPlan struct {
 	del, put []store.Right
@@ -118,9 +131,8 @@ type rightsPlan struct {
 // steps (mounts) first, undone in reverse if one fails, then the store in
 // one transaction. It returns the done detail and the keys revoked.
 func (o *Orchestrator) applyRights(ctx context.Context, sb store.Sandbox, r *manifest.Rights) (string, []string, error) {
-	o.rightsMu.Lock()
-	defer o.rightsMu.Unlock()
-	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
+	ctx, unlock := o.lockRights(ctx)
+	defer unlock()
 	cur, err := o.Store.Rights(ctx, sb.Name)
 	if err != nil {
 		return "", nil, err
@@ -325,9 +337,8 @@ func (o *Orchestrator) egressChanged(sandbox string, lost []store.Right) {
 // after every start (a local sandbox loses its mounts when it stops; an
 // Incus one keeps its devices). A mount that fails is logged and left.
 func (o *Orchestrator) AttachRights(ctx context.Context, sandbox string) {
-	o.rightsMu.Lock()
-	defer o.rightsMu.Unlock()
-	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
+	ctx, unlock := o.lockRights(ctx)
+	defer unlock()
 	rights, err := o.Store.Rights(ctx, sandbox)
 	if err != nil {
 		o.logger().Error("rights: list", "sandbox", sandbox, "err", err)
@@ -408,9 +419,8 @@ func (o *Orchestrator) recordSpawnRights(ctx context.Context, sandbox string, r 
 // are closed by the proxy's hook. Rounds call it, the first one at start,
 // so expiries that passed while the broker was down apply too.
 func (o *Orchestrator) ExpireRights(ctx context.Context, now time.Time) {
-	o.rightsMu.Lock()
-	defer o.rightsMu.Unlock()
-	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
+	ctx, unlock := o.lockRights(ctx)
+	defer unlock()
 	expired, err := o.Store.ExpiredRights(ctx, now)
 	if err != nil {
 		o.logger().Error("rights: list expired", "err", err)
@@ -443,9 +453,8 @@ func (o *Orchestrator) ExpireRights(ctx context.Context, now time.Time) {
 // attach at once to a running sandbox; a failure undoes the mounts and
 // changes nothing.
 func (o *Orchestrator) HandRights(ctx context.Context, sandbox string, add, remove grant.Rights) ([]store.Right, []string, error) {
-	o.rightsMu.Lock()
-	defer o.rightsMu.Unlock()
-	ctx = serial.Pin(ctx) // the turn stays while the mutex is held
+	ctx, unlock := o.lockRights(ctx)
+	defer unlock()
 	if _, err := o.Store.Sandbox(ctx, sandbox); errors.Is(err, store.ErrNotFound) {
 		return nil, nil, o.NoSuchSandbox(ctx, sandbox)
 	} else if err != nil {
