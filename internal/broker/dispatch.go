@@ -94,18 +94,34 @@ type queryPool struct {
 	byTree map[string]int // running + waiting, by orchestrator tree
 }
 
-// admitTree takes one of tree's TreeMaxQueries; false when none is left.
-func (p *queryPool) admitTree(tree string) bool {
+// share is the most queries tree may hold queued or running now: the
+// broker-wide total divided among the trees holding queries, tree itself
+// and one more. A fixed share per tree let two trees fill the queue
+// together; with room always kept for one more tree, a tree that has no
+// query waits for no hostile tree's to end, however many query
+// (TestStoreQueriesShared). Alone, a tree gets TreeMaxQueries. Call with
+// p.mu held.
+func (p *queryPool) share(tree string) int {
+	trees := len(p.byTree) + 1 // and one more
+	if _, ok := p.byTree[tree]; !ok {
+		trees++
+	}
+	return (QueryWorkers + QueryQueueCap) / trees
+}
+
+// admitTree takes one of tree's share of the queries; when none is left
+// it returns false, what tree holds and its share.
+func (p *queryPool) admitTree(tree string) (ok bool, held, share int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.byTree[tree] >= TreeMaxQueries {
-		return false
+	if share := p.share(tree); p.byTree[tree] >= share {
+		return false, p.byTree[tree], share
 	}
 	if p.byTree == nil {
 		p.byTree = map[string]int{}
 	}
 	p.byTree[tree]++
-	return true
+	return true, 0, 0
 }
 
 func (p *queryPool) releaseTree(tree string) {
@@ -118,7 +134,8 @@ func (p *queryPool) releaseTree(tree string) {
 
 // runQuery runs fn as a store query: at most MaxQueriesPerSandbox queued or
 // running per sandbox (more wait here, in their connection), and busy when
-// the sandbox's tree holds TreeMaxQueries or the broker-wide queue is full.
+// the sandbox's tree holds its share (queryPool.share) or the broker-wide
+// queue is full.
 func (b *Broker) runQuery(ctx context.Context, srv *sandboxServer, op string, fn func()) error {
 	select {
 	case srv.querySem <- struct{}{}:
@@ -127,8 +144,9 @@ func (b *Broker) runQuery(ctx context.Context, srv *sandboxServer, op string, fn
 	}
 	defer func() { <-srv.querySem }()
 	tree := cmp.Or(srv.caller.Parent, srv.caller.Sandbox)
-	if !b.queries.admitTree(tree) {
-		return wire.Errorf(wire.CodeBusy, "orchestrator %s and its children have %d store queries queued or running, the most one tree may; retry", tree, TreeMaxQueries)
+	if ok, held, share := b.queries.admitTree(tree); !ok {
+		return wire.Errorf(wire.CodeBusy, "orchestrator %s and its children have %d store queries queued or running, at most %d now (the broker's %d, shared by the trees that query and one more); retry",
+			tree, held, share, QueryWorkers+QueryQueueCap)
 	}
 	defer b.queries.releaseTree(tree)
 	if b.queries.admitted.Add(1) > QueryWorkers+QueryQueueCap {

@@ -26,9 +26,11 @@ const (
 	// it full gets busy.
 	QueryQueueCap = 64
 	// TreeMaxQueries bounds the store queries one orchestrator's tree (it
-	// and its children) has queued or running: half of the broker-wide
-	// queue. Its 64 children may each hold MaxQueriesPerSandbox, enough
-	// to keep the whole queue full and every other sandbox busy.
+	// and its children) has queued or running while it queries alone:
+	// half of the broker-wide queue. Its 64 children may each hold
+	// MaxQueriesPerSandbox, enough to keep the whole queue full and every
+	// other sandbox busy. While more trees query, each gets less
+	// (queryPool.share).
 	TreeMaxQueries = (QueryWorkers + QueryQueueCap) / 2
 	// ExecQueueCap bounds the executor's queue (send); a full queue is busy.
 	ExecQueueCap = 256

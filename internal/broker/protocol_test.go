@@ -584,7 +584,8 @@ func TestStoreQueriesTreeCap(t *testing.T) {
 	last := members[len(members)-1]
 	err := e.client(last).Call(context.Background(), "list", nil, nil)
 	wantWireError(t, "a query past the tree's cap", err, wire.CodeBusy,
-		fmt.Sprintf("orchestrator a and its children have %d store queries queued or running, the most one tree may; retry", broker.TreeMaxQueries))
+		fmt.Sprintf("orchestrator a and its children have %d store queries queued or running, at most %d now (the broker's %d, shared by the trees that query and one more); retry",
+			broker.TreeMaxQueries, broker.TreeMaxQueries, broker.QueryWorkers+broker.QueryQueueCap))
 	bDone := make(chan error, 1)
 	go func() { bDone <- e.client("b").Call(context.Background(), "list", nil, nil) }()
 	wait.For(t, "b's query admitted", func() bool { return e.b.QueriesAdmitted() == broker.TreeMaxQueries+1 })
@@ -598,6 +599,60 @@ func TestStoreQueriesTreeCap(t *testing.T) {
 	}
 	if err := <-bDone; err != nil {
 		t.Errorf("b's query: %v", err)
+	}
+}
+
+// TestStoreQueriesShared: two trees that keep the query queue as full as
+// they may leave room for a third: each tree's share shrinks as more
+// trees query (with one fixed share each, two hostile trees filled the
+// whole queue, and every other sandbox's list, read and ack was busy).
+func TestStoreQueriesShared(t *testing.T) {
+	const total = broker.QueryWorkers + broker.QueryQueueCap
+	e := newTestEnv(t)
+	e.orchestrator("c")
+	hostile := map[string][]string{}
+	for _, orch := range []string{"a", "b"} {
+		e.orchestrator(orch)
+		hostile[orch] = []string{orch}
+		for i := range broker.TreeMaxQueries/broker.MaxQueriesPerSandbox - 1 {
+			kid := fmt.Sprintf("%s-kid-%d", orch, i)
+			e.child(kid, orch)
+			hostile[orch] = append(hostile[orch], kid)
+		}
+	}
+	e.child("b-spare", "b") // queries only past b's share
+	release := make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	e.b.SetQueryHookForTest(func(string) { <-release })
+	defer e.b.SetQueryHookForTest(nil)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer letGo()
+	// Each of a's and b's sandboxes sends as many lists as it may at
+	// once: a, alone, gets half the queue; b, beside a, a third.
+	flood := func(orch string) {
+		for _, m := range hostile[orch] {
+			for range broker.MaxQueriesPerSandbox {
+				c := e.client(m)
+				wg.Go(func() { c.Call(context.Background(), "list", nil, nil) })
+			}
+		}
+	}
+	flood("a")
+	wait.For(t, "a's queries admitted", func() bool { return e.b.QueriesAdmitted() == total/2 })
+	flood("b")
+	wait.For(t, "b's queries admitted", func() bool { return e.b.QueriesAdmitted() == total/2+total/3 })
+	err := e.client("b-spare").Call(context.Background(), "list", nil, nil)
+	wantWireError(t, "a query past b's share", err, wire.CodeBusy,
+		fmt.Sprintf("orchestrator b and its children have %d store queries queued or running, at most %d now (the broker's %d, shared by the trees that query and one more); retry",
+			total/3, total/3, total))
+	cDone := make(chan error, 1)
+	go func() { cDone <- e.client("c").Call(context.Background(), "list", nil, nil) }()
+	wait.For(t, "c's query admitted", func() bool { return e.b.QueriesAdmitted() == total/2+total/3+1 })
+	letGo()
+	if err := <-cDone; err != nil {
+		t.Fatalf("c's query: %v", err)
 	}
 }
 
