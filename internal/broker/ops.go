@@ -136,6 +136,39 @@ func checkNextArgs(a *wire.NextArgs) *wire.Error {
 	return nil
 }
 
+// nextFilter matches a parked next's unread items, each wake a new scan
+// of the inbox. A filter by kind or state decodes each document, and a
+// document never changes: an item found not to match is not decoded again
+// on a later scan. Without that, every change to the inbox (an ack, a
+// message) decoded the whole unread inbox again, up to its 32 MiB quota.
+// Only the items still unread at the last scan are remembered.
+type nextFilter struct {
+	args     *wire.NextArgs
+	rejected map[int64]bool // by seq, at the last scan
+	decodes  int            // documents decoded (tests)
+}
+
+func newNextFilter(a *wire.NextArgs) *nextFilter { return &nextFilter{args: a} }
+
+// scan returns the match function of one scan of the inbox.
+func (f *nextFilter) scan() func(store.Item) bool {
+	if f.args.Ref != "" || len(f.args.MsgKinds)+len(f.args.StatusStates) == 0 {
+		return func(it store.Item) bool { return nextMatch(f.args, it) } // no decoding
+	}
+	last, seen := f.rejected, make(map[int64]bool, len(f.rejected))
+	f.rejected = seen
+	return func(it store.Item) bool {
+		if !last[it.Seq] {
+			f.decodes++
+			if nextMatch(f.args, it) {
+				return true
+			}
+		}
+		seen[it.Seq] = true
+		return false
+	}
+}
+
 func nextMatch(a *wire.NextArgs, it store.Item) bool {
 	if a.Ref != "" {
 		return it.Type == wire.ItemStatus && it.Ref == a.Ref
@@ -197,10 +230,10 @@ func (b *Broker) opNext(ctx context.Context, c *call) *reply {
 		defer quietTimer.Stop()
 		quiet = quietTimer.C
 	}
-	match := func(it store.Item) bool { return nextMatch(&args, it) }
+	filter := newNextFilter(&args)
 	for {
 		changed := c.srv.inboxChanged()
-		it, found, err := b.store.FirstUnread(ctx, c.caller.Sandbox, match)
+		it, found, err := b.store.FirstUnread(ctx, c.caller.Sandbox, filter.scan())
 		if err != nil {
 			if ctx.Err() != nil {
 				return &reply{hangup: true}
