@@ -319,8 +319,9 @@ const historyChunk = 256
 // takes its documents past MaxHistoryBytes (that item included, so the
 // caller sees there is more). It is read in two steps, the oldest
 // maxHistoryItems seqs from the index and then their rows a chunk at a
-// time, so what a list reads is bounded however long the history (read
-// items are kept for days and not counted by the inbox quota).
+// time, so no list sorts or reads the rows of a whole history (read
+// items are kept for days and not counted by the inbox quota); the first
+// step still walks the history's index entries.
 func (s *Store) ListItems(ctx context.Context, sandbox string, all bool) (_ []Item, err error) {
 	defer s.settle(&err)
 	ctx = detach(ctx)
