@@ -96,17 +96,19 @@ type queryPool struct {
 
 // share is the most queries tree may hold queued or running now: the
 // broker-wide total divided among the trees holding queries, tree itself
-// and one more. A fixed share per tree let two trees fill the queue
-// together; with room always kept for one more tree, a tree that has no
-// query waits for no hostile tree's to end, however many query
-// (TestStoreQueriesShared). Alone, a tree gets TreeMaxQueries. Call with
-// p.mu held.
+// and one more, and never less than one sandbox's own cap
+// (MaxQueriesPerSandbox: with many trees querying, the broker-wide queue
+// is the bound). A fixed share per tree let two trees fill the queue
+// together; with room kept for one more tree, a tree that has no query
+// waits for no hostile tree's to end while fewer than about 33 trees hold
+// queries (TestStoreQueriesShared). Alone, a tree gets TreeMaxQueries.
+// Call with p.mu held.
 func (p *queryPool) share(tree string) int {
 	trees := len(p.byTree) + 1 // and one more
 	if _, ok := p.byTree[tree]; !ok {
 		trees++
 	}
-	return (QueryWorkers + QueryQueueCap) / trees
+	return max(MaxQueriesPerSandbox, (QueryWorkers+QueryQueueCap)/trees)
 }
 
 // admitTree takes one of tree's share of the queries; when none is left

@@ -1,6 +1,7 @@
 package broker
 
 import (
+	"fmt"
 	"testing"
 
 	"agentbox/internal/store"
@@ -35,6 +36,24 @@ func TestInboxQuotaResolution(t *testing.T) {
 		}
 		if err != nil || got != tc.want {
 			t.Errorf("inboxQuota(%+v) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+// TestQueryShare: a tree's share of the store queries shrinks as more
+// trees hold queries, always leaving room for one more, and never falls
+// under one sandbox's own cap (with 68 trees querying it was 0, and every
+// new tree was busy).
+func TestQueryShare(t *testing.T) {
+	for _, tc := range []struct{ holding, want int }{
+		{0, TreeMaxQueries}, {1, 22}, {2, 17}, {32, 2}, {33, MaxQueriesPerSandbox}, {100, MaxQueriesPerSandbox},
+	} {
+		p := &queryPool{byTree: map[string]int{}}
+		for i := range tc.holding {
+			p.byTree[fmt.Sprintf("t%d", i)] = 1
+		}
+		if got := p.share("new"); got != tc.want {
+			t.Errorf("%d trees holding queries: a new tree's share %d, want %d", tc.holding, got, tc.want)
 		}
 	}
 }
