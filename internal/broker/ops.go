@@ -248,7 +248,10 @@ func (b *Broker) opNext(ctx context.Context, c *call) *reply {
 			}
 			rep := replyOK(wire.NextResult{Item: it.Doc})
 			if args.Ack {
-				rep.onLost = func() { b.store.MarkUnread(context.Background(), c.caller.Sandbox, it.ID) }
+				rep.onLost = func() {
+					b.store.MarkUnread(context.Background(), c.caller.Sandbox, it.ID)
+					b.notify(c.caller.Sandbox) // a next parked meanwhile takes it
+				}
 			}
 			return rep
 		}

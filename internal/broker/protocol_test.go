@@ -1025,3 +1025,38 @@ func spareHostUID(t testing.TB) int {
 		}
 	}
 }
+
+// A next --ack whose reply is lost returns the item to the inbox, and that
+// wakes a next parked meanwhile on another connection: it must not sleep
+// beside an unread item.
+func TestLostAckWakesParkedNext(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("orch")
+	e.child("kid", "orch")
+	// A body of control characters is stored escaped, six bytes each: a
+	// reply far larger than a socket's buffer, so the broker's write of it
+	// blocks while the client does not read.
+	body := strings.Repeat("\x01", manifest.MaxTextBytes-1)
+	sendMessage(t, e.client("orch"), map[string]any{"id": "big", "to": "kid", "body": body})
+
+	acker := e.raw("kid")
+	fmt.Fprintln(acker, `{"v":1,"op":"next","args":{"ack":true}}`)
+	kid := e.client("kid")
+	wait.For(t, "the ack to take the item and give up its park", func() bool {
+		return len(unread(t, kid)) == 0 && !e.b.ParkedForTest("kid")
+	})
+
+	parked := e.raw("kid")
+	fmt.Fprintln(parked, `{"v":1,"op":"next"}`)
+	waitParked(t, e, "kid")
+
+	acker.Close() // the ack's reply is lost: the item is unread again
+	r := parked.reply(t)
+	var res wire.NextResult
+	json.Unmarshal(r.Result, &res)
+	var m wire.MessageItem
+	json.Unmarshal(res.Item, &m)
+	if !r.OK || m.Body != body {
+		t.Fatalf("parked next: %+v, item of %d bytes", r.Error, len(m.Body))
+	}
+}
