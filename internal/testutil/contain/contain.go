@@ -4,6 +4,10 @@
 // namespace of its own in which every filesystem is read-only except one
 // scratch directory, which becomes TMPDIR (so t.TempDir is inside it).
 // A broken removal then fails with EROFS instead of deleting /etc.
+// Sandbox units outlive the process that starts them; what the tests
+// leave running, even when the binary panics at its -timeout and runs no
+// cleanup, is adopted by the re-executing process and killed once the
+// run ends (reap.go).
 //
 // Use it from TestMain:
 //
@@ -103,7 +107,8 @@ func run(m *testing.M) int {
 }
 
 // reexec runs this test binary again, with the same arguments, in a new
-// mount namespace, and returns its exit status.
+// mount namespace, and returns its exit status. What the run leaves
+// running is killed (runReaping).
 func reexec(scratch string) int {
 	exe, err := os.Executable()
 	if err != nil {
@@ -115,14 +120,12 @@ func reexec(scratch string) int {
 	cmd.Env = append(os.Environ(), scratchEnv+"="+scratch, "TMPDIR="+scratch)
 	// Go makes / private in the new namespace: nothing here reaches the host.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Unshareflags: syscall.CLONE_NEWNS}
-	if err := cmd.Run(); err != nil {
-		if ee, ok := err.(*exec.ExitError); ok {
-			return ee.ExitCode()
-		}
+	code, err := runReaping(cmd)
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "contain: %v\n", err)
 		return 1
 	}
-	return 0
+	return code
 }
 
 // seal makes every mount read-only, then scratch writable again. The
