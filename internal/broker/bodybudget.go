@@ -20,48 +20,63 @@ const (
 	// orchestrator and all its children may hold at once: 8 bodies of the
 	// largest size.
 	TreeMaxModelBodyBytes = 8 * modelproxy.MaxRequestBytes
-	// SandboxMaxModelBodyBytes is one sandbox's share of it, half (as for
-	// connections, sandboxShare): one hostile child cannot leave its
-	// orchestrator no room to reach its model.
-	SandboxMaxModelBodyBytes = TreeMaxModelBodyBytes / 2
+	// OrchestratorMaxModelBodyBytes is what an orchestrator's own bodies
+	// may hold, half of its tree's, and ChildMaxModelBodyBytes one
+	// child's, a quarter: the children together hold at most the other
+	// half (treeshare.go).
+	OrchestratorMaxModelBodyBytes = TreeMaxModelBodyBytes / 2
+	ChildMaxModelBodyBytes        = TreeMaxModelBodyBytes / 4
 )
 
 // bodyBudget admits the bytes of model request bodies: at most treeMax
-// per orchestrator tree and half of that per sandbox.
+// per orchestrator tree, shared between an orchestrator and its children
+// (treeshare.go).
 type bodyBudget struct {
 	treeMax int64
 
-	mu        sync.Mutex
-	byTree    map[string]int64 // bytes admitted and not yet released, by tree
-	bySandbox map[string]int64 // the same by sandbox (its uuid)
+	mu         sync.Mutex
+	byTree     map[string]int64 // bytes admitted and not yet released, by tree
+	childrenOf map[string]int64 // of byTree, the children's
+	bySandbox  map[string]int64 // the same by sandbox (its uuid)
 }
 
 func newBodyBudget(treeMax int64) *bodyBudget {
-	return &bodyBudget{treeMax: treeMax, byTree: map[string]int64{}, bySandbox: map[string]int64{}}
+	return &bodyBudget{treeMax: treeMax, byTree: map[string]int64{}, childrenOf: map[string]int64{}, bySandbox: map[string]int64{}}
 }
 
 // admit takes n bytes for one body of sandbox (its uuid, name for the
-// refusal) of tree, or says which bound refuses them.
-func (c *bodyBudget) admit(tree, sandbox, name string, n int64) (release func(), err error) {
+// refusal; child: not tree's orchestrator) of tree, or says which bound
+// refuses them.
+func (c *bodyBudget) admit(tree, sandbox, name string, child bool, n int64) (release func(), err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if held, share := c.bySandbox[sandbox], c.treeMax/2; held+n > share {
-		return nil, fmt.Errorf("sandbox %s holds %s of model request bodies at once and this one may hold %s: more than one sandbox may (%s, half of its tree's); try again when a request has ended", name, mib(held), mib(n), mib(share))
+	if held, share := c.bySandbox[sandbox], sandboxShare(c.treeMax, child); held+n > share {
+		return nil, fmt.Errorf("sandbox %s holds %s of model request bodies at once and this one may hold %s: more than it may (%s, %s of its tree's); try again when a request has ended", name, mib(held), mib(n), mib(share), shareName(child))
 	}
-	if held := c.byTree[tree]; held+n > c.treeMax {
-		return nil, fmt.Errorf("orchestrator %s and its children hold %s of model request bodies at once and this one may hold %s: more than they may (%s); try again when a request has ended", tree, mib(held), mib(n), mib(c.treeMax))
+	if held, share := c.childrenOf[tree], childrenShare(c.treeMax); child && held+n > share {
+		return nil, fmt.Errorf("the children of orchestrator %s hold %s of model request bodies at once and this one may hold %s: more than they may together (%s, half of their tree's: the rest is kept for %s); try again when a request has ended", tree, mib(held), mib(n), mib(share), tree)
 	}
+	// The orchestrator's share and its children's together are treeMax:
+	// the tree stays within it.
 	c.byTree[tree] += n
 	c.bySandbox[sandbox] += n
+	if child {
+		c.childrenOf[tree] += n
+	}
 	var once sync.Once
-	return func() { once.Do(func() { c.release(tree, sandbox, n) }) }, nil
+	return func() { once.Do(func() { c.release(tree, sandbox, child, n) }) }, nil
 }
 
-func (c *bodyBudget) release(tree, sandbox string, n int64) {
+func (c *bodyBudget) release(tree, sandbox string, child bool, n int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.byTree[tree] -= n; c.byTree[tree] == 0 {
 		delete(c.byTree, tree)
+	}
+	if child {
+		if c.childrenOf[tree] -= n; c.childrenOf[tree] == 0 {
+			delete(c.childrenOf, tree)
+		}
 	}
 	if c.bySandbox[sandbox] -= n; c.bySandbox[sandbox] == 0 {
 		delete(c.bySandbox, sandbox)
@@ -73,6 +88,6 @@ func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 // admitBody is a model socket's AdmitBody for sb.
 func (b *Broker) admitBody(sb store.Sandbox) func(int64) (func(), error) {
-	tree := sb.Tree()
-	return func(n int64) (func(), error) { return b.modelBodies.admit(tree, sb.UUID, sb.Name, n) }
+	tree, child := sb.Tree(), sb.Parent != ""
+	return func(n int64) (func(), error) { return b.modelBodies.admit(tree, sb.UUID, sb.Name, child, n) }
 }

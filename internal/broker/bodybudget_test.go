@@ -19,35 +19,44 @@ import (
 // largest size, which the test then never sends.
 var bodyHead = fmt.Sprintf("POST /v1/messages HTTP/1.1\r\nHost: model\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n{", modelproxy.MaxRequestBytes)
 
-// TestModelBodyFlood: a child that declares bodies of the largest size on
-// its model socket and sends only their first byte (what a sandbox would
-// do to hold the broker's memory) is admitted up to its share,
-// SandboxMaxModelBodyBytes; its next request is answered 503 naming the
-// share before its body is read, while its orchestrator's model socket
-// answers as before; a request that ends gives its bytes back. Without
-// the budget, each of 64 children could hold 8 bodies of 32 MiB.
+// TestModelBodyFlood: children that declare bodies of the largest size
+// on their model sockets and send only their first byte (what a sandbox
+// would do to hold the broker's memory) are admitted each up to its share,
+// ChildMaxModelBodyBytes, and together up to half of their tree's bytes:
+// a child's request past its share is answered 503 naming it, before its
+// body is read, and a third child's past the children's half naming that,
+// while their orchestrator's model socket answers as before; a request
+// that ends gives its bytes back. Without the budget, each of 64 children
+// could hold 8 bodies of 32 MiB; with only a share per sandbox, two
+// children held the whole tree's and their orchestrator was refused.
 func TestModelBodyFlood(t *testing.T) {
 	localOnly(t, "dials the sandboxes' sockets from the host")
 	e := newModelEnv(t, modeltest.Start(t), 0)
 	e.orchestrator("lead")
-	e.child("kid", "lead")
-	kidSock := socketOf(e, "kid", broker.ModelSocketName)
-	held := holdConns(t, kidSock, int(broker.SandboxMaxModelBodyBytes/modelproxy.MaxRequestBytes))
-	for _, c := range held {
-		if _, err := c.Write([]byte(bodyHead)); err != nil {
-			t.Fatal(err)
-		}
+	kids := []string{"kid", "sib", "third"}
+	for _, kid := range kids {
+		e.child(kid, "lead")
 	}
-	deadline := time.Now().Add(wait.Guard)
-	for e.b.TreeModelBodiesForTest("lead") != broker.SandboxMaxModelBodyBytes {
-		if time.Now().After(deadline) {
-			t.Fatalf("lead's tree holds %d bytes of bodies, want %d", e.b.TreeModelBodiesForTest("lead"), broker.SandboxMaxModelBodyBytes)
+	kidSock := socketOf(e, "kid", broker.ModelSocketName)
+	perChild := int(broker.ChildMaxModelBodyBytes / modelproxy.MaxRequestBytes)
+	var held []net.Conn
+	for i, kid := range kids[:2] {
+		conns := holdConns(t, socketOf(e, kid, broker.ModelSocketName), perChild)
+		for _, c := range conns {
+			if _, err := c.Write([]byte(bodyHead)); err != nil {
+				t.Fatal(err)
+			}
 		}
-		time.Sleep(10 * time.Millisecond)
+		held = append(held, conns...)
+		awaitTreeBodies(t, e, "lead", int64(i+1)*broker.ChildMaxModelBodyBytes)
 	}
 	code, body := modelHead(t, kidSock)
-	if code != http.StatusServiceUnavailable || !strings.Contains(body, `"type":"overloaded_error"`) || !strings.Contains(body, "sandbox kid holds 128.0 MiB of model request bodies") {
-		t.Fatalf("one body past the share: %d %s", code, body)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, `"type":"overloaded_error"`) || !strings.Contains(body, "sandbox kid holds 64.0 MiB of model request bodies") {
+		t.Fatalf("one body past the child's share: %d %s", code, body)
+	}
+	code, body = modelHead(t, socketOf(e, "third", broker.ModelSocketName))
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "the children of orchestrator lead hold 128.0 MiB of model request bodies") {
+		t.Fatalf("a third child's body past the children's half: %d %s", code, body)
 	}
 	resp, err := modelClient(socketOf(e, "lead", broker.ModelSocketName)).Post("http://model/v1/messages", "application/json", strings.NewReader(modeltest.RequestBody("hi", false)))
 	if err != nil {
@@ -55,13 +64,26 @@ func TestModelBodyFlood(t *testing.T) {
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("the orchestrator's model socket beside the child's flood: %d", resp.StatusCode)
+		t.Fatalf("the orchestrator's model socket beside its children's flood: %d", resp.StatusCode)
 	}
 	// A held request that ends gives its bytes back.
 	held[0].Close()
+	deadline := time.Now().Add(wait.Guard)
 	for code, body = modelHead(t, kidSock); code == http.StatusServiceUnavailable; code, body = modelHead(t, kidSock) {
 		if time.Now().After(deadline) {
 			t.Fatalf("after a held request ended: %d %s", code, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// awaitTreeBodies waits until tree holds n bytes of model request bodies.
+func awaitTreeBodies(t *testing.T, e *testEnv, tree string, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(wait.Guard)
+	for e.b.TreeModelBodiesForTest(tree) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s's tree holds %d bytes of bodies, want %d", tree, e.b.TreeModelBodiesForTest(tree), n)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

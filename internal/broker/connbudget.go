@@ -37,39 +37,36 @@ const (
 )
 
 // connBudget admits model and egress connections: at most treeMax per
-// orchestrator tree, at most half of that per sandbox (sandboxShare), and
-// no more across all sandboxes than the descriptors left once the
-// reserves are kept.
+// orchestrator tree, shared between an orchestrator and its children
+// (treeshare.go), and no more across all sandboxes than the descriptors
+// left once the reserves are kept. A sandbox's own sockets may take more
+// than a tree's bound (64 on each model socket, 256 on its egress proxy).
 type connBudget struct {
 	treeMax     int
 	descriptors int // the process's limit less what it had open and ReservedDescriptors
 
-	mu        sync.Mutex
-	held      int            // connections admitted and not yet released
-	byTree    map[string]int // of held, by tree
-	bySandbox map[string]int // of held, by sandbox (its uuid)
+	mu         sync.Mutex
+	held       int            // connections admitted and not yet released
+	byTree     map[string]int // of held, by tree
+	childrenOf map[string]int // of byTree, the children's
+	bySandbox  map[string]int // of held, by sandbox (its uuid)
 }
 
 func newConnBudget(treeMax, descriptors int) *connBudget {
-	return &connBudget{treeMax: treeMax, descriptors: descriptors, byTree: map[string]int{}, bySandbox: map[string]int{}}
+	return &connBudget{treeMax: treeMax, descriptors: descriptors, byTree: map[string]int{}, childrenOf: map[string]int{}, bySandbox: map[string]int{}}
 }
 
-// sandboxShare is the most connections one sandbox may hold of its
-// tree's treeMax: half. A sandbox's own sockets may take more than a
-// tree's bound (64 on each model socket, 256 on its egress proxy), and
-// without a share one hostile child could fill its tree: its orchestrator
-// could no longer reach its model socket (nor destroy the child, which it
-// decides through the model) and its siblings would be refused.
-func (c *connBudget) sandboxShare() int { return max(1, c.treeMax/2) }
-
 // admit takes a place for one connection of sandbox (its uuid, name for
-// the refusal) of tree while served sandboxes are served, or says which
-// bound refuses it.
-func (c *connBudget) admit(tree, sandbox, name string, served int) (release func(), err error) {
+// the refusal; child: not tree's orchestrator) of tree while served
+// sandboxes are served, or says which bound refuses it.
+func (c *connBudget) admit(tree, sandbox, name string, child bool, served int) (release func(), err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if n := c.bySandbox[sandbox]; n >= c.sandboxShare() {
-		return nil, fmt.Errorf("sandbox %s holds %d model and egress connections at once, the most one sandbox may (half of tree.max_connections); close some and try again", name, n)
+	if n := c.bySandbox[sandbox]; n >= sandboxShare(c.treeMax, child) {
+		return nil, fmt.Errorf("sandbox %s holds %d model and egress connections at once, the most it may (%s of tree.max_connections); close some and try again", name, n, shareName(child))
+	}
+	if n := c.childrenOf[tree]; child && n >= childrenShare(c.treeMax) {
+		return nil, fmt.Errorf("the children of orchestrator %s hold %d model and egress connections at once, the most they may together (half of tree.max_connections: the rest is kept for %s); close some and try again", tree, n, tree)
 	}
 	if n := c.byTree[tree]; n >= c.treeMax {
 		return nil, fmt.Errorf("orchestrator %s and its children hold %d model and egress connections at once, the most tree.max_connections allows; close some and try again", tree, n)
@@ -80,16 +77,24 @@ func (c *connBudget) admit(tree, sandbox, name string, served int) (release func
 	c.held++
 	c.byTree[tree]++
 	c.bySandbox[sandbox]++
+	if child {
+		c.childrenOf[tree]++
+	}
 	var once sync.Once
-	return func() { once.Do(func() { c.release(tree, sandbox) }) }, nil
+	return func() { once.Do(func() { c.release(tree, sandbox, child) }) }, nil
 }
 
-func (c *connBudget) release(tree, sandbox string) {
+func (c *connBudget) release(tree, sandbox string, child bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.held--
 	if c.byTree[tree]--; c.byTree[tree] == 0 {
 		delete(c.byTree, tree)
+	}
+	if child {
+		if c.childrenOf[tree]--; c.childrenOf[tree] == 0 {
+			delete(c.childrenOf, tree)
+		}
 	}
 	if c.bySandbox[sandbox]--; c.bySandbox[sandbox] == 0 {
 		delete(c.bySandbox, sandbox)
@@ -114,11 +119,11 @@ func spareDescriptors() (int, error) {
 
 // admitConn is a model or egress socket's AdmitConn for sb.
 func (b *Broker) admitConn(sb store.Sandbox) func() (func(), error) {
-	tree := sb.Tree()
+	tree, child := sb.Tree(), sb.Parent != ""
 	return func() (func(), error) {
 		b.mu.Lock()
 		served := len(b.serving)
 		b.mu.Unlock()
-		return b.proxyConns.admit(tree, sb.UUID, sb.Name, served)
+		return b.proxyConns.admit(tree, sb.UUID, sb.Name, child, served)
 	}
 }

@@ -89,11 +89,14 @@ func awaitTreeConns(t *testing.T, e *testEnv, tree string, n int) {
 
 // TestTreeConnectionFlood: two children that open silent connections on
 // their model and egress sockets (each within its own socket's bound and
-// its half share) fill their tree's budget, tree.max_connections, and no
-// more. Their orchestrator's next connection is refused naming the bound; another
-// orchestrator's tree is served as before; a connection closed frees its
+// its quarter share) fill what their tree's budget leaves to its children,
+// half of tree.max_connections, and no more: a third child's connection
+// is refused naming that, while their orchestrator, which keeps the other
+// half (it decides, through its model, to destroy them), and another
+// orchestrator's tree are served as before; a connection closed frees its
 // place. Without the tree bound, 64 children could each hold 64 + 256
-// connections, two descriptors apiece, more than the broker may open.
+// connections, two descriptors apiece, more than the broker may open;
+// without the orchestrator's half, the two children filled the tree.
 func TestTreeConnectionFlood(t *testing.T) {
 	localOnly(t, "dials the sandboxes' sockets from the host")
 	e := newModelEnvStopped(t, modeltest.Start(t), 0)
@@ -103,28 +106,36 @@ func TestTreeConnectionFlood(t *testing.T) {
 	e.orchestrator("lead")
 	e.child("kid", "lead")
 	e.child("kid2", "lead")
+	e.child("kid3", "lead")
 	e.orchestrator("other")
-	leadEgress := socketOf(e, "lead", backend.EgressSocketName)
+	kid2Egress := socketOf(e, "kid2", backend.EgressSocketName)
 
-	// Both socket kinds count: a quarter on each child's model socket, a
-	// quarter on each one's egress proxy.
+	// Both socket kinds count: an eighth on each child's model socket, an
+	// eighth on each one's egress proxy; the children hold half at first,
+	// then try for the whole tree.
 	for _, kid := range []string{"kid", "kid2"} {
-		holdConns(t, socketOf(e, kid, broker.ModelSocketName), treeMax/4)
+		holdConns(t, socketOf(e, kid, broker.ModelSocketName), treeMax/8)
 	}
+	holdConns(t, socketOf(e, "kid", backend.EgressSocketName), treeMax/8)
+	held := holdConns(t, kid2Egress, treeMax/8)
+	awaitTreeConns(t, e, "lead", treeMax/2)
 	holdConns(t, socketOf(e, "kid", backend.EgressSocketName), treeMax/4)
-	held := holdConns(t, socketOf(e, "kid2", backend.EgressSocketName), treeMax/4)
-
+	holdConns(t, kid2Egress, treeMax/4)
+	code, body := egressAnswer(t, socketOf(e, "kid3", backend.EgressSocketName))
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "the children of orchestrator lead hold 8 model and egress connections") || !strings.Contains(body, "tree.max_connections") {
+		t.Fatalf("a third child past the children's half: %d %q", code, body)
+	}
+	for _, name := range []string{"lead", "other"} {
+		if code, body := egressAnswer(t, socketOf(e, name, backend.EgressSocketName)); code != http.StatusForbidden {
+			t.Fatalf("%s's proxy beside the children's flood answered %d %q, want its own 403", name, code, body)
+		}
+	}
+	// The orchestrator may hold its whole half.
+	holdConns(t, socketOf(e, "lead", broker.ModelSocketName), treeMax/2)
 	awaitTreeConns(t, e, "lead", treeMax)
-	code, body := egressAnswer(t, leadEgress)
-	if code != http.StatusServiceUnavailable || !strings.Contains(body, "orchestrator lead and its children hold 16 model and egress connections") || !strings.Contains(body, "tree.max_connections") {
-		t.Fatalf("past the bound: %d %q", code, body)
-	}
-	if code, body := egressAnswer(t, socketOf(e, "other", backend.EgressSocketName)); code != http.StatusForbidden {
-		t.Fatalf("another tree's proxy answered %d %q, want its own 403", code, body)
-	}
 
 	// The model socket refuses in the API's format, before reading.
-	c, err := net.Dial("unix", socketOf(e, "lead", broker.ModelSocketName))
+	c, err := net.Dial("unix", socketOf(e, "kid", broker.ModelSocketName))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,10 +151,10 @@ func TestTreeConnectionFlood(t *testing.T) {
 		t.Fatalf("model socket past the bound: %d %s", resp.StatusCode, mb.String())
 	}
 
-	// One connection closed: the orchestrator is served again.
+	// One connection closed: the child is served again.
 	held[0].Close()
 	awaitTreeConns(t, e, "lead", treeMax-1)
-	if code, body := egressAnswer(t, leadEgress); code != http.StatusForbidden {
+	if code, body := egressAnswer(t, kid2Egress); code != http.StatusForbidden {
 		t.Fatalf("after a connection closed: %d %q", code, body)
 	}
 }
@@ -215,7 +226,7 @@ func TestDescriptorFlood(t *testing.T) {
 
 // TestChildConnectionShare: a child that opens as many silent
 // connections as its own sockets take (64 + 256, more than a small
-// tree.max_connections) holds no more than half of its tree's budget.
+// tree.max_connections) holds no more than a quarter of its tree's budget.
 // Without that share, one hostile child filled the whole tree: its
 // orchestrator could no longer reach its own model socket (so could not
 // even think of destroying the child) nor egress, and its siblings were
@@ -233,9 +244,9 @@ func TestChildConnectionShare(t *testing.T) {
 
 	holdConns(t, socketOf(e, "kid", backend.EgressSocketName), treeMax)
 	// The connections past the share are refused: only the share stays.
-	awaitTreeConns(t, e, "lead", treeMax/2)
+	awaitTreeConns(t, e, "lead", treeMax/4)
 	code, body := egressAnswer(t, socketOf(e, "kid", backend.EgressSocketName))
-	if code != http.StatusServiceUnavailable || !strings.Contains(body, "half of tree.max_connections") {
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "a child, a quarter of tree.max_connections") {
 		t.Fatalf("the child past its share: %d %q", code, body)
 	}
 	for _, name := range []string{"lead", "sib"} {
