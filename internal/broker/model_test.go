@@ -272,3 +272,49 @@ func TestModelBudgetConcurrent(t *testing.T) {
 		t.Fatalf("after the requests ended:\n%s", out)
 	}
 }
+
+// TestModelBudgetHugeMaxTokens: a request in flight reserves its
+// max_tokens, but never more than any model may write in one answer
+// (modelproxy.UnknownMaxTokens): a child that names max_tokens 2⁴⁰ (the
+// upstream would refuse it) and holds the request open reserved 2⁴⁰, and
+// every other request of its tree was answered 429 for as long as it
+// held it (and, hung up after the upstream got it, was charged 2⁴⁰ for
+// the hour). Under a budget of 1,000,000 its orchestrator's request goes
+// through beside it.
+func TestModelBudgetHugeMaxTokens(t *testing.T) {
+	localOnly(t, "dials the sandbox's model socket from the host")
+	hold := make(chan struct{})
+	up := modeltest.Start(t, modeltest.Turn{Text: "held", Input: 5, Output: 60, Hold: hold},
+		modeltest.Turn{Text: "free", Input: 5, Output: 60})
+	e := newModelEnv(t, up, 1_000_000)
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	client := modelClient(socketOf(e, "kid", broker.ModelSocketName))
+	client.Timeout = 0
+	huge := `{"model":"scripted-model","max_tokens":1099511627776,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	done := make(chan error, 1)
+	go func() {
+		resp, err := client.Post("http://model/v1/messages", "application/json", strings.NewReader(huge))
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	released := false
+	defer func() {
+		if !released {
+			close(hold)
+		}
+		<-done
+	}()
+	wait.For(t, "the upstream to get the child's request", func() bool { return len(up.Seen()) == 1 })
+	// One assistant turn in: the script answers it with its second turn,
+	// which it does not hold.
+	second := `{"model":"scripted-model","max_tokens":1024,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"held"},{"role":"user","content":"beside it"}]}`
+	if out := curlModel(e, "lead", "POST", "/v1/messages", second); !strings.HasSuffix(out, "\n200") {
+		t.Fatalf("the orchestrator's request beside the child's max_tokens of 2^40:\n%s", out)
+	}
+	close(hold)
+	released = true
+}

@@ -33,9 +33,11 @@ func (m *usageMeter) usage() Usage { return m.u }
 // current model may write in one answer.
 const UnknownMaxTokens = 128_000
 
-// maxChargedTokens bounds the max_tokens charged, so no request's figure
-// can overflow a total.
-const maxChargedTokens = 1 << 40
+// maxChargedTokens bounds the max_tokens charged and reserved: no model
+// writes more in one answer (the upstream refuses a larger max_tokens),
+// so a request naming 2⁴⁰ neither held its tree's whole budget while in
+// flight nor, hung up once the upstream had it, charged the tree 2⁴⁰.
+const maxChargedTokens = UnknownMaxTokens
 
 // outputCharge is the output charged for a response that ended before
 // its final usage (a stream before message_delta, a body whose usage was

@@ -44,8 +44,9 @@ func FuzzStreamUsage(f *testing.F) {
 func TestOutputCharge(t *testing.T) {
 	for body, want := range map[string]int64{
 		`{"max_tokens":1024,"stream":true}`:         1024,
-		`{"max_tokens":1099511627776}`:              maxChargedTokens,
-		`{"max_tokens":1099511627777}`:              maxChargedTokens,
+		`{"max_tokens":128000}`:                     128000,
+		`{"max_tokens":128001}`:                     UnknownMaxTokens,
+		`{"max_tokens":1099511627776}`:              UnknownMaxTokens,
 		`{"max_tokens":0}`:                          UnknownMaxTokens,
 		`{"max_tokens":-5}`:                         UnknownMaxTokens,
 		`{"max_tokens":"1024"}`:                     UnknownMaxTokens,
