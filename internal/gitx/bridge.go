@@ -508,14 +508,22 @@ func untrustedFetch(ctx context.Context, dir string, config []string, args ...st
 		"-c", "fetch.fsck.hasDot=error", "-c", "fetch.fsck.hasDotdot=error",
 		"-c", "fetch.fsck.hasDotgit=error", "-c", "fetch.fsck.fullPathname=error",
 		"fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--no-auto-maintenance")
+	cmd := boundedHostGit(ctx, dir, append(full, args...)...)
+	cmd.SysProcAttr = ownerCredential(dir)
+	endsWholeOnCancel(cmd)
+	return cmd
+}
+
+// boundedHostGit is host git with args in dir, its heap (and that of every
+// git it starts: index-pack, pack-objects) bounded by MaxHostFetchMemory:
+// for a git that reads objects a sandbox made.
+func boundedHostGit(ctx context.Context, dir string, args ...string) *exec.Cmd {
 	// Through sh, so that the limit holds from git's first instruction
 	// (Go sets no rlimit on a child): ulimit -d is in KiB. It fails only
 	// where a lower hard limit holds already.
-	limited := append([]string{"-c", `ulimit -d "$0" 2>/dev/null; exec git "$@"`, strconv.Itoa(MaxHostFetchMemory >> 10)}, append(full, args...)...)
+	limited := append([]string{"-c", `ulimit -d "$0" 2>/dev/null; exec git "$@"`, strconv.Itoa(MaxHostFetchMemory >> 10)}, args...)
 	cmd := exec.CommandContext(ctx, "/bin/sh", limited...)
 	cmd.Dir, cmd.Env = dir, gitEnv()
-	cmd.SysProcAttr = ownerCredential(dir)
-	endsWholeOnCancel(cmd)
 	return cmd
 }
 

@@ -39,6 +39,17 @@ var pushConfig = []string{
 	"-c", "http.followRedirects=false",
 	"-c", "push.gpgSign=false",
 	"-c", "push.recurseSubmodules=no",
+	// The pushed objects are a sandbox's. pack-objects sends a pack's
+	// whole objects as they are (measured: 6 MiB of memory to send ten
+	// blobs of 100 MiB of zeros); one it must deltify (with
+	// --no-reuse-object: 1.2 GiB) is inflated whole, up to
+	// core.bigFileThreshold (512 MiB), in a window of 10 per thread, one
+	// thread per CPU. Should any be so searched: blobs past 16 MiB are
+	// sent as they are, the window holds at most 256 MiB, one thread
+	// looks, and boundedHostGit bounds the heap.
+	"-c", "core.bigFileThreshold=16m",
+	"-c", "pack.windowMemory=256m",
+	"-c", "pack.threads=1",
 }
 
 // ErrBranchMoved reports a leased push (PushBranchFrom) refused because
@@ -105,7 +116,10 @@ func (r Repo) push(ctx context.Context, remoteURL, localRef, branch string, from
 		}
 		args = append(args, "--force-with-lease="+dst+":"+*from)
 	}
-	cmd := gitCommand(ctx, nil, r.dir, pushConfig, append(args, "--end-of-options", remoteURL, commit+":"+dst)...)
+	cmd := boundedHostGit(ctx, r.dir, append(append(append([]string{}, safeConfig...), pushConfig...),
+		append(args, "--end-of-options", remoteURL, commit+":"+dst)...)...)
+	// Ended whole: killing git push alone leaves its pack-objects running.
+	endsWholeOnCancel(cmd)
 	credentials := ""
 	if auth.Token != "" {
 		credentials = base64.StdEncoding.EncodeToString([]byte("x-access-token:" + auth.Token))

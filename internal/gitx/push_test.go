@@ -1,8 +1,10 @@
 package gitx_test
 
 import (
+	"context"
 	"encoding/base64"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -10,9 +12,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"agentbox/internal/forge/githubtest"
 	"agentbox/internal/gitx"
+	"agentbox/internal/testutil/wait"
 )
 
 const pushToken = "ghp_pushTOKEN0123456789abcdefghijklmnop"
@@ -318,5 +322,65 @@ func TestPushBranchFollowsNoRedirect(t *testing.T) {
 	}
 	if got := git(t, "", "--git-dir", filepath.Join(otherRoot, "acme", "widget.git"), "rev-parse", "refs/heads/feature"); got != first {
 		t.Fatalf("the other server's branch moved to %s", got)
+	}
+}
+
+// TestPushBranchEndsWholeOnCancel: a push whose forge stops answering
+// (here: after the ref advertisement, the pack's POST is never answered)
+// ends, with every process it started, when its context does. Killing
+// git push alone left its git-remote-http waiting on the forge and
+// holding git's stderr, so the push never returned and the publish
+// waiting on it held its orchestrator's one publish for good.
+func TestPushBranchEndsWholeOnCancel(t *testing.T) {
+	repo, first, second := newRepo(t)
+	git(t, repo, "update-ref", importedRef, second)
+	root := t.TempDir()
+	newRemote(t, root, repo, first)
+	real := githubtest.StartGit(t, pushToken, root)
+	posted := make(chan struct{}, 1)
+	release := make(chan struct{})
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			posted <- struct{}{}
+			<-release
+			return
+		}
+		req, _ := http.NewRequest(r.Method, real.URL+r.URL.RequestURI(), nil)
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		for k, v := range resp.Header {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(resp.StatusCode)
+		io.Copy(w, resp.Body)
+	}))
+	defer front.Close()
+	defer close(release)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- gitx.HostRepo(repo).PushBranch(ctx, front.URL+"/acme/widget.git", importedRef, "feature", gitx.PushAuth{Token: pushToken})
+	}()
+	select {
+	case <-posted:
+	case err := <-done:
+		t.Fatalf("the push ended before its pack was sent: %v", err)
+	case <-time.After(wait.Guard):
+		t.Fatal("the push never sent its pack")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("the cancelled push: %v", err)
+		}
+	case <-time.After(wait.Guard):
+		t.Fatal("the cancelled push did not return")
 	}
 }
