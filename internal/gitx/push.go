@@ -158,7 +158,10 @@ func updated(porcelain, dst string) bool {
 }
 
 // rejection reads git push --porcelain's line for dst: a rejected
-// non-fast-forward or a remote refusal; nil for anything else.
+// non-fast-forward, a remote refusal or a lease that no longer holds; nil
+// for anything else, which the caller reports as a failure it cannot be
+// sure of: "[remote failure] (remote failed to report status)" is a
+// remote that may have applied the update.
 func rejection(porcelain, dst string) error {
 	for line := range strings.SplitSeq(porcelain, "\n") {
 		flag, rest, ok := strings.Cut(line, "\t")
@@ -169,13 +172,15 @@ func rejection(porcelain, dst string) error {
 		if !strings.HasSuffix(refs, ":"+dst) {
 			continue
 		}
-		if strings.HasPrefix(summary, "[remote rejected]") {
+		switch {
+		case strings.HasPrefix(summary, "[remote rejected]"):
 			return ErrPushRefused
-		}
-		if strings.Contains(summary, "stale info") {
+		case strings.HasPrefix(summary, "[rejected] (stale info)"):
 			return ErrBranchMoved
+		case strings.HasPrefix(summary, "[rejected]"):
+			return ErrNotFastForward
 		}
-		return ErrNotFastForward
+		return nil
 	}
 	return nil
 }

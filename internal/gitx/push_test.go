@@ -384,3 +384,33 @@ func TestPushBranchEndsWholeOnCancel(t *testing.T) {
 		t.Fatal("the cancelled push did not return")
 	}
 }
+
+// TestPushBranchRemoteFailureIsUncertain: a remote that applies the
+// update and then dies (here in its post-receive hook, which kills
+// receive-pack) may have moved the branch: the push's error must not be
+// one of the certain refusals, which publish records as failed with
+// nothing changed.
+func TestPushBranchRemoteFailureIsUncertain(t *testing.T) {
+	repo, first, second := newRepo(t)
+	git(t, repo, "update-ref", importedRef, second)
+	root := t.TempDir()
+	bare := newRemote(t, root, repo, first)
+	// post-receive runs once the refs are updated; its parent is
+	// receive-pack, which has not reported yet.
+	writeFile(t, filepath.Join(bare, "hooks", "post-receive"), "#!/bin/sh\nkill -9 $PPID\n")
+	if err := os.Chmod(filepath.Join(bare, "hooks", "post-receive"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err := gitx.HostRepo(repo).PushBranch(t.Context(), "file://"+bare, importedRef, "feature", gitx.PushAuth{})
+	if err == nil {
+		t.Fatal("the push reported success")
+	}
+	for _, certain := range []error{gitx.ErrNotFastForward, gitx.ErrPushRefused, gitx.ErrBranchMoved} {
+		if errors.Is(err, certain) {
+			t.Fatalf("a remote that died before it reported: %v, a certain refusal", err)
+		}
+	}
+	if got := git(t, bare, "rev-parse", "refs/heads/feature"); got != second {
+		t.Fatalf("the remote's branch is at %s: the test's remote did not apply the push", got)
+	}
+}
