@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"agentbox/internal/broker"
+	"agentbox/internal/config"
 	"agentbox/internal/crashpoint"
 	"agentbox/internal/forge"
 	"agentbox/internal/forge/githubtest"
@@ -668,6 +670,44 @@ func TestPublishSourceBringsOnlyNewObjects(t *testing.T) {
 	}
 	if grew := packKiB() - before; grew > 1024 {
 		t.Fatalf("the host repository grew by %d KiB for a one-file commit", grew)
+	}
+}
+
+// TestPublishSourceBytesBudget: what an orchestrator's sources bring into
+// the user's repository is bounded by publish.bytes_per_hour: each
+// transfer may bring 4 GiB, chosen by a sandbox, and 30 publishes an hour
+// filled the user's disk by 120 GiB. Under a budget of 1 MiB, a source of
+// 2 MiB fails, certain and with nothing pushed, naming the budget; the
+// budget it used up then refuses a small source within the hour.
+func TestPublishSourceBytesBudget(t *testing.T) {
+	var origin string
+	e, _, lead := newPublishEnvWith(t, 30, publishGrant(), func(e *testEnv) {
+		e.publish.BytesPerHour = config.MinPublishBytesPerHour
+		withOrigin(&origin)(e)
+	})
+	source := func(child, sha string) string {
+		return fmt.Sprintf(`{"version": 1, "kind": "source", "repo": "owner/repo", "source": "refs/jailbee/from/%s/work/%s", "source_sha": %q, "base": "main", "title": "t"}`, child, child, sha)
+	}
+	e.child("big", "lead")
+	e.mustExec("big", "sh", "-c", "head -c 2097152 /dev/urandom > big.bin && git add big.bin && "+commitCmd+" -m big")
+	head, _ := e.reportDone("big", "d-big")
+	e.stage("lead", "pr", "big.json", source("big", head))
+	publish(t, lead, "s-1", "pr", "big.json")
+	st := statusOf(t, lead, "s-1", "done", "failed")
+	if st.State != "failed" || !strings.Contains(st.Detail, "the source is larger than what is left of this orchestrator's publish transfer budget: 1048576 of its 1048576 bytes an hour (publish.bytes_per_hour)") {
+		t.Fatalf("a 2 MiB source under a budget of 1 MiB: %+v", st)
+	}
+	if out, err := exec.Command("git", "--git-dir", origin, "rev-parse", "--verify", "-q", "refs/heads/work/big").CombinedOutput(); err == nil {
+		t.Fatalf("the branch was pushed: %s", out)
+	}
+
+	e.child("small", "lead")
+	head, _ = e.reportDone("small", "d-small")
+	e.stage("lead", "pr", "small.json", source("small", head))
+	publish(t, lead, "s-2", "pr", "small.json")
+	st = statusOf(t, lead, "s-2", "done", "failed")
+	if st.State != "failed" || !strings.Contains(st.Detail, "publish transfer budget exhausted: 1048576 of 1048576 bytes brought to the host in the last hour (publish.bytes_per_hour)") {
+		t.Fatalf("a small source with the budget used: %+v", st)
 	}
 }
 

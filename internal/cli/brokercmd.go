@@ -178,7 +178,7 @@ func publishConfig(cfg *config.Broker, log *slog.Logger) (*orchestrate.Publishin
 	if err != nil {
 		return nil, err
 	}
-	return &orchestrate.Publishing{Forge: gh, ActionsPerHour: cfg.Publish.ActionsPerHour, GitURL: cfg.Forge.GitURL, Token: token}, nil
+	return &orchestrate.Publishing{Forge: gh, ActionsPerHour: cfg.Publish.ActionsPerHour, BytesPerHour: cfg.Publish.BytesPerHour, GitURL: cfg.Forge.GitURL, Token: token}, nil
 }
 
 // loadBrokerConfig reads broker.yaml; a missing file is the defaults.

@@ -267,7 +267,7 @@ func DefaultBroker() *Broker {
 		},
 		Model:   Model{Upstream: DefaultModelUpstream},
 		Forge:   Forge{APIURL: DefaultForgeAPIURL, GitURL: DefaultForgeGitURL},
-		Publish: Publish{ActionsPerHour: DefaultPublishActionsPerHour},
+		Publish: Publish{ActionsPerHour: DefaultPublishActionsPerHour, BytesPerHour: DefaultPublishBytesPerHour},
 	}
 }
 

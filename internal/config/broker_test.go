@@ -42,6 +42,7 @@ forge:
   token_env: GITHUB_TOKEN
 publish:
   actions_per_hour: 12
+  bytes_per_hour: 2GiB
 `
 
 func TestParseBrokerFull(t *testing.T) {
@@ -56,7 +57,7 @@ func TestParseBrokerFull(t *testing.T) {
 		SandboxUIDs: UIDRange{First: 200000, Count: 65536},
 		Model:       Model{Upstream: "http://127.0.0.1:9000", APIKeyFile: "/etc/jailbee/anthropic-key", MaxOutputTokensPerHour: 100000, ProviderTools: true},
 		Forge:       Forge{APIURL: "http://127.0.0.1:8080/api/", GitURL: "file:///srv/git/{owner}/{name}.git", TokenEnv: "GITHUB_TOKEN"},
-		Publish:     Publish{ActionsPerHour: 12},
+		Publish:     Publish{ActionsPerHour: 12, BytesPerHour: 2 << 30},
 	}
 	if !reflect.DeepEqual(b, want) {
 		t.Fatalf("\n got: %+v\nwant: %+v", b, want)
@@ -71,7 +72,7 @@ func TestDefaultBroker(t *testing.T) {
 		SandboxUIDs: UIDRange{First: 1073741824, Count: 1048576},
 		Model:       Model{Upstream: DefaultModelUpstream},
 		Forge:       Forge{APIURL: "https://api.github.com/", GitURL: "https://github.com/{owner}/{name}.git"},
-		Publish:     Publish{ActionsPerHour: 30},
+		Publish:     Publish{ActionsPerHour: 30, BytesPerHour: 4 << 30},
 	}
 	if got := DefaultBroker(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("DefaultBroker() = %+v, want %+v", got, want)

@@ -26,6 +26,16 @@ const (
 	DefaultPublishActionsPerHour = 30
 )
 
+// Bounds of publish.bytes_per_hour.
+const (
+	MinPublishBytesPerHour = 1 << 20
+	MaxPublishBytesPerHour = 1 << 40
+	// DefaultPublishBytesPerHour is publish.bytes_per_hour when
+	// broker.yaml does not set it: one transfer of the largest size
+	// (gitx.MaxTransferBytes), not a disk filled by the hour.
+	DefaultPublishBytesPerHour = 4 << 30
+)
+
 // Forge is broker.yaml's `forge`: where the host publishes an
 // orchestrator's outbox (GitHub's REST API and git remote), and with which
 // token. The token itself is never in the file.
@@ -50,12 +60,18 @@ type Publish struct {
 	// ActionsPerHour is how many outbox actions one orchestrator may
 	// publish in any hour (a sliding window).
 	ActionsPerHour int
+	// BytesPerHour is how many bytes one orchestrator's publishes may
+	// bring into the user's repository (the sources' transfers) in any
+	// hour.
+	BytesPerHour int64
 }
 
 func (p *Publish) fields() []field {
 	return []field{
 		{key: "actions_per_hour", min: MinPublishActionsPerHour, max: MaxPublishActionsPerHour,
 			get: func() int64 { return int64(p.ActionsPerHour) }, set: func(v int64) { p.ActionsPerHour = int(v) }},
+		{key: "bytes_per_hour", size: true, min: MinPublishBytesPerHour, max: MaxPublishBytesPerHour,
+			get: func() int64 { return p.BytesPerHour }, set: func(v int64) { p.BytesPerHour = v }},
 	}
 }
 

@@ -91,6 +91,32 @@ func TestParseBrokerPublish(t *testing.T) {
 	}
 }
 
+// TestParseBrokerPublishBytes: publish.bytes_per_hour at its bounds, and
+// one byte past each.
+func TestParseBrokerPublishBytes(t *testing.T) {
+	for _, tc := range []struct {
+		yaml string
+		want int64
+		err  string
+	}{
+		{"", DefaultPublishBytesPerHour, ""},
+		{"publish: {bytes_per_hour: 1MiB}\n", MinPublishBytesPerHour, ""},
+		{"publish: {bytes_per_hour: 1TiB}\n", MaxPublishBytesPerHour, ""},
+		{"publish: {bytes_per_hour: 1048575B}\n", 0, "publish.bytes_per_hour: must be 1MiB to 1TiB (line 1)"},
+		{"publish: {bytes_per_hour: 1099511627777B}\n", 0, "publish.bytes_per_hour: must be 1MiB to 1TiB (line 1)"},
+	} {
+		b, err := ParseBroker([]byte(tc.yaml))
+		switch {
+		case tc.err != "" && (err == nil || err.Error() != tc.err):
+			t.Errorf("%q: %v, want %q", tc.yaml, err, tc.err)
+		case tc.err == "" && err != nil:
+			t.Errorf("%q: %v", tc.yaml, err)
+		case tc.err == "" && b.Publish.BytesPerHour != tc.want:
+			t.Errorf("%q: bytes_per_hour %d, want %d", tc.yaml, b.Publish.BytesPerHour, tc.want)
+		}
+	}
+}
+
 func TestForgeValidate(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -258,6 +258,9 @@ type TransferOptions struct {
 	Common []string
 	// IdleTimeout bounds a pause of the source; 0 is TransferIdleTimeout.
 	IdleTimeout time.Duration
+	// Carried, when set, receives how many bytes the source sent (at
+	// most MaxBytes+1), whether the transfer succeeded or not.
+	Carried *int64
 }
 
 // Transfer makes commit (with its history) available in dst at dstRef. The
@@ -338,6 +341,9 @@ func Transfer(ctx context.Context, src Repo, commit string, dst Repo, dstRef str
 		defer wg.Done()
 		defer closeFiles(fromSrc, toDst)
 		n, err := io.Copy(toDst, io.LimitReader(idleReader{fromSrc, idle}, limit+1))
+		if opts.Carried != nil {
+			*opts.Carried = n
+		}
 		switch {
 		case n > limit:
 			copyErr = fmt.Errorf("%w (%d bytes)", ErrTransferTooLarge, limit)

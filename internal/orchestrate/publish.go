@@ -11,6 +11,7 @@ import (
 
 	"agentbox/internal/crashpoint"
 	"agentbox/internal/forge"
+	"agentbox/internal/gitx"
 	"agentbox/internal/grant"
 	"agentbox/internal/manifest"
 	"agentbox/internal/outboxread"
@@ -23,12 +24,22 @@ import (
 // broker.yaml sets none.
 const DefaultActionsPerHour = 30
 
+// DefaultBytesPerHour is what an orchestrator's sources may bring into
+// the user's repository in any hour when broker.yaml sets none: one
+// transfer of the largest size. Each transfer may bring gitx's
+// MaxTransferBytes, and a publish a minute would otherwise fill the
+// user's disk by the hour (a hostile upload-pack sends what it likes).
+const DefaultBytesPerHour = gitx.MaxTransferBytes
+
 // Publishing is what the broker gives the publish manifest: the forge
 // with the host's credentials, the journals and the budget.
 type Publishing struct {
 	Forge          forge.Forge
 	Journal        *pubjournal.Dir
 	ActionsPerHour int
+	// BytesPerHour bounds what one orchestrator's sources bring into the
+	// user's repository in any hour (0: DefaultBytesPerHour).
+	BytesPerHour int64
 	// GitURL is broker.yaml forge.git_url: a repository's git remote,
 	// with {owner} and {name}. Token authenticates pushes to it.
 	GitURL string
@@ -135,6 +146,13 @@ func (o *Orchestrator) admitPublish(ctx context.Context, req wire.Caller, m *man
 		return nil, "", err
 	}
 	return w, fmt.Sprintf("publishing %s/%s: %d action(s)", w.outbox, w.name, left), nil
+}
+
+func (p *Publishing) bytesPerHour() int64 {
+	if p.BytesPerHour <= 0 {
+		return DefaultBytesPerHour
+	}
+	return p.BytesPerHour
 }
 
 func (p *Publishing) actionsPerHour() int {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"agentbox/internal/forge"
 	"agentbox/internal/gitx"
@@ -145,7 +146,7 @@ func (o *Orchestrator) applyPR(ctx context.Context, j *pubjournal.Journal) (acti
 		}
 		target = rework.HeadRef
 	}
-	if err := o.pushSource(ctx, j.Sandbox, repo, s, target); err != nil {
+	if err := o.pushSource(ctx, j.Sandbox, j.Key(), repo, s, target); err != nil {
 		return actionResult{}, err
 	}
 	if s.PR != 0 {
@@ -161,7 +162,7 @@ func (o *Orchestrator) applyPR(ctx context.Context, j *pubjournal.Journal) (acti
 // config read) and pushes that copy to branch. The ref must still point
 // at source_sha. A refusal of the remote (not a fast-forward, a rule) is
 // certain; any other push failure uncertain.
-func (o *Orchestrator) pushSource(ctx context.Context, orch string, repo forge.Repo, s *manifest.PRSource, branch string) error {
+func (o *Orchestrator) pushSource(ctx context.Context, orch, key string, repo forge.Repo, s *manifest.PRSource, branch string) error {
 	sb, err := o.Store.Sandbox(ctx, orch)
 	if err != nil {
 		return &forge.Error{Op: "push", Certain: true, Msg: "the orchestrator's record cannot be read"}
@@ -182,9 +183,8 @@ func (o *Orchestrator) pushSource(ctx context.Context, orch string, repo forge.R
 	// Common ground the orchestrator has and the host too: its start (or
 	// last fetched) commit. Without it the whole history came again, one
 	// copy in the user's repository for each child's first publish.
-	if err := gitx.Transfer(ctx, src, s.SourceSHA, host, ref, gitx.TransferOptions{Common: []string{ref, sb.Imported}}); err != nil {
-		o.logger().Error("publish: bring the source to the host", "sandbox", orch, "err", err)
-		return &forge.Error{Op: "push", Certain: true, Msg: "the source could not be brought to the host (see the broker log)"}
+	if err := o.bringSource(ctx, orch, key, src, host, s.SourceSHA, ref, []string{ref, sb.Imported}); err != nil {
+		return err
 	}
 	url, auth := forge.GitURL(o.Publishing.GitURL, repo), gitx.PushAuth{Token: o.Publishing.Token}
 	if s.PR != 0 {
@@ -204,6 +204,38 @@ func (o *Orchestrator) pushSource(ctx context.Context, orch string, repo forge.R
 	}
 	o.logger().Error("publish push", "sandbox", orch, "branch", branch, "err", err)
 	return &forge.Error{Op: "push", Msg: "the push failed (see the broker log)"}
+}
+
+// bringSource transfers commit from the orchestrator's repository src to
+// the host repository's ref, within what is left of the orchestrator's
+// hourly byte budget (Publishing.BytesPerHour), reserved durably before
+// and settled to what the source sent after (key names the reservation):
+// each transfer may bring gitx.MaxTransferBytes, chosen by a sandbox.
+func (o *Orchestrator) bringSource(ctx context.Context, orch, key string, src, host gitx.Repo, commit, ref string, common []string) error {
+	limit := o.Publishing.bytesPerHour()
+	allowed, err := o.Publishing.Journal.ReserveBytes(orch, key, gitx.MaxTransferBytes, limit, time.Now())
+	var be *pubjournal.ByteBudgetError
+	if errors.As(err, &be) {
+		return &forge.Error{Op: "push", Certain: true, Msg: be.Error()}
+	}
+	if err != nil {
+		o.logger().Error("publish: reserve the transfer's bytes", "sandbox", orch, "err", err)
+		return &forge.Error{Op: "push", Certain: true, Msg: "the publish transfer budget cannot be read (see the broker log)"}
+	}
+	var carried int64
+	err = gitx.Transfer(ctx, src, commit, host, ref, gitx.TransferOptions{Common: common, MaxBytes: allowed, Carried: &carried})
+	if serr := o.Publishing.Journal.SettleBytes(orch, key, carried); serr != nil {
+		o.logger().Error("publish: settle the transfer's bytes", "sandbox", orch, "err", serr)
+	}
+	switch {
+	case errors.Is(err, gitx.ErrTransferTooLarge) && allowed < gitx.MaxTransferBytes:
+		return &forge.Error{Op: "push", Certain: true, Msg: fmt.Sprintf(
+			"the source is larger than what is left of this orchestrator's publish transfer budget: %d of its %d bytes an hour (publish.bytes_per_hour)", allowed, limit)}
+	case err != nil:
+		o.logger().Error("publish: bring the source to the host", "sandbox", orch, "err", err)
+		return &forge.Error{Op: "push", Certain: true, Msg: "the source could not be brought to the host (see the broker log)"}
+	}
+	return nil
 }
 
 // errNotOwnBranch: a new pull request's branch is on the remote, but not

@@ -73,6 +73,51 @@ func TestBudget(t *testing.T) {
 	}
 }
 
+// TestByteBudget: a byte reservation takes what is left of the window's
+// budget, at most what was asked; settled, it counts what was used
+// (never more than it reserved); with the budget used to the byte, the
+// next is refused until the oldest leaves the window; an unsettled one
+// (a broker that died during its transfer) counts whole.
+func TestByteBudget(t *testing.T) {
+	d := openDir(t)
+	now := time.Unix(1_800_000_000, 0)
+	const limit = 1 << 20
+	got, err := d.ReserveBytes("lead", "p1", 4<<30, limit, now)
+	if err != nil || got != limit {
+		t.Fatalf("the first reservation: %d %v, want the whole budget", got, err)
+	}
+	if err := d.SettleBytes("lead", "p1", 1000); err != nil {
+		t.Fatal(err)
+	}
+	if got, err = d.ReserveBytes("lead", "p2", 100, limit, now.Add(time.Minute)); err != nil || got != 100 {
+		t.Fatalf("a reservation within what is left: %d %v", got, err)
+	}
+	if err := d.SettleBytes("lead", "p2", 1<<30); err != nil { // more than it reserved
+		t.Fatal(err)
+	}
+	if got, err = d.ReserveBytes("lead", "p3", 4<<30, limit, now.Add(2*time.Minute)); err != nil || got != limit-1100 {
+		t.Fatalf("the rest of the budget: %d %v, want %d", got, err, limit-1100)
+	}
+	// p3 unsettled: it counts whole, and the budget is used to the byte.
+	var be *ByteBudgetError
+	if _, err := d.ReserveBytes("lead", "p4", 1, limit, now.Add(3*time.Minute)); !errors.As(err, &be) || be.Used != limit || !be.Frees.Equal(now.Add(time.Hour)) {
+		t.Fatalf("at the budget: %v", err)
+	}
+	if !strings.Contains(be.Error(), "1048576 of 1048576 bytes brought to the host in the last hour (publish.bytes_per_hour)") {
+		t.Fatalf("the refusal: %v", be)
+	}
+	if _, err := d.ReserveBytes("other", "p4", 1, limit, now); err != nil {
+		t.Fatalf("budgets are per orchestrator: %v", err)
+	}
+	if got, err = d.ReserveBytes("lead", "p4", 4<<30, limit, now.Add(time.Hour)); err != nil || got != 1000 {
+		t.Fatalf("an hour later the first reservation left the window: %d %v, want 1000", got, err)
+	}
+	// Byte and action budgets are apart.
+	if err := d.Reserve("lead", "a1", 30, 30, now); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestRefundGivesBackOnlyTheNewest: a manifest id the store forgot may
 // come again; its refusal gives back what it reserved, not what the first
 // manifest of that id used.
