@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -317,4 +318,59 @@ func TestModelBudgetHugeMaxTokens(t *testing.T) {
 	}
 	close(hold)
 	released = true
+}
+
+// TestModelUsageRecordedAcrossShutdown: a plain answer still arriving
+// when the broker shuts down (its client gone with the model socket's
+// server, the broker reads it on for its usage) is recorded before
+// broker.db is closed: once its usage comes, or, past the drain bound,
+// charged its max_tokens. The model servers' handlers outlived their
+// Serve: the store closed first and the record failed, so a sandbox
+// that kept requests in flight had them free at each restart.
+func TestModelUsageRecordedAcrossShutdown(t *testing.T) {
+	localOnly(t, "dials the sandbox's model socket from the host")
+	arrived := make(chan struct{}, 1)
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"msg_1","type":"message","role":"assistant","model":"m","content":[{"type":"text","text":"slow"}],`)
+		http.NewResponseController(w).Flush()
+		arrived <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		io.WriteString(w, `"stop_reason":"end_turn","usage":{"input_tokens":5,"output_tokens":60}}`)
+	}))
+	defer up.Close()
+	defer close(release)
+	u, _ := url.Parse(up.URL)
+	e := newTestEnvStopped(t)
+	e.model = &broker.ModelConfig{Upstream: u, Key: hostKey}
+	e.start()
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	client := modelClient(socketOf(e, "kid", broker.ModelSocketName))
+	client.Timeout = 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		resp, err := client.Post("http://model/v1/messages", "application/json", strings.NewReader(modeltest.RequestBody("hi", false)))
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(wait.Guard):
+		t.Fatal("the answer never started")
+	}
+	e.restart()
+	<-done
+	if got := usageOf(e, "kid"); got.Requests != 1 || got.OutputTokens != 1024 {
+		t.Fatalf("the answer cut by the shutdown: recorded %+v, want 1 request charged its max_tokens (1024)", got)
+	}
 }

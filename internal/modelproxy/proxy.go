@@ -131,6 +131,14 @@ type Config struct {
 type Proxy struct {
 	cfg   Config
 	slots chan struct{}
+
+	// handlers counts the requests being served: Serve returns only once
+	// they have, so their usage is recorded before the broker closes its
+	// store. cut, once Serve's drain bound has passed, ends their
+	// upstream requests (each then records its charge).
+	handlers handlerCount
+	cut      context.Context
+	cutAll   context.CancelFunc
 }
 
 // New returns the handler of one sandbox's model socket.
@@ -141,6 +149,7 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.Key == "" {
 		return nil, errors.New("modelproxy: no API key")
 	}
+	cut, cutAll := context.WithCancel(context.Background())
 	client := http.Client{Transport: &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		ForceAttemptHTTP2:     true,
@@ -165,7 +174,7 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.StreamIdle <= 0 {
 		cfg.StreamIdle = StreamIdleTimeout
 	}
-	return &Proxy{cfg: cfg, slots: make(chan struct{}, MaxConcurrent)}, nil
+	return &Proxy{cfg: cfg, slots: make(chan struct{}, MaxConcurrent), cut: cut, cutAll: cutAll}, nil
 }
 
 // Serve answers HTTP on ln until ctx ends, then closes ln and the
@@ -182,10 +191,54 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { srv.Close() })
 	defer stop()
 	err := srv.Serve(&limitListener{Listener: ln, slots: make(chan struct{}, MaxConns), admit: p.cfg.AdmitConn})
+	// srv.Close does not wait for the handlers. One still reading a plain
+	// answer for its usage (its client gone with the server) may take
+	// usageDrainTimeout; past that, their upstream requests are ended,
+	// and each records what it was charged.
+	drained := p.handlers.zero()
+	select {
+	case <-drained:
+	case <-time.After(usageDrainTimeout):
+		p.cutAll()
+		<-drained
+	}
 	if ctx.Err() != nil {
 		return nil
 	}
 	return err
+}
+
+// handlerCount counts handlers running. Unlike a WaitGroup's, its count
+// may rise again from zero while someone waits: a connection accepted
+// just before the server closed may still start its handler.
+type handlerCount struct {
+	mu      sync.Mutex
+	n       int
+	waiters []chan struct{}
+}
+
+func (h *handlerCount) add(d int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.n += d; h.n == 0 {
+		for _, w := range h.waiters {
+			close(w)
+		}
+		h.waiters = nil
+	}
+}
+
+// zero is closed once no handler runs.
+func (h *handlerCount) zero() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c := make(chan struct{})
+	if h.n == 0 {
+		close(c)
+	} else {
+		h.waiters = append(h.waiters, c)
+	}
+	return c
 }
 
 // allowedPath reports whether method and path are one of the API's model
@@ -212,6 +265,8 @@ var requestHeaders = []string{"Content-Type", "Accept", "Anthropic-Version", "An
 var responseHeaders = []string{"Content-Type", "Request-Id", "Retry-After", "Cache-Control", "X-Should-Retry"}
 
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	p.handlers.add(1)
+	defer p.handlers.add(-1)
 	start := time.Now()
 	status, n := p.serve(w, r)
 	p.cfg.Log.Info("model request", "method", r.Method, "path", r.URL.Path, "status", status, "bytes", n, "ms", time.Since(start).Milliseconds())
@@ -299,6 +354,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 	defer cancel()
 	follow := context.AfterFunc(r.Context(), cancel)
 	defer follow()
+	defer context.AfterFunc(p.cut, cancel)()
 	target := *p.cfg.Upstream
 	target.Path = strings.TrimSuffix(target.Path, "/") + r.URL.Path
 	target.RawQuery = r.URL.RawQuery
