@@ -80,13 +80,7 @@ func TestModelBodyFlood(t *testing.T) {
 // awaitTreeBodies waits until tree holds n bytes of model request bodies.
 func awaitTreeBodies(t *testing.T, e *testEnv, tree string, n int64) {
 	t.Helper()
-	deadline := time.Now().Add(wait.Guard)
-	for e.b.TreeModelBodiesForTest(tree) != n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s's tree holds %d bytes of bodies, want %d", tree, e.b.TreeModelBodiesForTest(tree), n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, fmt.Sprintf("%s's tree to hold %d bytes of bodies", tree, n), func() bool { return e.b.TreeModelBodiesForTest(tree) == n })
 }
 
 // modelHead sends bodyHead on a new connection to sock and half-closes

@@ -320,6 +320,13 @@ done`
 		"rm -f /tmp/watch.*; : > /tmp/watch.leak; nohup sh -c \"$0\" >/dev/null 2>&1 &", watch); r.code != 0 {
 		t.Fatalf("start the watcher: exit %d %s", r.code, r.stderr)
 	}
+	// Core dumps are off for every process of the container, hard limit
+	// too: the provider's shell turns its own off only once it runs, and
+	// the consumer may kill it before (docker exec takes the container's
+	// limits; the engine's may allow dumps).
+	if r := runCLI(t, env, "feature", "exec", "cli", "--", "sh", "-c", "ulimit -c; ulimit -Hc"); r.code != 0 || r.stdout != "0\n0\n" {
+		t.Fatalf("the consumer's core dump limits: exit %d %q, want 0 and 0\n%s", r.code, r.stdout, r.stderr)
+	}
 	r := runCLI(t, env, append(provider, `ulimit -c; ulimit -Hc; id -u; id -g; sleep 3 & wait`, "hold-marker")...)
 	if want := fmt.Sprintf("0\n0\n1000\n%d\n", policy.ProviderGID(1000, 0)); r.code != 0 || r.stdout != want {
 		t.Fatalf("provider: exit %d stdout %q, want %q\n%s", r.code, r.stdout, want, r.stderr)

@@ -141,6 +141,17 @@ func confine(svc *yaml.Node, isPrimary bool, seccomp string) {
 	add(svc, "security_opt", tagged("!override", seq(str("seccomp="+seccomp), str(policy.NoNewPrivileges))))
 	add(svc, "cgroup", str("private"))
 	add(svc, "privileged", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!bool", Value: "false"})
+	// Core dumps off for every process, soft and hard (docker exec takes
+	// the container's limits): the provider's shell sets its own to 0 only
+	// once it runs, and a consumer that kills it before then would find
+	// its environment in a core file of the workspace, where the engine's
+	// limit allows one (LimitCORE=infinity in Docker's own unit).
+	core := mapping()
+	add(core, "soft", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: "0"})
+	add(core, "hard", &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!int", Value: "0"})
+	limits := mapping()
+	add(limits, "core", core)
+	add(svc, "ulimits", tagged("!override", limits))
 }
 
 // primary sets what the primary service runs with.

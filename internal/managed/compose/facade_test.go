@@ -103,6 +103,9 @@ func TestFacadeOverTheSource(t *testing.T) {
 			svc.Cgroup != "private" || svc.Privileged {
 			t.Errorf("%s: security_opt %v cap_drop %v cgroup %q privileged %v", name, svc.SecurityOpt, svc.CapDrop, svc.Cgroup, svc.Privileged)
 		}
+		if core := svc.Ulimits["core"]; len(svc.Ulimits) != 1 || core == nil || core.Single != 0 || core.Soft != 0 || core.Hard != 0 {
+			t.Errorf("%s: ulimits %v, want core dumps off (core 0, soft and hard)", name, svc.Ulimits)
+		}
 	}
 	if len(app.CapAdd) != 0 || app.User != plan.User {
 		t.Errorf("app: cap_add %v user %q, want none and the consumer", app.CapAdd, app.User)

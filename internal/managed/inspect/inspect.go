@@ -46,6 +46,7 @@ const (
 	RuleEnvironment   = "environment"
 	RuleUser          = "user"
 	RuleRuntime       = "runtime"
+	RuleCoreDumps     = "core-dumps"
 )
 
 // Expect is what one container may hold: for the primary, what the
@@ -154,6 +155,7 @@ func Check(c container.InspectResponse, e Expect) error {
 		func() *Refusal { return checkNamespaces(hc) },
 		func() *Refusal { return checkRuntime(hc) },
 		func() *Refusal { return checkCapabilities(hc, e.Capabilities) },
+		func() *Refusal { return checkCoreDumps(hc) },
 		func() *Refusal { return checkDevices(hc) },
 		func() *Refusal { return checkSecurityOpt(c.AppArmorProfile, hc) },
 		func() *Refusal { return checkSystemPaths(hc) },
@@ -294,6 +296,26 @@ func checkRuntime(hc *container.HostConfig) *Refusal {
 		return refuse(RuleRuntime, "the container has a cgroup parent of its own")
 	case len(hc.Sysctls) > 0:
 		return refuse(RuleRuntime, "%d kernel parameter(s) are set", len(hc.Sysctls))
+	}
+	return nil
+}
+
+// checkCoreDumps requires core dumps off for every process of the
+// container, soft and hard limit 0: the facade's ulimits. A process the
+// consumer kills would otherwise leave its memory (a provider's
+// environment) in a core file.
+func checkCoreDumps(hc *container.HostConfig) *Refusal {
+	var core *container.Ulimit
+	for _, u := range hc.Ulimits {
+		if u != nil && u.Name == "core" {
+			if core != nil {
+				return refuse(RuleCoreDumps, "the core dump limit is set twice")
+			}
+			core = u
+		}
+	}
+	if core == nil || core.Soft != 0 || core.Hard != 0 {
+		return refuse(RuleCoreDumps, "core dumps are not off (ulimit core must be 0, soft and hard)")
 	}
 	return nil
 }

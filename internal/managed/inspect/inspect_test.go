@@ -88,6 +88,7 @@ func good() container.InspectResponse {
 				IpcMode:      "private",
 				SecurityOpt:  []string{seccompOpt, "no-new-privileges:true"},
 				CapDrop:      []string{"ALL"},
+				Resources:    container.Resources{Ulimits: []*container.Ulimit{{Name: "core", Soft: 0, Hard: 0}}},
 				ShmSize:      67108864,
 				Runtime:      "runc",
 				MaskedPaths: []string{
@@ -267,6 +268,13 @@ func rows() []row {
 		{"cap padded", hc(func(h *container.HostConfig) { h.CapAdd = []string{" cap_sys_admin "} }), inspect.RuleCapability},
 		{"drops nothing", hc(func(h *container.HostConfig) { h.CapDrop = nil }), inspect.RuleCapability},
 		{"drops some", hc(func(h *container.HostConfig) { h.CapDrop = []string{"NET_RAW", "MKNOD"} }), inspect.RuleCapability},
+		{"core dumps: no limit", hc(func(h *container.HostConfig) { h.Ulimits = nil }), inspect.RuleCoreDumps},
+		{"core dumps: soft limit", hc(func(h *container.HostConfig) { h.Ulimits = []*container.Ulimit{{Name: "core", Soft: 1, Hard: 0}} }), inspect.RuleCoreDumps},
+		{"core dumps: hard limit", hc(func(h *container.HostConfig) { h.Ulimits = []*container.Ulimit{{Name: "core", Soft: 0, Hard: -1}} }), inspect.RuleCoreDumps},
+		{"core dumps: set twice", hc(func(h *container.HostConfig) {
+			h.Ulimits = []*container.Ulimit{{Name: "core"}, {Name: "nofile", Soft: 1024, Hard: 1024}, {Name: "core", Soft: -1, Hard: -1}}
+		}), inspect.RuleCoreDumps},
+		{"core dumps: another limit only", hc(func(h *container.HostConfig) { h.Ulimits = []*container.Ulimit{{Name: "nofile", Soft: 0, Hard: 0}} }), inspect.RuleCoreDumps},
 		{"drops cap_all ok", hc(func(h *container.HostConfig) { h.CapDrop = []string{"cap_all"} }), ""},
 
 		// devices
@@ -589,7 +597,8 @@ func TestRefusalError(t *testing.T) {
 // Config.User were added when the facade began to set them, as that
 // engine records them (seen on a container Compose created from
 // `cap_drop: [ALL]`, `security_opt: [no-new-privileges:true]` and
-// `user: "1000:1000"`).
+// `user: "1000:1000"`), and Ulimits as that engine records
+// `ulimits: {core: {soft: 0, hard: 0}}`.
 func realExpect() inspect.Expect {
 	return inspect.Expect{
 		Binds: []inspect.Bind{
