@@ -93,7 +93,8 @@ func newLogsCmd(deps Deps) *cobra.Command {
 		Short: "Print the worker logs of a child's spawns, or its agent's output",
 		Long: `Print the worker log of each spawn of the child NAME, oldest first: the
 steps its creation took (sandbox, checkout, agent start and readiness) and
-what failed. The logs are in <state>/logs/ (owner only).
+what failed. The logs are in <state>/logs/ (owner only): at most 1 MiB
+each, the newest 256 of all sandboxes kept.
 
   --agent   print instead what the sandbox's agents show: each window of
             its tmux session (one per agent), its scrollback and screen,

@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -696,8 +698,23 @@ func (o *Orchestrator) RecoverSpawns(ctx context.Context) {
 	}
 }
 
+// Bounds of the worker logs. Each spawn and restart opens one, which a
+// child's setup and on_start steps fill with their output (64 KiB a
+// step), and they outlive the child (logs NAME reads a destroyed one's):
+// an orchestrator restarting a failing child, or spawning and destroying
+// one, in a loop would otherwise fill the broker's disk.
+const (
+	// MaxWorkerLogBytes bounds one worker log; past it, one line says
+	// the rest was cut.
+	MaxWorkerLogBytes = 1 << 20
+	// MaxWorkerLogs bounds the worker logs kept: opening one more removes
+	// the oldest (by modification time).
+	MaxWorkerLogs = 256
+)
+
 // workerLog opens the spawn's worker log, <LogDir>/<child>.<ref>.log
-// (owner only), or a discard when there is no LogDir.
+// (owner only), bounded by MaxWorkerLogBytes, with the oldest logs past
+// MaxWorkerLogs removed; or a discard when there is no LogDir.
 func (o *Orchestrator) workerLog(sb store.Sandbox, doc spawnDoc) io.WriteCloser {
 	if o.LogDir == "" {
 		return nopCloser{io.Discard}
@@ -711,8 +728,72 @@ func (o *Orchestrator) workerLog(sb store.Sandbox, doc spawnDoc) io.WriteCloser 
 		return nopCloser{io.Discard}
 	}
 	o.logger().Info("spawn worker", "sandbox", sb.Name, "manifest", doc.Ref, "log", path)
-	return f
+	pruneWorkerLogs(o.LogDir, MaxWorkerLogs, path)
+	var size int64
+	if fi, err := f.Stat(); err == nil {
+		size = fi.Size() // a name and id used again append
+	}
+	return &cappedLog{f: f, left: MaxWorkerLogBytes - size}
 }
+
+// pruneWorkerLogs removes the oldest worker logs in dir past keep, never
+// the one at current.
+func pruneWorkerLogs(dir string, keep int, current string) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	type logFile struct {
+		path string
+		mod  time.Time
+	}
+	var logs []logFile
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !strings.HasSuffix(e.Name(), ".log") {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			continue
+		}
+		logs = append(logs, logFile{filepath.Join(dir, e.Name()), fi.ModTime()})
+	}
+	slices.SortFunc(logs, func(a, b logFile) int { return a.mod.Compare(b.mod) })
+	left := len(logs)
+	for _, l := range logs {
+		if left <= keep {
+			return
+		}
+		if l.path != current && os.Remove(l.path) == nil {
+			left--
+		}
+	}
+}
+
+// cappedLog writes a worker log up to its bound, then one line that says
+// so; what comes after is dropped (reported written: the worker goes on).
+type cappedLog struct {
+	f    *os.File
+	left int64
+	cut  bool
+}
+
+func (c *cappedLog) Write(p []byte) (int, error) {
+	if int64(len(p)) <= c.left {
+		n, err := c.f.Write(p)
+		c.left -= int64(n)
+		return n, err
+	}
+	if !c.cut {
+		c.cut = true
+		c.f.Write(p[:max(c.left, 0)])
+		fmt.Fprintf(c.f, "\n%s the worker log is cut here: it reached %d bytes\n", stamp(), MaxWorkerLogBytes)
+		c.left = 0
+	}
+	return len(p), nil
+}
+
+func (c *cappedLog) Close() error { return c.f.Close() }
 
 // WorkerLogs lists a child's worker logs, oldest first.
 func (o *Orchestrator) WorkerLogs(name string) []string {
