@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"agentbox/internal/config"
 	"agentbox/internal/grant"
@@ -290,10 +291,12 @@ const (
 )
 
 // cleanText is sandbox-controlled text made safe to print: valid UTF-8,
-// no control characters but newlines and tabs.
+// no control characters but newlines and tabs, and no format characters
+// (a right-to-left override or an isolate reorders what the terminal
+// shows after it: a forged line, a name that reads as another).
 func cleanText(b []byte) string {
 	return strings.Map(func(r rune) rune {
-		if r == '\n' || r == '\t' || (r >= 0x20 && r != 0x7f && !(r >= 0x80 && r < 0xa0)) {
+		if r == '\n' || r == '\t' || (r >= 0x20 && r != 0x7f && !(r >= 0x80 && r < 0xa0) && !unicode.Is(unicode.Cf, r)) {
 			return r
 		}
 		return -1

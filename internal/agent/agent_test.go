@@ -235,11 +235,12 @@ func FuzzParse(f *testing.F) {
 }
 
 // TestParsePanes: one pane per NUL-led section (what comes before the
-// first is no pane's), its window name and lines cleaned, blank lines at
+// first is no pane's), its window name and lines cleaned (control and
+// format characters, such as a right-to-left override, dropped), blank lines at
 // the end dropped, at most MaxPaneLines lines (the last).
 func TestParsePanes(t *testing.T) {
 	long := strings.Repeat("l\n", MaxPaneLines+3) + "last\n"
-	out := "stray\n\x00one\x1b\nfirst\x07 \n\n\nsecond\n\n\x00two\n" + long
+	out := "stray\n\x00o\u202ene\x1b\nfi\u2066rst\u200b\x07 \n\n\nsecond\n\n\x00two\n" + long
 	panes := ParsePanes([]byte(out))
 	if len(panes) != 2 || panes[0].Window != "one" || panes[1].Window != "two" {
 		t.Fatalf("panes %+v", panes)

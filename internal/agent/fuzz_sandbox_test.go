@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -43,7 +44,7 @@ func clean(s string) bool {
 		return false
 	}
 	for _, r := range s {
-		if r != '\n' && r != '\t' && (r < 0x20 || r == 0x7f || r >= 0x80 && r < 0xa0) {
+		if r != '\n' && r != '\t' && (r < 0x20 || r == 0x7f || r >= 0x80 && r < 0xa0 || unicode.Is(unicode.Cf, r)) {
 			return false
 		}
 	}
@@ -56,6 +57,7 @@ func clean(s string) bool {
 func FuzzParsePanes(f *testing.F) {
 	f.Add([]byte("stray\n\x00one\x1b\nfirst\x07 \n\n\nsecond\n\n\x00two\nx\n"))
 	f.Add([]byte("\x00\xff\xfe\n\x9b31m\x00"))
+	f.Add([]byte("\x00win\u202edow\nab\u2066c\u200bd\n"))
 	f.Add([]byte(strings.Repeat("é", PaneTailBytes)))
 	f.Fuzz(func(t *testing.T, out []byte) {
 		for _, p := range ParsePanes(out) {
