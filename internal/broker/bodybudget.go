@@ -34,14 +34,12 @@ const (
 type bodyBudget struct {
 	treeMax int64
 
-	mu         sync.Mutex
-	byTree     map[string]int64 // bytes admitted and not yet released, by tree
-	childrenOf map[string]int64 // of byTree, the children's
-	bySandbox  map[string]int64 // the same by sandbox (its uuid)
+	mu               sync.Mutex
+	treeTally[int64] // bytes admitted and not yet released
 }
 
 func newBodyBudget(treeMax int64) *bodyBudget {
-	return &bodyBudget{treeMax: treeMax, byTree: map[string]int64{}, childrenOf: map[string]int64{}, bySandbox: map[string]int64{}}
+	return &bodyBudget{treeMax: treeMax, treeTally: newTreeTally[int64]()}
 }
 
 // admit takes n bytes for one body of sandbox (its uuid, name for the
@@ -58,29 +56,15 @@ func (c *bodyBudget) admit(tree, sandbox, name string, child bool, n int64) (rel
 	}
 	// The orchestrator's share and its children's together are treeMax:
 	// the tree stays within it.
-	c.byTree[tree] += n
-	c.bySandbox[sandbox] += n
-	if child {
-		c.childrenOf[tree] += n
-	}
+	c.add(tree, sandbox, child, n)
 	var once sync.Once
-	return func() { once.Do(func() { c.release(tree, sandbox, child, n) }) }, nil
-}
-
-func (c *bodyBudget) release(tree, sandbox string, child bool, n int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.byTree[tree] -= n; c.byTree[tree] == 0 {
-		delete(c.byTree, tree)
-	}
-	if child {
-		if c.childrenOf[tree] -= n; c.childrenOf[tree] == 0 {
-			delete(c.childrenOf, tree)
-		}
-	}
-	if c.bySandbox[sandbox] -= n; c.bySandbox[sandbox] == 0 {
-		delete(c.bySandbox, sandbox)
-	}
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.add(tree, sandbox, child, -n)
+		})
+	}, nil
 }
 
 // mib is n bytes in MiB, to one decimal.

@@ -45,15 +45,13 @@ type connBudget struct {
 	treeMax     int
 	descriptors int // the process's limit less what it had open and ReservedDescriptors
 
-	mu         sync.Mutex
-	held       int            // connections admitted and not yet released
-	byTree     map[string]int // of held, by tree
-	childrenOf map[string]int // of byTree, the children's
-	bySandbox  map[string]int // of held, by sandbox (its uuid)
+	mu             sync.Mutex
+	held           int // connections admitted and not yet released
+	treeTally[int]     // held, by tree, children and sandbox
 }
 
 func newConnBudget(treeMax, descriptors int) *connBudget {
-	return &connBudget{treeMax: treeMax, descriptors: descriptors, byTree: map[string]int{}, childrenOf: map[string]int{}, bySandbox: map[string]int{}}
+	return &connBudget{treeMax: treeMax, descriptors: descriptors, treeTally: newTreeTally[int]()}
 }
 
 // admit takes a place for one connection of sandbox (its uuid, name for
@@ -75,30 +73,16 @@ func (c *connBudget) admit(tree, sandbox, name string, child bool, served int) (
 		return nil, fmt.Errorf("the broker holds as many model and egress connections as its open-file limit allows (%d across all sandboxes); try again later", c.held)
 	}
 	c.held++
-	c.byTree[tree]++
-	c.bySandbox[sandbox]++
-	if child {
-		c.childrenOf[tree]++
-	}
+	c.add(tree, sandbox, child, 1)
 	var once sync.Once
-	return func() { once.Do(func() { c.release(tree, sandbox, child) }) }, nil
-}
-
-func (c *connBudget) release(tree, sandbox string, child bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.held--
-	if c.byTree[tree]--; c.byTree[tree] == 0 {
-		delete(c.byTree, tree)
-	}
-	if child {
-		if c.childrenOf[tree]--; c.childrenOf[tree] == 0 {
-			delete(c.childrenOf, tree)
-		}
-	}
-	if c.bySandbox[sandbox]--; c.bySandbox[sandbox] == 0 {
-		delete(c.bySandbox, sandbox)
-	}
+	return func() {
+		once.Do(func() {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.held--
+			c.add(tree, sandbox, child, -1)
+		})
+	}, nil
 }
 
 // spareDescriptors is how many more descriptors this process may open

@@ -27,3 +27,32 @@ func shareName(child bool) string {
 	}
 	return "an orchestrator, half"
 }
+
+// treeTally is what the sandboxes of each tree hold of such a bound, by
+// tree, by a tree's children together and by sandbox (its uuid); a figure
+// back at 0 is forgotten.
+type treeTally[T int | int64] struct {
+	byTree     map[string]T
+	childrenOf map[string]T // of byTree, the children's
+	bySandbox  map[string]T
+}
+
+func newTreeTally[T int | int64]() treeTally[T] {
+	return treeTally[T]{byTree: map[string]T{}, childrenOf: map[string]T{}, bySandbox: map[string]T{}}
+}
+
+// add counts n more (negative: n fewer) for sandbox of tree (child: not
+// its orchestrator).
+func (t treeTally[T]) add(tree, sandbox string, child bool, n T) {
+	bump(t.byTree, tree, n)
+	bump(t.bySandbox, sandbox, n)
+	if child {
+		bump(t.childrenOf, tree, n)
+	}
+}
+
+func bump[T int | int64](m map[string]T, key string, n T) {
+	if m[key] += n; m[key] == 0 {
+		delete(m, key)
+	}
+}
