@@ -506,30 +506,30 @@ func (r Repo) fetchHost(ctx context.Context, commit, ref string, common []string
 // submodule, no maintenance); git's heap is bounded by MaxHostFetchMemory;
 // and git runs as the repository's owner (ownerCredential).
 func untrustedFetch(ctx context.Context, dir string, config []string, args ...string) *exec.Cmd {
-	full := append(append(append([]string{}, safeConfig...), config...),
+	checks := append(append([]string{}, config...),
 		"-c", "fetch.fsckObjects=true", "-c", "fetch.unpackLimit=1",
 		// git only warns of a tree entry named ".", ".." or ".git" (in
 		// any case, or as NTFS and HFS+ read it) or holding a "/", and
 		// refuses to check one out: such a tree is refused here.
 		"-c", "fetch.fsck.hasDot=error", "-c", "fetch.fsck.hasDotdot=error",
-		"-c", "fetch.fsck.hasDotgit=error", "-c", "fetch.fsck.fullPathname=error",
-		"fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--no-recurse-submodules", "--no-auto-maintenance")
-	cmd := boundedHostGit(ctx, dir, append(full, args...)...)
-	cmd.SysProcAttr = ownerCredential(dir)
-	endsWholeOnCancel(cmd)
-	return cmd
+		"-c", "fetch.fsck.hasDotgit=error", "-c", "fetch.fsck.fullPathname=error")
+	return boundedHostGit(ctx, ownerCredential(dir), dir, checks, append([]string{"fetch", "--quiet", "--no-tags",
+		"--no-write-fetch-head", "--no-recurse-submodules", "--no-auto-maintenance"}, args...)...)
 }
 
-// boundedHostGit is host git with args in dir, its heap (and that of every
-// git it starts: index-pack, pack-objects) bounded by MaxHostFetchMemory:
-// for a git that reads objects a sandbox made.
-func boundedHostGit(ctx context.Context, dir string, args ...string) *exec.Cmd {
+// boundedHostGit is gitCommand (safeConfig, then config, then args) for a
+// host git that reads objects a sandbox made: its heap (and that of every
+// git it starts: index-pack, pack-objects) is bounded by
+// MaxHostFetchMemory, and it ends whole on cancel (endsWholeOnCancel).
+func boundedHostGit(ctx context.Context, attr *syscall.SysProcAttr, dir string, config []string, args ...string) *exec.Cmd {
 	// Through sh, so that the limit holds from git's first instruction
 	// (Go sets no rlimit on a child): ulimit -d is in KiB. It fails only
 	// where a lower hard limit holds already.
-	limited := append([]string{"-c", `ulimit -d "$0" 2>/dev/null; exec git "$@"`, strconv.Itoa(MaxHostFetchMemory >> 10)}, args...)
+	limited := append([]string{"-c", `ulimit -d "$0" 2>/dev/null; exec git "$@"`, strconv.Itoa(MaxHostFetchMemory >> 10)}, safeConfig...)
+	limited = append(append(limited, config...), args...)
 	cmd := exec.CommandContext(ctx, "/bin/sh", limited...)
-	cmd.Dir, cmd.Env = dir, gitEnv()
+	cmd.Dir, cmd.Env, cmd.SysProcAttr = dir, gitEnv(), attr
+	endsWholeOnCancel(cmd)
 	return cmd
 }
 

@@ -116,10 +116,8 @@ func (r Repo) push(ctx context.Context, remoteURL, localRef, branch string, from
 		}
 		args = append(args, "--force-with-lease="+dst+":"+*from)
 	}
-	cmd := boundedHostGit(ctx, r.dir, append(append(append([]string{}, safeConfig...), pushConfig...),
-		append(args, "--end-of-options", remoteURL, commit+":"+dst)...)...)
-	// Ended whole: killing git push alone leaves its pack-objects running.
-	endsWholeOnCancel(cmd)
+	// Ended whole: killing git push alone left its git-remote-http running.
+	cmd := boundedHostGit(ctx, nil, r.dir, pushConfig, append(args, "--end-of-options", remoteURL, commit+":"+dst)...)
 	credentials := ""
 	if auth.Token != "" {
 		credentials = base64.StdEncoding.EncodeToString([]byte("x-access-token:" + auth.Token))
