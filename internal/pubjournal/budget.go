@@ -146,10 +146,8 @@ func (d *Dir) Used(sandbox string, now time.Time) (int, error) {
 	defer unlock()
 	rs, err := d.loadReservations(d.budgetPath(sandbox))
 	used := 0
-	for _, r := range rs {
-		if now.Sub(time.UnixMilli(r.At)) < Window {
-			used += r.N
-		}
+	for _, r := range inWindow(rs, now) {
+		used += r.N
 	}
 	return used, err
 }
