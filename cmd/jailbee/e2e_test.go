@@ -602,6 +602,37 @@ func TestExecTTYNotHeldBySandboxProcesses(t *testing.T) {
 	}
 }
 
+// TestExecTTYEscapeLeavesACommandThatIgnoresItsInput: a sandboxed
+// command deaf to Ctrl-C (raw mode hands it to the command) and to hang-
+// ups cannot keep the user's terminal: "~." typed after Enter ends jb,
+// restores the terminal and ends the command; what was typed before it
+// reached the command, and nothing after it did. A "~" inside a line and
+// "~~" at a line's start reach the command as typed and as one "~".
+func TestExecTTYEscapeLeavesACommandThatIgnoresItsInput(t *testing.T) {
+	h := newHostEnv(t)
+	h.newSandbox("esc", "--repo", h.repo, "--orchestrator")
+	u := newUserTerminal(t)
+	cmd, exited := u.jb(h, "exec", "-t", "esc", "--", "sh", "-c", "trap '' INT HUP TERM; stty raw -echo; echo ready; exec cat /dev/stdin >/tmp/typed-by-user")
+	wait.For(t, "the command to start", func() bool { return strings.Contains(u.out.String(), "ready") })
+	u.master.Write([]byte("a~b\x03\r~~c\r"))
+	wait.For(t, "the typed line to reach the command", func() bool {
+		code, out, _ := h.jb("", "exec", "esc", "--", "cat", "/tmp/typed-by-user")
+		return code == 0 && out == "a~b\x03\r~c\r"
+	})
+	u.master.Write([]byte("~.never\r"))
+	u.waitExit(cmd, exited, 1)
+	if s := u.output(); !strings.Contains(s, "ended with ~.") {
+		t.Errorf("jb did not say how it ended; output:\n%q", s)
+	}
+	wait.For(t, "the command to end", func() bool {
+		code, out, _ := h.jb("", "exec", "esc", "--", "sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+		return code == 0 && !strings.Contains(out, "cat /dev/stdin") && strings.Contains(out, "/proc/")
+	})
+	if code, out, _ := h.jb("", "exec", "esc", "--", "cat", "/tmp/typed-by-user"); code != 0 || out != "a~b\x03\r~c\r" {
+		t.Errorf("the command read %q (exit %d), want what was typed before ~.", out, code)
+	}
+}
+
 // takeFD0 (perl, pid as its argument) takes descriptor 0 of the process
 // with pidfd_getfd and, if it got it, keeps it in a background process
 // (deaf to the SIGHUP the end of the command's session sends).

@@ -28,7 +28,9 @@ func newAttachCmd(deps Deps) *cobra.Command {
 		Short: "Attach your terminal to a child's agent session (tmux)",
 		Long: `Attach your terminal to the tmux session the sandbox's agents run in (one
 window per agent). Detach with tmux's prefix, then d (C-b d): the agents
-keep running. Needs a terminal ('jailbee logs NAME --agent' prints the
+keep running. If the session stops answering its keys, ~. typed at the
+start of a line (after Enter) leaves it, as in ssh; the agents keep
+running then too (~~ there types one ~). Needs a terminal ('jailbee logs NAME --agent' prints the
 agents' panes without one). A sandbox with no agent session (one started
 again with 'jailbee start': its agent is not) is refused, with how to
 start one.

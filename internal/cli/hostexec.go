@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -38,7 +39,11 @@ it left running still holds its output or its terminal; with -t your
 terminal's mode is restored.
 
   -t          give the command a new terminal, sized like yours, with your
-              terminal in raw mode meanwhile (jailbee exec -t NAME -- bash)
+              terminal in raw mode meanwhile (jailbee exec -t NAME -- bash);
+              your keys, Ctrl-C included, go to the command. To leave a
+              command that does not end, type ~. at the start of a line
+              (after Enter), as in ssh: exec ends it and exits 1. ~~ there
+              types one ~.
   --env K=V   add a variable to the command's environment (repeatable)
 
 Inside, the broker socket is /run/jailbee/orchestration/broker.sock and the
@@ -83,9 +88,13 @@ func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) erro
 		return err
 	}
 	defer c.Close()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var escaped atomic.Bool
 	var st *execStreams
 	if a.TTY {
-		st, err = ttyStreams(deps, &a)
+		// The escape hangs up, which ends the command (the broker's exec).
+		st, err = ttyStreams(deps, &a, func() { escaped.Store(true); cancel() })
 	} else {
 		st, err = pipeStreams(deps)
 	}
@@ -96,6 +105,9 @@ func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) erro
 	var res wire.ExecResult
 	err = c.CallFiles(ctx, "exec", a, st.child[:], &res)
 	st.wait(err == nil)
+	if err != nil && escaped.Load() {
+		return exitf(ExitFailed, "ended with %c.: the command in the sandbox is ended", term.EscapeChar)
+	}
 	if err != nil {
 		return protocolExit(err)
 	}
@@ -156,7 +168,9 @@ func pipeStreams(deps Deps) (*execStreams, error) {
 // ttyStreams makes a new terminal for the command: its slave is all three
 // streams, its master is copied to and from this process's terminal, which
 // is in raw mode until restore.
-func ttyStreams(deps Deps, a *wire.ExecArgs) (*execStreams, error) {
+// Typing the escape ("~." at a line's start, term.CopyInput) calls
+// onEscape.
+func ttyStreams(deps Deps, a *wire.ExecArgs, onEscape func()) (*execStreams, error) {
 	in, ok := stdinTerminal(deps)
 	if !ok {
 		return nil, exitf(ExitUsage, "-t needs a terminal on stdin")
@@ -195,7 +209,7 @@ func ttyStreams(deps Deps, a *wire.ExecArgs) (*execStreams, error) {
 		close(winch)
 		<-resizer
 	}
-	go io.Copy(master, in)
+	go term.CopyInput(master, in, onEscape)
 	st.output.Add(1)
 	go func() {
 		defer st.output.Done()
