@@ -15,6 +15,7 @@ import (
 	"agentbox/internal/cli"
 	"agentbox/internal/gitx"
 	"agentbox/internal/outboxread"
+	"agentbox/internal/warmtar"
 )
 
 func main() {
@@ -34,6 +35,8 @@ func main() {
 			os.Exit(agentprobe.HelperMain(os.Args[1:]))
 		case outboxread.IsHelperCommand(arg):
 			os.Exit(outboxread.HelperMain(os.Args[1:]))
+		case warmtar.IsHelperCommand(arg):
+			os.Exit(warmtar.HelperMain(os.Args[1:]))
 		}
 	}
 	name := filepath.Base(os.Args[0])

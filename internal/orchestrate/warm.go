@@ -11,6 +11,8 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/config"
 	"agentbox/internal/gitx"
+	"agentbox/internal/untrusted"
+	"agentbox/internal/warmtar"
 )
 
 // Bounds of warm path seeding.
@@ -97,10 +99,12 @@ func matchWarm(globs, entries []string, note func(string, ...any)) []string {
 }
 
 // copyTree streams paths (relative to the checkout) from sandbox src to
-// sandbox dst with tar on both sides, at most MaxWarmBytes, and returns
-// the bytes that went through. Each tar runs in its own sandbox as its
-// agent user: what src's tar sends, dst's tar writes only where dst's
-// own user may.
+// sandbox dst, tar in src and `jailbee _warm-extract` in dst, at most
+// MaxWarmBytes, and returns the bytes that went through. Each runs in its
+// own sandbox as its agent user. src's stream is src's to make, so dst
+// does not run tar on it: the helper (warmtar) writes below dst's
+// checkout only, through no symlink, and only files, directories and
+// symlinks, none named .git.
 func (o *Orchestrator) copyTree(ctx context.Context, src, dst string, paths []string) (int64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -109,7 +113,8 @@ func (o *Orchestrator) copyTree(ctx context.Context, src, dst string, paths []st
 	srcDone := make(chan error, 1)
 	go func() {
 		code, err := o.Runner(src).Run(ctx, gitx.Cmd{
-			Argv:   []string{"tar", "-c", "-f", "-", "--null", "-T", "-"},
+			// --hard-dereference: the helper takes no hard links.
+			Argv:   []string{"tar", "-c", "-f", "-", "--hard-dereference", "--null", "-T", "-"},
 			Dir:    backend.WorkspacePath,
 			Stdin:  strings.NewReader(strings.Join(paths, "\x00") + "\x00"),
 			Stdout: counted,
@@ -123,13 +128,15 @@ func (o *Orchestrator) copyTree(ctx context.Context, src, dst string, paths []st
 		pw.CloseWithError(err) // nil: the reader sees the end
 		srcDone <- err
 	}()
+	why := &untrusted.Buffer{Max: warmtar.MaxErrorBytes}
 	code, err := o.Runner(dst).Run(ctx, gitx.Cmd{
-		Argv:  []string{"tar", "-x", "-f", "-", "--no-same-owner"},
-		Dir:   backend.WorkspacePath,
-		Stdin: pr,
+		Argv:   warmtar.Argv(),
+		Dir:    backend.WorkspacePath,
+		Stdin:  pr,
+		Stderr: why,
 	})
 	if err == nil && code != 0 {
-		err = fmt.Errorf("tar in the fork exited %d", code)
+		err = fmt.Errorf("the fork refused the stream: %s", untrusted.Printable(strings.TrimSpace(why.String())))
 	}
 	pr.CloseWithError(errors.New("the fork's tar ended")) // unblocks the source
 	if err != nil {
