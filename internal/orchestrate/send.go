@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 
 	"agentbox/internal/config"
 	"agentbox/internal/grant"
@@ -103,12 +102,15 @@ func (o *Orchestrator) sender(ctx context.Context, req wire.Caller) (manifest.Se
 	return from, nil
 }
 
-// LoadRepoConfig reads <repo>/.jailbee/config.yaml (never through a
-// symlink); a repository without one gets the default config. A config
+// LoadRepoConfig reads <repo>/.jailbee/config.yaml, through no symlink
+// (neither .jailbee nor config.yaml may be one: a branch merged from a
+// sandbox could commit `.jailbee` pointing into a sandbox's own checkout
+// and make the config its to change at will); a repository without one
+// gets the default config. A config
 // that does not parse refuses every manifest that needs it, with the
 // parser's message (key path and line; never a host path).
 func LoadRepoConfig(repo string) (*config.Repo, error) {
-	data, err := secfs.ReadFileNoFollow(filepath.Join(repo, RepoConfigPath), config.MaxConfigBytes)
+	data, err := secfs.ReadFileBelow(repo, RepoConfigPath, config.MaxConfigBytes)
 	if errors.Is(err, os.ErrNotExist) {
 		return config.Default(), nil
 	}

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -166,6 +167,47 @@ func OpenDirNoFollow(absPath string, visit func(depth int, st *unix.Stat_t) erro
 		}
 	}
 	return dir, st, nil
+}
+
+// ReadFileBelow reads the regular file rel (a relative, clean path)
+// below dir, at most max bytes. dir itself is opened as given (the
+// caller's trusted root, say a repository the user named); no component
+// of rel is followed if it is a symlink, so a symlink committed in the
+// tree never leads the read elsewhere. A missing component is
+// fs.ErrNotExist.
+func ReadFileBelow(dir, rel string, max int64) ([]byte, error) {
+	comps := strings.Split(rel, "/")
+	if rel == "" || slices.ContainsFunc(comps, func(c string) bool { return c == "" || c == "." || c == ".." }) {
+		return nil, fmt.Errorf("%w: not a relative, clean path", ErrUnsafe)
+	}
+	fd, err := openRetry(func() (int, error) {
+		return unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	})
+	if err != nil {
+		return nil, mapOpenErr(err)
+	}
+	cur := os.NewFile(uintptr(fd), "")
+	for _, c := range comps[:len(comps)-1] {
+		next, _, err := OpenChild(cur, c, unix.O_PATH|unix.O_DIRECTORY)
+		cur.Close()
+		if err != nil {
+			return nil, err
+		}
+		cur = next
+	}
+	f, st, err := OpenChild(cur, comps[len(comps)-1], unix.O_RDONLY|unix.O_NONBLOCK)
+	cur.Close()
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil, ErrType
+	}
+	if st.Size > max {
+		return nil, fmt.Errorf("file larger than %d bytes", max)
+	}
+	return ReadAllLimited(f, max)
 }
 
 // ReadAllLimited reads f to its end, failing when it holds more than max

@@ -148,3 +148,50 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestReadFileBelow: the file is read below its root through no symlink;
+// a symlink on the way or as the file, a FIFO (no block), a file past the
+// bound and a path that is not relative and clean are refused.
+func TestReadFileBelow(t *testing.T) {
+	root, other := t.TempDir(), t.TempDir()
+	mustMkdir := func(p string) {
+		if err := os.MkdirAll(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustMkdir(filepath.Join(root, "a", "b"))
+	if err := os.WriteFile(filepath.Join(root, "a", "b", "f"), []byte("below"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(other, "f"), []byte("elsewhere"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Symlink(other, filepath.Join(root, "a", "lnk"))
+	os.Symlink(filepath.Join(other, "f"), filepath.Join(root, "a", "b", "flink"))
+	if err := unix.Mkfifo(filepath.Join(root, "a", "fifo"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ReadFileBelow(root, "a/b/f", 5); err != nil || string(got) != "below" {
+		t.Fatalf("a/b/f: %q %v", got, err)
+	}
+	for _, c := range []struct {
+		rel  string
+		want error
+	}{
+		{"a/lnk/f", ErrSymlink},
+		{"a/b/flink", ErrSymlink},
+		{"a/fifo", ErrType},
+		{"a/missing", os.ErrNotExist},
+		{"a/../a/b/f", ErrUnsafe},
+		{"/a/b/f", ErrUnsafe},
+		{"a//b/f", ErrUnsafe},
+		{"", ErrUnsafe},
+	} {
+		if got, err := ReadFileBelow(root, c.rel, 5); !errors.Is(err, c.want) {
+			t.Errorf("%q: %q %v, want %v", c.rel, got, err, c.want)
+		}
+	}
+	if _, err := ReadFileBelow(root, "a/b/f", 4); err == nil {
+		t.Error("a 5-byte file read with a 4-byte bound")
+	}
+}
