@@ -113,7 +113,9 @@ type Backend struct {
 	managed map[string]bool
 	inits   map[string]initProc // running containers' inits (mounts.go)
 	pool    string              // the root disks' pool, once known to size them (sizedPool)
-	hostIDs map[string]mountID  // host paths as a container's mount table shows them
+	// profilePool: the default profile's root pool, once read (rootPool).
+	profilePool string
+	hostIDs     map[string]mountID // host paths as a container's mount table shows them
 	// agentsOK holds the containers last seen with exactly the agent
 	// devices of Options: Start spares them the look.
 	agentsOK map[string]bool
@@ -243,9 +245,15 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 		devices[clientDevice] = map[string]string{"type": "disk", "source": b.opts.Client, "path": ClientPath, "readonly": "true"}
 	}
 	maps.Copy(devices, b.agentDevices())
-	if b.opts.Pool != "" {
-		devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": b.opts.Pool}
+	// The root disk is the container's own: it is made with no profile
+	// (--no-profiles below), so that nothing a profile holds (the default
+	// profile's NIC on a host set up with `incus admin init`, an admin's
+	// nesting or raw.lxc) reaches a sandbox, now or when edited later.
+	pool, err := b.rootPool(ctx)
+	if err != nil {
+		return backend.Instance{}, fmt.Errorf("create sandbox %s: %w", opts.Name, err)
 	}
+	devices["root"] = map[string]string{"type": "disk", "path": "/", "pool": pool}
 	if disk := opts.Limits.DiskBytes; disk > 0 && !b.opts.NoLimits {
 		pool, err := b.sizedPool(ctx)
 		if err != nil {
@@ -257,7 +265,7 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	if err != nil {
 		return backend.Instance{}, err
 	}
-	if _, err := b.run(ctx, doc, "create", b.opts.Image, opts.Name, "--quiet"); err != nil {
+	if _, err := b.run(ctx, doc, "create", b.opts.Image, opts.Name, "--no-profiles", "--quiet"); err != nil {
 		if errors.Is(err, backend.ErrExists) {
 			return backend.Instance{}, fmt.Errorf("%w: %s", backend.ErrExists, opts.Name)
 		}
@@ -271,8 +279,38 @@ func (b *Backend) Create(ctx context.Context, opts backend.CreateOptions) (backe
 	return rawInstance{Name: opts.Name, Config: config, Devices: devices}.instance(), nil
 }
 
-// sizedPool is the pool of new sandboxes' root disks (Options.Pool, else
-// the default profile's), once its driver is known to hold a root disk to
+// rootPool is the pool of new sandboxes' root disks: Options.Pool, else
+// the pool of the default profile's root disk (read once; the sandbox
+// itself takes nothing else of the profile).
+func (b *Backend) rootPool(ctx context.Context) (string, error) {
+	if b.opts.Pool != "" {
+		return b.opts.Pool, nil
+	}
+	b.mu.Lock()
+	pool := b.profilePool
+	b.mu.Unlock()
+	if pool != "" {
+		return pool, nil
+	}
+	var profile struct {
+		Devices map[string]map[string]string `json:"devices"`
+	}
+	if err := b.query(ctx, "/1.0/profiles/default", &profile); err != nil {
+		return "", fmt.Errorf("read the default profile's root disk: %w", err)
+	}
+	if root := profile.Devices["root"]; root["type"] == "disk" && root["path"] == "/" {
+		pool = root["pool"]
+	}
+	if pool == "" {
+		return "", errors.New("no storage pool for the root disk: the default profile has no root disk and no --incus-pool was given (see docs/incus.md)")
+	}
+	b.mu.Lock()
+	b.profilePool = pool
+	b.mu.Unlock()
+	return pool, nil
+}
+
+// sizedPool is rootPool once its driver is known to hold a root disk to
 // its size: `dir` takes a size and ignores it (unless the host filesystem
 // has project quotas, which Incus does not report).
 func (b *Backend) sizedPool(ctx context.Context) (string, error) {
@@ -282,20 +320,9 @@ func (b *Backend) sizedPool(ctx context.Context) (string, error) {
 	if pool != "" {
 		return pool, nil
 	}
-	pool = b.opts.Pool
-	if pool == "" {
-		var profile struct {
-			Devices map[string]map[string]string `json:"devices"`
-		}
-		if err := b.query(ctx, "/1.0/profiles/default", &profile); err != nil {
-			return "", fmt.Errorf("read the default profile's root disk: %w", err)
-		}
-		if root := profile.Devices["root"]; root["type"] == "disk" && root["path"] == "/" {
-			pool = root["pool"]
-		}
-		if pool == "" {
-			return "", errors.New("no storage pool to size the root disk in: the default profile has no root disk (see docs/incus.md)")
-		}
+	pool, err := b.rootPool(ctx)
+	if err != nil {
+		return "", err
 	}
 	var info struct {
 		Driver string `json:"driver"`
@@ -390,10 +417,39 @@ func (b *Backend) Start(ctx context.Context, name string) error {
 	return b.startEgressRelay(ctx, name)
 }
 
+// dropProfiles takes every profile off a container made when sandboxes
+// still had the project's default one, keeping its root disk as a device
+// of its own: no NIC or setting of a profile may reach a sandbox.
+func (b *Backend) dropProfiles(ctx context.Context, in rawInstance) error {
+	if len(in.Profiles) == 0 {
+		return nil
+	}
+	if in.Devices["root"] == nil {
+		root := in.ExpandedDevices["root"]
+		if root["type"] != "disk" || root["path"] != "/" || root["pool"] == "" {
+			return errors.New("its profiles give it no root disk to keep")
+		}
+		args := []string{"config", "device", "add", in.Name, "root", "disk", "path=/", "pool=" + root["pool"]}
+		if size := root["size"]; size != "" {
+			args = append(args, "size="+size)
+		}
+		if err := b.retryConfig(ctx, args...); err != nil {
+			return fmt.Errorf("root disk: %w", err)
+		}
+	}
+	if err := b.retryConfig(ctx, "profile", "assign", in.Name, ""); err != nil {
+		return fmt.Errorf("remove its profiles: %w", err)
+	}
+	return nil
+}
+
 // syncAgents gives the container in the agent devices of Options (added,
 // or set to the current source), and removes those of agents it no
 // longer has: a device whose source is gone would keep it from starting.
 func (b *Backend) syncAgents(ctx context.Context, in rawInstance) error {
+	if err := b.dropProfiles(ctx, in); err != nil {
+		return err
+	}
 	want := b.agentDevices()
 	for _, dev := range slices.Sorted(maps.Keys(want)) {
 		conf, have := want[dev], in.Devices[dev]
@@ -445,6 +501,9 @@ func sameDevice(have, want map[string]string) bool {
 
 // agentsMatch reports whether in has exactly the agent devices of Options.
 func (b *Backend) agentsMatch(in rawInstance) bool {
+	if len(in.Profiles) > 0 {
+		return false // Start's syncAgents takes the profiles off first
+	}
 	want := b.agentDevices()
 	for dev := range in.Devices {
 		if strings.HasPrefix(dev, agentDevice) && want[dev] == nil {
@@ -616,10 +675,14 @@ func (b *Backend) List(ctx context.Context) ([]backend.Instance, error) {
 
 // rawInstance is the part of /1.0/instances/NAME this backend reads.
 type rawInstance struct {
-	Name    string                       `json:"name"`
-	Status  string                       `json:"status"`
-	Config  map[string]string            `json:"config"`
-	Devices map[string]map[string]string `json:"devices"`
+	Name     string                       `json:"name"`
+	Status   string                       `json:"status"`
+	Config   map[string]string            `json:"config"`
+	Devices  map[string]map[string]string `json:"devices"`
+	Profiles []string                     `json:"profiles"`
+	// ExpandedDevices are Devices with the profiles' (a sandbox made
+	// before sandboxes had no profile: its root disk may be one).
+	ExpandedDevices map[string]map[string]string `json:"expanded_devices"`
 }
 
 func (r rawInstance) instance() backend.Instance {

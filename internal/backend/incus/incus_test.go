@@ -2,6 +2,7 @@ package incus_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"os"
 	"os/exec"
@@ -237,5 +238,81 @@ func TestAgentDevicesFollowTheBroker(t *testing.T) {
 	out, err := exec.Command("incus", "config", "device", "list", "--project", project, "s").Output()
 	if err != nil || strings.Contains(string(out), "jailbee-agent-") {
 		t.Fatalf("devices after the agent went: %q, %v", out, err)
+	}
+}
+
+// TestNoProfileReachesASandbox: a project whose default profile holds
+// more than a root disk (here a host directory; on a host set up with
+// `incus admin init`, a NIC on the NAT bridge, which would give root
+// inside the network). A new sandbox takes only the profile's root pool;
+// one made the old way, with the profile, loses it at its next start and
+// keeps its root disk.
+func TestNoProfileReachesASandbox(t *testing.T) {
+	incustest.Project(t) // skips without Incus
+	project := "jbtest-prof-" + strings.ToLower(rand.Text()[:8])
+	incusDo := func(args ...string) string {
+		t.Helper()
+		out, err := exec.Command("incus", args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("incus %v: %v: %s", args, err, out)
+		}
+		return string(out)
+	}
+	incusDo("project", "create", project, "-c", "features.images=false", "-c", "features.profiles=true")
+	t.Cleanup(func() {
+		for _, name := range []string{"fresh", "old"} {
+			exec.Command("incus", "delete", "--project", project, "--force", name).Run()
+		}
+		if out, err := exec.Command("incus", "project", "delete", project).CombinedOutput(); err != nil {
+			t.Errorf("delete project %s: %v: %s", project, err, out)
+		}
+	})
+	pool := incustest.Pool()
+	if pool == "" {
+		pool = "default"
+	}
+	shared := t.TempDir()
+	if err := os.WriteFile(filepath.Join(shared, "marker"), []byte("host"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(shared, 0o755)
+	incusDo("profile", "device", "add", "--project", project, "default", "root", "disk", "path=/", "pool="+pool)
+	incusDo("profile", "device", "add", "--project", project, "default", "from-profile", "disk", "source="+shared, "path=/mnt/from-profile")
+	b, err := incus.New(context.Background(), incus.Options{Project: project, Client: testbin.Jailbee(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	check := func(name string) {
+		t.Helper()
+		if err := b.Start(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+		r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c", "test -e /mnt/from-profile/marker; echo $?"}})
+		if strings.TrimSpace(r.Stdout) != "1" {
+			t.Errorf("%s sees the profile's device: %+v", name, r)
+		}
+		if got := incusDo("query", "/1.0/instances/"+name+"?project="+project); !strings.Contains(got, `"profiles": []`) {
+			t.Errorf("%s has profiles:\n%s", name, got)
+		}
+	}
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: "fresh"}); err != nil {
+		t.Fatal(err)
+	}
+	check("fresh")
+	// A sandbox as jailbee made them before: the profile, and its root
+	// disk from it. A new broker (a new backend) starts it.
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: "old"}); err != nil {
+		t.Fatal(err)
+	}
+	incusDo("profile", "assign", "--project", project, "old", "default")
+	incusDo("config", "device", "remove", "--project", project, "old", "root")
+	b, err = incus.New(ctx, incus.Options{Project: project, Client: testbin.Jailbee(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("old")
+	if got := incusDo("config", "device", "get", "--project", project, "old", "root", "pool"); strings.TrimSpace(got) != pool {
+		t.Errorf("old's root disk is in pool %q, want %q", got, pool)
 	}
 }
