@@ -633,6 +633,26 @@ func TestExecTTYEscapeLeavesACommandThatIgnoresItsInput(t *testing.T) {
 	}
 }
 
+// TestExecTTYSIGTERMRestoresTheTerminal: jb exec -t ended by SIGTERM (or
+// SIGHUP, a closed window) restores the user's terminal and ends the
+// command, which ignores both, instead of dying with the terminal raw.
+func TestExecTTYSIGTERMRestoresTheTerminal(t *testing.T) {
+	h := newHostEnv(t)
+	h.newSandbox("sig", "--repo", h.repo, "--orchestrator")
+	u := newUserTerminal(t)
+	cmd, exited := u.jb(h, "exec", "-t", "sig", "--", "sh", "-c", "trap '' INT HUP TERM; echo ready; exec cat /dev/stdin")
+	wait.For(t, "the command to start", func() bool { return strings.Contains(u.out.String(), "ready") })
+	cmd.Process.Signal(syscall.SIGTERM)
+	u.waitExit(cmd, exited, 1)
+	if s := u.output(); !strings.Contains(s, "ended by a signal") {
+		t.Errorf("jb did not say how it ended; output:\n%q", s)
+	}
+	wait.For(t, "the command to end", func() bool {
+		code, out, _ := h.jb("", "exec", "sig", "--", "sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+		return code == 0 && !strings.Contains(out, "cat /dev/stdin") && strings.Contains(out, "/proc/")
+	})
+}
+
 // takeFD0 (perl, pid as its argument) takes descriptor 0 of the process
 // with pidfd_getfd and, if it got it, keeps it in a background process
 // (deaf to the SIGHUP the end of the command's session sends).

@@ -43,7 +43,8 @@ terminal's mode is restored.
               your keys, Ctrl-C included, go to the command. To leave a
               command that does not end, type ~. at the start of a line
               (after Enter), as in ssh: exec ends it and exits 1. ~~ there
-              types one ~.
+              types one ~. SIGTERM or SIGHUP to exec ends the command
+              the same way, with your terminal's mode restored.
   --env K=V   add a variable to the command's environment (repeatable)
 
 Inside, the broker socket is /run/jailbee/orchestration/broker.sock and the
@@ -90,11 +91,24 @@ func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) erro
 	defer c.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var escaped atomic.Bool
+	var escaped, signalled atomic.Bool
 	var st *execStreams
 	if a.TTY {
 		// The escape hangs up, which ends the command (the broker's exec).
 		st, err = ttyStreams(deps, &a, func() { escaped.Store(true); cancel() })
+		// So does SIGTERM or SIGHUP (a closed terminal window), which
+		// would otherwise end jb with the user's terminal left raw.
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGHUP)
+		defer signal.Stop(sigs)
+		go func() {
+			select {
+			case <-sigs:
+				signalled.Store(true)
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
 	} else {
 		st, err = pipeStreams(deps)
 	}
@@ -107,6 +121,9 @@ func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) erro
 	st.wait(err == nil)
 	if err != nil && escaped.Load() {
 		return exitf(ExitFailed, "ended with %c.: the command in the sandbox is ended", term.EscapeChar)
+	}
+	if err != nil && signalled.Load() {
+		return exitf(ExitFailed, "ended by a signal: the command in the sandbox is ended")
 	}
 	if err != nil {
 		return protocolExit(err)
