@@ -64,13 +64,33 @@ func MountID(fd int) (uint64, error) {
 	return stx.Mnt_id, nil
 }
 
+// Target is what holds a detached mount: a file on mount MountID and,
+// when Dev is set, a file on any mount of the filesystem Dev that
+// Attached does not list. That second kind is a copy root inside bound
+// elsewhere and lazily unmounted (or cloned with open_tree): no mount
+// table shows it, yet a process whose working directory or descriptor is
+// on it reaches the directory still. Attached must be read after the
+// mount was detached.
+type Target struct {
+	MountID  uint64
+	Dev      uint64 // unix.Mkdev of the filesystem; 0: MountID alone
+	Attached map[uint64]bool
+}
+
+func (t Target) has(stx *unix.Statx_t) bool {
+	if t.MountID != 0 && stx.Mnt_id == t.MountID {
+		return true
+	}
+	return t.Dev != 0 && unix.Mkdev(stx.Dev_major, stx.Dev_minor) == t.Dev && !t.Attached[stx.Mnt_id]
+}
+
 // Kill ends every process of the sandbox whose first process is the host
-// process nsPID that holds the mount mntID, and returns once none does.
+// process nsPID that holds t, and returns once none does.
 // The sandbox's processes are those of nsPID's pid namespace and of the
 // namespaces nested in it, whatever their mount namespace: root inside
 // may move a holder to a mount namespace of its own, where a descriptor
 // it had still holds the mount (mount ids are unique on the host).
-func Kill(ctx context.Context, nsPID int, mntID uint64) error {
+func Kill(ctx context.Context, nsPID int, t Target) error {
 	ctx, cancel := context.WithTimeout(ctx, scanBound)
 	defer cancel()
 	var ns unix.Stat_t
@@ -83,7 +103,7 @@ func Kill(ctx context.Context, nsPID int, mntID uint64) error {
 		return errors.New("the sandbox has no pid namespace of its own")
 	}
 	for range maxRounds {
-		killed, err := killRound(ctx, ns, mntID)
+		killed, err := killRound(ctx, ns, t)
 		if err != nil || len(killed) == 0 {
 			return err
 		}
@@ -99,7 +119,7 @@ func Kill(ctx context.Context, nsPID int, mntID uint64) error {
 }
 
 // killRound signals every holder once and returns their pidfds.
-func killRound(ctx context.Context, ns unix.Stat_t, mntID uint64) ([]int, error) {
+func killRound(ctx context.Context, ns unix.Stat_t, t Target) ([]int, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
@@ -122,7 +142,7 @@ func killRound(ctx context.Context, ns unix.Stat_t, mntID uint64) ([]int, error)
 		if err != nil {
 			continue // gone
 		}
-		if !inNamespace(pid, ns) || !holds(ctx, pid, mntID) {
+		if !inNamespace(pid, ns) || !holds(ctx, pid, t) {
 			unix.Close(fd)
 			continue
 		}
@@ -170,17 +190,17 @@ func inNamespace(pid int, ns unix.Stat_t) bool {
 }
 
 // holds reports whether process pid has its executable, working
-// directory, root, an open file or a mapping on the mount mntID, or more
+// directory, root, an open file or a mapping on t, or more
 // descriptors than maxFDs. Each thread is looked at: a thread may have a
 // working directory and a descriptor table of its own (unshare CLONE_FS,
 // CLONE_FILES); a table the thread shares with its leader is looked at
 // once, with the leader's.
 // A scan that its context ends reports no hold; its caller sees the end.
-func holds(ctx context.Context, pid int, mntID uint64) bool {
+func holds(ctx context.Context, pid int, t Target) bool {
 	proc := "/proc/" + strconv.Itoa(pid)
 	// The executable first: a program run from the mount may unmap every
 	// mapping of its file and keep the mount through it alone.
-	if on(proc+"/exe", mntID) || mapsOn(ctx, proc, mntID) {
+	if on(proc+"/exe", t) || mapsOn(ctx, proc, t) {
 		return true
 	}
 	tids, err := readNames(proc + "/task")
@@ -190,28 +210,28 @@ func holds(ctx context.Context, pid int, mntID uint64) bool {
 	budget := maxFDs
 	for _, tid := range tids {
 		task := proc + "/task/" + tid
-		if on(task+"/cwd", mntID) || on(task+"/root", mntID) {
+		if on(task+"/cwd", t) || on(task+"/root", t) {
 			return true
 		}
 		if tid != strconv.Itoa(pid) && sameFiles(pid, tid) {
 			continue
 		}
-		if fdsOn(ctx, task, mntID, &budget) {
+		if fdsOn(ctx, task, t, &budget) {
 			return true
 		}
 	}
 	return false
 }
 
-// fdsOn reports whether a descriptor of task is on mntID, or its
+// fdsOn reports whether a descriptor of task is on t, or its
 // descriptors are more than budget (what is left of maxFDs) holds. The
 // file a descriptor names is looked at through its magic link, never
 // through its fdinfo: the kernel writes out an epoll descriptor's whole
 // interest list there, and a sandbox can make that list a million lines
 // long and dup the descriptor thousands of times.
-func fdsOn(ctx context.Context, task string, mntID uint64, budget *int) bool {
+func fdsOn(ctx context.Context, task string, t Target, budget *int) bool {
 	return anyFD(ctx, task+"/fd", budget, func(n string) bool {
-		return on(task+"/fd/"+n, mntID)
+		return on(task+"/fd/"+n, t)
 	})
 }
 
@@ -251,18 +271,18 @@ func sameFiles(pid int, tid string) bool {
 	return errno == 0 && r == 0
 }
 
-// on reports whether the file the magic link p names is on mount mntID.
-func on(p string, mntID uint64) bool {
+// on reports whether the file the magic link p names is on t.
+func on(p string, t Target) bool {
 	var stx unix.Statx_t
-	return unix.Statx(unix.AT_FDCWD, p, statxFlags, unix.STATX_MNT_ID, &stx) == nil && stx.Mnt_id == mntID
+	return unix.Statx(unix.AT_FDCWD, p, statxFlags, unix.STATX_MNT_ID, &stx) == nil && t.has(&stx)
 }
 
-// mapsOn reports whether a file mapped into the process is on mntID, or
-// it maps more than maxMaps pieces of files.
-func mapsOn(ctx context.Context, proc string, mntID uint64) bool {
+// mapsOn reports whether a file mapped into the process is on t, or it
+// maps more than maxMaps pieces of files.
+func mapsOn(ctx context.Context, proc string, t Target) bool {
 	budget := maxMaps
 	return anyFD(ctx, proc+"/map_files", &budget, func(n string) bool {
-		return on(proc+"/map_files/"+n, mntID)
+		return on(proc+"/map_files/"+n, t)
 	})
 }
 

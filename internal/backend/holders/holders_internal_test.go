@@ -341,7 +341,7 @@ func killed(t *testing.T, p proc) bool {
 
 func kill(t *testing.T, p proc, id uint64) {
 	t.Helper()
-	if err := Kill(t.Context(), p.cmd.Process.Pid, id); err != nil {
+	if err := Kill(t.Context(), p.cmd.Process.Pid, Target{MountID: id}); err != nil {
 		t.Fatalf("Kill: %v", err)
 	}
 }
@@ -376,7 +376,7 @@ func TestKillExe(t *testing.T) {
 		t.Skip("the self-unmapping program is x86-64")
 	}
 	p, id := child(t, "exe")
-	if !on("/proc/"+strconv.Itoa(p.cmd.Process.Pid)+"/exe", id) || mapsOn(t.Context(), "/proc/"+strconv.Itoa(p.cmd.Process.Pid), id) {
+	if !on("/proc/"+strconv.Itoa(p.cmd.Process.Pid)+"/exe", Target{MountID: id}) || mapsOn(t.Context(), "/proc/"+strconv.Itoa(p.cmd.Process.Pid), Target{MountID: id}) {
 		t.Fatal("the program's executable is not on the mount, or it maps a file of it")
 	}
 	kill(t, p, id)
@@ -416,7 +416,7 @@ func TestKillEpollList(t *testing.T) {
 	p, id := child(t, "epoll 200000 1000")
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
-	if err := Kill(ctx, p.cmd.Process.Pid, id); err != nil {
+	if err := Kill(ctx, p.cmd.Process.Pid, Target{MountID: id}); err != nil {
 		t.Fatalf("Kill: %v", err)
 	}
 	if killed(t, p) {
@@ -430,7 +430,7 @@ func TestKillBounded(t *testing.T) {
 	p, id := child(t, "fds 8192")
 	defer func(old time.Duration) { scanBound = old }(scanBound)
 	scanBound = time.Millisecond
-	if err := Kill(t.Context(), p.cmd.Process.Pid, id); err == nil {
+	if err := Kill(t.Context(), p.cmd.Process.Pid, Target{MountID: id}); err == nil {
 		t.Fatal("a scan past its bound succeeded")
 	}
 	if killed(t, p) {
@@ -454,7 +454,7 @@ func TestKillCanceled(t *testing.T) {
 	p, id := child(t, "fds 16")
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	if err := Kill(ctx, p.cmd.Process.Pid, id); err == nil {
+	if err := Kill(ctx, p.cmd.Process.Pid, Target{MountID: id}); err == nil {
 		t.Fatal("Kill with a canceled context looked on to the end")
 	}
 	if killed(t, p) {

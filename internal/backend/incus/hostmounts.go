@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 
+	"golang.org/x/sys/unix"
+
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/holders"
 	"agentbox/internal/secfs"
@@ -77,6 +79,11 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 		// Where root inside bound it cannot be told: as if elsewhere.
 		return fail(fmt.Errorf("%w (%v)", ErrMountCopied, err))
 	}
+	if err != nil && !errors.Is(err, backend.ErrNotRunning) {
+		// Not looked at (incusd did not answer, the init was changing):
+		// the device stays, and the caller tries again or stops it.
+		return fail(err)
+	}
 	if err == nil && wantErr == nil {
 		if leftover(mounts, want, source, in.Devices) {
 			return fail(ErrMountCopied)
@@ -93,17 +100,39 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 	if err := b.retryConfig(ctx, "config", "device", "remove", name, device); err != nil && !errors.Is(err, errNoDevice) {
 		return fail(err)
 	}
-	if id != 0 && initPID != 0 {
-		if err := holders.Kill(ctx, initPID, id); err != nil {
-			return fail(err)
-		}
-	}
 	mounts, err = b.initMounts(ctx, name)
 	if unreadable(err) {
 		return fail(fmt.Errorf("%w (%v)", ErrMountCopied, err))
 	}
-	if err != nil || wantErr != nil {
-		return nil // not running (a start mounts only its devices), or gone from the host
+	if err != nil && !errors.Is(err, backend.ErrNotRunning) {
+		return fail(err) // not looked at: as if still held
+	}
+	if err != nil {
+		return nil // not running: a start mounts only its devices
+	}
+	// The holders: of the device's mount, and of any mount of the source's
+	// filesystem the table no longer shows (a copy root bound and lazily
+	// unmounted, kept through a process's working directory or a
+	// descriptor).
+	target := holders.Target{MountID: id}
+	if wantErr == nil {
+		if dev, ok := devNumber(want.dev); ok {
+			target.Dev, target.Attached = dev, map[uint64]bool{}
+			for _, e := range mounts {
+				target.Attached[uint64(e.id)] = true
+			}
+		}
+	}
+	b.mu.Lock()
+	initPID = b.inits[name].pid
+	b.mu.Unlock()
+	if (target.MountID != 0 || target.Dev != 0) && initPID != 0 {
+		if err := holders.Kill(ctx, initPID, target); err != nil {
+			return fail(err)
+		}
+	}
+	if wantErr != nil {
+		return nil // gone from the host
 	}
 	delete(in.Devices, device)
 	if leftover(mounts, want, source, in.Devices) {
@@ -112,9 +141,6 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 	// A mount namespace of a process's own (root's, or the agent's in a
 	// user namespace of its own) keeps its copy, private or not, in a
 	// table no one here can read whole: as if bound elsewhere.
-	b.mu.Lock()
-	initPID = b.inits[name].pid
-	b.mu.Unlock()
 	if err := holders.OtherMountNamespace(ctx, initPID); errors.Is(err, holders.ErrOtherMountNamespace) {
 		return fail(fmt.Errorf("%w (%v)", ErrMountCopied, err))
 	} else if err != nil {
@@ -145,4 +171,15 @@ func leftover(mounts []mountEntry, want mountID, source string, devices map[stri
 		delete(explained, e.point) // one mount per device
 	}
 	return false
+}
+
+// devNumber is a mount table's "major:minor" as a device number.
+func devNumber(s string) (uint64, bool) {
+	maj, min, ok := strings.Cut(s, ":")
+	ma, err1 := strconv.ParseUint(maj, 10, 32)
+	mi, err2 := strconv.ParseUint(min, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return 0, false
+	}
+	return unix.Mkdev(uint32(ma), uint32(mi)), true
 }

@@ -53,6 +53,43 @@ func TestHostMountCopiedByRoot(t *testing.T) {
 	}
 }
 
+// TestHostMountCopyDetachedAndHeld: root binds a named mount elsewhere,
+// leaves a process with its working directory in the copy and lazily
+// unmounts the copy: no mount table shows it, yet the process reaches the
+// host directory through it. The detach ends that process: afterwards
+// nothing in the container reaches the directory.
+func TestHostMountCopyDetachedAndHeld(t *testing.T) {
+	b := newBackend(t)
+	ctx := t.Context()
+	const name = "heldcopy"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(t.Context(), name) })
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	m := backend.HostMount{Name: "d", Source: backendtest.HostDir(t), ReadOnly: true}
+	if err := b.AttachMount(ctx, name, m); err != nil {
+		t.Fatal(err)
+	}
+	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
+		"mkdir -p /root/copy && mount --bind " + m.Path() + " /root/copy && " +
+			"(cd /root/copy && exec setsid sh -c 'echo $$ >/root/holder; exec sleep 600' </dev/null >/dev/null 2>&1 &) && " +
+			"while [ ! -s /root/holder ]; do sleep 0.1; done && umount -l /root/copy && cat /proc/$(cat /root/holder)/cwd/hello"}})
+	if r.Code != 0 || r.Stdout != "hi\n" {
+		t.Fatalf("root's held copy: exit %d, %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	if err := b.DetachMount(ctx, name, m.Device()); err != nil {
+		t.Fatalf("DetachMount: %v", err)
+	}
+	r = backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
+		"for p in /proc/[0-9]*; do cat $p/cwd/hello 2>/dev/null; done; cat " + m.Path() + "/hello 2>/dev/null; true"}})
+	if r.Stdout != "" {
+		t.Fatalf("the host directory is still reachable after the detach: %q", r.Stdout)
+	}
+}
+
 // TestHostMountReadOnlyForRoot: root inside cannot make a read-only
 // named mount writable (the mount came from a more privileged namespace,
 // so its read-only flag is locked).

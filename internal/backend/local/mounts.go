@@ -156,7 +156,7 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 			return fail(err)
 		}
 		if id != 0 {
-			if err := holders.Kill(ctx, m.PID, id); err != nil {
+			if err := holders.Kill(ctx, m.PID, holders.Target{MountID: id}); err != nil {
 				return fail(err)
 			}
 		}
