@@ -75,18 +75,22 @@ func capturePanes(ctx context.Context, state, name string, deps Deps) ([]agent.P
 
 // paneFollower prints captured panes, each line once while it stays as
 // it was: lines seen in an earlier capture of the same window are left
-// out.
+// out. What it keeps is bounded by the latest capture: the windows in it
+// (a window gone from it is forgotten, however often the sandbox renames
+// its windows) and a copy of their lines (not the capture's buffers).
 type paneFollower struct {
 	out  io.Writer
-	seen map[string][]string // lines printed, by window
+	seen map[string][]string // lines printed, by window of the latest capture
 	last string              // the window printed last
 }
 
 func (p *paneFollower) print(panes []agent.Pane) {
+	present := make(map[string]bool, len(panes))
 	for _, pane := range panes {
+		present[pane.Window] = true
 		old, known := p.seen[pane.Window]
 		k := sharedLines(old, pane.Lines)
-		p.seen[pane.Window] = pane.Lines
+		p.seen[pane.Window] = cloneLines(pane.Lines)
 		if known && k == len(pane.Lines) {
 			continue
 		}
@@ -98,22 +102,85 @@ func (p *paneFollower) print(panes []agent.Pane) {
 			fmt.Fprintln(p.out, l)
 		}
 	}
+	for w := range p.seen {
+		if !present[w] {
+			delete(p.seen, w)
+		}
+	}
+}
+
+// cloneLines is a copy of lines that shares no memory with them: one
+// string holding their bytes, and a slice of exactly their number.
+func cloneLines(lines []string) []string {
+	n := 0
+	for _, l := range lines {
+		n += len(l)
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, l := range lines {
+		b.WriteString(l)
+	}
+	all := b.String()
+	out := make([]string, len(lines))
+	for i, l := range lines {
+		out[i], all = all[:len(l)], all[len(l):]
+	}
+	return out
 }
 
 // sharedLines is how many of cur's first lines were already printed as
-// old's: the longest prefix of cur that old ends with or starts with (a
-// pane whose history was trimmed at its top lost old's first lines).
+// old's: the longest prefix of cur that old holds as a run of lines
+// (old ends with it when cur only added lines; a pane whose history was
+// trimmed at its top lost old's first lines). It takes time linear in the
+// lines (Knuth-Morris-Pratt over line numbers), where comparing cur at
+// every line of old took len(old)*len(cur) comparisons.
 func sharedLines(old, cur []string) int {
-	best := 0
-	for d := range old {
-		k := 0
-		for d+k < len(old) && k < len(cur) && old[d+k] == cur[k] {
+	if len(old) == 0 || len(cur) == 0 {
+		return 0
+	}
+	// Number the distinct lines of cur; a line of old that is not one of
+	// them matches nothing (-1).
+	ids := make(map[string]int32, len(cur))
+	c := make([]int32, len(cur))
+	for i, l := range cur {
+		id, ok := ids[l]
+		if !ok {
+			id = int32(len(ids))
+			ids[l] = id
+		}
+		c[i] = id
+	}
+	// fail[i]: the longest proper prefix of c[:i+1] that is also its suffix.
+	fail := make([]int32, len(c))
+	for i, k := 1, int32(0); i < len(c); i++ {
+		for k > 0 && c[i] != c[k] {
+			k = fail[k-1]
+		}
+		if c[i] == c[k] {
 			k++
 		}
-		if d+k == len(old) {
-			return max(best, k) // old's rest is cur's start: cur only added lines
+		fail[i] = k
+	}
+	// Run old through the automaton: after each line, q is the longest
+	// prefix of cur that old's lines so far end with.
+	best, q := 0, int32(0)
+	for _, l := range old {
+		id, ok := ids[l]
+		if !ok {
+			q = 0
+			continue
 		}
-		best = max(best, k)
+		for q > 0 && c[q] != id {
+			q = fail[q-1]
+		}
+		if c[q] == id {
+			q++
+		}
+		best = max(best, int(q))
+		if int(q) == len(c) {
+			return best // all of cur
+		}
 	}
 	return best
 }

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"golang.org/x/sys/unix"
 
@@ -219,6 +221,28 @@ func TestHostUsageErrors(t *testing.T) {
 	}
 	if reqs := f.requests(); len(reqs) != 0 {
 		t.Errorf("usage errors sent %d requests to the broker, first %q", len(reqs), reqs[0].Op)
+	}
+}
+
+// TestRunErrorsArePrintable: an error line Run prints quotes its
+// argument as given (a flag name here), but never with a character a
+// terminal acts on.
+func TestRunErrorsArePrintable(t *testing.T) {
+	f := newFakeAdmin(t, nil)
+	t.Setenv(cli.StateDirEnv, f.state)
+	for _, args := range [][]string{
+		{"ls", "--bogus\x1b]0;pwned\a"},
+		{"ls", "-\x1b"},
+		{"usage", "--x\u202e\x9b2J"},
+	} {
+		var out, errb bytes.Buffer
+		code := runWith(t, strings.NewReader(""), &out, &errb, args...)
+		msg := strings.TrimSuffix(errb.String(), "\n")
+		if code != cli.ExitUsage || msg == "" || strings.ContainsFunc(msg, func(r rune) bool {
+			return r == utf8.RuneError || !unicode.IsPrint(r)
+		}) {
+			t.Errorf("%q: exit %d stderr %q, want exit 2 and one printable line", args, code, errb.String())
+		}
 	}
 }
 
@@ -468,6 +492,12 @@ func TestHostCommandsReportRefusals(t *testing.T) {
 		{errReply(wire.CodeInternal, "destroy failed: boom"), 1, "jailbee: destroy failed: boom\n"},
 		{errReply(wire.CodeVersion, "protocol version 2 required"), 4, "jailbee: protocol version 2 required (jb apply / restart the broker to align versions)\n"},
 		{errReply(wire.CodeBusy, "too many connections"), 4, "jailbee: broker busy: too many connections\n"},
+		// A detail may quote sandbox- or repository-controlled text: no
+		// escape, control or format character of it reaches the terminal,
+		// and each of its lines is filtered with the newlines kept.
+		{errReply(wire.CodeBadRequest, "unknown key \"\x1b]0;pwned\a\u202ex\"\nline\x9b2\r"), 1, "jailbee: unknown key \" ]0;pwned  x\"\nline 2 \n"},
+		{errReply(wire.CodeVersion, "v\x1b[2J"), 4, "jailbee: v [2J (jb apply / restart the broker to align versions)\n"},
+		{errReply(wire.CodeBusy, "b\x1b[2J"), 4, "jailbee: broker busy: b [2J\n"},
 	} {
 		reply.Store(tc.reply)
 		for _, args := range [][]string{{"destroy", "kid"}, {"start", "kid"}, {"ls"}, {"usage", "kid"}, {"exec", "kid", "--", "true"}} {

@@ -147,7 +147,7 @@ func summary(raw json.RawMessage, read bool) string {
 		mark = " (read)"
 	}
 	if it.Type == wire.ItemStatus {
-		return fmt.Sprintf("%s  status   %s  %s: %s%s", it.ID, it.Ref, it.State, firstLine(it.Detail), mark)
+		return fmt.Sprintf("%s  status   %s  %s: %s%s", untrusted.Printable(it.ID), untrusted.Printable(it.Ref), untrusted.Printable(it.State), firstLine(it.Detail), mark)
 	}
 	extra := ""
 	switch {
@@ -156,7 +156,7 @@ func summary(raw json.RawMessage, read bool) string {
 	case it.ImportedRef != "":
 		extra = " [imported]"
 	}
-	return fmt.Sprintf("%s  message  from %s  %s: %s%s%s", it.ID, it.From, it.Kind, firstLine(it.Body), extra, mark)
+	return fmt.Sprintf("%s  message  from %s  %s: %s%s%s", untrusted.Printable(it.ID), untrusted.Printable(it.From), untrusted.Printable(it.Kind), firstLine(it.Body), extra, mark)
 }
 
 func newInboxLsCmd() *cobra.Command {
@@ -218,7 +218,10 @@ func newInboxReadCmd() *cobra.Command {
 }
 
 // printItem prints every field of an item: as JSON, or one "key: value"
-// per line with the body last.
+// per line with the body last. A value is another sandbox's text (a
+// detail quotes what it sent, an import error what its branch held), so
+// each of its lines is made printable; the body alone is printed as
+// sent (docs/protocol.md: an agent may need it exactly; --json escapes it).
 func printItem(w io.Writer, raw json.RawMessage, asJSON bool) error {
 	if asJSON {
 		var buf bytes.Buffer
@@ -243,7 +246,7 @@ func printItem(w io.Writer, raw json.RawMessage, asJSON bool) error {
 		if v == nil {
 			v = "null"
 		}
-		fmt.Fprintf(w, "%s: %v\n", k, v)
+		fmt.Fprintf(w, "%s: %s\n", k, printableLines(fmt.Sprint(v)))
 	}
 	if body, ok := fields["body"].(string); ok {
 		fmt.Fprintf(w, "\n%s\n", body)
@@ -277,7 +280,7 @@ REF, and --json, show details whole.`,
 				}
 				var st wire.StatusItem
 				json.Unmarshal(raw, &st)
-				fmt.Fprintf(out, "%s  %s: %s\n", st.Ref, st.State, st.Detail)
+				fmt.Fprintf(out, "%s  %s: %s\n", untrusted.Printable(st.Ref), untrusted.Printable(st.State), printableLines(st.Detail))
 				return nil
 			}
 			var res wire.StatusResult
@@ -288,7 +291,7 @@ REF, and --json, show details whole.`,
 			for _, s := range res.Statuses {
 				var st wire.StatusItem
 				json.Unmarshal(s, &st)
-				fmt.Fprintf(out, "%s  %s: %s\n", st.Ref, st.State, firstLine(st.Detail))
+				fmt.Fprintf(out, "%s  %s: %s\n", untrusted.Printable(st.Ref), untrusted.Printable(st.State), firstLine(st.Detail))
 			}
 			return nil
 		},
@@ -363,7 +366,7 @@ func newInboxChildrenCmd() *cobra.Command {
 				return writeJSON(out, res.Children)
 			}
 			for _, ch := range res.Children {
-				fmt.Fprintf(out, "%s  %s  %s\n", ch.Name, ch.State, ch.Branch)
+				fmt.Fprintf(out, "%s  %s  %s\n", untrusted.Printable(ch.Name), untrusted.Printable(ch.State), untrusted.Printable(ch.Branch))
 			}
 			return nil
 		},

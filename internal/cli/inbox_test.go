@@ -448,3 +448,48 @@ func TestInboxOutputCarriesNoTerminalControls(t *testing.T) {
 		t.Fatalf("read: exit %d, printed %q, want the body as sent at its end", code, plain)
 	}
 }
+
+// TestInboxTextFieldsArePrintable: besides a message's body (read prints
+// it as sent, see above), every field the text views print is another
+// sandbox's text or quotes it (a detail, an import error, an on_done
+// reason, a name, a branch): each line of it is printed with every
+// character a terminal acts on shown as a space, newlines kept.
+func TestInboxTextFieldsArePrintable(t *testing.T) {
+	const esc = `\u001b]0;t\u0007 \u009b2J \u202e`
+	acts := func(r rune) bool {
+		return r < 0x20 && r != '\n' || r >= 0x7f && r < 0xa0 || unicode.Is(unicode.Cf, r) || r == utf8.RuneError
+	}
+	msg := `{"version":1,"id":"m-1` + esc + `","type":"message","from":"kid` + esc + `","kind":"done` + esc + `",` +
+		`"in_reply_to":"x` + esc + `","imported_ref":"refs/x` + esc + `","import_error":"bad` + esc + `\nnext` + esc + `",` +
+		`"on_done":"keep` + esc + `","on_done_reason":"why` + esc + `","body":"plain"}`
+	status := `{"version":1,"id":"s-1` + esc + `","type":"status","ref":"r-1` + esc + `","state":"failed` + esc + `","detail":"d` + esc + `\nline 2` + esc + `"}`
+	for _, tc := range []struct {
+		name   string
+		result string
+		args   []string
+		want   []string // in stdout+stderr
+	}{
+		{"read", msg, []string{"inbox", "read", "m-1"}, []string{"import_error: bad ]0;t   2J  \nnext ]0;t   2J  \n", "on_done_reason: why ]0;t   2J  \n", "from: kid ]0;t   2J  \n", "\nplain\n"}},
+		{"read status", status, []string{"inbox", "read", "s-1"}, []string{"detail: d ]0;t   2J  \nline 2 ]0;t   2J  \n"}},
+		{"ls", `{"items":[` + msg + `,` + status + `]}`, []string{"inbox", "ls"}, []string{"from kid ]0;t   2J  ", "r-1 ]0;t   2J    failed ]0;t   2J  : d ]0;t   2J  "}},
+		{"status ref", status, []string{"inbox", "status", "r-1"}, []string{"r-1 ]0;t   2J    failed ]0;t   2J  : d ]0;t   2J  \nline 2 ]0;t   2J  \n"}},
+		{"status", `{"statuses":[` + status + `]}`, []string{"inbox", "status"}, []string{"r-1 ]0;t   2J    failed ]0;t   2J  : d ]0;t   2J  \n"}},
+		{"children", `{"children":[{"name":"kid` + esc + `","branch":"b` + esc + `","state":"running` + esc + `","running":true}]}`, []string{"inbox", "children"}, []string{"kid ]0;t   2J    running ]0;t   2J    b ]0;t   2J  \n"}},
+		{"send --wait", `{"version":1,"id":"s","type":"status","ref":"m","state":"failed","detail":"d` + esc + `\nline 2"}`, []string{"inbox", "send", "message", "--id", "m", "--text", "x", "--wait"}, []string{"failed: d ]0;t   2J  \nline 2\n"}},
+		{"send refused", `{"version":1,"id":"s","type":"status","ref":"m","state":"refused","detail":"d` + esc + `\nline 2"}`, []string{"inbox", "send", "message", "--id", "m", "--text", "x"}, []string{"jailbee: refused: d ]0;t   2J  \nline 2\n"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv(inbox.SocketEnv, fakeBroker(t, `{"v":1,"ok":true,"result":`+tc.result+`}`))
+			_, stdout, stderr := run(t, "", tc.args...)
+			all := stdout + stderr
+			if strings.ContainsFunc(all, acts) {
+				t.Errorf("printed %q", all)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(all, w) {
+					t.Errorf("printed %q, want %q in it", all, w)
+				}
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"agentbox/internal/untrusted"
 	"agentbox/internal/wire"
 )
 
@@ -54,7 +55,7 @@ journal as stored but without its proposal (outbox show --json has it), and
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "PROPOSAL\tSTATE\tMANIFEST\tAPPLIED\tUPDATED")
 			for _, j := range list.Proposals {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\n", j.Key(), j.State, j.Ref, applied(j), len(j.Actions),
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%d\t%s\n", untrusted.Printable(j.Key()), untrusted.Printable(j.State), untrusted.Printable(j.Ref), applied(j), len(j.Actions),
 					time.UnixMilli(j.Updated).UTC().Format(time.RFC3339))
 			}
 			if err := tw.Flush(); err != nil {
@@ -110,21 +111,21 @@ answer (then null).`,
 }
 
 func printJournal(w io.Writer, j wire.OutboxJournal) {
-	fmt.Fprintf(w, "%s: %s (manifest %s)\n", j.Key(), j.State, j.Ref)
+	fmt.Fprintf(w, "%s: %s (manifest %s)\n", untrusted.Printable(j.Key()), untrusted.Printable(j.State), untrusted.Printable(j.Ref))
 	for i, a := range j.Actions {
 		st := a.State
 		if st == "" {
 			st = "not tried"
 		}
-		fmt.Fprintf(w, "  %d. %s: %s", i+1, a.Kind, st)
+		fmt.Fprintf(w, "  %d. %s: %s", i+1, untrusted.Printable(a.Kind), untrusted.Printable(st))
 		if a.Number > 0 {
 			fmt.Fprintf(w, " #%d", a.Number)
 		}
 		if a.URL != "" {
-			fmt.Fprintf(w, " %s", a.URL)
+			fmt.Fprintf(w, " %s", untrusted.Printable(a.URL))
 		}
 		if a.Detail != "" {
-			fmt.Fprintf(w, " (%s)", a.Detail)
+			fmt.Fprintf(w, " (%s)", untrusted.Printable(a.Detail)) // the forge's text
 		}
 		fmt.Fprintln(w)
 	}

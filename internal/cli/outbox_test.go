@@ -103,3 +103,21 @@ func mustJSON(t *testing.T, v wire.OutboxJournal) json.RawMessage {
 	}
 	return bytes.Replace(data, []byte(`"PROPOSAL"`), proposal, 1)
 }
+
+// TestOutboxShowIsPrintable: an action's detail is the forge's message
+// and its URL the forge's answer; show prints them with every character
+// a terminal acts on shown as a space.
+func TestOutboxShowIsPrintable(t *testing.T) {
+	j := wire.OutboxJournal{Sandbox: "lead", Outbox: "issue", Name: "a.json", Ref: "pub-1", State: "blocked",
+		Actions: []wire.OutboxAction{{Kind: "create", State: "uncertain", URL: "https://x/\x1b[2J", Detail: "forge: \x1b]0;t\x07 HTTP\u202e 502\nx"}}}
+	f := newFakeAdmin(t, func(adminRequest) *wire.Response { return okReply(j) })
+	t.Setenv(cli.StateDirEnv, f.state)
+	var out, errb bytes.Buffer
+	if code := runWith(t, strings.NewReader(""), &out, &errb, "outbox", "show", "lead/issue/a.json"); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	want := "lead/issue/a.json: blocked (manifest pub-1)\n  1. create: uncertain https://x/ [2J (forge:  ]0;t  HTTP  502 x)\n"
+	if out.String() != want {
+		t.Errorf("printed %q, want %q", out.String(), want)
+	}
+}

@@ -10,11 +10,13 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/spf13/cobra"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/inbox"
+	"agentbox/internal/untrusted"
 	"agentbox/internal/version"
 	"agentbox/internal/wire"
 )
@@ -83,13 +85,25 @@ func Run(ctx context.Context, name string, args []string, deps Deps) int {
 	var ee *ExitError
 	if errors.As(err, &ee) {
 		if ee.Msg != "" {
-			fmt.Fprintf(deps.Stderr, "%s: %s\n", name, ee.Msg)
+			fmt.Fprintf(deps.Stderr, "%s: %s\n", name, printableLines(ee.Msg))
 		}
 		return ee.Code
 	}
 	// Anything cobra itself reports (unknown flag, missing args) is usage.
-	fmt.Fprintf(deps.Stderr, "%s: %s\n", name, err)
+	fmt.Fprintf(deps.Stderr, "%s: %s\n", name, printableLines(err.Error()))
 	return ExitUsage
+}
+
+// printableLines is s with each of its lines made printable: an error's
+// text may quote sandbox- or repository-controlled bytes (a broker's
+// detail, a key of a repository's config), and none of it may reach the
+// host's terminal as an escape. Newlines between lines are kept.
+func printableLines(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = untrusted.Printable(l)
+	}
+	return strings.Join(lines, "\n")
 }
 
 // NewRoot builds the command tree.
@@ -160,11 +174,12 @@ func protocolExit(err error) error {
 	var we *wire.Error
 	switch {
 	case errors.As(err, &we) && we.Code == wire.CodeVersion:
-		return exitf(ExitUnreachable, "%s (jb apply / restart the broker to align versions)", we.Detail)
+		return exitf(ExitUnreachable, "%s (jb apply / restart the broker to align versions)", printableLines(we.Detail))
 	case errors.As(err, &we) && we.Code == wire.CodeBusy:
-		return exitf(ExitUnreachable, "broker busy: %s", we.Detail)
+		return exitf(ExitUnreachable, "broker busy: %s", printableLines(we.Detail))
 	case errors.As(err, &we):
-		return exitf(ExitFailed, "%s", we.Detail)
+		// The detail may quote what a sandbox sent (a name, a path).
+		return exitf(ExitFailed, "%s", printableLines(we.Detail))
 	case errors.Is(err, inbox.ErrUnreachable):
 		return exitf(ExitUnreachable, "%v", err)
 	case errors.Is(err, context.DeadlineExceeded):

@@ -343,7 +343,7 @@ func ParseBroker(data []byte) (*Broker, error) {
 		}
 		fields, ok := sections[key]
 		if !ok {
-			return errAt(key, k, "unknown key")
+			return errAt(join("", key), k, "unknown key")
 		}
 		if key == "sandbox_uids" {
 			uidsKey = k
@@ -390,10 +390,10 @@ func (b *Broker) Validate() error {
 	}
 	for name, m := range b.Mounts {
 		if !grant.ValidMount(name) {
-			return &Error{Path: "mounts." + name, Msg: "invalid mount name"}
+			return &Error{Path: join("mounts", name), Msg: "invalid mount name"}
 		}
 		if !secfs.IsAbsClean(m.Path) || m.Path == "/" {
-			return &Error{Path: "mounts." + name + ".path", Msg: "must be an absolute, clean path of a directory (not /)"}
+			return &Error{Path: join("mounts", name) + ".path", Msg: "must be an absolute, clean path of a directory (not /)"}
 		}
 	}
 	return nil

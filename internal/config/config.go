@@ -36,6 +36,7 @@ import (
 	"strings"
 
 	"agentbox/internal/grant"
+	"agentbox/internal/untrusted"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -218,7 +219,7 @@ func hasKey(doc *yaml.Node, path ...string) bool {
 func (c *Repo) check() error {
 	for _, name := range sortedKeys(c.Agents) {
 		a := c.Agents[name]
-		p := "agents." + name
+		p := join("agents", name)
 		if !agentNameRE.MatchString(name) {
 			return &Error{Path: p, Msg: "agent names must match [a-z0-9][a-z0-9-]{0,63}"}
 		}
@@ -232,21 +233,21 @@ func (c *Repo) check() error {
 		}
 	}
 	for _, name := range sortedKeys(c.LiteLLM.Profiles) {
-		p := "litellm.profiles." + name
+		p := join("litellm.profiles", name)
 		if !grant.ValidProfile(name) {
 			return &Error{Path: p, Msg: "profile names must match [a-z0-9][a-z0-9_-]{0,63}"}
 		}
 		for _, tier := range sortedKeys(c.LiteLLM.Profiles[name].Tiers) {
 			if !slices.Contains(grant.Tiers, tier) {
-				return &Error{Path: p + ".tiers." + tier, Msg: "tier must be fable, opus, sonnet or haiku"}
+				return &Error{Path: join(p+".tiers", tier), Msg: "tier must be fable, opus, sonnet or haiku"}
 			}
 			if c.LiteLLM.Profiles[name].Tiers[tier] == "" {
-				return &Error{Path: p + ".tiers." + tier, Msg: "route must not be empty"}
+				return &Error{Path: join(p+".tiers", tier), Msg: "route must not be empty"}
 			}
 		}
 	}
 	for _, name := range sortedKeys(c.Services) {
-		p := "services." + name
+		p := join("services", name)
 		if !ValidServiceName(name) {
 			return &Error{Path: p, Msg: "service names must match [a-z0-9][a-z0-9_-]{0,63}"}
 		}
@@ -447,14 +448,20 @@ func sortedKeys[V any](m map[string]V) []string {
 	return keys
 }
 
-// shown returns s bounded to maxShownLen bytes for use in a message.
-func shown(s string) string {
-	if len(s) <= maxShownLen {
-		return s
+// shown returns s bounded to maxShownLen bytes and printable (no
+// control, escape or format character a terminal acts on) for use in a
+// message: what it repeats is the repository's, and the message reaches
+// the host's terminal.
+func shown(s string) string { return bounded(s, maxShownLen) }
+
+// bounded is s cut to at most n bytes (and a "…") and made printable.
+func bounded(s string, n int) string {
+	if len(s) <= n {
+		return untrusted.Printable(s)
 	}
-	cut := maxShownLen
+	cut := n
 	for cut > 0 && s[cut]&0xC0 == 0x80 { // do not split a UTF-8 sequence
 		cut--
 	}
-	return s[:cut] + "…"
+	return untrusted.Printable(s[:cut]) + "…"
 }

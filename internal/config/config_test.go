@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unicode"
+	"unicode/utf8"
 
 	"agentbox/internal/grant"
 )
@@ -234,7 +236,15 @@ func TestCheckWarmPath(t *testing.T) {
 		{"a/", "warm path must not have empty or `.` segments"},
 		{"a**b", "warm path may use `**` only as a whole segment"},
 		{`a\b`, "warm path must not contain a backslash"},
-		{"a\nb", "warm path must not contain control characters"},
+		{"a\nb", "warm path must not contain control or format characters"},
+		{"a\x1bb", "warm path must not contain control or format characters"},
+		{"a\u0085b", "warm path must not contain control or format characters"},
+		{"build\u202e/txt.exe", "warm path must not contain control or format characters"},
+		{"a\u2066b", "warm path must not contain control or format characters"},
+		{"a\u200bb", "warm path must not contain control or format characters"},
+		{"a\ufeffb", "warm path must not contain control or format characters"},
+		{"a\U000e0001b", "warm path must not contain control or format characters"},
+		{"café/ñ", ""},
 	}
 	for _, tt := range tests {
 		got := ""
@@ -387,5 +397,55 @@ func TestStartOrder(t *testing.T) {
 	}
 	if got := strings.Join(c.StartOrder(c.AllServices()), " "); got != "aux db cache web" {
 		t.Fatalf("all start as %q", got)
+	}
+}
+
+// TestErrorsArePrintable: a key is the repository's text, any character
+// ("\e" is YAML's escape for ESC) and any length; the error that names it
+// goes to the host's terminal printable and bounded.
+func TestErrorsArePrintable(t *testing.T) {
+	long := strings.Repeat("k", 10000)
+	for _, tc := range []struct {
+		name, yaml string
+		broker     bool
+		want       string // the whole message, when set
+	}{
+		{name: "unknown top key", yaml: "\"\\e[2Jx\": 1\n", want: " [2Jx: unknown key (line 1)"},
+		{name: "unknown nested key", yaml: "agents:\n  claude:\n    \"\\e]0;pwned\\a\\u202e\": x\n", want: "agents.claude. ]0;pwned  : unknown key (line 3)"},
+		{name: "duplicate key", yaml: "agents:\n  \"\\e\": {command: x}\n  \"\\e\": {command: x}\n"},
+		{name: "agent name", yaml: "agents:\n  \"\\e[31m\": {command: x}\n"},
+		{name: "service named", yaml: "services:\n  \"\\x9b2J\": {command: x}\n"},
+		{name: "value shown", yaml: "default_agent: \"\\e[2J\"\n", want: "default_agent: agent ` [2J` is not defined under agents"},
+		// "? KEY": an explicit key, past YAML's 1024 characters of a plain one.
+		{name: "long unknown key", yaml: "? " + long + "\n: 1\n"},
+		{name: "long nested keys", yaml: "agents:\n  ? " + long + "\n  :\n    ? " + long + "\n    : x\n"},
+		{name: "long agent name", yaml: "agents:\n  ? " + long + "\n  : {command: x}\n"},
+		{name: "long profile tier", yaml: "litellm:\n  profiles:\n    p:\n      tiers:\n        ? " + long + "\n        : x\n", want: "litellm.profiles.p.tiers." + long[:60] + "…: tier must be fable, opus, sonnet or haiku"},
+		{name: "broker unknown key", yaml: "\"\\e[2J\": 1\n", broker: true},
+		{name: "broker long unknown key", yaml: "? " + long + "\n: 1\n", broker: true},
+		{name: "broker unknown nested key", yaml: "limits:\n  ? \"\\e[2J" + long + "\"\n  : 1\n", broker: true},
+		{name: "broker long agent", yaml: "agents:\n  ? " + long + "\n  : {version: 1.2.3}\n", broker: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var err error
+			if tc.broker {
+				_, err = ParseBroker([]byte(tc.yaml))
+			} else {
+				_, err = Parse([]byte(tc.yaml))
+			}
+			if err == nil {
+				t.Fatal("parsed")
+			}
+			msg := err.Error()
+			if strings.ContainsFunc(msg, func(r rune) bool { return r == utf8.RuneError || !unicode.IsPrint(r) }) {
+				t.Errorf("not printable: %q", msg)
+			}
+			if len(msg) > 200 {
+				t.Errorf("%d bytes, want at most 200: %.80q…", len(msg), msg)
+			}
+			if tc.want != "" && msg != tc.want {
+				t.Errorf("\n got: %q\nwant: %q", msg, tc.want)
+			}
+		})
 	}
 }

@@ -23,4 +23,7 @@ const (
 
 	// maxShownLen bounds how much of a configured value a message repeats.
 	maxShownLen = 60
+
+	// maxShownPathLen bounds the key path of an error message.
+	maxShownPathLen = 4 * maxShownLen
 )

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"agentbox/internal/untrusted"
 )
 
 // Error is a config error that names the key path ("agents.claude.comand")
@@ -20,10 +22,12 @@ type Error struct {
 	Msg  string
 }
 
+// Error is the message, printable: a path names the repository's keys
+// (join bounds each one), and the message goes to the host's terminal.
 func (e *Error) Error() string {
-	s := e.Msg
+	s := untrusted.Printable(e.Msg)
 	if e.Path != "" {
-		s = e.Path + ": " + s
+		s = bounded(e.Path, maxShownPathLen) + ": " + s
 	}
 	if e.Line > 0 {
 		s += " (line " + strconv.Itoa(e.Line) + ")"
@@ -39,7 +43,11 @@ func errAt(path string, n *yaml.Node, format string, args ...any) *Error {
 	return &Error{Path: path, Line: line, Msg: fmt.Sprintf(format, args...)}
 }
 
+// join is the path of key under path, for a message: the key is a
+// mapping key of the file, so it is shown bounded and printable (a key
+// may hold any character, "\e" included, and be any length).
 func join(path, key string) string {
+	key = shown(key)
 	if path == "" {
 		return key
 	}

@@ -13,7 +13,8 @@ import (
 // whole "**" segment matches zero or more segments. Absolute paths, ".."
 // and ".git" segments (the spec's ".git roots"; refused at any depth, since
 // a nested .git is a repository's internals too), empty and "." segments,
-// backslashes and control characters are refused.
+// backslashes, and control and format characters (U+202E and the other
+// bidi overrides reorder how a path reads in a terminal) are refused.
 func CheckWarmPath(glob string) error {
 	switch {
 	case glob == "":
@@ -24,8 +25,8 @@ func CheckWarmPath(glob string) error {
 		return errors.New("warm path must be relative to the repository, not absolute")
 	case strings.ContainsRune(glob, '\\'):
 		return errors.New("warm path must not contain a backslash")
-	case strings.ContainsFunc(glob, unicode.IsControl):
-		return errors.New("warm path must not contain control characters")
+	case strings.ContainsFunc(glob, func(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }):
+		return errors.New("warm path must not contain control or format characters")
 	}
 	for _, seg := range strings.Split(glob, "/") {
 		switch {

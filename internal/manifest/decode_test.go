@@ -58,6 +58,8 @@ func TestDecodeEnvelope(t *testing.T) {
 		{"type missing", `{"version":1,"id":"s","child":"c"}`, nil, "`type` is required"},
 		{"type unknown", `{"version":1,"id":"s","type":"finish"}`, nil, "unknown type `finish` (want spawn, message, import, update, restart, refresh, stop, destroy, rights or publish)"},
 		{"type unknown long value is cut", `{"version":1,"id":"s","type":"` + strings.Repeat("x", 100) + `"}`, nil, "unknown type `" + strings.Repeat("x", 64) + "…` (want spawn, message, import, update, restart, refresh, stop, destroy, rights or publish)"},
+		{"type unknown controls and format characters shown as ?", `{"version":1,"id":"s","type":"a\u001b[2J\u0085\u202eb\u2066\u200bc\ufeff` + "`" + `"}`, nil, "unknown type `a?[2J??b??c??` (want spawn, message, import, update, restart, refresh, stop, destroy, rights or publish)"},
+		{"unknown key with a bidi override shown as ?", `{"version":1,"id":"s","type":"stop","child":"c","ex\u202etra":1}`, nil, "unknown key `ex?tra`"},
 		{"version missing", `{"id":"s","type":"stop","child":"c"}`, nil, "`version` is required"},
 		{"version null", `{"version":null,"id":"s","type":"stop","child":"c"}`, nil, "`version` is required"},
 		{"version 2 on stop", `{"version":2,"id":"s","type":"stop","child":"c"}`, nil, "`version` must be 1"},

@@ -52,11 +52,12 @@ func NotAvailable(t Type) *Refusal {
 	return &Refusal{Detail: fmt.Sprintf("operation `%s` is not available in this broker yet", t)}
 }
 
-// shown makes a caller's value safe to repeat in a detail: control and
-// backtick characters become '?', and it is cut to maxShownLen bytes.
+// shown makes a caller's value safe to repeat in a detail: control,
+// format (a bidi override such as U+202E reorders what a terminal shows)
+// and backtick characters become '?', and it is cut to maxShownLen bytes.
 func shown(s string) string {
 	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) || r == '`' || r == utf8.RuneError {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) || r == '`' || r == utf8.RuneError {
 			return '?'
 		}
 		return r
