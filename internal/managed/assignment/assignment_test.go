@@ -209,6 +209,8 @@ var refusals = []refusal{
 	{name: "sha512 image", mutate: image("registry.example/team/app@sha512:" + mt.Digest + mt.Digest), field: "service_images.app", reason: "must be sha256"},
 	{name: "short digest", mutate: image("registry.example/team/app@sha256:abc"), field: "service_images.app", reason: "64 lowercase"},
 	{name: "no registry", mutate: image("app@sha256:" + mt.Digest), field: "service_images.app", reason: "registry and a repository"},
+	{name: "docker.io namespace as registry", mutate: image("myorg/app@sha256:" + mt.Digest), field: "service_images.app", reason: "must name a registry host"},
+	{name: "proxy image docker.io namespace", mutate: with("port_proxy_image", "myorg/proxy@sha256:"+mt.Digest), field: "port_proxy_image", reason: "must name a registry host"},
 	{name: "two @", mutate: image("registry.example/a@b@sha256:" + mt.Digest), field: "service_images.app", reason: "exactly one"},
 	{name: "whitespace in image", mutate: image("registry.example/team/app @sha256:" + mt.Digest), field: "service_images.app", reason: "whitespace"},
 	{name: "bad registry port", mutate: image("registry.example:0/team/app@sha256:" + mt.Digest), field: "service_images.app", reason: "port"},

@@ -16,8 +16,11 @@ import (
 // The spec says "a literal lowercase registry/repository@sha256:..."; we
 // read "registry/repository" literally and require at least two components
 // (a registry host and a repository path), so a short name that Docker
-// would silently qualify with its default registry is refused. The
-// reference implementation accepts a one-component name; the spec wins.
+// would silently qualify with its default registry is refused. The first
+// component must be a registry host as Docker reads one: holding a '.'
+// or a ':' (a port), or exactly "localhost"; myorg/app is docker.io's
+// myorg/app to Docker, and is refused for the same reason. The reference
+// implementation accepts a one-component name; the spec wins.
 //
 // Refused, each with its own message: interpolation ($), URL shapes (// or
 // ://), whitespace and control characters, uppercase, a tag-only or
@@ -69,6 +72,12 @@ func imageNameReason(name string) string {
 	comps := strings.Split(name, "/")
 	if len(comps) < 2 {
 		return "must name a registry and a repository (registry/repository@sha256:<digest>)"
+	}
+	// Docker takes the first component for a registry host only when it
+	// holds a '.' or a ':' or is "localhost"; otherwise (myorg/app) it
+	// reads docker.io/myorg/app, a registry the reference does not name.
+	if !strings.ContainsAny(comps[0], ".:") && comps[0] != "localhost" {
+		return "must name a registry host (a name with '.' or a port, or localhost) before the repository: Docker would read the first component as a docker.io namespace"
 	}
 	host, port, hasPort := strings.Cut(comps[0], ":")
 	if !isHostname(host) {

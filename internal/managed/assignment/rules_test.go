@@ -39,7 +39,21 @@ func TestImageReferences(t *testing.T) {
 		{"a@b@sha256:" + d, "exactly one"},
 		{"registry.example/app\t@sha256:" + d, "whitespace"},
 		{"registry.example/app\u0000@sha256:" + d, "control"},
-		{"-registry/app@sha256:" + d, "registry must be"},
+		{"-registry.example/app@sha256:" + d, "registry must be"},
+		{"registry.example-/app@sha256:" + d, "registry must be"},
+		// Docker reads a first component without '.' or ':' that is not
+		// localhost as a docker.io namespace: myorg/app is
+		// docker.io/myorg/app, not a registry named myorg.
+		{"myorg/app@sha256:" + d, "must name a registry host"},
+		{"myorg/team/app:1.0@sha256:" + d, "must name a registry host"},
+		{"library/app@sha256:" + d, "must name a registry host"},
+		{"my-registry/app@sha256:" + d, "must name a registry host"},
+		{"localhostx/app@sha256:" + d, "must name a registry host"},
+		{"-registry/app@sha256:" + d, "must name a registry host"},
+		{"localhost/app@sha256:" + d, ""},
+		{"registry:5000/app@sha256:" + d, ""},
+		{"docker.io/myorg/app@sha256:" + d, ""},
+		{"127.0.0.1:5000/app@sha256:" + d, ""},
 		{"registry.example:99999/app@sha256:" + d, "port"},
 		{"registry.example:/app@sha256:" + d, "port"},
 		{"registry.example/app:-x@sha256:" + d, "tag"},

@@ -61,13 +61,7 @@ cannot start, or when it exits non-zero or is killed; 2 on a usage error.`,
 			if err != nil {
 				return refused(err)
 			}
-			if code != 0 {
-				if code < 0 {
-					return &exitError{code: ExitRefused, msg: "the provider was killed by a signal"}
-				}
-				return &exitError{code: ExitRefused, msg: fmt.Sprintf("the provider exited with status %d", code)}
-			}
-			return nil
+			return providerExit(code)
 		},
 	}
 	f := c.Flags()

@@ -17,6 +17,7 @@ import (
 	"agentbox/internal/managed/engine"
 	"agentbox/internal/managed/launch"
 	"agentbox/internal/managed/provider"
+	"agentbox/internal/untrusted"
 )
 
 // StateDirEnv replaces DefaultStateDir.
@@ -187,10 +188,7 @@ fails; 2 on a usage error.`,
 			if err != nil {
 				return launchFailure(env, false, err)
 			}
-			if code != 0 {
-				return &exitError{code: ExitRefused, msg: fmt.Sprintf("the provider exited with status %d", code)}
-			}
-			return nil
+			return providerExit(code)
 		},
 	}
 	fl := c.Flags()
@@ -290,15 +288,16 @@ Exit status: 0, 1 when there is no such feature, 2 on a usage error.`,
 			if asJSON {
 				return writeJSON(env.Stdout, s)
 			}
-			fmt.Fprintf(env.Stdout, "feature %s: %s\n", s.Name, s.Phase)
+			fmt.Fprintf(env.Stdout, "feature %s: %s\n", untrusted.Printable(s.Name), untrusted.Printable(s.Phase))
 			if s.Error != "" {
-				fmt.Fprintf(env.Stdout, "  error      %s\n", s.Error)
+				fmt.Fprintf(env.Stdout, "  error      %s\n", printableLines(s.Error))
 			}
 			if s.ContainerID != "" {
-				fmt.Fprintf(env.Stdout, "  container  %.12s (%s)\n", s.ContainerID, s.ContainerState)
+				fmt.Fprintf(env.Stdout, "  container  %.12s (%s)\n", untrusted.Printable(s.ContainerID), untrusted.Printable(s.ContainerState))
 			}
 			fmt.Fprintf(env.Stdout, "  workspace  %s\n  worktree   %s\n  branch     %s\n  project    %s\n  record     %s\n",
-				s.WorkspaceFolder, s.Worktree, s.Branch, s.ComposeProject, s.StatePath)
+				untrusted.Printable(s.WorkspaceFolder), untrusted.Printable(s.Worktree), untrusted.Printable(s.Branch),
+				untrusted.Printable(s.ComposeProject), untrusted.Printable(s.StatePath))
 			return nil
 		},
 	}
@@ -334,13 +333,38 @@ Exit status: 0, 1 when the engine or the state directory cannot be read,
 			tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "NAME\tPHASE\tCONTAINER\tPORTS\tBRANCH")
 			for _, s := range list {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.Name, s.Phase, containerCell(s), portsCell(s.PublishedPorts), orDash(s.Branch))
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", untrusted.Printable(s.Name), untrusted.Printable(s.Phase),
+					untrusted.Printable(containerCell(s)), portsCell(s.PublishedPorts), untrusted.Printable(orDash(s.Branch)))
 			}
 			return tw.Flush()
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	return c
+}
+
+// printableLines is stored text (a launch's error, which quotes the
+// repository's files and the output of what it ran) made safe for the
+// terminal: each line untrusted.Printable, the line breaks kept.
+func printableLines(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, line := range lines {
+		lines[i] = untrusted.Printable(line)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// providerExit is the outcome of a provider that exited with code: as
+// `managed exec-provider` reports it, a negative code (a signal ended the
+// process) included.
+func providerExit(code int) error {
+	switch {
+	case code == 0:
+		return nil
+	case code < 0:
+		return &exitError{code: ExitRefused, msg: "the provider was killed by a signal"}
+	}
+	return &exitError{code: ExitRefused, msg: fmt.Sprintf("the provider exited with status %d", code)}
 }
 
 // containerCell is a listed feature's short container id and its state.

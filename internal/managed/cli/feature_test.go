@@ -43,7 +43,11 @@ func TestFeatureUsageAndRefusals(t *testing.T) {
 		{[]string{"feature", "exec", "x", "--bogus", "true"}, cli.ExitUsage, "bogus"},
 		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "local", "--runtime-manifest", "/m"}, cli.ExitUsage, "--runtime must be in-guest"},
 		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "in-guest"}, cli.ExitUsage, "runtime-manifest"},
-		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "rel/a.json"}, cli.ExitUsage, "absolute"},
+		// A path that is not absolute and clean is a refusal, as managed
+		// validate's: exit 2 is for commands, flags and argument counts.
+		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "rel/a.json"}, cli.ExitRefused, "absolute"},
+		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "/m/../a.json", "--json"}, cli.ExitRefused, `"code": "assignment"`},
+		{[]string{"feature", "start", "x", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "/m//a.json"}, cli.ExitRefused, "clean"},
 		{[]string{"feature", "start", "bad/name", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "/m"}, cli.ExitUsage, "feature name"},
 		{[]string{"feature", "start", "main", "--repo", "/r", "--runtime", "in-guest", "--runtime-manifest", "/m"}, cli.ExitUsage, "reserved"},
 		{[]string{"feature", "exec-provider", "x"}, cli.ExitUsage, "provider"},
@@ -101,6 +105,35 @@ func TestFeatureList(t *testing.T) {
 	if r.code != 0 || len(lines) != 4 || strings.Join(strings.Fields(lines[0]), " ") != "NAME PHASE CONTAINER PORTS BRANCH" ||
 		strings.Join(strings.Fields(lines[1]), " ") != "alpha starting - 127.0.0.1:18080->80 branchbox/alpha" {
 		t.Fatalf("ls: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestFeatureStartRepoMismatchIsARefusal: a --repo that is a main
+// checkout, but not the assignment's repository.path, is a repository
+// refusal (exit 1), not a usage error.
+func TestFeatureStartRepoMismatchIsARefusal(t *testing.T) {
+	mt.RequireRoot(t)
+	assigned := filepath.Join(t.TempDir(), "repo")
+	other := filepath.Join(t.TempDir(), "other")
+	if err := os.MkdirAll(filepath.Join(other, ".git"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	f := mt.New(t, mt.LaunchDoc(assigned, strings.Repeat("a", 40), mt.Images{
+		Service: "sha256:" + mt.Digest, Proxy: "sha256:" + mt.Digest, ProxyPort: 18080}))
+	args := []string{"feature", "start", "x", "--repo", other, "--runtime", "in-guest", "--runtime-manifest", f.Path}
+	env := []string{f.Env(), "BRANCHBOX_STATE_DIR=" + t.TempDir()}
+	r := runCLI(t, env, append(args, "--json")...)
+	var out struct {
+		Error struct{ Code, Message string }
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || r.code != cli.ExitRefused {
+		t.Fatalf("exit %d: %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	}
+	if out.Error.Code != "repository" || out.Error.Message != "--repo is not the assignment's repository.path" {
+		t.Fatalf("error %+v", out.Error)
+	}
+	if r := runCLI(t, env, args...); r.code != cli.ExitRefused || !strings.Contains(r.stderr, "repository.path") {
+		t.Fatalf("exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
 

@@ -218,9 +218,9 @@ func findString(v any, where string, match func(string) bool) string {
 		}
 		slices.Sort(keys)
 		for _, k := range keys {
-			at := k
+			at := segment(k)
 			if where != "" {
-				at = where + "." + k
+				at = where + "." + at
 			}
 			if match(k) {
 				return at
@@ -237,6 +237,22 @@ func findString(v any, where string, match func(string) bool) string {
 		}
 	}
 	return ""
+}
+
+// segment is one key of a key path as a message shows it, as Compose
+// refusals show theirs: a key of at most 64 printable ASCII characters as
+// it is, any other quoted (Go syntax: every control, format or non-ASCII
+// character escaped) and cut short. Keys are the repository's bytes: a
+// message goes to the operator's terminal and into the launch record,
+// and no key may put an escape sequence or a forged line there.
+func segment(key string) string {
+	if key == "" || len(key) > 64 || strings.IndexFunc(key, func(r rune) bool { return r <= ' ' || r > '~' }) >= 0 {
+		if len(key) > 64 {
+			key = key[:64] + "..."
+		}
+		return fmt.Sprintf("%q", key)
+	}
+	return key
 }
 
 func orTop(where string) string {

@@ -121,6 +121,39 @@ func TestParseRefuses(t *testing.T) {
 	}
 }
 
+// TestParseRefusalKeyPathsArePrintable: the key path of a refusal is
+// made of the repository's keys, and the message goes to the operator's
+// terminal and into the launch record. A key that is not plain printable
+// ASCII is quoted with every control, format and non-ASCII character
+// escaped, and cut short, as Compose refusals show theirs.
+func TestParseRefusalKeyPathsArePrintable(t *testing.T) {
+	const at = "devcontainer: " + cfgPath + ": "
+	long := strings.Repeat("k", 100)
+	for _, tc := range []struct{ name, config, want string }{
+		{"OSC 52 in a key", `{"service": "app", "x\u001b]52;c;SGVsbG8=\u0007": "${localEnv:A}"}`, at + `"x\x1b]52;c;SGVsbG8=\a": ${localEnv:...}`},
+		{"CSI in a nested key", `{"service": "app", "a": {"\u001b[2J\u001b[H": {"b": "${env:A}"}}}`, at + `a."\x1b[2J\x1b[H".b: ${env:...}`},
+		{"a line break in a key", `{"service": "app", "a\nbranchbox: ok": "${localEnv:A}"}`, at + `"a\nbranchbox: ok": `},
+		{"C1 CSI in a key", `{"service": "app", "\u009b31m": "${localEnv:A}"}`, at + `"\u009b31m": `},
+		{"bidi override in a key", `{"service": "app", "\u202egnp.exe": "${localEnv:A}"}`, at + `"\u202egnp.exe": `},
+		{"the matched key itself", `{"service": "app", "x": {"\u001b${localEnv:K}": 1}}`, at + `x."\x1b${localEnv:K}": `},
+		{"a long key", `{"service": "app", "` + long + `": "${localEnv:A}"}`, at + `"` + long[:64] + `...": `},
+		{"an empty key", `{"service": "app", "": "${localEnv:A}"}`, at + `"": `},
+		{"a plain key as it is", `{"service": "app", "containerEnv": {"A_1.b-c": "${localEnv:A}"}}`, at + `containerEnv.A_1.b-c: `},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := devcontainer.Parse(cfgPath, []byte(tc.config))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Parse = %v, want an error with %q", err, tc.want)
+			}
+			for _, r := range err.Error() {
+				if r < ' ' || r > '~' {
+					t.Fatalf("Parse = %q: holds %U", err, r)
+				}
+			}
+		})
+	}
+}
+
 func TestComposeFilesShapes(t *testing.T) {
 	for _, tc := range []struct {
 		config string

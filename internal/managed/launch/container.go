@@ -21,6 +21,7 @@ import (
 	"agentbox/internal/managed/engine"
 	"agentbox/internal/managed/inspect"
 	"agentbox/internal/managed/provider"
+	"agentbox/internal/untrusted"
 )
 
 // maxCLIOutput bounds what is kept of a CLI's output for a message.
@@ -65,7 +66,7 @@ func (l *launcher) devcontainerUp(ctx context.Context) (string, error) {
 	case jsonErr == nil && result.Outcome == "success" && result.ContainerID != "":
 		return result.ContainerID, nil
 	case jsonErr == nil && result.Outcome != "":
-		return result.ContainerID, fail(CodeEngine, "devcontainer up: %s%s", result.Message, lastLines(stderr.String(), 12))
+		return result.ContainerID, fail(CodeEngine, "devcontainer up: %s%s", untrusted.Printable(result.Message), lastLines(stderr.String(), 12))
 	case ctx.Err() != nil:
 		return "", fail(CodeEngine, "devcontainer up did not finish within %s", devcontainerUpTimeout)
 	default:
@@ -320,10 +321,14 @@ func lookPath(name string) (string, error) {
 }
 
 // lastLines is the last n lines of s that are not a JavaScript stack
-// frame, as a message suffix.
+// frame, as a message suffix, each made printable (untrusted.Printable):
+// a CLI's output holds the output of what the repository runs (its
+// lifecycle commands, its images' messages), and the message goes to the
+// operator's terminal and into the launch record.
 func lastLines(s string, n int) string {
 	var lines []string
 	for _, line := range strings.Split(strings.TrimSpace(s), "\n") {
+		line = untrusted.Printable(line)
 		if t := strings.TrimSpace(line); t != "" && !strings.HasPrefix(t, "at ") {
 			lines = append(lines, line)
 		}

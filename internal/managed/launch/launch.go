@@ -90,7 +90,9 @@ func Start(ctx context.Context, cfg Config, req Request) (*Summary, error) {
 		return nil, err
 	}
 	if !filepath.IsAbs(req.Manifest) || filepath.Clean(req.Manifest) != req.Manifest {
-		return nil, fail(CodeUsage, "--runtime-manifest must be an absolute, clean path")
+		// A refusal, as `managed validate` refuses such a path (exit 1):
+		// exit 2 is for unknown commands and flags and argument counts.
+		return nil, fail(CodeAssignment, "--runtime-manifest must be an absolute, clean path")
 	}
 	checked, err := leasecheck.Load(req.Manifest, cfg.Checks)
 	if err != nil {
@@ -105,7 +107,7 @@ func Start(ctx context.Context, cfg Config, req Request) (*Summary, error) {
 		return nil, err
 	}
 	if repo != a.Repository.Path {
-		return nil, fail(CodeUsage, "--repo is not the assignment's repository.path")
+		return nil, fail(CodeRepository, "--repo is not the assignment's repository.path")
 	}
 	if err := gitmeta.Check(repo, int(cfg.Runtime.UID)); err != nil {
 		return nil, &Error{Code: CodeRepository, Message: err.Error()}
