@@ -102,6 +102,7 @@ type Broker struct {
 	roundMu  sync.Mutex // one round at a time (the loop, admin ops)
 	// repairing: a round's repairs are being carried out (reconcile.go).
 	repairing atomic.Bool
+	restores  restoreBackoff // spaces out one sandbox's restores
 	// roundsHeld: the round loop skips its rounds (HoldRoundsForTest).
 	roundsHeld atomic.Bool
 	// conflicted: sandboxes unserved while several instances share their

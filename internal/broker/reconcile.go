@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/orchestrate"
@@ -242,6 +244,9 @@ func (b *Broker) carryOut(ctx context.Context, p repairPlan, records []store.San
 		}
 	}
 	for _, name := range p.restore {
+		if !b.restores.take(name, time.Now()) {
+			continue // restored lately: the next try waits (restoreBackoff)
+		}
 		b.log.Warn("something inside a sandbox covers what the broker placed there (a mount by root inside?): putting it back", "sandbox", name)
 		if err := b.cfg.Backend.Restore(ctx, name); err != nil {
 			b.log.Warn("put back what the broker placed in a sandbox", "sandbox", name, "err", err)
@@ -289,4 +294,55 @@ func (b *Broker) setConflicted(name string, on bool) {
 	} else {
 		delete(b.conflicted, name)
 	}
+}
+
+// Bounds of restoreBackoff.
+const (
+	firstRestoreDelay = RoundInterval
+	maxRestoreDelay   = 5 * time.Minute
+)
+
+// restoreBackoff spaces out the repairs of a sandbox whose inside keeps
+// covering what the backend placed there. Root inside can cover it again
+// at once, and each restore is device changes made in the broker's one
+// line of mutations, which every sandbox waits on: unspaced, one sandbox
+// covering in a loop would hold that line several times a second. The
+// cover hurts only the sandbox itself (its own client, its own socket),
+// so it alone pays for the wait. The delay doubles while restores keep
+// being needed, up to maxRestoreDelay, and starts over once the sandbox
+// has stayed uncovered for twice the delay.
+type restoreBackoff struct {
+	mu sync.Mutex
+	m  map[string]restoreState
+}
+
+type restoreState struct {
+	next  time.Time // no restore before
+	delay time.Duration
+}
+
+// take reports whether sandbox may be restored now, and if so counts it.
+func (r *restoreBackoff) take(sandbox string, now time.Time) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.m == nil {
+		r.m = map[string]restoreState{}
+	}
+	st := r.m[sandbox]
+	if now.Before(st.next) {
+		return false
+	}
+	if st.delay == 0 || now.Sub(st.next) > 2*st.delay {
+		st.delay = firstRestoreDelay
+	} else {
+		st.delay = min(2*st.delay, maxRestoreDelay)
+	}
+	st.next = now.Add(st.delay)
+	r.m[sandbox] = st
+	for name, other := range r.m {
+		if now.Sub(other.next) > 2*maxRestoreDelay {
+			delete(r.m, name) // long quiet, or destroyed
+		}
+	}
+	return true
 }

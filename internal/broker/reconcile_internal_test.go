@@ -2,7 +2,9 @@ package broker
 
 import (
 	"reflect"
+	"slices"
 	"testing"
+	"time"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/store"
@@ -97,5 +99,37 @@ func TestPlanRepairs(t *testing.T) {
 				t.Fatalf("planRepairs = %+v\nwant %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestRestoreBackoff: a sandbox covered again and again is restored at
+// once, then after 1 s, 2 s, 4 s ... up to maxRestoreDelay; another
+// sandbox is not held up by it; and one left uncovered for twice the
+// delay starts over.
+func TestRestoreBackoff(t *testing.T) {
+	var r restoreBackoff
+	t0 := time.Unix(1_000_000, 0)
+	now := t0
+	var gaps []time.Duration
+	last := now
+	for now.Sub(t0) < 30*time.Minute {
+		if r.take("hostile", now) {
+			gaps = append(gaps, now.Sub(last))
+			last = now
+		}
+		if now == t0.Add(time.Minute) && !r.take("quiet", now) {
+			t.Fatal("another sandbox waited for the hostile one's delay")
+		}
+		now = now.Add(100 * time.Millisecond)
+	}
+	want := []time.Duration{0, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 16 * time.Second, 32 * time.Second, 64 * time.Second, 128 * time.Second, 256 * time.Second, maxRestoreDelay, maxRestoreDelay}
+	if len(gaps) < len(want) || !slices.Equal(gaps[:len(want)], want) {
+		t.Fatalf("restores came after %v, want %v...", gaps, want)
+	}
+	// Quiet for twice the delay: the next cover is put back at once, and
+	// the one after it a round later.
+	now = last.Add(maxRestoreDelay + 2*maxRestoreDelay + time.Second) // next allowed, then twice the delay
+	if !r.take("hostile", now) || r.take("hostile", now.Add(firstRestoreDelay/2)) || !r.take("hostile", now.Add(firstRestoreDelay)) {
+		t.Fatal("a sandbox quiet for twice its delay did not start over")
 	}
 }
