@@ -320,16 +320,30 @@ func (b *Broker) restartUnits(sbs []store.Sandbox) {
 	for _, in := range insts {
 		running[in.Name] = in.Running
 	}
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, unitStartsAtOnce)
 	for _, sb := range sbs {
 		if (sb.State != store.StateRunning && sb.State != store.StateReady) || running[sb.Name] {
 			continue
 		}
-		b.log.Warn("sandbox recorded running is not: starting it", "sandbox", sb.Name)
-		if err := b.orchestrator.StartUnit(b.ctx, sb.Name); err != nil {
-			b.log.Error("cannot start sandbox", "sandbox", sb.Name, "err", err)
-		}
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			b.log.Warn("sandbox recorded running is not: starting it", "sandbox", sb.Name)
+			if err := b.orchestrator.StartUnit(b.ctx, sb.Name); err != nil {
+				b.log.Error("cannot start sandbox", "sandbox", sb.Name, "err", err)
+			}
+		})
 	}
+	wg.Wait()
 }
+
+// unitStartsAtOnce bounds the units a starting broker starts at once. A
+// start may take its backend's whole bound (root inside an Incus sandbox
+// can hold up its egress relay for 30 s), and the broker's recovery
+// waits for them all: one at a time, N such sandboxes would hold it up N
+// times over.
+const unitStartsAtOnce = 8
 
 func (b *Broker) goWorker(fn func()) {
 	b.wg.Add(1)

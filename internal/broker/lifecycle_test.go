@@ -333,13 +333,17 @@ func TestServeStartsUnitsRecordedRunning(t *testing.T) {
 	e.mustExec("kid", "sh", "-c", "echo kept > ~/kept")
 	e.stop()
 	be := e.openBackend()
-	if err := be.Stop(context.Background(), "kid"); err != nil {
-		t.Fatal(err)
+	for _, name := range []string{"kid", "orch"} { // started at once (unitStartsAtOnce)
+		if err := be.Stop(context.Background(), name); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	e.start()
-	if got := e.info("kid"); got.State != store.StateRunning || !got.Running {
-		t.Fatalf("kid after the restart: %+v", got)
+	for _, name := range []string{"kid", "orch"} {
+		if got := e.info(name); got.State != store.StateRunning || !got.Running {
+			t.Fatalf("%s after the restart: %+v", name, got)
+		}
 	}
 	if got := e.info("idle"); got.State != store.StateStopped || got.Running {
 		t.Fatalf("idle after the restart: %+v", got)
