@@ -58,7 +58,7 @@ func capturePanes(ctx context.Context, state, name string, deps Deps) ([]agent.P
 	d.Stderr = io.Discard
 	cctx, cancel := context.WithTimeout(ctx, agentAnswerTimeout)
 	defer cancel()
-	err := runExec(cctx, state, wire.ExecArgs{Name: name, Argv: agent.CaptureAllArgv(), Dir: backend.WorkspacePath}, d)
+	err := runExec(cctx, state, wire.ExecArgs{Name: name, Argv: agent.CaptureAllArgv(), Dir: backend.WorkspacePath}, d, false)
 	if err != nil && ctx.Err() == nil && cctx.Err() != nil {
 		return nil, noAgentAnswer(name)
 	}

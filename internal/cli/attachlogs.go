@@ -51,7 +51,7 @@ clipboard writes off for untrusted sessions, or read the panes with
 			}
 			a := wire.ExecArgs{Name: args[0], TTY: true, Dir: backend.WorkspacePath,
 				Argv: []string{"tmux", "attach-session", "-t", agent.Session}}
-			return runExec(cmd.Context(), state, a, deps)
+			return runExec(cmd.Context(), state, a, deps, false)
 		},
 	}
 	addStateFlag(c, &state)

@@ -770,3 +770,51 @@ func waitFor(limit time.Duration, cond func() bool) bool {
 	}
 	return true
 }
+
+// TestExecOutputToATerminalIsPrintable: without -t, what the sandboxed
+// command writes reaches the user's terminal with nothing in it a
+// terminal acts on (an OSC 52 clipboard write, a screen clear, a carriage
+// return rewriting a line), newlines kept; --raw passes it byte for byte;
+// output to a pipe or file is always byte for byte.
+func TestExecOutputToATerminalIsPrintable(t *testing.T) {
+	const hostile = "\x1b]52;c;SGVsbG8=\x07copied\n\x1b[2Jcleared\rfake\n"
+	f := newFakeAdmin(t, func(r adminRequest) *wire.Response {
+		if len(r.Files) == 3 {
+			r.Files[1].Write([]byte(hostile))
+			r.Files[2].Write([]byte(hostile))
+		}
+		return okReply(wire.ExecResult{Exit: 0})
+	})
+	onTerminal := func(args ...string) string {
+		t.Helper()
+		master, tty, err := term.OpenPTY()
+		if err != nil {
+			t.Skipf("no pty: %v", err)
+		}
+		defer master.Close()
+		var shown wait.Buffer
+		done := make(chan struct{})
+		go func() { io.Copy(&shown, master); close(done) }()
+		if code := runWith(t, strings.NewReader(""), tty, tty, append([]string{"exec", "--state", f.state}, args...)...); code != 0 {
+			t.Fatalf("exec %v: exit %d", args, code)
+		}
+		tty.Close()
+		select {
+		case <-done:
+		case <-time.After(time.Minute):
+			t.Fatal("the terminal's output did not end (hang guard)")
+		}
+		return shown.String()
+	}
+	got := onTerminal("sb", "--", "cat")
+	if strings.ContainsAny(got, "\x1b\x07") || strings.Count(got, "copied") != 2 || strings.Count(got, "cleared fake") != 2 {
+		t.Errorf("exec to a terminal showed %q", got)
+	}
+	if got := onTerminal("--raw", "sb", "--", "cat"); strings.Count(got, "\x1b]52;c;") != 2 {
+		t.Errorf("exec --raw to a terminal showed %q", got)
+	}
+	var out bytes.Buffer
+	if code := runWith(t, strings.NewReader(""), &out, io.Discard, "exec", "--state", f.state, "sb", "--", "cat"); code != 0 || out.String() != hostile {
+		t.Errorf("exec to a pipe: exit %d, %q", code, out.String())
+	}
+}

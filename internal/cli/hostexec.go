@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"agentbox/internal/term"
+	"agentbox/internal/untrusted"
 	"agentbox/internal/wire"
 )
 
@@ -23,7 +24,7 @@ const execOutputGrace = 2 * time.Second
 
 func newExecCmd(deps Deps) *cobra.Command {
 	var state, user string
-	var tty bool
+	var tty, raw bool
 	var envs []string
 	c := &cobra.Command{
 		Use:   "exec NAME [-t] [--env K=V]... -- CMD...",
@@ -46,6 +47,15 @@ terminal's mode is restored.
               types one ~. SIGTERM or SIGHUP to exec ends the command
               the same way, with your terminal's mode restored.
   --env K=V   add a variable to the command's environment (repeatable)
+  --raw       without -t, pass the output to your terminal byte for byte
+
+Without -t, output that goes to your terminal is shown with every
+character a terminal acts on (escape sequences, carriage returns, other
+controls, bidi overrides) replaced by a space, newlines and tabs kept: a
+commit message or file a sandbox wrote cannot set your window's title,
+write your clipboard or rewrite what you see. Output to a pipe or a file
+is passed byte for byte. With -t (a terminal session) the output is the
+sandbox's, as it wrote it.
 
 Inside, the broker socket is /run/jailbee/orchestration/broker.sock and the
 inbox client is on PATH as 'jailbee'.`,
@@ -66,11 +76,12 @@ inbox client is on PATH as 'jailbee'.`,
 				}
 				a.Env[k] = v
 			}
-			return runExec(cmd.Context(), state, a, deps)
+			return runExec(cmd.Context(), state, a, deps, raw)
 		},
 	}
 	addStateFlag(c, &state)
 	c.Flags().BoolVarP(&tty, "tty", "t", false, "give the command a terminal")
+	c.Flags().BoolVar(&raw, "raw", false, "without -t, pass the output to your terminal byte for byte, escape sequences included")
 	c.Flags().StringArrayVar(&envs, "env", nil, "K=V added to the command's environment")
 	c.Flags().StringVar(&user, "user", "", "user inside the sandbox (the local backend has only its agent user)")
 	return c
@@ -80,7 +91,7 @@ inbox client is on PATH as 'jailbee'.`,
 // a new terminal) as its streams, and copies them to and from this
 // process's own. The user's own terminal is never passed into a sandbox.
 // The command's exit status other than 0 is an *ExitError with it.
-func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) error {
+func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps, raw bool) error {
 	if _, ok := stdinTerminal(deps); a.TTY && !ok {
 		return exitf(ExitUsage, "-t needs a terminal on stdin")
 	}
@@ -110,7 +121,7 @@ func runExec(ctx context.Context, state string, a wire.ExecArgs, deps Deps) erro
 			}
 		}()
 	} else {
-		st, err = pipeStreams(deps)
+		st, err = pipeStreams(deps, raw)
 	}
 	if err != nil {
 		return err
@@ -152,8 +163,9 @@ type execStreams struct {
 	stopResize func()
 }
 
-// pipeStreams makes a pipe for each stream.
-func pipeStreams(deps Deps) (*execStreams, error) {
+// pipeStreams makes a pipe for each stream. Output that goes to a
+// terminal is made printable (untrusted.TerminalWriter) unless raw.
+func pipeStreams(deps Deps, raw bool) (*execStreams, error) {
 	st := &execStreams{restore: func() {}}
 	inR, inW, err := os.Pipe()
 	if err != nil {
@@ -176,6 +188,14 @@ func pipeStreams(deps Deps) (*execStreams, error) {
 		st.output.Add(1)
 		go func() {
 			defer st.output.Done()
+			if f, ok := w.(*os.File); ok && term.IsTerminal(f) && !raw {
+				// The sandbox's bytes on the user's terminal: nothing in
+				// them may act on it (-t and --raw are the ways to let it).
+				tw := untrusted.NewTerminalWriter(w)
+				io.Copy(tw, r)
+				tw.Flush()
+				return
+			}
 			io.Copy(w, r)
 		}()
 	}

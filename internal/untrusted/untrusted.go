@@ -6,6 +6,7 @@ package untrusted
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"strings"
 	"unicode"
 	"unicode/utf16"
@@ -94,3 +95,56 @@ func EscapeJSON(js []byte) []byte {
 }
 
 func needsEscape(r rune) bool { return r >= 0x80 && r < 0xa0 || unicode.Is(unicode.Cf, r) }
+
+// TerminalWriter passes a stream on to a terminal with what Printable
+// replaces replaced by a space, newlines and tabs kept: a command's output
+// read on the user's terminal cannot act on it (an escape sequence, a
+// carriage return rewriting a line). A character split between two writes
+// is held until the next; Flush writes what is held at the end.
+type TerminalWriter struct {
+	w       io.Writer
+	pending []byte // the start of a character the next write completes
+	buf     []byte
+}
+
+// NewTerminalWriter returns a TerminalWriter writing to w.
+func NewTerminalWriter(w io.Writer) *TerminalWriter { return &TerminalWriter{w: w} }
+
+func (t *TerminalWriter) Write(p []byte) (int, error) {
+	data := p
+	if len(t.pending) > 0 {
+		data = append(t.pending, p...)
+		t.pending = nil
+	}
+	out := t.buf[:0]
+	for len(data) > 0 {
+		r, size := utf8.DecodeRune(data)
+		if r == utf8.RuneError && size == 1 && !utf8.FullRune(data) {
+			t.pending = append(t.pending[:0], data...) // at most 3 bytes
+			break
+		}
+		data = data[size:]
+		switch {
+		case r == '\n' || r == '\t':
+		case r == utf8.RuneError || !unicode.IsPrint(r):
+			r = ' '
+		}
+		out = utf8.AppendRune(out, r)
+	}
+	t.buf = out
+	if _, err := t.w.Write(out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Flush writes a character left incomplete at the end of the stream (as
+// a space).
+func (t *TerminalWriter) Flush() error {
+	if len(t.pending) == 0 {
+		return nil
+	}
+	t.pending = nil
+	_, err := t.w.Write([]byte{' '})
+	return err
+}

@@ -124,3 +124,54 @@ func FuzzEscapeJSON(f *testing.F) {
 		}
 	})
 }
+
+// terminalOut writes data through a TerminalWriter in chunks of n bytes
+// (n <= 0: whole) and flushes.
+func terminalOut(data []byte, n int) string {
+	var b strings.Builder
+	w := NewTerminalWriter(&b)
+	if n <= 0 {
+		n = len(data) + 1
+	}
+	for len(data) > 0 {
+		k := min(n, len(data))
+		w.Write(data[:k])
+		data = data[k:]
+	}
+	w.Flush()
+	return b.String()
+}
+
+func TestTerminalWriter(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"plain text\n\tindented\n", "plain text\n\tindented\n"},
+		{"\x1b]52;c;SGVsbG8=\x07copied\n", " ]52;c;SGVsbG8= copied\n"},
+		{"\x1b[2J\x1b[Hcleared", " [2J [Hcleared"},
+		{"fake\rbranchbox: ok", "fake branchbox: ok"},
+		{"\u009b31mred \u202eeulav", " 31mred  eulav"},
+		{"caf\u00e9 \u2713 \U0001F600", "caf\u00e9 \u2713 \U0001F600"},
+		{"bad \xff\xfe byte", "bad    byte"},
+		{"cut \xe2\x9c", "cut  "}, // a character the stream never completes
+	} {
+		for _, n := range []int{0, 1, 2, 3} {
+			if got := terminalOut([]byte(c.in), n); got != c.want {
+				t.Errorf("%q in chunks of %d: %q, want %q", c.in, n, got, c.want)
+			}
+		}
+	}
+}
+
+func FuzzTerminalWriter(f *testing.F) {
+	f.Add([]byte("\x1b]52;c;x\x07ok\n\u00e9\u202e\xe2\x9c"), 2)
+	f.Fuzz(func(t *testing.T, data []byte, n int) {
+		whole := terminalOut(data, 0)
+		if got := terminalOut(data, n%7+1); got != whole {
+			t.Fatalf("chunks change the output: %q against %q", got, whole)
+		}
+		for _, r := range whole {
+			if r != '\n' && r != '\t' && (r == utf8.RuneError || !unicode.IsPrint(r)) {
+				t.Fatalf("passed %U: %q", r, whole)
+			}
+		}
+	})
+}
