@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -137,6 +138,12 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 	delete(in.Devices, device)
 	if leftover(mounts, want, source, in.Devices) {
 		return fail(ErrMountCopied)
+	}
+	// A mount namespace pinned by a bind of its nsfs file lives with no
+	// process and no descriptor, and its table cannot be read: as if
+	// bound elsewhere.
+	if slices.ContainsFunc(mounts, func(e mountEntry) bool { return strings.HasPrefix(e.root, "mnt:[") }) {
+		return fail(fmt.Errorf("%w (a mount namespace is kept by a bind mount)", ErrMountCopied))
 	}
 	// A mount namespace of a process's own (root's, or the agent's in a
 	// user namespace of its own) keeps its copy, private or not, in a

@@ -90,6 +90,42 @@ func TestHostMountCopyDetachedAndHeld(t *testing.T) {
 	}
 }
 
+// TestHostMountPinnedNamespace: root keeps a mount namespace of its own
+// alive with no process and no descriptor, through a bind mount of its
+// nsfs file. What that namespace holds cannot be read from outside (no
+// process of it to look through), so the detach fails closed
+// (ErrMountCopied: the caller stops the sandbox) instead of reporting the
+// mount gone.
+func TestHostMountPinnedNamespace(t *testing.T) {
+	b := newBackend(t)
+	ctx := t.Context()
+	const name = "pinned"
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(t.Context(), name) })
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	m := backend.HostMount{Name: "d", Source: backendtest.HostDir(t), ReadOnly: true}
+	if err := b.AttachMount(ctx, name, m); err != nil {
+		t.Fatal(err)
+	}
+	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
+		"mkdir /run/p && mount --bind /run/p /run/p && mount --make-private /run/p && touch /run/p/m && " +
+			"(unshare -m --propagation private sleep 600 & echo $! >/run/holder; sleep 0.5) && pid=$(cat /run/holder) && " +
+			"mount --bind /proc/$pid/ns/mnt /run/p/m && kill -9 $pid && " +
+			"while [ -e /proc/$pid ]; do sleep 0.1; done && nsenter --mount=/run/p/m cat " + m.Path() + "/hello"}})
+	if r.Code != 0 || r.Stdout != "hi\n" {
+		t.Fatalf("root's pinned namespace: exit %d, %q %q", r.Code, r.Stdout, r.Stderr)
+	}
+	err := b.DetachMount(ctx, name, m.Device())
+	if errors.Is(err, incus.ErrMountCopied) {
+		return
+	}
+	t.Fatalf("DetachMount with a pinned mount namespace: %v, want ErrMountCopied", err)
+}
+
 // TestHostMountReadOnlyForRoot: root inside cannot make a read-only
 // named mount writable (the mount came from a more privileged namespace,
 // so its read-only flag is locked).
