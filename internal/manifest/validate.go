@@ -76,15 +76,50 @@ func validateChild(m *Manifest, self string) error {
 	return &Refusal{Detail: DetailChildTypes}
 }
 
-func validateOrchestrator(m *Manifest, from Sender, repo *config.Repo) error {
+// CheckSpawnRights applies the rights rule to a spawn's rights against
+// from's grant capped by its repository's orchestration.cap: the check
+// Validate makes of a spawn when it is sent, which a queued spawn passes
+// again when it starts (the grant or the cap may have narrowed
+// meanwhile). A refusal is a *Refusal whose detail names the right that
+// does not pass (or the missing grant).
+func CheckSpawnRights(from Sender, r grant.Rights) error {
+	repo := from.Repo
+	if repo == nil {
+		repo = config.Default()
+	}
+	eff, err := effectiveGrant(from, repo)
+	if err != nil {
+		return err
+	}
+	return checkRights(eff, repo, r)
+}
+
+// effectiveGrant is from's grant capped by repo's orchestration.cap; a
+// refusal when from's grant was revoked or it holds none.
+func effectiveGrant(from Sender, repo *config.Repo) (grant.Grant, error) {
 	if from.Revoked {
-		return &Refusal{Detail: DetailGrantRevoked}
+		return grant.Grant{}, &Refusal{Detail: DetailGrantRevoked}
 	}
 	if from.Grant == nil {
-		return &Refusal{Detail: DetailNoGrant}
+		return grant.Grant{}, &Refusal{Detail: DetailNoGrant}
 	}
-	caps := repo.Orchestration.Cap
-	eff := from.Grant.Capped(caps)
+	return from.Grant.Capped(repo.Orchestration.Cap), nil
+}
+
+// checkRights refuses rights that do not pass the rights rule against the
+// effective grant eff and repo's cap.
+func checkRights(eff grant.Grant, repo *config.Repo, r grant.Rights) error {
+	if err := grant.CheckRights(eff, repo.Orchestration.Cap, r); err != nil {
+		return refuse("%s", err.Error())
+	}
+	return nil
+}
+
+func validateOrchestrator(m *Manifest, from Sender, repo *config.Repo) error {
+	eff, err := effectiveGrant(from, repo)
+	if err != nil {
+		return err
+	}
 	revokeOnly := m.Type == TypeRights && m.Rights.RevokeOnly()
 	if op := OperationFor(m.Type); !revokeOnly && !eff.Has(op) {
 		return &Refusal{Detail: MissingOperation(op)}
@@ -99,8 +134,8 @@ func validateOrchestrator(m *Manifest, from Sender, repo *config.Repo) error {
 		if err := needDestroy(s.OnDone, eff); err != nil {
 			return err
 		}
-		if err := grant.CheckRights(eff, caps, s.Rights); err != nil {
-			return refuse("%s", err.Error())
+		if err := checkRights(eff, repo, s.Rights); err != nil {
+			return err
 		}
 		if s.Runner != nil {
 			if err := repo.CheckRunner(*s.Runner); err != nil {
@@ -130,8 +165,8 @@ func validateOrchestrator(m *Manifest, from Sender, repo *config.Repo) error {
 			if r.Grant.For == "" {
 				return refuse("`grant.for` is required: a TTL of at most 24h, or never")
 			}
-			if err := grant.CheckRights(eff, caps, r.Grant.Items); err != nil {
-				return refuse("%s", err.Error())
+			if err := checkRights(eff, repo, r.Grant.Items); err != nil {
+				return err
 			}
 		}
 	}

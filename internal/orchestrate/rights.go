@@ -389,6 +389,27 @@ func (o *Orchestrator) StartUnit(ctx context.Context, sandbox string) error {
 	return nil
 }
 
+// spawnRightsFit checks a spawn's rights again as its child is about to
+// start, with the check its send passed (manifest.CheckSpawnRights)
+// against the orchestrator's grant and its repository's config as they
+// are now: a queued spawn may start much later, after the host narrowed
+// either, and its rights are then granted for good. A *stepError names
+// the right that no longer fits; a config that cannot be read is a
+// refusal, and fails the spawn too.
+func (o *Orchestrator) spawnRightsFit(ctx context.Context, sb store.Sandbox, r grant.Rights) error {
+	from, err := o.sender(ctx, wire.Caller{Sandbox: sb.Parent, Role: wire.RoleOrchestrator})
+	if err != nil {
+		return err
+	}
+	var ref *manifest.Refusal
+	if err := manifest.CheckSpawnRights(from, r); errors.As(err, &ref) {
+		return &stepError{reason: "its rights no longer fit your grant and the repository's orchestration.cap: " + ref.Detail}
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
 // recordSpawnRights gives a new child its spawn's rights, owned by
 // orchestration and permanent (also over a timed grant it had while it
 // was queued; an item held by hand stays the host's), and attaches its

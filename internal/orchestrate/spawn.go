@@ -311,6 +311,11 @@ func (o *Orchestrator) createChild(ctx context.Context, name string) {
 		fmt.Fprintf(log, "%s failed during %s: %s\n", stamp(), phase, reason)
 		o.failChild(context.WithoutCancel(ctx), sb, doc, phase, reason, keep)
 	}
+	if err := o.spawnRightsFit(ctx, sb, doc.Rights); err != nil {
+		fmt.Fprintf(log, "%s error: %v\n", stamp(), err)
+		fail(stepReason(err), false) // no sandbox yet: nothing was granted
+		return
+	}
 	if err := o.buildChild(ctx, &sb, doc, log, &phase); err != nil {
 		fmt.Fprintf(log, "%s error: %v\n", stamp(), err)
 		fail("see the worker log", false)
