@@ -331,6 +331,48 @@ func TestExecProviderExitStatus(t *testing.T) {
 	}
 }
 
+// TestAttackExecProviderSymlinkSwap: the signed executable
+// /opt/agent/bin/provider where /opt/agent belongs to uid 1000, which
+// replaces the provider with a symbolic link to its own program; root's
+// `managed exec-provider` refuses (exit 1) and that program never runs.
+func TestAttackExecProviderSymlinkSwap(t *testing.T) {
+	mt.RequireRoot(t)
+	base := t.TempDir()
+	agent := filepath.Join(base, "opt", "agent")
+	bin := filepath.Join(agent, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	exe, evil, marker := filepath.Join(bin, "provider"), filepath.Join(agent, "evil"), filepath.Join(base, "attacker-ran")
+	mt.WriteFile(t, evil, []byte("#!/bin/sh\nenv > "+marker+"\n"), 0o755)
+	for _, d := range []string{filepath.Join(base, "opt"), agent, bin} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(evil, exe); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{agent, bin, evil, exe} {
+		if err := os.Lchown(p, 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := execFixture(t, exe)
+	caller := []string{f.Env(), "MODEL_ACCESS_TOKEN=caller-" + mt.Secret}
+	r := runCLI(t, caller, "managed", "exec-provider", "--assignment", f.Path, "--provider", exe, "--inherit-env", "MODEL_ACCESS_TOKEN")
+	if r.code != cli.ExitRefused || r.stdout != "" || !strings.Contains(r.stderr, "owned by uid 1000, neither root nor the runtime's uid 0") {
+		t.Fatalf("exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if strings.Contains(r.stderr, base) {
+		t.Fatalf("the refusal names a host path: %q", r.stderr)
+	}
+	noSecrets(t, f, r)
+	if _, err := os.Lstat(marker); !os.IsNotExist(err) {
+		t.Fatalf("the attacker's program ran as root: %v", err)
+	}
+}
+
 // TestBinary builds branchbox and checks the exit statuses and the exact
 // provider environment through the real executable.
 func TestBinary(t *testing.T) {

@@ -61,6 +61,10 @@ ledger, relays the capability-free request to the endpoint socket, records
 the correlated response durably, and writes <spool>/responses/R.json (the
 consumer's, mode 0400).
 
+The assignment is validated again first and must be the very bytes feature
+start validated (code assignment_changed otherwise, or for a launch record
+without their SHA-256).
+
 A response already recorded for R is returned again without contacting the
 endpoint. A relay interrupted earlier is retried only when the lease signs
 replay_policy exact-digest-replay-v1; without it the claim stays blocked.

@@ -32,8 +32,12 @@ The provider starts from an empty environment plus:
   each provider-environment value of that lease's consumer, read from its value
   file immediately before the start, its SHA-256 recomputed from those bytes
 
-A bare EXE is looked up only in that fixed PATH. Arguments after -- go to the
-provider.
+A bare EXE is looked up only in that fixed PATH. The executable is opened
+without following a symbolic link anywhere on its path; it and every directory
+above it must be owned by root or the runtime's uid and writable by no one else
+(a directory may be, with the sticky bit), and the file checked is the one
+executed (through /proc/self/fd/3; argv[0] stays EXE). Arguments after -- go to
+the provider.
 
 Exit status: 0 when the provider exits 0; 1 on a refusal, when the provider
 cannot start, or when it exits non-zero or is killed; 2 on a usage error.`,

@@ -164,7 +164,10 @@ consumer's other processes, and other leases' providers, cannot read its
 environment through /proc.
 
 EXE and the ordered --inherit-env names must exactly match one live
-model-identity lease. The assignment and its files are validated again first.
+model-identity lease. The assignment and its files are validated again first,
+and the assignment must be the very bytes feature start validated (their
+SHA-256 is in the launch record): any other document at the manifest path, or
+a record without the digest, is refused (code assignment_changed).
 The provider's whole environment is:
   PATH=` + provider.SafePATH + `
   each --inherit-env name with its value from this process's environment

@@ -19,6 +19,12 @@ const (
 	CodeInternal     = "internal"       // anything else
 )
 
+// CodeAssignmentChanged: exec-provider or dispatch-tool found an
+// assignment that is not the one the feature was started with (its
+// SHA-256 differs from the launch record's, or the record, written by an
+// older branchbox, holds none).
+const CodeAssignmentChanged = "assignment_changed"
+
 // Error is a launch command's refusal or failure: Code is stable, Message
 // says what and why without a secret, a capability or a value.
 type Error struct {

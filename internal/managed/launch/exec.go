@@ -10,7 +10,6 @@ import (
 	"strings"
 
 	"agentbox/internal/managed/engine"
-	"agentbox/internal/managed/leasecheck"
 	"agentbox/internal/managed/policy"
 	"agentbox/internal/managed/provider"
 )
@@ -118,9 +117,9 @@ func ExecProvider(ctx context.Context, cfg Config, name string, req provider.Req
 	if err != nil {
 		return 0, err
 	}
-	checked, err := leasecheck.Load(rec.ManifestPath, cfg.Checks)
+	checked, err := pinnedAssignment(cfg, rec)
 	if err != nil {
-		return 0, &Error{Code: CodeAssignment, Message: err.Error()}
+		return 0, err
 	}
 	plan, err := provider.AuthorizeElsewhere(checked, req, cfg.Checks.Now)
 	if err != nil {

@@ -185,7 +185,7 @@ func newRecord(req Request, repo string, checked *leasecheck.Checked, dir string
 	rec := &Record{
 		Version: recordVersion, Name: req.Name, Phase: PhaseStarting,
 		RunID: a.RunID, AssignmentLeaseID: a.LeaseID, OuterRuntimeID: a.OuterRuntimeID,
-		ManifestPath: req.Manifest, Repo: repo, Revision: a.Repository.Revision, TaskBranch: a.TaskBranch,
+		ManifestPath: req.Manifest, AssignmentSHA256: checked.SHA256, Repo: repo, Revision: a.Repository.Revision, TaskBranch: a.TaskBranch,
 		Worktree: worktree, WorkspaceFolder: folder, Consumer: *a.WorkspaceConsumer,
 		ComposeProject: compose.ProjectName(a.RunID, req.Manifest, worktree),
 		PublishedPorts: a.PublishedPorts,

@@ -76,13 +76,18 @@ type Record struct {
 	AssignmentLeaseID string `json:"assignment_lease_id"`
 	OuterRuntimeID    string `json:"outer_runtime_id"`
 	ManifestPath      string `json:"manifest_path"`
-	Repo              string `json:"repo"`
-	Revision          string `json:"revision"`
-	TaskBranch        string `json:"task_branch"`
-	BranchCreated     bool   `json:"branch_created"`
-	Worktree          string `json:"worktree"`
-	WorktreeGitDir    string `json:"worktree_gitdir,omitempty"`
-	Delegated         bool   `json:"delegated"`
+	// AssignmentSHA256 is the SHA-256 (lowercase hex) of the assignment
+	// bytes the start validated: exec-provider and dispatch-tool refuse
+	// other bytes at ManifestPath (pinned). A record without it (written
+	// before it was recorded) is refused by both.
+	AssignmentSHA256 string `json:"assignment_sha256,omitempty"`
+	Repo             string `json:"repo"`
+	Revision         string `json:"revision"`
+	TaskBranch       string `json:"task_branch"`
+	BranchCreated    bool   `json:"branch_created"`
+	Worktree         string `json:"worktree"`
+	WorktreeGitDir   string `json:"worktree_gitdir,omitempty"`
+	Delegated        bool   `json:"delegated"`
 	// GitBaseline is what of the shared Git metadata could make host Git
 	// run code, taken before delegation: teardown reports any change.
 	GitBaseline     gitmeta.Baseline    `json:"git_baseline,omitempty"`

@@ -107,9 +107,9 @@ func DispatchTool(ctx context.Context, cfg Config, name, leaseID, id string, wai
 	if err != nil {
 		return nil, err
 	}
-	checked, err := leasecheck.Load(rec.ManifestPath, cfg.Checks)
+	checked, err := pinnedAssignment(cfg, rec)
 	if err != nil {
-		return nil, &Error{Code: CodeAssignment, Message: err.Error()}
+		return nil, err
 	}
 	a := checked.Assignment
 	i := -1

@@ -43,7 +43,23 @@ type Options struct {
 	Now time.Time
 	// Runtime is the runtime's effective uid and gid.
 	Runtime assignment.Identity
+	// PinnedSHA256, when not "", is the lowercase hex SHA-256 the
+	// assignment's bytes must have (what `feature start` validated and
+	// recorded): other bytes are refused as ErrChanged before they are
+	// parsed.
+	PinnedSHA256 string
 }
+
+// ErrChanged is the class of Load's refusal of an assignment whose bytes
+// differ from Options.PinnedSHA256 (test with errors.Is). The refusal is
+// an *assignment.Error (class assignment.ErrInvalid) too.
+var ErrChanged = errors.New("the assignment changed since it was pinned")
+
+// changedError is a refusal in both classes.
+type changedError struct{ refusal *assignment.Error }
+
+func (e *changedError) Error() string   { return e.refusal.Error() }
+func (e *changedError) Unwrap() []error { return []error{e.refusal, ErrChanged} }
 
 // Source is what a check observed of one materialization source.
 type Source struct {
@@ -62,7 +78,10 @@ type Checked struct {
 	Assignment *assignment.Assignment
 	Path       string // the assignment file
 	Owner      uint32 // the assignment owner's uid
-	Sources    []Source
+	// SHA256 is the lowercase hex SHA-256 of the assignment bytes that
+	// were parsed and checked.
+	SHA256  string
+	Sources []Source
 }
 
 // Load reads the assignment at path without following a symlink, checks
@@ -111,6 +130,12 @@ func Load(assignmentPath string, opts Options) (*Checked, error) {
 	data, err := secfs.ReadAllLimited(f, assignment.MaxAssignmentBytes)
 	if err != nil {
 		return nil, assignment.Errorf("assignment", "cannot be read: %s", describe(err))
+	}
+	sum := sha256.Sum256(data)
+	c.SHA256 = hex.EncodeToString(sum[:])
+	if opts.PinnedSHA256 != "" && subtle.ConstantTimeCompare([]byte(c.SHA256), []byte(opts.PinnedSHA256)) != 1 {
+		clear(data)
+		return nil, &changedError{refusal: assignment.Errorf("assignment", "changed since the launch validated it (its SHA-256 differs from the one recorded at start)")}
 	}
 	rt := opts.Runtime
 	a, err := assignment.Parse(data, assignment.Options{Now: opts.Now, ManagedRoot: root, Runtime: &rt})

@@ -1,6 +1,8 @@
 package leasecheck_test
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
@@ -412,4 +414,34 @@ func TestManagedRootOption(t *testing.T) {
 	// The default root is the literal /run/branchbox/managed.
 	_, err := leasecheck.Load(f.Path, leasecheck.Options{Now: now, Runtime: runtimeID()})
 	assertRefusal(t, err, "assignment", "/run/branchbox/managed/<run-id>/")
+}
+
+// TestPinnedDigest: Load reports the SHA-256 of the bytes it checked, and
+// with PinnedSHA256 refuses other bytes (ErrChanged, in the ErrInvalid
+// class) before parsing them, whatever they hold.
+func TestPinnedDigest(t *testing.T) {
+	f := mt.New(t, mt.Base())
+	data, err := os.ReadFile(f.Path)
+	must(t, err)
+	c, err := load(f)
+	must(t, err)
+	sum := sha256.Sum256(data)
+	if c.SHA256 != hex.EncodeToString(sum[:]) {
+		t.Fatalf("SHA256 %q", c.SHA256)
+	}
+	opts := leasecheck.Options{ManagedRoot: f.Root, Now: now, Runtime: runtimeID(), PinnedSHA256: c.SHA256}
+	if _, err := leasecheck.Load(f.Path, opts); err != nil {
+		t.Fatalf("the pinned bytes: %v", err)
+	}
+	for name, other := range map[string][]byte{
+		"a valid document reformatted": append(append([]byte(nil), data...), '\n'),
+		"garbage":                      []byte("not json " + mt.Secret),
+	} {
+		mt.WriteFile(t, f.Path, other, 0o600)
+		_, err := leasecheck.Load(f.Path, opts)
+		if !errors.Is(err, leasecheck.ErrChanged) || strings.Contains(err.Error(), mt.Secret) {
+			t.Fatalf("%s: %v", name, err)
+		}
+		assertRefusal(t, err, "assignment", "changed since the launch validated it")
+	}
 }

@@ -10,12 +10,21 @@
 // names copied from the caller's environment, and the provider-environment
 // values of that lease's exact consumer, each read from its value file
 // immediately before the start, its digest recomputed from the bytes used.
+//
+// The executable is opened, immediately before the start, one component at
+// a time without following a symbolic link (package secfs); the file and
+// every directory above it must be owned by root or the runtime's uid and
+// not writable by anyone else, and the very inode checked is executed
+// (through /proc/self/fd), so no one but root or the runtime can swap the
+// program between the check and the start.
 package provider
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -23,6 +32,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"agentbox/internal/managed/assignment"
 	"agentbox/internal/managed/leasecheck"
@@ -63,6 +74,9 @@ type Plan struct {
 	grant   *assignment.ProviderGrant
 	path    string // the resolved executable
 	args    []string
+	// elsewhere: the provider runs in the container (AuthorizeElsewhere),
+	// never on this host.
+	elsewhere bool
 }
 
 // Authorize checks the request against the checked assignment's leases at
@@ -88,7 +102,7 @@ func AuthorizeElsewhere(c *leasecheck.Checked, req Request, now time.Time) (*Pla
 	if err != nil {
 		return nil, err
 	}
-	return &Plan{checked: c, grant: g, path: g.Executable, args: append([]string(nil), req.Args...)}, nil
+	return &Plan{checked: c, grant: g, path: g.Executable, args: append([]string(nil), req.Args...), elsewhere: true}, nil
 }
 
 // Args are the provider's arguments (after argv[0]).
@@ -125,16 +139,34 @@ func (p *Plan) Environment(caller []string) ([]string, error) {
 	return env, nil
 }
 
-// Command reads the values and returns the provider command, ready to
-// start: call it immediately before Start.
+// childExecutable is the name the child executes: descriptor 3, the
+// handle of the executable that was checked (Command's ExtraFiles[0]).
+const childExecutable = "/proc/self/fd/3"
+
+// Command opens and checks the executable again (OpenExecutable), reads
+// the values and returns the provider command, ready to start: call it
+// immediately before Start. The command executes exactly the inode that
+// was checked: its handle is ExtraFiles[0], descriptor 3 of the child,
+// which runs /proc/self/fd/3 with argv[0] the signed executable. The
+// caller closes cmd.ExtraFiles[0] once the command started (or will not
+// start).
 func (p *Plan) Command(ctx context.Context, caller []string) (*exec.Cmd, error) {
-	env, err := p.Environment(caller)
+	if p.elsewhere {
+		return nil, assignment.Errorf("provider", "the plan is for a provider in the container, not on this host")
+	}
+	exe, err := OpenExecutable(p.path)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.CommandContext(ctx, p.path, p.args...)
+	env, err := p.Environment(caller)
+	if err != nil {
+		exe.Close()
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, childExecutable, p.args...)
 	cmd.Args[0] = p.grant.Executable
 	cmd.Env = env
+	cmd.ExtraFiles = []*os.File{exe}
 	return cmd, nil
 }
 
@@ -153,7 +185,9 @@ func (p *Plan) Run(ctx context.Context, caller []string, stdin io.Reader, stdout
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	cmd.ExtraFiles[0].Close() // the child holds its own copy
+	if err != nil {
 		return 0, errors.Join(ErrStart, secfs.WithoutPath(err))
 	}
 	done := make(chan struct{})
@@ -179,23 +213,179 @@ func (p *Plan) Run(ctx context.Context, caller []string, stdin io.Reader, stdout
 	return 0, nil
 }
 
-// resolve finds the executable: an absolute path as signed, or a bare name
-// in SafePATH; it must be a regular file with an execute bit.
+// resolve finds the executable and checks it (OpenExecutable): the signed
+// absolute path, or a bare name in SafePATH (lookup).
 func resolve(exe string) (string, error) {
 	if strings.HasPrefix(exe, "/") {
-		if executable(exe) {
-			return exe, nil
+		f, err := OpenExecutable(exe)
+		if err != nil {
+			return "", err
 		}
-		return "", assignment.Errorf("provider", "the signed executable path is not an executable regular file")
+		f.Close()
+		return exe, nil
 	}
-	if c, ok := LookPath(exe); ok {
-		return c, nil
+	return lookup(exe)
+}
+
+// lookup finds a bare name in SafePATH's directories, never the caller's
+// PATH, for a provider on this host: the first executable regular file
+// wins, as for a shell. A directory that is missing or has a symbolic link
+// on its path (/bin -> usr/bin on a merged-/usr system: its target comes
+// earlier in SafePATH) is not searched. What is found must pass
+// OpenExecutable's rules, else it is refused (never skipped for a later
+// directory); a symbolic link found there is refused, not followed.
+func lookup(name string) (string, error) {
+	for _, dir := range lookupDirs {
+		d, reason, err := openTrustedDir(dir)
+		if err != nil {
+			continue
+		}
+		f, st, err := secfs.OpenChild(d, name, unix.O_PATH)
+		d.Close()
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if errors.Is(err, secfs.ErrSymlink) {
+			return "", assignment.Errorf("provider", "the executable found in the fixed PATH is a symbolic link, and none is followed: install the program itself there (versions 2 and 3 can sign its real absolute path)")
+		}
+		if err != nil {
+			return "", assignment.Errorf("provider", "the executable found in the fixed PATH %s", describe(err))
+		}
+		f.Close()
+		if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o111 == 0 {
+			continue
+		}
+		if reason != "" {
+			return "", assignment.Errorf("provider", "the executable found in the fixed PATH: %s", reason)
+		}
+		if r := fileReason(&st); r != "" {
+			return "", assignment.Errorf("provider", "the executable found in the fixed PATH %s", r)
+		}
+		return path.Join(dir, name), nil
 	}
 	return "", assignment.Errorf("provider", "the executable is not in the fixed PATH %s", SafePATH)
 }
 
+// OpenExecutable opens the provider executable at the absolute, clean path
+// p as an O_PATH handle, one component at a time from "/" without
+// following a symbolic link anywhere (package secfs), and checks on the
+// handles, never on the path string: p is a regular file with an execute
+// bit, and p and every directory above it are owned by root or the
+// runtime's (effective) uid and are not group- or other-writable (a
+// directory may be, with the sticky bit, like /tmp). So no uid but root's
+// and the runtime's can replace the program or anything on its path; a
+// start through the handle (Command) runs exactly what was checked.
+// Refusals name the rule, never the path.
+func OpenExecutable(p string) (*os.File, error) {
+	if !secfs.IsAbsClean(p) || p == "/" {
+		return nil, assignment.Errorf("provider", "the executable must be an absolute, clean path")
+	}
+	d, reason, err := openTrustedDir(path.Dir(p))
+	if err != nil {
+		return nil, assignment.Errorf("provider", "the executable's directory %s", describe(err))
+	}
+	f, st, err := secfs.OpenChild(d, path.Base(p), unix.O_PATH)
+	d.Close()
+	if err != nil {
+		if reason != "" {
+			return nil, assignment.Errorf("provider", "the executable: %s", reason)
+		}
+		return nil, assignment.Errorf("provider", "the executable %s", describe(err))
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Mode&0o111 == 0 {
+		f.Close()
+		return nil, assignment.Errorf("provider", "the executable's path does not name an executable regular file")
+	}
+	if reason != "" {
+		f.Close()
+		return nil, assignment.Errorf("provider", "the executable: %s", reason)
+	}
+	if r := fileReason(&st); r != "" {
+		f.Close()
+		return nil, assignment.Errorf("provider", "the executable %s", r)
+	}
+	return f, nil
+}
+
+// openTrustedDir opens the absolute, clean directory dir without following
+// a symbolic link and returns, besides its handle, why another uid could
+// replace what is below it ("" when none could): the first directory from
+// "/" down to dir that breaks dirReason, named by how many levels above
+// the executable it is.
+func openTrustedDir(dir string) (*os.File, string, error) {
+	depth := strings.Count(dir, "/")
+	if dir == "/" {
+		depth = 0
+	}
+	var reason string
+	d, _, err := secfs.OpenDirNoFollow(dir, func(i int, st *unix.Stat_t) error {
+		if reason == "" {
+			if r := dirReason(st); r != "" {
+				levels := depth - i + 1
+				reason = fmt.Sprintf("the directory %d level(s) above it %s", levels, r)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return d, reason, nil
+}
+
+// trusted reports whether uid may own the executable or a directory above
+// it: root, or the uid the runtime runs as (which could replace its own
+// files anyway).
+func trusted(uid uint32) bool { return uid == 0 || uid == uint32(os.Geteuid()) }
+
+// dirReason is leasecheck.AncestorReason's rule with the runtime's uid
+// for the assignment owner's: owned by root or the runtime, and not group-
+// or other-writable unless sticky.
+func dirReason(st *unix.Stat_t) string {
+	if !trusted(st.Uid) {
+		return fmt.Sprintf("is owned by uid %d, neither root nor the runtime's uid %d", st.Uid, os.Geteuid())
+	}
+	if st.Mode&0o022 != 0 && st.Mode&unix.S_ISVTX == 0 {
+		return fmt.Sprintf("is group- or other-writable without the sticky bit (mode %04o)", st.Mode&0o7777)
+	}
+	return ""
+}
+
+// fileReason: the executable itself is owned by root or the runtime and is
+// not group- or other-writable.
+func fileReason(st *unix.Stat_t) string {
+	if !trusted(st.Uid) {
+		return fmt.Sprintf("is owned by uid %d, neither root nor the runtime's uid %d", st.Uid, os.Geteuid())
+	}
+	if st.Mode&0o022 != 0 {
+		return fmt.Sprintf("is group- or other-writable (mode %04o)", st.Mode&0o7777)
+	}
+	return ""
+}
+
+// describe turns an open error into words without a path.
+func describe(err error) string {
+	switch {
+	case errors.Is(err, secfs.ErrSymlink):
+		return "has a symbolic link on its path, and none is followed: sign the real file's path"
+	case errors.Is(err, secfs.ErrType):
+		return "has an unexpected file type on its path"
+	case errors.Is(err, fs.ErrNotExist):
+		return "does not exist"
+	case errors.Is(err, fs.ErrPermission):
+		return "cannot be reached: permission denied"
+	}
+	var errno unix.Errno
+	if errors.As(err, &errno) {
+		return "cannot be opened: " + errno.Error()
+	}
+	return "cannot be opened"
+}
+
 // LookPath finds a bare command name in the fixed PATH only, never the
-// caller's: the first executable regular file.
+// caller's: the first executable regular file. It is for the tools
+// branchbox itself runs (the docker and devcontainer CLIs); a provider is
+// found by lookup, which adds OpenExecutable's rules.
 func LookPath(name string) (string, bool) {
 	for _, dir := range lookupDirs {
 		if c := path.Join(dir, name); executable(c) {
