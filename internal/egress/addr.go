@@ -64,9 +64,10 @@ var refusedRanges = []struct {
 // refusal says why the proxy refuses to connect to a, "" when it does not:
 // loopback, private (RFC 1918, ULA), link-local, unspecified, multicast,
 // shared (CGNAT), reserved and translated addresses
-// (refusedRanges), and the host's own addresses (own), which reach the
-// host's services.
-func refusal(a netip.Addr, own []netip.Addr) string {
+// (refusedRanges), and the host's own networks (own: each interface's
+// address and the network it is on), which reach the host's services and
+// the machines beside it.
+func refusal(a netip.Addr, own []netip.Prefix) string {
 	a = a.Unmap()
 	switch {
 	case a.Zone() != "":
@@ -81,7 +82,7 @@ func refusal(a netip.Addr, own []netip.Addr) string {
 		return "a multicast address"
 	}
 	for _, o := range own {
-		if o.Unmap() == a {
+		if o.Addr() == a {
 			return "an address of this host"
 		}
 	}
@@ -93,20 +94,46 @@ func refusal(a netip.Addr, own []netip.Addr) string {
 			return r.reason
 		}
 	}
+	for _, o := range own {
+		if o.Contains(a) {
+			return "an address on this host's network"
+		}
+	}
 	return ""
 }
 
-// hostAddrs returns the addresses of the host's interfaces.
-func hostAddrs() ([]netip.Addr, error) {
+// Widest on-link networks refused: an interface configured with a wider
+// one (a /8, or an IPv6 /48) would take a part of the internet with it,
+// so only the network of this width around its address is refused.
+const (
+	widestOwnIPv4 = 16
+	widestOwnIPv6 = 64
+)
+
+// hostAddrs returns the addresses of the host's interfaces, each with the
+// network it is on (at most widestOwnIPv4 or widestOwnIPv6 wide).
+func hostAddrs() ([]netip.Prefix, error) {
 	addrs, err := net.InterfaceAddrs()
 	if err != nil {
 		return nil, err
 	}
-	out := make([]netip.Addr, 0, len(addrs))
+	out := make([]netip.Prefix, 0, len(addrs))
 	for _, a := range addrs {
 		if p, err := netip.ParsePrefix(a.String()); err == nil {
-			out = append(out, p.Addr())
+			out = append(out, ownNetwork(p))
 		}
 	}
 	return out, nil
+}
+
+// ownNetwork is p (an interface's address and its prefix length) with
+// its address unmapped and its width capped; its Addr stays the
+// interface's own.
+func ownNetwork(p netip.Prefix) netip.Prefix {
+	a := p.Addr().Unmap()
+	widest := widestOwnIPv6
+	if a.Is4() {
+		widest = widestOwnIPv4
+	}
+	return netip.PrefixFrom(a, max(p.Bits(), widest))
 }

@@ -11,8 +11,9 @@ import (
 )
 
 // FuzzReadHead feeds untrusted bytes to the request-head parser: it must
-// never panic, never read past MaxHeadBytes, and whatever it accepts names
-// a checked host and a real port.
+// never panic, never read past MaxHeadBytes, never accept more than
+// MaxRequestHeaderLines headers, and whatever it accepts names a checked
+// host and a real port.
 func FuzzReadHead(f *testing.F) {
 	for _, s := range []string{
 		"CONNECT pypi.org:443 HTTP/1.1\r\nHost: pypi.org:443\r\n\r\n",
@@ -23,15 +24,20 @@ func FuzzReadHead(f *testing.F) {
 		"CONNECT a_b:1 HTTP/1.1\r\n\r\n",
 		"CONNECT *.x.org:443 HTTP/1.1\r\n\r\n",
 		"GET http://u:p@h/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"CONNECT a.org:1 HTTP/1.1\n" + strings.Repeat("a:\n", MaxRequestHeaderLines+1) + "\n",
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		src := bytes.NewReader(data)
 		lr := &io.LimitedReader{R: src, N: MaxHeadBytes}
-		rq, err := readHead(bufio.NewReader(lr), lr)
+		hl := newHeadLines(lr, MaxRequestHeaderLines, true)
+		rq, err := readHead(bufio.NewReader(hl), hl, lr)
 		if read := int64(len(data)) - int64(src.Len()); read > MaxHeadBytes {
 			t.Fatalf("read %d bytes of the head", read)
+		}
+		if err == nil && len(rq.req.Header) > MaxRequestHeaderLines {
+			t.Fatalf("a head of %d headers accepted", len(rq.req.Header))
 		}
 		if err != nil {
 			var he *httpError
@@ -53,7 +59,13 @@ func FuzzReadHead(f *testing.F) {
 }
 
 func TestRefusal(t *testing.T) {
-	own := []netip.Addr{netip.MustParseAddr("203.0.113.9")}
+	// The host: a public IPv4 address on a /24, an IPv6 one on a /48
+	// (refused as its /64), one on a /8 (refused as its /16).
+	own := []netip.Prefix{
+		ownNetwork(netip.MustParsePrefix("81.2.69.9/24")),
+		ownNetwork(netip.MustParsePrefix("2a00:1450:1::9/48")),
+		ownNetwork(netip.MustParsePrefix("11.0.0.5/8")),
+	}
 	tests := map[string]string{
 		"93.184.215.14":    "",
 		"2606:4700::1111":  "",
@@ -93,8 +105,16 @@ func TestRefusal(t *testing.T) {
 		"2001:0:7f00:1::":    "a translated address",
 		"2001:4860::8888":    "",
 		"100::1":             "a reserved address",
-		"203.0.113.9":        "an address of this host",
-		"::ffff:203.0.113.9": "an address of this host",
+		"81.2.69.9":          "an address of this host",
+		"::ffff:81.2.69.9":   "an address of this host",
+		"81.2.69.1":          "an address on this host's network",
+		"::ffff:81.2.69.200": "an address on this host's network",
+		"81.2.70.1":          "",
+		"2a00:1450:1::9":     "an address of this host",
+		"2a00:1450:1::1":     "an address on this host's network",
+		"2a00:1450:1:2::1":   "",
+		"11.0.200.1":         "an address on this host's network",
+		"11.1.0.1":           "",
 	}
 	for in, want := range tests {
 		if got := refusal(netip.MustParseAddr(in), own); got != want {

@@ -8,10 +8,22 @@ const (
 	// together): room for large cookies and authorization headers, while
 	// MaxConns heads in memory stay a few MiB.
 	MaxHeadBytes = 64 << 10
+	// MaxRequestHeaderLines bounds the header lines of a request's head
+	// (the request line aside; a folded continuation counts as a line of
+	// its own). Parsing a head builds a map entry and strings for each
+	// line, several times the line's bytes: a head of MaxHeadBytes in
+	// 4-byte lines cost 1.2 to 1.8 MB, before any right was checked. One
+	// more line is answered 431 before it is parsed.
+	MaxRequestHeaderLines = 100
 	// MaxResponseHeadBytes bounds the head of an upstream's response to a
-	// forwarded request: upstreams are not trusted with the broker's
-	// memory either, and real ones send far less.
-	MaxResponseHeadBytes = 1 << 20
+	// forwarded request (its interim 1xx heads included): upstreams are
+	// not trusted with the broker's memory either, and real ones send far
+	// less.
+	MaxResponseHeadBytes = 64 << 10
+	// MaxResponseHeaderLines bounds the header lines of each head of an
+	// upstream's response, as MaxRequestHeaderLines does a request's; one
+	// more line is answered 502 before it is parsed.
+	MaxResponseHeaderLines = 200
 	// MaxConns is how many connections one sandbox may hold open through
 	// the proxy; one more is answered 503 at once, so one sandbox cannot
 	// spend the broker's descriptors.
@@ -37,12 +49,14 @@ const (
 	// ClientIdleTimeout bounds each wait of a forwarded request once its
 	// head is read: on its client for the next bytes of the body its head
 	// declares and for it to take the next bytes of the answer, and on
-	// its destination to take the next bytes of the request. A client
-	// that sends or reads nothing for this long ends its connection; else
-	// it would hold its slot for ever, long after its destination hung
-	// up. So does a destination that takes nothing: else a client that
-	// left mid-body would hold its slot while the destination neither
-	// reads nor hangs up.
+	// its destination to take the next bytes of the request and, once
+	// its answer's head is read, to send the next bytes of its body. A
+	// client that sends or reads nothing for this long ends its
+	// connection; else it would hold its slot for ever, long after its
+	// destination hung up. So does a destination that takes or sends
+	// nothing: else a client that left mid-body, or one still waiting
+	// for an answer that stalled, would hold its slot while the
+	// destination neither moves nor hangs up.
 	ClientIdleTimeout = 2 * time.Minute
 	// RefusalLogBurst is how many refused connections one proxy logs one
 	// by one in each RefusalLogPeriod. The period's further refusals, and

@@ -359,9 +359,10 @@ func (p *Proxy) handle(ctx context.Context, c net.Conn) {
 	context.AfterFunc(ctx, func() { c.Close() })
 
 	lr := &io.LimitedReader{R: c, N: MaxHeadBytes}
-	br := bufio.NewReader(lr)
+	hl := newHeadLines(lr, MaxRequestHeaderLines, true)
+	br := bufio.NewReader(hl)
 	c.SetReadDeadline(time.Now().Add(p.cfg.HeadTimeout))
-	rq, err := readHead(br, lr)
+	rq, err := readHead(br, hl, lr)
 	if errors.Is(err, errNoRequest) {
 		silent = true // nothing to answer
 		return
@@ -415,7 +416,7 @@ func (p *Proxy) fail(c net.Conn, rec *Record, err error) {
 			rec.Verdict = Refused
 		}
 		writeError(c, he, replyTimeout)
-	case errors.Is(err, errClientLeft):
+	case errors.Is(err, errClientLeft), errors.Is(err, errDestinationIdle):
 		rec.Verdict, rec.Reason = Failed, err.Error()
 	default:
 		rec.Verdict, rec.Reason = Failed, "the connection broke midway"

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -167,21 +168,50 @@ func forward(c net.Conn, req *http.Request, up net.Conn, idle time.Duration) (up
 			err = errClientLeft
 		}
 	}()
-	resp, err := readResponse(up, req)
+	upr := &upReader{c: up}
+	resp, err := readResponse(upr, req)
 	if err != nil {
 		return uw.n, 0, err
 	}
 	defer resp.Body.Close()
+	upr.idle = idle // each read of the body now has idle to bring something
 	removeHopByHop(resp.Header)
 	resp.Close = true
 	cw := &counter{w: &idleWriter{c: c, idle: idle}}
 	err = resp.Write(cw)
+	if err != nil && upr.timedOut {
+		err = errDestinationIdle
+	}
 	return uw.n, cw.n, err
 }
 
 // errClientLeft ends a forwarded request whose client closed its end
 // before the whole answer was passed on.
 var errClientLeft = errors.New("the client left before the answer ended")
+
+// errDestinationIdle ends a forwarded request whose destination sent
+// nothing more of its answer's body for its idle period.
+var errDestinationIdle = errors.New("the destination's answer stopped coming")
+
+// upReader reads a forwarded request's answer from its destination c:
+// while idle is zero, under the deadline c already has (the head's);
+// then each read is given idle to bring something.
+type upReader struct {
+	c        net.Conn
+	idle     time.Duration
+	timedOut bool
+}
+
+func (r *upReader) Read(b []byte) (int, error) {
+	if r.idle > 0 {
+		r.c.SetReadDeadline(time.Now().Add(r.idle))
+	}
+	n, err := r.c.Read(b)
+	if r.idle > 0 && errors.Is(err, os.ErrDeadlineExceeded) {
+		r.timedOut = true
+	}
+	return n, err
+}
 
 // idleReader reads a forwarded request's body from its client, each read
 // given idle to bring something.
@@ -220,13 +250,16 @@ func (w *idleWriter) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// readResponse reads the destination's response head, bounded by
-// MaxResponseHeadBytes and ResponseHeadTimeout; interim (1xx) responses
-// are dropped (the client's 100 Continue was the proxy's own).
-func readResponse(up net.Conn, req *http.Request) (*http.Response, error) {
+// readResponse reads the destination's response head from up, bounded by
+// MaxResponseHeadBytes (its interim heads included), MaxResponseHeaderLines
+// (each head) and ResponseHeadTimeout; interim (1xx) responses are dropped
+// (the client's 100 Continue was the proxy's own). It leaves up with no
+// deadline: the caller bounds the body's reads (upReader.idle).
+func readResponse(up *upReader, req *http.Request) (*http.Response, error) {
 	lr := &io.LimitedReader{R: up, N: MaxResponseHeadBytes}
-	br := bufio.NewReader(lr)
-	up.SetReadDeadline(time.Now().Add(ResponseHeadTimeout))
+	hl := newHeadLines(lr, MaxResponseHeaderLines, false)
+	br := bufio.NewReader(hl)
+	up.c.SetReadDeadline(time.Now().Add(ResponseHeadTimeout))
 	for {
 		resp, err := http.ReadResponse(br, req)
 		switch {
@@ -235,9 +268,12 @@ func readResponse(up net.Conn, req *http.Request) (*http.Response, error) {
 		case err == nil && resp.StatusCode < 200:
 			continue
 		case err == nil:
-			up.SetReadDeadline(time.Time{})
+			up.c.SetReadDeadline(time.Time{})
 			lr.N = math.MaxInt64
+			hl.off = true
 			return resp, nil
+		case hl.over:
+			return nil, &httpError{http.StatusBadGateway, "the destination's response head has more than " + strconv.Itoa(MaxResponseHeaderLines) + " header lines"}
 		case lr.N <= 0:
 			return nil, &httpError{http.StatusBadGateway, "the destination's response head is too large"}
 		case errors.Is(err, os.ErrDeadlineExceeded):

@@ -291,6 +291,43 @@ func TestRunnerCheck(t *testing.T) {
 	}
 }
 
+// TestCheckSyntaxLooseHost: an egress entry for a host named loose would
+// share its right's name with the loose right (EgressRight), so that
+// revoking one cut the connections of both: it is refused, in any case,
+// with or without a trailing dot. Hosts that only contain the word pass.
+func TestCheckSyntaxLooseHost(t *testing.T) {
+	const refusal = "rights.egress has a host named `loose` (in any case, with or without a trailing dot): that is the name of the loose right, not a host; ask for loose egress with loose: true"
+	tests := []struct {
+		entry, want string
+	}{
+		{"loose", refusal},
+		{"loose.", refusal},
+		{"LOOSE", refusal},
+		{"Loose.", refusal},
+		{"lOoSe", refusal},
+		{"loose..", "rights.egress has an invalid host (want a lowercase host name, optionally *.domain)"},
+		{"looser", ""},
+		{"loose.example.com", ""},
+		{"a.loose", ""},
+		{"*.loose", ""},
+		{"xloose", ""},
+	}
+	for _, tt := range tests {
+		for _, r := range []Rights{{Egress: []string{tt.entry}}, {Loose: true, Egress: []string{"pypi.org", tt.entry}}} {
+			got := ""
+			if err := r.CheckSyntax("rights"); err != nil {
+				got = err.Error()
+			}
+			if got != tt.want {
+				t.Errorf("CheckSyntax(%+v) = %q; want %q", r, got, tt.want)
+			}
+		}
+	}
+	if err := (Rights{Loose: true, Egress: []string{"pypi.org"}}).CheckSyntax("rights"); err != nil {
+		t.Errorf("loose with a host: %v", err)
+	}
+}
+
 func TestValidEgressAndMount(t *testing.T) {
 	for _, h := range []string{"pypi.org", "*.example.com", "10.0.0.1", "a-b.c", strings.Repeat("a.", 126) + "a"} {
 		if !ValidEgress(h) {

@@ -81,8 +81,17 @@ func coveredByAny(entries []string, host string) bool {
 }
 
 // LooseRight names the loose right where a right that allowed egress is
-// named (EgressRight).
+// named (EgressRight). No egress entry may be a host of this name
+// (CheckSyntax): its connections would be remembered under the same right
+// as loose's, and revoking either would cut both.
 const LooseRight = "loose"
+
+// namesLooseRight reports whether an egress entry would name LooseRight:
+// "loose" in any case, with or without a trailing dot (hosts are compared
+// lowercase and without one).
+func namesLooseRight(entry string) bool {
+	return strings.EqualFold(strings.TrimSuffix(entry, "."), LooseRight)
+}
 
 // EgressRight returns the right in r that allows egress to host under the
 // repository's cap, "" when none does: an egress entry equal to host, else
@@ -163,6 +172,9 @@ func (r Rights) CheckSyntax(field string) error {
 		}
 	}
 	for _, h := range r.Egress {
+		if namesLooseRight(h) {
+			return fmt.Errorf("%s.egress has a host named `loose` (in any case, with or without a trailing dot): that is the name of the loose right, not a host; ask for loose egress with loose: true", field)
+		}
 		if !ValidEgress(h) {
 			return fmt.Errorf("%s.egress has an invalid host (want a lowercase host name, optionally *.domain)", field)
 		}
