@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"time"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/egress"
@@ -21,6 +22,10 @@ type egressServer struct {
 	proxy *egress.Proxy
 	mu    sync.Mutex
 	rules egress.Rights
+	// expiry refreshes the rights when the first of them expires: a
+	// right's end is the proxy's to apply at once (its live connections
+	// cut, new ones refused), not a round's, which may come 30 s later.
+	expiry *time.Timer
 }
 
 // listenEgress listens at dir/egress.sock and makes the sandbox's proxy,
@@ -34,20 +39,25 @@ func (b *Broker) listenEgress(sb store.Sandbox, dir string) (net.Listener, *egre
 	ln.SetUnlinkOnClose(false)
 	es := &egressServer{}
 	es.proxy = egress.New(egress.Config{Sandbox: sb.Name, Log: b.logEgress, AdmitConn: b.admitConn(sb)})
-	es.refresh(func() *egress.Rights { return b.egressRights(context.Background(), sb.Name) })
+	es.refresh(func() (*egress.Rights, time.Time) { return b.egressRights(context.Background(), sb.Name) }, b.expireEgress(sb.Name))
 	return ln, es, nil
 }
 
 // egressRights is the policy of sandbox name: its egress and loose rights
-// as the store has them now and its repository's cap; nil (nothing
-// allowed) when they cannot be read.
-func (b *Broker) egressRights(ctx context.Context, name string) *egress.Rights {
+// as the store has them now and its repository's cap, nil (nothing
+// allowed) when they cannot be read; and when the first of them expires.
+func (b *Broker) egressRights(ctx context.Context, name string) (*egress.Rights, time.Time) {
 	r, err := b.orchestrator.EgressRights(ctx, name)
 	if err != nil {
 		b.log.Warn("egress: the sandbox's rights cannot be read; it is allowed none", "sandbox", name, "err", err)
-		return nil
+		return nil, time.Time{}
 	}
-	return &egress.Rights{Rights: grant.Rights{Egress: r.Egress, Loose: r.Loose}, Cap: grant.Cap{Egress: r.RepoCap}}
+	return &egress.Rights{Rights: grant.Rights{Egress: r.Egress, Loose: r.Loose}, Cap: grant.Cap{Egress: r.RepoCap}}, r.Until
+}
+
+// expireEgress refreshes sandbox name's proxy, whichever serves it then.
+func (b *Broker) expireEgress(name string) func() {
+	return func() { b.RefreshEgress(b.ctx, name) }
 }
 
 // refresh gives the proxy the rights read returns (nil: nothing) and cuts
@@ -55,10 +65,17 @@ func (b *Broker) egressRights(ctx context.Context, name string) *egress.Rights {
 // the change are one step under es.mu: of two refreshes, the one that
 // read last applies last, so a revoke's refresh is never undone by an
 // older reading.
-func (es *egressServer) refresh(read func() *egress.Rights) {
+func (es *egressServer) refresh(read func() (*egress.Rights, time.Time), expire func()) {
 	es.mu.Lock()
 	defer es.mu.Unlock()
-	r := read()
+	r, until := read()
+	if es.expiry != nil {
+		es.expiry.Stop()
+		es.expiry = nil
+	}
+	if !until.IsZero() {
+		es.expiry = time.AfterFunc(time.Until(until), expire)
+	}
 	old := es.rules
 	if r == nil {
 		es.rules = egress.Rights{}
@@ -87,7 +104,7 @@ func (b *Broker) RefreshEgress(ctx context.Context, name string) error {
 	if srv == nil || srv.egress == nil {
 		return nil
 	}
-	srv.egress.refresh(func() *egress.Rights { return b.egressRights(ctx, name) })
+	srv.egress.refresh(func() (*egress.Rights, time.Time) { return b.egressRights(ctx, name) }, b.expireEgress(name))
 	return nil
 }
 

@@ -58,7 +58,7 @@ func TestEgressSetCutsLostRights(t *testing.T) {
 		_, err := io.ReadFull(c, make([]byte, 1))
 		return err == nil
 	}
-	set := func(r *egress.Rights) { es.refresh(func() *egress.Rights { return r }) }
+	set := func(r *egress.Rights) { es.refresh(func() (*egress.Rights, time.Time) { return r, time.Time{} }, nil) }
 	set(&egress.Rights{Rights: grant.Rights{Egress: []string{"127.0.0.1"}}})
 	c := tunnelThrough(t, sock, dst.Addr().String())
 	set(&egress.Rights{Rights: grant.Rights{Egress: []string{"127.0.0.1", "example.com"}}})

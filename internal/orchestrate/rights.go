@@ -32,6 +32,9 @@ type EgressRights struct {
 	// RepoCap is the repository's orchestration.cap egress list; nil: no
 	// cap (loose reaches any host).
 	RepoCap []string
+	// Until is when the first of them expires (zero: none does): the
+	// proxy reads them again then, without waiting for a round.
+	Until time.Time
 }
 
 // EgressRights returns sandbox's current egress rights for the proxy.
@@ -55,6 +58,11 @@ func (o *Orchestrator) EgressRights(ctx context.Context, sandbox string) (Egress
 			out.Egress = append(out.Egress, r.Item)
 		case store.RightLoose:
 			out.Loose = true
+		default:
+			continue
+		}
+		if !r.Expires.IsZero() && (out.Until.IsZero() || r.Expires.Before(out.Until)) {
+			out.Until = r.Expires
 		}
 	}
 	repo, err := LoadRepoConfig(sb.Repo)
