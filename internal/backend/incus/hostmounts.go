@@ -74,7 +74,6 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 	fail := func(err error) error { return fmt.Errorf("detach mount %s from %s: %w", path.Base(point), name, err) }
 	want, wantErr := hostMountID(source)
 	var id uint64
-	var initPID int
 	mounts, err := b.initMounts(ctx, name)
 	if unreadable(err) {
 		// Where root inside bound it cannot be told: as if elsewhere.
@@ -94,9 +93,6 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 				id = uint64(e.id)
 			}
 		}
-		b.mu.Lock()
-		initPID = b.inits[name].pid
-		b.mu.Unlock()
 	}
 	if err := b.retryConfig(ctx, "config", "device", "remove", name, device); err != nil && !errors.Is(err, errNoDevice) {
 		return fail(err)
@@ -125,7 +121,7 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 		}
 	}
 	b.mu.Lock()
-	initPID = b.inits[name].pid
+	initPID := b.inits[name].pid
 	b.mu.Unlock()
 	if (target.MountID != 0 || target.Dev != 0) && initPID != 0 {
 		if err := holders.Kill(ctx, initPID, target); err != nil {

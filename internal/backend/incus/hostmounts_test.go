@@ -1,6 +1,7 @@
 package incus_test
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -15,20 +16,9 @@ import (
 // mount elsewhere, which removing the device does not undo: the detach
 // says so instead of reporting the mount gone.
 func TestHostMountCopiedByRoot(t *testing.T) {
-	b := newBackend(t)
-	ctx := t.Context()
 	const name = "copied"
-	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Destroy(t.Context(), name) })
-	if err := b.Start(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	m := backend.HostMount{Name: "d", Source: backendtest.HostDir(t), ReadOnly: true}
-	if err := b.AttachMount(ctx, name, m); err != nil {
-		t.Fatal(err)
-	}
+	b, m := mountedSandbox(t, name)
+	ctx := t.Context()
 	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
 		"mkdir -p /root/copy && mount --bind " + m.Path() + " /root/copy && cat /root/copy/hello"}})
 	if r.Code != 0 || r.Stdout != "hi\n" {
@@ -59,20 +49,9 @@ func TestHostMountCopiedByRoot(t *testing.T) {
 // host directory through it. The detach ends that process: afterwards
 // nothing in the container reaches the directory.
 func TestHostMountCopyDetachedAndHeld(t *testing.T) {
-	b := newBackend(t)
-	ctx := t.Context()
 	const name = "heldcopy"
-	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Destroy(t.Context(), name) })
-	if err := b.Start(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	m := backend.HostMount{Name: "d", Source: backendtest.HostDir(t), ReadOnly: true}
-	if err := b.AttachMount(ctx, name, m); err != nil {
-		t.Fatal(err)
-	}
+	b, m := mountedSandbox(t, name)
+	ctx := t.Context()
 	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
 		"mkdir -p /root/copy && mount --bind " + m.Path() + " /root/copy && " +
 			"(cd /root/copy && exec setsid sh -c 'echo $$ >/root/holder; exec sleep 600' </dev/null >/dev/null 2>&1 &) && " +
@@ -97,20 +76,9 @@ func TestHostMountCopyDetachedAndHeld(t *testing.T) {
 // (ErrMountCopied: the caller stops the sandbox) instead of reporting the
 // mount gone.
 func TestHostMountPinnedNamespace(t *testing.T) {
-	b := newBackend(t)
-	ctx := t.Context()
 	const name = "pinned"
-	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Destroy(t.Context(), name) })
-	if err := b.Start(ctx, name); err != nil {
-		t.Fatal(err)
-	}
-	m := backend.HostMount{Name: "d", Source: backendtest.HostDir(t), ReadOnly: true}
-	if err := b.AttachMount(ctx, name, m); err != nil {
-		t.Fatal(err)
-	}
+	b, m := mountedSandbox(t, name)
+	ctx := t.Context()
 	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
 		"mkdir /run/p && mount --bind /run/p /run/p && mount --make-private /run/p && touch /run/p/m && " +
 			"(unshare -m --propagation private sleep 600 & echo $! >/run/holder; sleep 0.5) && pid=$(cat /run/holder) && " +
@@ -153,4 +121,25 @@ func TestHostMountReadOnlyForRoot(t *testing.T) {
 	if data, err := os.ReadFile(filepath.Join(dir, "hello")); err != nil || string(data) != "hi\n" {
 		t.Fatalf("the host file holds %q, %v", data, err)
 	}
+}
+
+// mountedSandbox is a running sandbox of its own backend with the
+// read-only named mount "d" of a host directory holding "hello" (hi),
+// destroyed when the test ends.
+func mountedSandbox(t *testing.T, name string) (*incus.Backend, backend.HostMount) {
+	t.Helper()
+	b := newBackend(t)
+	ctx := t.Context()
+	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Destroy(context.Background(), name) })
+	if err := b.Start(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	m := backend.HostMount{Name: "d", Source: backendtest.HostDir(t), ReadOnly: true}
+	if err := b.AttachMount(ctx, name, m); err != nil {
+		t.Fatal(err)
+	}
+	return b, m
 }

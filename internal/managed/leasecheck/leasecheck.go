@@ -114,7 +114,7 @@ func Load(assignmentPath string, opts Options) (*Checked, error) {
 
 	f, st, err := secfs.OpenChild(runFd, path.Base(assignmentPath), unix.O_RDONLY|unix.O_NONBLOCK)
 	if err != nil {
-		return nil, assignment.Errorf("assignment", "%s", describe(err))
+		return nil, assignment.Errorf("assignment", "%s", Describe(err))
 	}
 	defer f.Close()
 	if err := fileRules(&st, "assignment", assignment.MaxAssignmentBytes); err != nil {
@@ -129,7 +129,7 @@ func Load(assignmentPath string, opts Options) (*Checked, error) {
 	}
 	data, err := secfs.ReadAllLimited(f, assignment.MaxAssignmentBytes)
 	if err != nil {
-		return nil, assignment.Errorf("assignment", "cannot be read: %s", describe(err))
+		return nil, assignment.Errorf("assignment", "cannot be read: %s", Describe(err))
 	}
 	sum := sha256.Sum256(data)
 	c.SHA256 = hex.EncodeToString(sum[:])
@@ -281,7 +281,7 @@ func openRun(runDir string) (*os.File, []unix.Stat_t, unix.Stat_t, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, nil, st, assignment.Errorf("assignment", "the run directory: %s", describe(err))
+		return nil, nil, st, assignment.Errorf("assignment", "the run directory: %s", Describe(err))
 	}
 	return fd, ancestors, st, nil
 }
@@ -335,7 +335,7 @@ func openMaterializations(runFd *os.File, owner uint32) (*os.File, error) {
 	const f = "assignment"
 	d, st, err := secfs.OpenChild(runFd, assignment.MaterializationsDir, unix.O_PATH|unix.O_DIRECTORY)
 	if err != nil {
-		return nil, assignment.Errorf(f, "the materializations directory: %s", describe(err))
+		return nil, assignment.Errorf(f, "the materializations directory: %s", Describe(err))
 	}
 	if err := privateDir(&st, owner); err != "" {
 		d.Close()
@@ -388,7 +388,7 @@ func checkFile(matDir *os.File, m *assignment.Materialization, scope assignment.
 	f := field(m)
 	fh, st, err := secfs.OpenChild(matDir, path.Base(m.SourcePath), unix.O_RDONLY|unix.O_NONBLOCK)
 	if err != nil {
-		return Source{}, assignment.Errorf(f, "%s", describe(err))
+		return Source{}, assignment.Errorf(f, "%s", Describe(err))
 	}
 	defer fh.Close()
 	_, max := assignment.FileSizeBounds(scope)
@@ -400,7 +400,7 @@ func checkFile(matDir *os.File, m *assignment.Materialization, scope assignment.
 	}
 	data, err := secfs.ReadAllLimited(fh, max)
 	if err != nil {
-		return Source{}, assignment.Errorf(f, "cannot be read: %s", describe(err))
+		return Source{}, assignment.Errorf(f, "cannot be read: %s", Describe(err))
 	}
 	sum := sha256.Sum256(data)
 	want, _ := hex.DecodeString(m.SHA256)
@@ -443,7 +443,7 @@ func checkRunSource(runFd *os.File, runDir string, m *assignment.Materialization
 	for i, c := range comps[:len(comps)-1] {
 		next, st, err := secfs.OpenChild(dir, c, unix.O_PATH|unix.O_DIRECTORY)
 		if err != nil {
-			return Source{}, assignment.Errorf(f, "intermediate directory %d below the run directory: %s", i+1, describe(err))
+			return Source{}, assignment.Errorf(f, "intermediate directory %d below the run directory: %s", i+1, Describe(err))
 		}
 		if dir != runFd {
 			dir.Close()
@@ -455,7 +455,7 @@ func checkRunSource(runFd *os.File, runDir string, m *assignment.Materialization
 	}
 	leaf, st, err := secfs.OpenChild(dir, comps[len(comps)-1], unix.O_PATH)
 	if err != nil {
-		return Source{}, assignment.Errorf(f, "%s", describe(err))
+		return Source{}, assignment.Errorf(f, "%s", Describe(err))
 	}
 	birth := secfs.BirthTime(leaf)
 	leaf.Close()
@@ -497,8 +497,8 @@ func checkRunSource(runFd *os.File, runDir string, m *assignment.Materialization
 	return src, nil
 }
 
-// describe turns an open error into a message without a path.
-func describe(err error) string {
+// Describe turns an open error into a message without a path.
+func Describe(err error) string {
 	switch {
 	case errors.Is(err, secfs.ErrSymlink):
 		return "a symbolic link is on the path (no check follows one)"

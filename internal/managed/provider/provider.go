@@ -363,23 +363,13 @@ func fileReason(st *unix.Stat_t) string {
 	return ""
 }
 
-// describe turns an open error into words without a path.
+// describe is leasecheck.Describe, with what to do about a symlink.
 func describe(err error) string {
-	switch {
-	case errors.Is(err, secfs.ErrSymlink):
-		return "has a symbolic link on its path, and none is followed: sign the real file's path"
-	case errors.Is(err, secfs.ErrType):
-		return "has an unexpected file type on its path"
-	case errors.Is(err, fs.ErrNotExist):
-		return "does not exist"
-	case errors.Is(err, fs.ErrPermission):
-		return "cannot be reached: permission denied"
+	d := leasecheck.Describe(err)
+	if errors.Is(err, secfs.ErrSymlink) {
+		d += ": sign the real file's path"
 	}
-	var errno unix.Errno
-	if errors.As(err, &errno) {
-		return "cannot be opened: " + errno.Error()
-	}
-	return "cannot be opened"
+	return d
 }
 
 // LookPath finds a bare command name in the fixed PATH only, never the
