@@ -112,12 +112,14 @@ func (b *Backend) detachHostMount(ctx context.Context, name, device string) erro
 	// unmounted, kept through a process's working directory or a
 	// descriptor).
 	target := holders.Target{MountID: id}
-	if wantErr == nil {
-		if dev, ok := devNumber(want.dev); ok {
-			target.Dev, target.Attached = dev, map[uint64]bool{}
-			for _, e := range mounts {
-				target.Attached[uint64(e.id)] = true
-			}
+	// The source's device as stat reports it, as statx does for a held
+	// file: mountinfo's major:minor is the filesystem's, which on btrfs is
+	// not the subvolume's that stat reports.
+	var st unix.Stat_t
+	if wantErr == nil && unix.Stat(source, &st) == nil {
+		target.Dev, target.Attached = unix.Mkdev(unix.Major(st.Dev), unix.Minor(st.Dev)), map[uint64]bool{}
+		for _, e := range mounts {
+			target.Attached[uint64(e.id)] = true
 		}
 	}
 	b.mu.Lock()
@@ -174,15 +176,4 @@ func leftover(mounts []mountEntry, want mountID, source string, devices map[stri
 		delete(explained, e.point) // one mount per device
 	}
 	return false
-}
-
-// devNumber is a mount table's "major:minor" as a device number.
-func devNumber(s string) (uint64, bool) {
-	maj, min, ok := strings.Cut(s, ":")
-	ma, err1 := strconv.ParseUint(maj, 10, 32)
-	mi, err2 := strconv.ParseUint(min, 10, 32)
-	if !ok || err1 != nil || err2 != nil {
-		return 0, false
-	}
-	return unix.Mkdev(uint32(ma), uint32(mi)), true
 }

@@ -2,14 +2,20 @@ package incus_test
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/backendtest"
 	"agentbox/internal/backend/incus"
+	"agentbox/internal/backend/incus/incustest"
 )
 
 // TestHostMountCopiedByRoot: root inside a container can bind a named
@@ -47,10 +53,32 @@ func TestHostMountCopiedByRoot(t *testing.T) {
 // leaves a process with its working directory in the copy and lazily
 // unmounts the copy: no mount table shows it, yet the process reaches the
 // host directory through it. The detach ends that process: afterwards
-// nothing in the container reaches the directory.
+// nothing in the container reaches the directory. Also with the source a
+// btrfs subvolume, whose device stat reports is not the one the mount
+// table shows (where the host has the btrfs pool scripts/incus-setup.sh
+// makes).
 func TestHostMountCopyDetachedAndHeld(t *testing.T) {
-	const name = "heldcopy"
-	b, m := mountedSandbox(t, name)
+	t.Run("directory", func(t *testing.T) { heldCopyDetached(t, "heldcopy", backendtest.HostDir(t)) })
+	t.Run("btrfs subvolume", func(t *testing.T) {
+		pool := "/var/lib/incus/storage-pools/" + incustest.FastPool
+		var fs unix.Statfs_t
+		if unix.Statfs(pool, &fs) != nil || fs.Type != unix.BTRFS_SUPER_MAGIC {
+			t.Skip("no btrfs pool here")
+		}
+		sub := filepath.Join(pool, "jbtest-"+strings.ToLower(rand.Text()[:8]))
+		if out, err := exec.Command("btrfs", "subvolume", "create", sub).CombinedOutput(); err != nil {
+			t.Skipf("btrfs subvolume create: %v: %s", err, out)
+		}
+		t.Cleanup(func() { exec.Command("btrfs", "subvolume", "delete", sub).Run() })
+		if err := os.WriteFile(filepath.Join(sub, "hello"), []byte("hi\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		heldCopyDetached(t, "heldsubvol", sub)
+	})
+}
+
+func heldCopyDetached(t *testing.T, name, source string) {
+	b, m := mountedSandboxFrom(t, name, source)
 	ctx := t.Context()
 	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
 		"mkdir -p /root/copy && mount --bind " + m.Path() + " /root/copy && " +
@@ -128,6 +156,12 @@ func TestHostMountReadOnlyForRoot(t *testing.T) {
 // destroyed when the test ends.
 func mountedSandbox(t *testing.T, name string) (*incus.Backend, backend.HostMount) {
 	t.Helper()
+	return mountedSandboxFrom(t, name, backendtest.HostDir(t))
+}
+
+// mountedSandboxFrom is mountedSandbox with the host directory source.
+func mountedSandboxFrom(t *testing.T, name, source string) (*incus.Backend, backend.HostMount) {
+	t.Helper()
 	b := newBackend(t)
 	ctx := t.Context()
 	if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
@@ -137,7 +171,7 @@ func mountedSandbox(t *testing.T, name string) (*incus.Backend, backend.HostMoun
 	if err := b.Start(ctx, name); err != nil {
 		t.Fatal(err)
 	}
-	m := backend.HostMount{Name: "d", Source: backendtest.HostDir(t), ReadOnly: true}
+	m := backend.HostMount{Name: "d", Source: source, ReadOnly: true}
 	if err := b.AttachMount(ctx, name, m); err != nil {
 		t.Fatal(err)
 	}
