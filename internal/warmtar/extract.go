@@ -10,7 +10,7 @@
 // would write the fork's own start-up files. So the fork does not run
 // tar: this helper opens every path component below the checkout without
 // following a symlink (secfs), and takes only regular files, directories
-// and symbolic links, none named .git.
+// and symbolic links, and skips whatever is under a .git.
 package warmtar
 
 import (
@@ -73,9 +73,11 @@ var (
 	ErrSparse  = errors.New("a sparse file is not seeded")
 )
 
-// Extract writes the tar stream r below root. It stops at the first
-// member it refuses or cannot write; what it wrote before stays.
-// Directories' modification times are set last, as tar does.
+// Extract writes the tar stream r below root. A member with a .git
+// segment is skipped (build outputs hold git checkouts: a dependency's
+// deps/x/.git), none is written; at any other member it refuses or cannot
+// write it stops, and what it wrote before stays. Directories'
+// modification times are set last, as tar does.
 func Extract(root *os.File, r io.Reader) error {
 	tr := tar.NewReader(r)
 	var dirs []dirTime
@@ -87,7 +89,11 @@ func Extract(root *os.File, r io.Reader) error {
 		if err != nil {
 			return fmt.Errorf("the stream is not a tar archive: %w", err)
 		}
-		if err := extractMember(root, h, tr, &dirs); err != nil {
+		err = extractMember(root, h, tr, &dirs)
+		if errors.Is(err, ErrGitDir) {
+			continue
+		}
+		if err != nil {
 			return fmt.Errorf("%q: %w", untrusted.Printable(truncate(h.Name)), err)
 		}
 	}

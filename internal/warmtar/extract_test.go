@@ -99,8 +99,6 @@ func TestExtractRefusesWhatTarWouldFollow(t *testing.T) {
 		{"dot-dot", []member{{name: "a/../../home/x", body: "pwned"}}, ErrName},
 		{"absolute", []member{{name: "/tmp/x", body: "pwned"}}, ErrName},
 		{"not clean", []member{{name: "a//b", body: "pwned"}}, ErrName},
-		{".git", []member{{name: ".git/hooks/post-checkout", body: "pwned"}}, ErrGitDir},
-		{"nested .GIT", []member{{name: "sub/.GIT/config", body: "pwned"}}, ErrGitDir},
 		{"hard link", []member{{name: "h", typ: tar.TypeLink, link: "README"}}, ErrType},
 		{"fifo", []member{{name: "f", typ: tar.TypeFifo}}, ErrType},
 		{"device", []member{{name: "d", typ: tar.TypeChar}}, ErrType},
@@ -123,6 +121,30 @@ func TestExtractRefusesWhatTarWouldFollow(t *testing.T) {
 				t.Error("the committed symlink was replaced")
 			}
 		})
+	}
+}
+
+// TestExtractSkipsGitDirs: members under a .git (any case, at any depth:
+// a dependency's checkout in a build output) are skipped, nothing written
+// there, and the members around them are written.
+func TestExtractSkipsGitDirs(t *testing.T) {
+	root, dir, _ := checkout(t)
+	err := Extract(root, stream(t,
+		member{name: ".git/hooks/post-checkout", body: "pwned"},
+		member{name: "deps/foo/.GIT/", typ: tar.TypeDir},
+		member{name: "deps/foo/.git/config", body: "[core]\n\tfsmonitor = evil\n"},
+		member{name: "deps/foo/lib.ex", body: "code"},
+	))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{".git", "deps/foo/.git", "deps/foo/.GIT"} {
+		if _, err := os.Lstat(filepath.Join(dir, p)); err == nil {
+			t.Errorf("%s was written", p)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "deps/foo/lib.ex")); err != nil || string(b) != "code" {
+		t.Errorf("the member after the skipped ones: %q %v", b, err)
 	}
 }
 
