@@ -25,7 +25,19 @@ type egressServer struct {
 	// expiry refreshes the rights when the first of them expires: a
 	// right's end is the proxy's to apply at once (its live connections
 	// cut, new ones refused), not a round's, which may come 30 s later.
-	expiry *time.Timer
+	expiry  *time.Timer
+	stopped bool // the sandbox is no longer served: no timer is armed
+}
+
+// stop disarms the expiry timer for good (the sandbox's server closes).
+func (es *egressServer) stop() {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	es.stopped = true
+	if es.expiry != nil {
+		es.expiry.Stop()
+		es.expiry = nil
+	}
 }
 
 // listenEgress listens at dir/egress.sock and makes the sandbox's proxy,
@@ -57,7 +69,11 @@ func (b *Broker) egressRights(ctx context.Context, name string) (*egress.Rights,
 
 // expireEgress refreshes sandbox name's proxy, whichever serves it then.
 func (b *Broker) expireEgress(name string) func() {
-	return func() { b.RefreshEgress(b.ctx, name) }
+	return func() {
+		if b.ctx.Err() == nil { // not after the broker closed
+			b.RefreshEgress(b.ctx, name)
+		}
+	}
 }
 
 // refresh gives the proxy the rights read returns (nil: nothing) and cuts
@@ -73,7 +89,7 @@ func (es *egressServer) refresh(read func() (*egress.Rights, time.Time), expire 
 		es.expiry.Stop()
 		es.expiry = nil
 	}
-	if !until.IsZero() {
+	if !until.IsZero() && !es.stopped {
 		es.expiry = time.AfterFunc(time.Until(until), expire)
 	}
 	old := es.rules

@@ -103,6 +103,9 @@ func (s *sandboxServer) close() {
 	if s.model != nil {
 		s.model.cancel()
 	}
+	if s.egress != nil {
+		s.egress.stop()
+	}
 	for c := range conns {
 		c.Close()
 	}

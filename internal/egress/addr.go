@@ -128,12 +128,30 @@ func hostAddrs() ([]netip.Prefix, error) {
 
 // ownNetwork is p (an interface's address and its prefix length) with
 // its address unmapped and its width capped; its Addr stays the
-// interface's own.
+// interface's own. On the documentation and benchmarking ranges it is the
+// address alone: fake-address resolvers hand those out for public hosts
+// and may sit on an interface of them (a TUN with 198.18.0.1/16), where
+// refusing the network would refuse every destination.
 func ownNetwork(p netip.Prefix) netip.Prefix {
 	a := p.Addr().Unmap()
 	widest := widestOwnIPv6
 	if a.Is4() {
 		widest = widestOwnIPv4
 	}
+	for _, r := range fakeAddressRanges {
+		if r.Contains(a) {
+			return netip.PrefixFrom(a, a.BitLen())
+		}
+	}
 	return netip.PrefixFrom(a, max(p.Bits(), widest))
+}
+
+// fakeAddressRanges are the documentation and benchmarking ranges, never
+// refused (see refusedRanges).
+var fakeAddressRanges = []netip.Prefix{
+	netip.MustParsePrefix("192.0.2.0/24"),
+	netip.MustParsePrefix("198.51.100.0/24"),
+	netip.MustParsePrefix("203.0.113.0/24"),
+	netip.MustParsePrefix("198.18.0.0/15"),
+	netip.MustParsePrefix("2001:db8::/32"),
 }

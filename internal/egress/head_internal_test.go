@@ -65,6 +65,7 @@ func TestRefusal(t *testing.T) {
 		ownNetwork(netip.MustParsePrefix("81.2.69.9/24")),
 		ownNetwork(netip.MustParsePrefix("2a00:1450:1::9/48")),
 		ownNetwork(netip.MustParsePrefix("11.0.0.5/8")),
+		ownNetwork(netip.MustParsePrefix("198.18.0.9/16")), // a fake-address TUN: its address alone
 	}
 	tests := map[string]string{
 		"93.184.215.14":    "",
@@ -115,6 +116,8 @@ func TestRefusal(t *testing.T) {
 		"2a00:1450:1:2::1":   "",
 		"11.0.200.1":         "an address on this host's network",
 		"11.1.0.1":           "",
+		"198.18.0.9":         "an address of this host",
+		"198.18.7.7":         "",
 	}
 	for in, want := range tests {
 		if got := refusal(netip.MustParseAddr(in), own); got != want {
