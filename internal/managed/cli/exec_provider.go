@@ -36,8 +36,9 @@ A bare EXE is looked up only in that fixed PATH. The executable is opened
 without following a symbolic link anywhere on its path; it and every directory
 above it must be owned by root or the runtime's uid and writable by no one else
 (a directory may be, with the sticky bit), and the file checked is the one
-executed (through /proc/self/fd/3; argv[0] stays EXE). Arguments after -- go to
-the provider.
+executed (through /proc/self/fd/3; a binary's argv[0] stays EXE, a #! script
+sees /proc/self/fd/3 as its own path, $0). Arguments after -- go to the
+provider.
 
 Exit status: 0 when the provider exits 0; 1 on a refusal, when the provider
 cannot start, or when it exits non-zero or is killed; 2 on a usage error.`,
