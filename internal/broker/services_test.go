@@ -3,6 +3,7 @@ package broker_test
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -13,7 +14,8 @@ import (
 )
 
 // servicesConfig: the scripted agent, four services (each records its
-// start in ~/order), and autostart profiles whose steps record theirs.
+// start in ~/order, in any order: each runs in a shell of its own), and
+// autostart profiles whose steps record theirs.
 // dev and full share a setup command: it runs once per sandbox.
 const servicesConfig = agentConfig + `services:
   db: {command: "echo db >> $HOME/order; exec sleep 1000"}
@@ -82,9 +84,22 @@ func TestServicesAutostartAndRefresh(t *testing.T) {
 		"refused", "autostart profile `nope` is not defined")
 	spawn(t, lead, "s-1", map[string]any{"branch": "svc", "prompt": "stay-busy", "on_done": "keep"})
 	wantStatus(t, statusOf(t, lead, "s-1", "done", "failed"), "done", "child `svc` is ready")
-	if got := home("order"); got != "db\ncache\nweb" {
+	// The order the windows were made in (tmux numbers them so): each
+	// service's own shell may then run its first line in any order.
+	var order []string
+	for _, w := range strings.Fields(e.mustExec("svc", "tmux", "list-windows", "-t", "jailbee", "-F", "#{window_name}")) {
+		if w == "db" || w == "cache" || w == "web" {
+			order = append(order, w)
+		}
+	}
+	if got := strings.Join(order, " "); got != "db cache web" {
 		t.Fatalf("services started in the order %q", got)
 	}
+	wait.For(t, "each service to run", func() bool {
+		got := strings.Fields(e.mustExec("svc", "sh", "-c", `cat "$HOME/order" 2>/dev/null; true`))
+		slices.Sort(got)
+		return slices.Equal(got, []string{"cache", "db", "web"})
+	})
 	if setup, onStart := home("setup"), home("on-start"); setup != "dev" || onStart != "dev" {
 		t.Fatalf("after the spawn: setup ran %q, on_start %q", setup, onStart)
 	}
