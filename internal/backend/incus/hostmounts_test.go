@@ -109,7 +109,9 @@ func TestHostMountPinnedNamespace(t *testing.T) {
 	ctx := t.Context()
 	r := backendtest.Exec(t, b, name, backend.ExecOptions{User: "root", Argv: []string{"sh", "-c",
 		"mkdir /run/p && mount --bind /run/p /run/p && mount --make-private /run/p && touch /run/p/m && " +
-			"(unshare -m --propagation private sleep 600 & echo $! >/run/holder; sleep 0.5) && pid=$(cat /run/holder) && " +
+			"(unshare -m --propagation private sleep 600 & echo $! >/run/holder) && pid=$(cat /run/holder) && " +
+			// Its namespace is its own once unshare has made it.
+			"while [ \"$(readlink /proc/$pid/ns/mnt)\" = \"$(readlink /proc/self/ns/mnt)\" ]; do sleep 0.1; done && " +
 			"mount --bind /proc/$pid/ns/mnt /run/p/m && kill -9 $pid && " +
 			"while [ -e /proc/$pid ]; do sleep 0.1; done && nsenter --mount=/run/p/m cat " + m.Path() + "/hello"}})
 	if r.Code != 0 || r.Stdout != "hi\n" {
