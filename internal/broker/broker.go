@@ -69,6 +69,9 @@ type Config struct {
 	// Egress, when set, is told after each sandbox's proxy has been
 	// refreshed for a change of its rights (tests observe it).
 	Egress orchestrate.EgressHook
+	// EgressHeadTimeout replaces egress.HeadTimeout when set (tests that
+	// hold silent connections longer than it on a slow machine).
+	EgressHeadTimeout time.Duration
 	// Publish, when set, serves publish manifests with its forge: the
 	// journals and budgets are kept in <state>/publish (PublishDir). Nil
 	// refuses every publish.

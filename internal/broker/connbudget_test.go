@@ -102,6 +102,12 @@ func TestTreeConnectionFlood(t *testing.T) {
 	e := newModelEnvStopped(t, modeltest.Start(t), 0)
 	const treeMax = 16
 	e.treeMaxConns = treeMax
+	// The silent connections are held for the whole test, which may take
+	// longer than the egress head bound (30 s) or the model socket's read
+	// bound (60 s) on a loaded machine: past them a connection is closed
+	// and its place freed, and the counts below would drift.
+	e.egressHeadTimeout = 10 * time.Minute
+	e.model.ReadTimeout = 10 * time.Minute
 	e.start()
 	e.orchestrator("lead")
 	e.child("kid", "lead")
@@ -237,6 +243,7 @@ func TestChildConnectionShare(t *testing.T) {
 	e := newModelEnvStopped(t, modeltest.Start(t), 0)
 	const treeMax = 16
 	e.treeMaxConns = treeMax
+	e.egressHeadTimeout = 10 * time.Minute // held silent: see TestTreeConnectionFlood
 	e.start()
 	e.orchestrator("lead")
 	e.child("kid", "lead")

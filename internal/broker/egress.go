@@ -50,7 +50,7 @@ func (b *Broker) listenEgress(sb store.Sandbox, dir string) (net.Listener, *egre
 	}
 	ln.SetUnlinkOnClose(false)
 	es := &egressServer{}
-	es.proxy = egress.New(egress.Config{Sandbox: sb.Name, Log: b.logEgress, AdmitConn: b.admitConn(sb)})
+	es.proxy = egress.New(egress.Config{Sandbox: sb.Name, Log: b.logEgress, AdmitConn: b.admitConn(sb), HeadTimeout: b.cfg.EgressHeadTimeout})
 	es.refresh(func() (*egress.Rights, time.Time) { return b.egressRights(context.Background(), sb.Name) }, b.expireEgress(sb.Name))
 	return ln, es, nil
 }

@@ -76,6 +76,8 @@ type testEnv struct {
 	caps orchestrate.Caps
 	// treeMaxConns is broker.Config.TreeMaxConns (kept across restarts).
 	treeMaxConns int
+	// egressHeadTimeout is broker.Config.EgressHeadTimeout.
+	egressHeadTimeout time.Duration
 	// publish is broker.Config.Publish (kept across restarts).
 	publish *orchestrate.Publishing
 	// onAttach, when set, runs before each AttachSocket of the backend
@@ -340,7 +342,7 @@ func (e *testEnv) start() {
 	}
 	b, err := broker.Open(broker.Config{StateDir: e.state, Backend: e.be, Logger: slog.New(h),
 		Sandboxes: e.sandboxes, InboxQuota: e.quota, Model: e.model, Egress: e.egress, Caps: e.caps, Publish: e.publish,
-		TreeMaxConns: e.treeMaxConns})
+		TreeMaxConns: e.treeMaxConns, EgressHeadTimeout: e.egressHeadTimeout})
 	if err != nil {
 		e.t.Fatal(err)
 	}
