@@ -246,7 +246,7 @@ func printItem(w io.Writer, raw json.RawMessage, asJSON bool) error {
 		if v == nil {
 			v = "null"
 		}
-		fmt.Fprintf(w, "%s: %s\n", k, printableLines(fmt.Sprint(v)))
+		fmt.Fprintf(w, "%s: %s\n", k, untrusted.PrintableLines(fmt.Sprint(v)))
 	}
 	if body, ok := fields["body"].(string); ok {
 		fmt.Fprintf(w, "\n%s\n", body)
@@ -280,7 +280,7 @@ REF, and --json, show details whole.`,
 				}
 				var st wire.StatusItem
 				json.Unmarshal(raw, &st)
-				fmt.Fprintf(out, "%s  %s: %s\n", untrusted.Printable(st.Ref), untrusted.Printable(st.State), printableLines(st.Detail))
+				fmt.Fprintf(out, "%s  %s: %s\n", untrusted.Printable(st.Ref), untrusted.Printable(st.State), untrusted.PrintableLines(st.Detail))
 				return nil
 			}
 			var res wire.StatusResult

@@ -102,14 +102,14 @@ func runSend(cmd *cobra.Command, f sendFlags, m *manifest.Manifest) error {
 	out := cmd.OutOrStdout()
 	fmt.Fprintln(out, id)
 	if st.State == wire.StateRefused {
-		return exitf(ExitFailed, "refused: %s", printableLines(st.Detail))
+		return exitf(ExitFailed, "refused: %s", untrusted.PrintableLines(st.Detail))
 	}
 	if !f.wait {
 		return nil
 	}
 	// The first status is the answer, queued too: a queued spawn may wait
 	// for a slot as long as a child holds it, and its detail says which.
-	fmt.Fprintf(out, "%s: %s\n", untrusted.Printable(st.State), printableLines(st.Detail))
+	fmt.Fprintf(out, "%s: %s\n", untrusted.Printable(st.State), untrusted.PrintableLines(st.Detail))
 	if st.State == wire.StateFailed {
 		return &ExitError{Code: ExitFailed}
 	}

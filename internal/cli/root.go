@@ -10,7 +10,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -85,25 +84,13 @@ func Run(ctx context.Context, name string, args []string, deps Deps) int {
 	var ee *ExitError
 	if errors.As(err, &ee) {
 		if ee.Msg != "" {
-			fmt.Fprintf(deps.Stderr, "%s: %s\n", name, printableLines(ee.Msg))
+			fmt.Fprintf(deps.Stderr, "%s: %s\n", name, untrusted.PrintableLines(ee.Msg))
 		}
 		return ee.Code
 	}
 	// Anything cobra itself reports (unknown flag, missing args) is usage.
-	fmt.Fprintf(deps.Stderr, "%s: %s\n", name, printableLines(err.Error()))
+	fmt.Fprintf(deps.Stderr, "%s: %s\n", name, untrusted.PrintableLines(err.Error()))
 	return ExitUsage
-}
-
-// printableLines is s with each of its lines made printable: an error's
-// text may quote sandbox- or repository-controlled bytes (a broker's
-// detail, a key of a repository's config), and none of it may reach the
-// host's terminal as an escape. Newlines between lines are kept.
-func printableLines(s string) string {
-	lines := strings.Split(s, "\n")
-	for i, l := range lines {
-		lines[i] = untrusted.Printable(l)
-	}
-	return strings.Join(lines, "\n")
 }
 
 // NewRoot builds the command tree.
@@ -174,12 +161,12 @@ func protocolExit(err error) error {
 	var we *wire.Error
 	switch {
 	case errors.As(err, &we) && we.Code == wire.CodeVersion:
-		return exitf(ExitUnreachable, "%s (jb apply / restart the broker to align versions)", printableLines(we.Detail))
+		return exitf(ExitUnreachable, "%s (jb apply / restart the broker to align versions)", untrusted.PrintableLines(we.Detail))
 	case errors.As(err, &we) && we.Code == wire.CodeBusy:
-		return exitf(ExitUnreachable, "broker busy: %s", printableLines(we.Detail))
+		return exitf(ExitUnreachable, "broker busy: %s", untrusted.PrintableLines(we.Detail))
 	case errors.As(err, &we):
 		// The detail may quote what a sandbox sent (a name, a path).
-		return exitf(ExitFailed, "%s", printableLines(we.Detail))
+		return exitf(ExitFailed, "%s", untrusted.PrintableLines(we.Detail))
 	case errors.Is(err, inbox.ErrUnreachable):
 		return exitf(ExitUnreachable, "%v", err)
 	case errors.Is(err, context.DeadlineExceeded):

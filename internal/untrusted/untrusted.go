@@ -69,6 +69,17 @@ func Printable(s string) string {
 	}, s)
 }
 
+// PrintableLines is s with each line made Printable, the newlines
+// between them kept: a multi-line error that may quote sandbox- or
+// repository-controlled bytes.
+func PrintableLines(s string) string {
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = Printable(l)
+	}
+	return strings.Join(lines, "\n")
+}
+
 // EscapeJSON writes each C1 control and format character of JSON
 // text js as a \u escape (a pair for one past U+FFFF), and a byte that is
 // not UTF-8 (a lone 0x9b is a CSI to a terminal that is not in UTF-8) as

@@ -293,7 +293,7 @@ Exit status: 0, 1 when there is no such feature, 2 on a usage error.`,
 			}
 			fmt.Fprintf(env.Stdout, "feature %s: %s\n", untrusted.Printable(s.Name), untrusted.Printable(s.Phase))
 			if s.Error != "" {
-				fmt.Fprintf(env.Stdout, "  error      %s\n", printableLines(s.Error))
+				fmt.Fprintf(env.Stdout, "  error      %s\n", untrusted.PrintableLines(s.Error))
 			}
 			if s.ContainerID != "" {
 				fmt.Fprintf(env.Stdout, "  container  %.12s (%s)\n", untrusted.Printable(s.ContainerID), untrusted.Printable(s.ContainerState))
@@ -344,17 +344,6 @@ Exit status: 0, 1 when the engine or the state directory cannot be read,
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON array")
 	return c
-}
-
-// printableLines is stored text (a launch's error, which quotes the
-// repository's files and the output of what it ran) made safe for the
-// terminal: each line untrusted.Printable, the line breaks kept.
-func printableLines(s string) string {
-	lines := strings.Split(s, "\n")
-	for i, line := range lines {
-		lines[i] = untrusted.Printable(line)
-	}
-	return strings.Join(lines, "\n")
 }
 
 // providerExit is the outcome of a provider that exited with code: as
