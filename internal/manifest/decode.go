@@ -149,7 +149,7 @@ func (d *decoder) text(key, fileKey string) (text, file string, err error) {
 	case hasInline && hasFile:
 		return "", "", refuse("`%s` and `%s` are mutually exclusive", key, fileKey)
 	case hasFile:
-		if file == "" || len(file) > MaxFileNameLen || strings.ContainsFunc(file, unicode.IsControl) {
+		if file == "" || len(file) > MaxFileNameLen || strings.ContainsFunc(file, unsafeInLine) {
 			return "", "", refuse("`%s` must be a file name of 1 to %d bytes", fileKey, MaxFileNameLen)
 		}
 		if d.body == nil {

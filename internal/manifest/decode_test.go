@@ -111,6 +111,7 @@ func TestDecodeMessage(t *testing.T) {
 		{"body_file with body", `{"version":1,"id":"m","type":"message","body_file":"m.md"}`, strp("from the body"), ""},
 		{"body_file without body", `{"version":1,"id":"m","type":"message","body_file":"m.md"}`, nil, "`body_file` needs the text as the request body"},
 		{"body and body_file", `{"version":1,"id":"m","type":"message","body":"b","body_file":"m.md"}`, strp("x"), "`body` and `body_file` are mutually exclusive"},
+		{"body_file bidi name", `{"version":1,"id":"m","type":"message","body_file":"notes\u202ed.md"}`, strp("x"), "`body_file` must be a file name of 1 to 255 bytes"},
 		{"body_file empty name", `{"version":1,"id":"m","type":"message","body_file":""}`, strp("x"), "`body_file` must be a file name of 1 to 255 bytes"},
 		{"no body at all", `{"version":1,"id":"m","type":"message","to":"c"}`, nil, "`body` or `body_file` is required"},
 		{"empty body", `{"version":1,"id":"m","type":"message","body":"  "}`, nil, "`body` text is empty"},

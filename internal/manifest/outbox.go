@@ -352,13 +352,20 @@ func number(o *object, key string) (int, error) {
 	return int(n), nil
 }
 
+// unsafeInLine is what a one-line text a person reads elsewhere (a
+// title or label on the forge, a file name) may not hold: a control
+// character, or a bidi control (U+202E and the like), which makes the
+// text read in another order than it is. Other format characters stay
+// (U+200D joins emoji).
+func unsafeInLine(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) }
+
 func title(o *object) (string, error) {
 	t, err := o.reqStr("title")
 	if err != nil {
 		return "", err
 	}
-	if strings.TrimSpace(t) == "" || len(t) > MaxTitleBytes || strings.ContainsFunc(t, unicode.IsControl) {
-		return "", refuse("`%s` must be 1 to %d bytes on one line", o.name("title"), MaxTitleBytes)
+	if strings.TrimSpace(t) == "" || len(t) > MaxTitleBytes || strings.ContainsFunc(t, unsafeInLine) {
+		return "", refuse("`%s` must be 1 to %d bytes on one line, without bidi controls", o.name("title"), MaxTitleBytes)
 	}
 	return t, nil
 }
@@ -389,8 +396,8 @@ func labels(o *object, required bool) ([]string, error) {
 		return nil, refuse("`%s` has more than %d labels", o.name("labels"), MaxLabels)
 	}
 	for _, l := range list {
-		if strings.TrimSpace(l) == "" || len(l) > MaxLabelBytes || strings.ContainsFunc(l, unicode.IsControl) {
-			return nil, refuse("`%s` has a label that is empty, longer than %d bytes or holds a control character", o.name("labels"), MaxLabelBytes)
+		if strings.TrimSpace(l) == "" || len(l) > MaxLabelBytes || strings.ContainsFunc(l, unsafeInLine) {
+			return nil, refuse("`%s` has a label that is empty, longer than %d bytes or holds a control character or bidi control", o.name("labels"), MaxLabelBytes)
 		}
 	}
 	return grant.Dedupe(list), nil
