@@ -101,7 +101,7 @@ func (es *egressServer) refresh(read func() (*egress.Rights, time.Time), expire 
 		es.proxy.SetPolicy(*r)
 	}
 	for _, e := range old.Rights.Egress {
-		if !slices.Contains(es.rules.Rights.Egress, e) {
+		if !slices.Contains(es.rules.Rights.Egress, e) && !grant.NamesLooseRight(e) {
 			es.proxy.CloseRight(e)
 		}
 	}

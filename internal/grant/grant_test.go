@@ -228,6 +228,12 @@ func TestEgressRight(t *testing.T) {
 		{"loose outside repo cap", rl, Cap{Egress: []string{"*.corp.org"}}, "evil.org", ""},
 		{"loose under an empty repo cap", rl, Cap{Egress: []string{}}, "evil.org", ""},
 		{"entry under an empty repo cap", rl, Cap{Egress: []string{}}, "pypi.org", "pypi.org"},
+		// An entry named loose, stored before CheckSyntax refused it, is
+		// never the right that allows a connection: it would share the
+		// loose right's name.
+		{"stored loose entry", Rights{Egress: []string{"loose"}}, Cap{}, "loose", ""},
+		{"stored loose. entry", Rights{Egress: []string{"loose."}}, Cap{}, "loose", ""},
+		{"stored loose entry beside loose", Rights{Loose: true, Egress: []string{"loose"}}, Cap{}, "loose", LooseRight},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -86,10 +86,11 @@ func coveredByAny(entries []string, host string) bool {
 // as loose's, and revoking either would cut both.
 const LooseRight = "loose"
 
-// namesLooseRight reports whether an egress entry would name LooseRight:
+// NamesLooseRight reports whether an egress entry would name LooseRight:
 // "loose" in any case, with or without a trailing dot (hosts are compared
-// lowercase and without one).
-func namesLooseRight(entry string) bool {
+// lowercase and without one). Such an entry stored before CheckSyntax
+// refused it allows nothing (EgressRight) and cuts nothing when it goes.
+func NamesLooseRight(entry string) bool {
 	return strings.EqualFold(strings.TrimSuffix(entry, "."), LooseRight)
 }
 
@@ -100,11 +101,11 @@ func namesLooseRight(entry string) bool {
 // egress cap. The rights rule (CheckRights, on grantable rights) and the
 // egress proxy (on a sandbox's rights) both decide with it.
 func (r Rights) EgressRight(repo Cap, host string) string {
-	if contains(r.Egress, host) {
+	if contains(r.Egress, host) && !NamesLooseRight(host) {
 		return host
 	}
 	for _, e := range r.Egress {
-		if Covers(e, host) {
+		if Covers(e, host) && !NamesLooseRight(e) {
 			return e
 		}
 	}
@@ -172,7 +173,7 @@ func (r Rights) CheckSyntax(field string) error {
 		}
 	}
 	for _, h := range r.Egress {
-		if namesLooseRight(h) {
+		if NamesLooseRight(h) {
 			return fmt.Errorf("%s.egress has a host named `loose` (in any case, with or without a trailing dot): that is the name of the loose right, not a host; ask for loose egress with loose: true", field)
 		}
 		if !ValidEgress(h) {
