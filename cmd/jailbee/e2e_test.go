@@ -624,10 +624,7 @@ func TestExecTTYEscapeLeavesACommandThatIgnoresItsInput(t *testing.T) {
 	if s := u.output(); !strings.Contains(s, "ended with ~.") {
 		t.Errorf("jb did not say how it ended; output:\n%q", s)
 	}
-	wait.For(t, "the command to end", func() bool {
-		code, out, _ := h.jb("", "exec", "esc", "--", "sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
-		return code == 0 && !strings.Contains(out, "cat /dev/stdin") && strings.Contains(out, "/proc/")
-	})
+	h.waitNoProcess("esc", "cat /dev/stdin")
 	if code, out, _ := h.jb("", "exec", "esc", "--", "cat", "/tmp/typed-by-user"); code != 0 || out != "a~b\x03\r~c\r" {
 		t.Errorf("the command read %q (exit %d), want what was typed before ~.", out, code)
 	}
@@ -647,9 +644,16 @@ func TestExecTTYSIGTERMRestoresTheTerminal(t *testing.T) {
 	if s := u.output(); !strings.Contains(s, "ended by a signal") {
 		t.Errorf("jb did not say how it ended; output:\n%q", s)
 	}
-	wait.For(t, "the command to end", func() bool {
-		code, out, _ := h.jb("", "exec", "sig", "--", "sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
-		return code == 0 && !strings.Contains(out, "cat /dev/stdin") && strings.Contains(out, "/proc/")
+	h.waitNoProcess("sig", "cat /dev/stdin")
+}
+
+// waitNoProcess waits until no process of sandbox name has a command line
+// holding cmdline (the listing itself, which names /proc/, must be seen).
+func (h *hostEnv) waitNoProcess(name, cmdline string) {
+	h.t.Helper()
+	wait.For(h.t, "no "+cmdline+" in "+name, func() bool {
+		code, out, _ := h.jb("", "exec", name, "--", "sh", "-c", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '")
+		return code == 0 && !strings.Contains(out, cmdline) && strings.Contains(out, "/proc/")
 	})
 }
 
