@@ -175,7 +175,7 @@ func TestTreeConnectionFlood(t *testing.T) {
 // command could reach it and no sandbox could send. The broker admits
 // only what its limit leaves once it keeps its own reserve: the rest are
 // refused naming the limit, and a host command and a send between
-// sandboxes go on while the connections are held (within 15 s: each
+// sandboxes go on while the connections are held (within 25 s: each
 // silent connection would be closed after 30 s, freeing the descriptors
 // anyway).
 func TestDescriptorFlood(t *testing.T) {
@@ -195,7 +195,7 @@ func TestDescriptorFlood(t *testing.T) {
 		conns = append(conns, holdConns(t, besideSocket(state, p.socket(name), backend.EgressSocketName), egress.MaxConns)...)
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Second)
 	defer cancel()
 	admin, err := inbox.Dial(ctx, p.adminPath())
 	if err != nil {

@@ -183,8 +183,10 @@ func TestEgressExpiryCutsALiveTunnel(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.child("kid", "orch")
-	st := sendRights(t, e.client("orch"), map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"egress": []string{"127.0.0.1"}, "for": "5s"}})
-	wantRights(t, st, wire.StateDone, "granted egress 127.0.0.1 for 5s")
+	// The right lives long enough for the tunnel to open through a slow
+	// exec on a loaded machine.
+	st := sendRights(t, e.client("orch"), map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"egress": []string{"127.0.0.1"}, "for": "15s"}})
+	wantRights(t, st, wire.StateDone, "granted egress 127.0.0.1 for 15s")
 	// No round removes the expired right: the proxy ends it by itself, at
 	// its expiry (a round may come 30 s late, or wait on other work).
 	e.b.HoldRoundsForTest(true)

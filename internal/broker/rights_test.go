@@ -84,11 +84,15 @@ func (e *testEnv) canRead(name string) bool {
 func TestRightsMountGrantExpires(t *testing.T) {
 	e, _ := rightsEnv(t)
 	c := e.client("orch")
+	// No round may expire the grant before the child has read it once
+	// (on a loaded machine that read may come after 3 s).
+	e.b.HoldRoundsForTest(true)
 	st := sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "3s"}})
 	wantRights(t, st, wire.StateDone, "granted mount data for 3s")
 	if !e.canRead("kid") {
 		t.Fatal("the granted mount is not readable in the child")
 	}
+	e.b.HoldRoundsForTest(false)
 	wait.For(t, "the expired mount to leave the child's view", func() bool { return !e.canRead("kid") })
 }
 
@@ -157,13 +161,17 @@ func TestRightsChildGivesUp(t *testing.T) {
 func TestRightsExpiryWhileDown(t *testing.T) {
 	e, _ := rightsEnv(t)
 	c := e.client("orch")
+	// No round of this broker expires the grant: only the next broker's
+	// start may (and the child's read below may come after 2 s).
+	e.b.HoldRoundsForTest(true)
 	st := sendRights(t, c, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "2s"}})
+	granted := time.Now()
 	wantRights(t, st, wire.StateDone, "granted mount data for 2s")
 	if !e.canRead("kid") {
 		t.Fatal("the granted mount is not readable in the child")
 	}
 	e.stop()
-	time.Sleep(3 * time.Second) // past the expiry, with no broker running
+	time.Sleep(time.Until(granted.Add(3 * time.Second))) // past the expiry, with no broker running
 	e.start()
 	if e.canRead("kid") {
 		t.Fatal("an expiry that passed while the broker was down was not applied at start")
@@ -340,13 +348,16 @@ func TestRightsExpiryAfterKill(t *testing.T) {
 		res, err := adminExec(t, p.adminPath(), "kid", "", "cat", "/mnt/jailbee/data/hello")
 		return err == nil && res.exit == 0
 	}
-	st := sendRights(t, p.client("orch"), map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "2s"}})
-	wantRights(t, st, wire.StateDone, "granted mount data for 2s")
+	// Long enough for the child's read below on a loaded machine (the
+	// process broker's rounds cannot be held).
+	st := sendRights(t, p.client("orch"), map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "15s"}})
+	granted := time.Now()
+	wantRights(t, st, wire.StateDone, "granted mount data for 15s")
 	if !canRead() {
 		t.Fatalf("the granted mount is not readable in the child\n%s", p.stderr)
 	}
 	p.kill9()
-	time.Sleep(3 * time.Second) // past the expiry, with no broker running
+	time.Sleep(time.Until(granted.Add(16 * time.Second))) // past the expiry, with no broker running
 	p = startProcBroker(t, bin, state)
 	if canRead() {
 		t.Fatal("an expiry that passed while the broker was dead was not applied at start")

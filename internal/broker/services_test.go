@@ -188,7 +188,9 @@ func TestServicesAutostartAndRefresh(t *testing.T) {
 // turn is over (the adapter judges it idle), the same refresh passes
 // without force.
 func TestRefreshIdleGateClaude(t *testing.T) {
-	const work = `touch /tmp/working && sleep 15 && touch /tmp/slept`
+	// The tool call lasts until the test lets it end (a fixed sleep could
+	// end first on a loaded machine).
+	const work = `touch /tmp/working && while [ ! -e /tmp/go ]; do sleep 0.1; done && touch /tmp/slept`
 	up := modeltest.Start(t,
 		modeltest.Turn{Text: "Running the long job.", Input: 100, Output: 10,
 			Tool: &modeltest.ToolUse{Name: "Bash", Input: map[string]any{"command": work, "description": "The long job", "timeout": 60000}}},
@@ -213,6 +215,9 @@ func TestRefreshIdleGateClaude(t *testing.T) {
 		"`gate` is busy: its agent is at work and has not reported done (refresh with force to restart the services anyway)")
 	if exists("/tmp/slept") {
 		t.Fatal("the tool call ended before the refresh: the gate was not tested while busy")
+	}
+	if r, err := e.execIn("gate", "", "touch", "/tmp/go"); err != nil || r.exit != 0 {
+		t.Fatalf("letting the tool call end: %v %+v", err, r)
 	}
 	n := 1
 	wait.For(t, "a refresh to pass the idle gate", func() bool {

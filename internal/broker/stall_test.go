@@ -171,10 +171,10 @@ func TestStoppedTmuxHoldsNotItsOrchestrator(t *testing.T) {
 			t.Fatalf("the restart: %+v %v", r.st, r.err)
 		}
 		t.Logf("the restart answered in %v", time.Since(t0))
-	case <-time.After(45 * time.Second):
+	case <-time.After(2 * time.Minute): // the agent check's 30 s, and room for a loaded machine
 		// Let the stalled work end before the env's cleanup.
 		stopWithin(e, "kid", 30*time.Second)
-		t.Fatalf("the orchestrator's restart of a child whose tmux is stopped did not answer in 45 s")
+		t.Fatalf("the orchestrator's restart of a child whose tmux is stopped did not answer in 2 min")
 	}
 	if st := statusOf(t, lead, "r-1", "done", "failed"); st.State != wire.StateFailed {
 		t.Fatalf("the restart's final status: %+v", st)

@@ -12,6 +12,7 @@ import (
 
 	"agentbox/internal/egress"
 	"agentbox/internal/testutil/serve"
+	"agentbox/internal/testutil/wait"
 )
 
 // headerLines is n header lines of distinct names, each ended by eol.
@@ -173,7 +174,9 @@ func TestForwardDestinationIdle(t *testing.T) {
 // piece well within ClientIdleTimeout but all of them together longer, is
 // passed on whole: the bound is on each wait, not on the answer.
 func TestForwardDestinationSlow(t *testing.T) {
-	const pieces, pause = 15, 100 * time.Millisecond
+	// Each pause is far within the bound (a loaded machine stretches it),
+	// and all of them together, at least pieces × pause = 6s, longer.
+	const pieces, pause, bound = 20, 300 * time.Millisecond, 5 * time.Second
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -190,9 +193,12 @@ func TestForwardDestinationSlow(t *testing.T) {
 			}
 		}
 	})
-	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), ClientIdleTimeout: 10 * pause})
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), ClientIdleTimeout: bound})
 	c, br, resp := tp.ask(t, "GET http://127.0.0.1:"+portOf(ln.Addr())+"/ HTTP/1.1\r\n\r\n")
 	defer c.Close()
+	// The body takes longer than ask's 10s guard may leave on a loaded
+	// machine: a hang guard of its own for it.
+	c.SetDeadline(time.Now().Add(wait.Guard))
 	got, _ := io.ReadAll(br)
 	if resp.StatusCode != http.StatusOK || string(got) != strings.Repeat("x", pieces) {
 		t.Fatalf("answered %s %q", resp.Status, got)

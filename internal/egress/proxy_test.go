@@ -19,6 +19,7 @@ import (
 	"agentbox/internal/grant"
 	"agentbox/internal/testutil/admittest"
 	"agentbox/internal/testutil/serve"
+	"agentbox/internal/testutil/wait"
 )
 
 func TestConnectTunnel(t *testing.T) {
@@ -688,26 +689,35 @@ func TestForwardEndsAfterClientLeaves(t *testing.T) {
 		head      string
 		body      string
 		readHead2 bool // the client reads the answer's head before it leaves
-		verdict   egress.Verdict
-		reason    string
+		// idle is the proxy's ClientIdleTimeout. Where the client's end
+		// must end the forward it is far longer than the record is waited
+		// for (10s): a forward the client's end did not end is never
+		// logged in time (nor ended by the destination's idle bound in
+		// its place, on a slow machine). Only the destination that takes
+		// no body needs the idle bound to end its forward.
+		idle    time.Duration
+		verdict egress.Verdict
+		reason  string
 	}{
 		{name: "answer stalls after its head", readHead: true, answer: "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc",
-			head: "GET http://127.0.0.1:%s/ HTTP/1.1\r\n\r\n", readHead2: true, verdict: egress.Failed, reason: "the client left before the answer ended"},
+			head: "GET http://127.0.0.1:%s/ HTTP/1.1\r\n\r\n", readHead2: true, idle: wait.Guard, verdict: egress.Failed, reason: "the client left before the answer ended"},
 		{name: "answer never comes", readHead: true,
-			head: "GET http://127.0.0.1:%s/ HTTP/1.1\r\n\r\n", verdict: egress.Failed, reason: "the client left before the answer ended"},
+			head: "GET http://127.0.0.1:%s/ HTTP/1.1\r\n\r\n", idle: wait.Guard, verdict: egress.Failed, reason: "the client left before the answer ended"},
 		{name: "destination takes no body",
-			head: "POST http://127.0.0.1:%s/ HTTP/1.1\r\nContent-Length: 67108864\r\n\r\n", body: big, verdict: egress.Failed, reason: "the destination did not take the request in time"},
+			head: "POST http://127.0.0.1:%s/ HTTP/1.1\r\nContent-Length: 67108864\r\n\r\n", body: big, idle: 200 * time.Millisecond, verdict: egress.Failed, reason: "the destination did not take the request in time"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := stallServer(t, tc.readHead, tc.answer)
-			tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), ClientIdleTimeout: 200 * time.Millisecond})
+			tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), ClientIdleTimeout: tc.idle})
 			c := tp.dial(t)
 			if _, err := fmt.Fprintf(c, tc.head, port); err != nil {
 				t.Fatal(err)
 			}
 			if tc.body != "" {
-				// As much of the body as the buffers take, then the client leaves.
-				c.SetWriteDeadline(time.Now().Add(time.Second))
+				// As much of the body as the buffers take, then the client
+				// leaves: long after the proxy's idle bound, so the
+				// destination's stall, not the client's end, ends it.
+				c.SetWriteDeadline(time.Now().Add(10 * time.Second))
 				c.Write([]byte(tc.body))
 			}
 			if tc.readHead2 {

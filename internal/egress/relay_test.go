@@ -18,6 +18,7 @@ import (
 
 	"agentbox/internal/egress"
 	"agentbox/internal/testutil/serve"
+	"agentbox/internal/testutil/wait"
 	"agentbox/internal/threads"
 )
 
@@ -170,12 +171,15 @@ func relayThreadGrowth(t *testing.T, slots int, sock string) int {
 	}
 	// The runtime (the race detector's more so) may still make a thread
 	// of its own just after the relay serves: the count to compare with
-	// is the one it settles at before any connection.
-	start := 0
-	for range 5 {
-		start = max(start, threadsOf())
-		time.Sleep(50 * time.Millisecond)
-	}
+	// is the one it settles at before any connection: unchanged for a
+	// second (a loaded machine may make those threads late).
+	start, since := threadsOf(), time.Now()
+	wait.For(t, "the relay's thread count to settle", func() bool {
+		if n := threadsOf(); n != start {
+			start, since = n, time.Now()
+		}
+		return time.Since(since) >= time.Second
+	})
 	for round := range 4 {
 		var wg sync.WaitGroup
 		for i := range 50 {

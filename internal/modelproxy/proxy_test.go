@@ -430,7 +430,9 @@ func TestConcurrentLimit(t *testing.T) {
 // stalls is cut off after the read timeout, while other requests are
 // answered meanwhile.
 func TestSlowClientHoldsOnlyItsOwnSlot(t *testing.T) {
-	w := newWorld(t, func(c *modelproxy.Config) { c.ReadTimeout = 300 * time.Millisecond })
+	// The read timeout bounds the request meanwhile too (its head and its
+	// body): long enough for a loaded machine to send it whole.
+	w := newWorld(t, func(c *modelproxy.Config) { c.ReadTimeout = 2 * time.Second })
 	conn, err := net.Dial("unix", w.sock)
 	if err != nil {
 		t.Fatal(err)

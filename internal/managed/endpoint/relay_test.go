@@ -154,7 +154,11 @@ func TestRelayTimeout(t *testing.T) {
 		io.ReadAll(conn)
 		<-release // never answers
 	})
-	_, err := relay(context.Background(), path, []byte(testFrame), 50*time.Millisecond)
+	// One timeout bounds the dial, the write and the read: long enough
+	// that a slow machine still gets through the dial and the write (the
+	// server takes the frame), so only the read, which never gets an
+	// answer, runs out of it.
+	_, err := relay(context.Background(), path, []byte(testFrame), 2*time.Second)
 	transport(t, err, "read")
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("err %v", err)
