@@ -387,9 +387,7 @@ func (s *Store) historySeqs(ctx context.Context, sandbox string) ([]int64, error
 // sources).
 func (s *Store) DeliveredImport(ctx context.Context, sandbox, ref, sha string) (found bool, err error) {
 	defer s.settle(&err)
-	err = s.db.QueryRowContext(detach(ctx), `SELECT EXISTS (SELECT 1 FROM items WHERE sandbox = ? AND type = ?
-		AND json_extract(doc, '$.imported_ref') = ? AND json_extract(doc, '$.imported_sha') = ?)`,
-		sandbox, wire.ItemMessage, ref, sha).Scan(&found)
+	err = s.db.QueryRowContext(detach(ctx), deliveredImportSQL, sandbox, ref, sha).Scan(&found)
 	return found, err
 }
 

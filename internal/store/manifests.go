@@ -161,9 +161,7 @@ type ChildMessage struct {
 func (s *Store) LastChildMessage(ctx context.Context, parent, child string) (_ ChildMessage, err error) {
 	defer s.settle(&err)
 	var m ChildMessage
-	err = s.db.QueryRowContext(detach(ctx), `SELECT seq, json_extract(doc, '$.kind'), json_extract(doc, '$.body') FROM items
-		WHERE sandbox = ? AND type = ? AND json_extract(doc, '$.from') = ? AND json_extract(doc, '$.origin_id') IS NOT NULL
-		ORDER BY seq DESC LIMIT 1`, parent, wire.ItemMessage, child).Scan(&m.Seq, &m.Kind, &m.Body)
+	err = s.db.QueryRowContext(detach(ctx), lastChildMessageSQL, parent, child).Scan(&m.Seq, &m.Kind, &m.Body)
 	if errors.Is(err, sql.ErrNoRows) {
 		return ChildMessage{}, nil
 	}

@@ -52,6 +52,21 @@ const itemCols = `seq, id, type, ref, doc, read`
 // the whole history for each chunk). TestListHistoryPlan holds the plans.
 const (
 	historySeqsSQL = `SELECT seq FROM items WHERE sandbox = ? ORDER BY seq LIMIT ?`
+	// The queries below look in one inbox through an index of their own
+	// (store.go's schema), never through its read history.
+	unreadItemsSQL = `SELECT ` + itemCols + ` FROM items WHERE sandbox = ? AND read = 0 ORDER BY seq`
+	// octet_length reads a document's length without loading it.
+	// m: the length of a message's document, NULL for a status.
+	unreadTotalsSQL = `SELECT count(*), coalesce(sum(n), 0), count(m), coalesce(sum(m), 0) FROM
+			(SELECT octet_length(doc) AS n, CASE WHEN type = 'message' THEN octet_length(doc) END AS m
+			FROM items WHERE sandbox = ? AND read = 0 LIMIT ?)`
+	unreadFromSQL = `SELECT count(*), coalesce(sum(octet_length(doc)), 0) FROM items
+			WHERE sandbox = ? AND read = 0 AND type = 'message' AND json_extract(doc, '$.from') = ?`
+	lastChildMessageSQL = `SELECT seq, json_extract(doc, '$.kind'), json_extract(doc, '$.body') FROM items
+		WHERE sandbox = ? AND type = 'message' AND json_extract(doc, '$.from') = ? AND json_extract(doc, '$.origin_id') IS NOT NULL
+		ORDER BY seq DESC LIMIT 1`
+	deliveredImportSQL = `SELECT EXISTS (SELECT 1 FROM items WHERE sandbox = ? AND type = 'message'
+		AND json_extract(doc, '$.imported_ref') = ? AND json_extract(doc, '$.imported_sha') = ?)`
 	itemsBySeqSQL  = `SELECT ` + itemCols + ` FROM items WHERE seq IN (SELECT value FROM json_each(?)) AND +sandbox = ? ORDER BY seq`
 )
 
@@ -81,7 +96,7 @@ func (s *Store) prepare(ctx context.Context) error {
 	s.w.conn = conn
 	r, w := prep(s.db), prep(conn)
 	err = errors.Join(
-		r(&s.q.unreadItems, `SELECT `+itemCols+` FROM items WHERE sandbox = ? AND read = 0 ORDER BY seq`),
+		r(&s.q.unreadItems, unreadItemsSQL),
 		r(&s.q.historySeqs, historySeqsSQL),
 		r(&s.q.itemsBySeq, itemsBySeqSQL),
 		r(&s.q.sandboxByNm, `SELECT `+sandboxCols+` FROM sandboxes WHERE name = ?`),
@@ -93,13 +108,8 @@ func (s *Store) prepare(ctx context.Context) error {
 		w(&s.w.markRead, `UPDATE items SET read = 1 WHERE id = ? AND sandbox = ? AND read = 0 RETURNING octet_length(doc), type`),
 		w(&s.w.markUnread, `UPDATE items SET read = 0 WHERE id = ? AND sandbox = ? AND read = 1 RETURNING `+itemCols),
 		w(&s.w.messageDoc, `SELECT doc FROM items WHERE id = ? AND sandbox = ? AND type = 'message'`),
-		// octet_length reads a document's length without loading it.
-		// m: the length of a message's document, NULL for a status.
-		w(&s.w.unreadTotals, `SELECT count(*), coalesce(sum(n), 0), count(m), coalesce(sum(m), 0) FROM
-			(SELECT octet_length(doc) AS n, CASE WHEN type = 'message' THEN octet_length(doc) END AS m
-			FROM items WHERE sandbox = ? AND read = 0 LIMIT ?)`),
-		w(&s.w.unreadFrom, `SELECT count(*), coalesce(sum(octet_length(doc)), 0) FROM items
-			WHERE sandbox = ? AND read = 0 AND type = 'message' AND json_extract(doc, '$.from') = ?`),
+		w(&s.w.unreadTotals, unreadTotalsSQL),
+		w(&s.w.unreadFrom, unreadFromSQL),
 		w(&s.w.childCount, `SELECT count(*) FROM sandboxes WHERE parent = ?`),
 		w(&s.w.parentOf, `SELECT parent FROM sandboxes WHERE name = ?`),
 		w(&s.w.treeMembers, `SELECT name FROM sandboxes WHERE name = ? OR parent = ?`),

@@ -209,6 +209,17 @@ CREATE TABLE IF NOT EXISTS items (
 	created_at INTEGER NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS items_by_sandbox ON items(sandbox, id);
+-- What a send, a quota check or a watch looks for in one inbox, without
+-- walking its read history (kept for days, and as large as its senders
+-- make it): the unread items; the messages each child sent; the done
+-- reports that imported a commit. A query names the index's condition
+-- as written here (a literal 'message', not a parameter), or SQLite
+-- does not use it.
+CREATE INDEX IF NOT EXISTS items_unread ON items(sandbox, seq) WHERE read = 0;
+CREATE INDEX IF NOT EXISTS items_child_messages ON items(sandbox, json_extract(doc, '$.from'), seq)
+	WHERE type = 'message' AND json_extract(doc, '$.origin_id') IS NOT NULL;
+CREATE INDEX IF NOT EXISTS items_imports ON items(sandbox, json_extract(doc, '$.imported_sha'))
+	WHERE type = 'message' AND json_extract(doc, '$.imported_sha') IS NOT NULL;
 -- The manifest-id journal: one row per (requester, manifest id), pointing
 -- at the latest status recorded for it (NULL: journaled, no status yet).
 CREATE TABLE IF NOT EXISTS journal (

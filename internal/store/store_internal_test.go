@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"agentbox/internal/wire"
@@ -154,5 +155,53 @@ func TestJournal(t *testing.T) {
 	again, err := s.RecordStatus(ctx, "o", "x", "spawn", wire.StateRefused, "no", true)
 	if err != nil || again.Fresh || again.Status.ID != later.Status.ID {
 		t.Fatalf("resent first status: %+v %v", again, err)
+	}
+}
+
+// TestInboxQueriesUseTheirIndexes: what a send (the quota's counts), an
+// inbox load, the idle watch (a child's last message) and a publish (a
+// delivered import) look for in one inbox is found through an index that
+// holds only such items. Through items_by_sandbox they walked the
+// inbox's whole read history, which senders make as large as they like
+// (kept for days): a send's quota check did that under the store's write
+// lock, stalling every sandbox's writes for seconds per gigabyte.
+func TestInboxQueriesUseTheirIndexes(t *testing.T) {
+	s, _ := openTestStore(t)
+	for _, tt := range []struct {
+		name, query, index string
+		args               []any
+	}{
+		{"unread items", unreadItemsSQL, "items_unread", []any{"o"}},
+		{"unread totals", unreadTotalsSQL, "items_unread", []any{"o", 501}},
+		{"unread from a sender", unreadFromSQL, "items_unread", []any{"o", "c"}},
+		{"last child message", lastChildMessageSQL, "items_child_messages", []any{"o", "c"}},
+		{"delivered import", deliveredImportSQL, "items_imports", []any{"o", "refs/jailbee/from/c/c", "0123"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			rows, err := s.db.Query("EXPLAIN QUERY PLAN "+tt.query, tt.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer rows.Close()
+			var plan []string
+			for rows.Next() {
+				var id, parent, notused int
+				var detail string
+				if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+					t.Fatal(err)
+				}
+				plan = append(plan, detail)
+			}
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			found := slices.ContainsFunc(plan, func(d string) bool {
+				return strings.HasPrefix(d, "SEARCH items USING INDEX "+tt.index+" ") ||
+					strings.HasPrefix(d, "SEARCH items USING COVERING INDEX "+tt.index+" ")
+			})
+			if !found {
+				t.Fatalf("plan %q, want a search through %s", plan, tt.index)
+			}
+		})
 	}
 }
