@@ -382,25 +382,34 @@ func TestListHistoryPlan(t *testing.T) {
 		{historySeqsSQL, "COVERING INDEX", "", []any{"o", 10}},
 		{itemsBySeqSQL, "INTEGER PRIMARY KEY", "TEMP B-TREE", []any{"[1,2]", "o"}},
 	} {
-		rows, err := s.db.Query("EXPLAIN QUERY PLAN "+tc.query, tc.args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan []string
-		for rows.Next() {
-			var id, parent, notused int
-			var detail string
-			if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
-				t.Fatal(err)
-			}
-			plan = append(plan, detail)
-		}
-		rows.Close()
-		all := strings.Join(plan, "; ")
+		all := strings.Join(queryPlan(t, s, tc.query, tc.args...), "; ")
 		if !strings.Contains(all, tc.want) || tc.never != "" && strings.Contains(all, tc.never) {
 			t.Errorf("%s:\nplan %s, want %s and no %q", tc.query, all, tc.want, tc.never)
 		}
 	}
+}
+
+// queryPlan is the lines of SQLite's EXPLAIN QUERY PLAN for query.
+func queryPlan(t *testing.T, s *Store, query string, args ...any) []string {
+	t.Helper()
+	rows, err := s.db.Query("EXPLAIN QUERY PLAN "+query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, notused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, detail)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return plan
 }
 
 // TestListHistoryChunks: a history read in several chunks comes back

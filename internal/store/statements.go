@@ -52,6 +52,7 @@ const itemCols = `seq, id, type, ref, doc, read`
 // the whole history for each chunk). TestListHistoryPlan holds the plans.
 const (
 	historySeqsSQL = `SELECT seq FROM items WHERE sandbox = ? ORDER BY seq LIMIT ?`
+	itemsBySeqSQL  = `SELECT ` + itemCols + ` FROM items WHERE seq IN (SELECT value FROM json_each(?)) AND +sandbox = ? ORDER BY seq`
 	// The queries below look in one inbox through an index of their own
 	// (store.go's schema), never through its read history.
 	unreadItemsSQL = `SELECT ` + itemCols + ` FROM items WHERE sandbox = ? AND read = 0 ORDER BY seq`
@@ -67,7 +68,6 @@ const (
 		ORDER BY seq DESC LIMIT 1`
 	deliveredImportSQL = `SELECT EXISTS (SELECT 1 FROM items WHERE sandbox = ? AND type = 'message'
 		AND json_extract(doc, '$.imported_ref') = ? AND json_extract(doc, '$.imported_sha') = ?)`
-	itemsBySeqSQL  = `SELECT ` + itemCols + ` FROM items WHERE seq IN (SELECT value FROM json_each(?)) AND +sandbox = ? ORDER BY seq`
 )
 
 const journalGetSQL = `SELECT j.status_seq, i.seq, i.id, i.type, i.ref, i.doc, i.read

@@ -178,23 +178,7 @@ func TestInboxQueriesUseTheirIndexes(t *testing.T) {
 		{"delivered import", deliveredImportSQL, "items_imports", []any{"o", "refs/jailbee/from/c/c", "0123"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			rows, err := s.db.Query("EXPLAIN QUERY PLAN "+tt.query, tt.args...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer rows.Close()
-			var plan []string
-			for rows.Next() {
-				var id, parent, notused int
-				var detail string
-				if err := rows.Scan(&id, &parent, &notused, &detail); err != nil {
-					t.Fatal(err)
-				}
-				plan = append(plan, detail)
-			}
-			if err := rows.Err(); err != nil {
-				t.Fatal(err)
-			}
+			plan := queryPlan(t, s, tt.query, tt.args...)
 			found := slices.ContainsFunc(plan, func(d string) bool {
 				return strings.HasPrefix(d, "SEARCH items USING INDEX "+tt.index+" ") ||
 					strings.HasPrefix(d, "SEARCH items USING COVERING INDEX "+tt.index+" ")
