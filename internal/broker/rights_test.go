@@ -3,9 +3,11 @@ package broker_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -361,5 +363,59 @@ func TestRightsExpiryAfterKill(t *testing.T) {
 	p = startProcBroker(t, bin, state)
 	if canRead() {
 		t.Fatal("an expiry that passed while the broker was dead was not applied at start")
+	}
+}
+
+// fdHoarders is the number of processes, and holdFDs the descriptors each
+// holds, that make a detach's scan of a sandbox's processes long: some
+// 0.2 s per 16,384 descriptors, so 50 of them take the scan to its
+// bound (10 s).
+const fdHoarders, holdFDs = 50, 16000
+
+// TestMountRevokeScanStallsNobodyElse: a child makes a detach of its
+// mount slow (processes holding many descriptors, each one looked at) and
+// its orchestrator revokes the mount: while that detach scans, another
+// orchestrator's send is answered. The detach ran on the broker's turn,
+// so every sandbox's mutations and every host command waited for the
+// scan (up to its bound per mount, as often as an orchestrator revokes).
+func TestMountRevokeScanStallsNobodyElse(t *testing.T) {
+	localOnly(t, "the executor's handling is the backends' alike; the scan costs the Incus pass twice the time")
+	e, _ := rightsEnv(t)
+	e.orchestrator("other")
+	e.child("quiet", "other")
+	lead := e.client("orch")
+	st := sendRights(t, lead, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "never"}})
+	wantRights(t, st, wire.StateDone, "granted mount data")
+	hoard := fmt.Sprintf(`ulimit -n %d && for i in $(seq %d); do setsid perl -e 'open my $n, "<", "/dev/null"; my @k = map { open my $d, "<&", $n or die; $d } 1..%d; print "ready\n"; close STDOUT; sleep 600' </dev/null >>/tmp/hoarders 2>/dev/null & done`, holdFDs+16, fdHoarders, holdFDs)
+	e.mustExec("kid", "sh", "-c", hoard)
+	wait.For(t, "the hoarders to hold their descriptors", func() bool {
+		return e.mustExec("kid", "sh", "-c", "grep -c ready /tmp/hoarders || true") == strconv.Itoa(fdHoarders)
+	})
+
+	revoked := make(chan wire.StatusItem, 1)
+	go func() {
+		var st wire.StatusItem
+		lead.Call(context.Background(), "send", map[string]any{"manifest": map[string]any{
+			"version": 1, "type": "rights", "id": "r2", "child": "kid", "revoke": map[string]any{"mounts": []string{"data"}}}}, &st)
+		revoked <- st
+	}()
+	wait.For(t, "the revoke's detach to begin", func() bool { return !e.canRead("kid") })
+	ctx, cancel := context.WithTimeout(context.Background(), wait.Guard)
+	defer cancel()
+	var sent wire.StatusItem
+	err := e.client("other").Call(ctx, "send", map[string]any{"manifest": map[string]any{
+		"version": 1, "id": "m-1", "type": "message", "to": "quiet", "body": "hello"}}, &sent)
+	if err != nil || sent.State != wire.StateDone {
+		t.Fatalf("another orchestrator's send while a detach scans: %+v %v", sent, err)
+	}
+	select {
+	case st := <-revoked:
+		t.Fatalf("the revoke answered (%s %q) before another orchestrator's send: that send waited for the detach's scan", st.State, st.Detail)
+	default:
+	}
+	select {
+	case <-revoked:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the revoke never answered")
 	}
 }

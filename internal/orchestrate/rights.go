@@ -117,8 +117,8 @@ func (o *Orchestrator) selfRights(ctx context.Context, req wire.Caller, m *manif
 // mount, whose scan of the sandbox's processes (which the sandbox
 // shapes) takes up to holders' bound, and the executor must serve others
 // meanwhile. Once the mutex is the caller's, its turn is back and stays
-// (serial.Pin) until unlock: nobody waits for the mutex with a turn, so
-// the two can never wait for each other. What the caller read before
+// (serial.Pin) until unlock, but for a detach (detachMount): nobody waits
+// for the mutex with a turn, so the two can never wait for each other. What the caller read before
 // may have changed meanwhile.
 func (o *Orchestrator) lockRights(ctx context.Context) (context.Context, func()) {
 	serial.Outside(ctx, o.rightsMu.Lock)
@@ -279,7 +279,7 @@ func (o *Orchestrator) applyMounts(ctx context.Context, sandbox string, detach, 
 		if err != nil {
 			continue // no longer configured: nothing can be attached
 		}
-		if err := o.Backend.DetachMount(ctx, sandbox, hm.Device()); err != nil && !errors.Is(err, backend.ErrNotRunning) {
+		if err := o.detachMount(ctx, sandbox, hm); err != nil && !errors.Is(err, backend.ErrNotRunning) {
 			return fail(err)
 		}
 		undo = append(undo, func() { o.attachBestEffort(cleanup, sandbox, hm) })
@@ -292,16 +292,26 @@ func (o *Orchestrator) applyMounts(ctx context.Context, sandbox string, detach, 
 		if err := o.Backend.AttachMount(ctx, sandbox, hm); err != nil && !errors.Is(err, backend.ErrNotRunning) {
 			return fail(err)
 		}
-		undo = append(undo, func() { o.Backend.DetachMount(cleanup, sandbox, hm.Device()) })
+		undo = append(undo, func() { o.detachMount(cleanup, sandbox, hm) })
 	}
 	return nil
+}
+
+// detachMount detaches hm from sandbox out of the executor's line: the
+// detach ends the processes that hold the mount, a scan of processes the
+// sandbox shapes (up to holders' bound, seconds), and every other
+// sandbox's mutations run meanwhile. The caller holds rightsMu, and
+// nobody waits for that with a turn (lockRights).
+func (o *Orchestrator) detachMount(ctx context.Context, sandbox string, hm backend.HostMount) (err error) {
+	serial.Outside(serial.Unpin(ctx), func() { err = o.Backend.DetachMount(ctx, sandbox, hm.Device()) })
+	return err
 }
 
 // undoMounts reverses applyMounts, best effort.
 func (o *Orchestrator) undoMounts(ctx context.Context, sandbox string, detached, attached []string) {
 	for _, name := range attached {
 		if hm, err := o.hostMount(name); err == nil {
-			o.Backend.DetachMount(ctx, sandbox, hm.Device())
+			o.detachMount(ctx, sandbox, hm)
 		}
 	}
 	for _, name := range detached {

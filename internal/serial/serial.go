@@ -134,10 +134,26 @@ func Holding(ctx context.Context, e *Executor) (_ context.Context, end func()) {
 // away while it holds the mutex, the next holder could wait for that
 // mutex while the pinned one waits for the turn.
 func Pin(ctx context.Context) context.Context {
-	return context.WithValue(ctx, turnKey{}, (*turn)(nil))
+	t, _ := ctx.Value(turnKey{}).(*turn)
+	return context.WithValue(context.WithValue(ctx, pinnedKey{}, t), turnKey{}, (*turn)(nil))
+}
+
+// Unpin returns a pinned ctx with its turn again, for Outside: a step of
+// the pinned holder that may run out of line because nobody waits with a
+// turn for what the holder holds (a mutex every taker waits for
+// outside its turn). Unpin of a ctx never pinned is ctx.
+func Unpin(ctx context.Context) context.Context {
+	t, ok := ctx.Value(pinnedKey{}).(*turn)
+	if !ok {
+		return ctx
+	}
+	return context.WithValue(ctx, turnKey{}, t)
 }
 
 type turnKey struct{}
+
+// pinnedKey holds the turn a Pin hid.
+type pinnedKey struct{}
 
 // turn is one holder's turn. Outside calls may overlap (the two ends of a
 // transfer): the first gives the turn away, the last takes a new one.

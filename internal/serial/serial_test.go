@@ -204,6 +204,37 @@ func TestPinKeepsTheTurn(t *testing.T) {
 	<-bRan
 }
 
+// TestUnpinGivesTheTurnAway: Outside under an unpinned context gives the
+// pinned holder's turn to the next one, and the holder has it back after.
+func TestUnpinGivesTheTurnAway(t *testing.T) {
+	var e Executor
+	inside := make(chan struct{})
+	release := make(chan struct{})
+	aDone := make(chan struct{})
+	go func() {
+		defer close(aDone)
+		e.Run(context.Background(), func(ctx context.Context) {
+			Outside(Unpin(Pin(ctx)), func() { close(inside); <-release })
+		})
+	}()
+	<-inside
+	bRan := make(chan struct{})
+	go func() {
+		e.Run(context.Background(), func(context.Context) {})
+		close(bRan)
+	}()
+	select {
+	case <-bRan: // B ran while A was outside
+	case <-time.After(30 * time.Second):
+		t.Fatal("B never ran: the unpinned Outside kept A's turn")
+	}
+	close(release)
+	<-aDone
+	if got := Unpin(context.Background()); got != context.Background() {
+		t.Fatalf("Unpin of a context never pinned changed it")
+	}
+}
+
 // TestOutsideAfterTheTurnEnded: a goroutine that outlived its request
 // steps outside under the request's context: nothing is given away (the
 // turn is not its to give), so the executor keeps one holder at a time.
