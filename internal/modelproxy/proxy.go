@@ -57,6 +57,16 @@ const (
 	StreamIdleTimeout = 5 * time.Minute
 	// ConnIdleTimeout closes a keep-alive connection with no request.
 	ConnIdleTimeout = 2 * time.Minute
+	// RefusalLogBurst is how many requests refused before the upstream
+	// (an unknown path, too many at once, a budget spent) one socket logs
+	// one by one in each RefusalLogPeriod; the period's others are only
+	// counted, and logged as one summary line with the next period's
+	// first. Such a refusal costs the sandbox next to nothing (a 404 comes
+	// before any slot), so one line each would let it fill the broker's
+	// log as fast as it can send.
+	RefusalLogBurst = 20
+	// RefusalLogPeriod is the period of RefusalLogBurst.
+	RefusalLogPeriod = time.Second
 	// MaxConns is how many connections one sandbox's model socket holds
 	// open at once, requests or not (a connection that never sends a
 	// request still costs the broker a descriptor and a goroutine); one
@@ -123,8 +133,9 @@ type Config struct {
 	// Log receives one line per request: method, path, status, bytes.
 	Log *slog.Logger
 	// ReadTimeout and StreamIdle replace RequestReadTimeout and
-	// StreamIdleTimeout when set (tests shorten them).
-	ReadTimeout, StreamIdle time.Duration
+	// StreamIdleTimeout when set (tests shorten them); RefusalLogPeriod
+	// replaces RefusalLogPeriod.
+	ReadTimeout, StreamIdle, RefusalLogPeriod time.Duration
 }
 
 // Proxy is one sandbox's model socket handler.
@@ -139,6 +150,34 @@ type Proxy struct {
 	handlers handlerCount
 	cut      context.Context
 	cutAll   context.CancelFunc
+
+	refusals refusalLog
+}
+
+// refusalLog bounds the lines of requests refused before the upstream:
+// RefusalLogBurst per period, the rest counted.
+type refusalLog struct {
+	mu      sync.Mutex
+	start   time.Time // of the current period
+	logged  int       // refusals logged one by one in it
+	dropped int       // refusals not logged since the last summary
+}
+
+// admit reports whether a refusal at now is logged on its own, and how
+// many earlier ones went unlogged (to be summed up first, once).
+func (l *refusalLog) admit(now time.Time, period time.Duration) (log bool, dropped int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.start) >= period {
+		l.start, l.logged = now, 0
+	}
+	if l.logged >= RefusalLogBurst {
+		l.dropped++
+		return false, 0
+	}
+	l.logged++
+	dropped, l.dropped = l.dropped, 0
+	return true, dropped
 }
 
 // New returns the handler of one sandbox's model socket.
@@ -173,6 +212,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.StreamIdle <= 0 {
 		cfg.StreamIdle = StreamIdleTimeout
+	}
+	if cfg.RefusalLogPeriod <= 0 {
+		cfg.RefusalLogPeriod = RefusalLogPeriod
 	}
 	return &Proxy{cfg: cfg, slots: make(chan struct{}, MaxConcurrent), cut: cut, cutAll: cutAll}, nil
 }
@@ -268,11 +310,23 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.handlers.add(1)
 	defer p.handlers.add(-1)
 	start := time.Now()
-	status, n := p.serve(w, r)
+	var forwarded bool
+	status, n := p.serve(w, r, &forwarded)
+	if !forwarded {
+		log, dropped := p.refusals.admit(time.Now(), p.cfg.RefusalLogPeriod)
+		if dropped > 0 {
+			p.cfg.Log.Info("model requests refused and not logged one by one", "count", dropped)
+		}
+		if !log {
+			return
+		}
+	}
 	p.cfg.Log.Info("model request", "method", r.Method, "path", r.URL.Path, "status", status, "bytes", n, "ms", time.Since(start).Milliseconds())
 }
 
-func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int64) {
+// serve answers r; forwarded is set once the request goes to the
+// upstream (what is answered before it is a refusal).
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, forwarded *bool) (status int, n int64) {
 	// A deadline left by the connection's previous request must not cut
 	// this one's answer.
 	p.writeDeadline(w)
@@ -293,6 +347,9 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 		}()
 	}
 	if !allowedPath(r.Method, r.URL.Path) {
+		// Its next request costs it a new connection: no pipelined
+		// stream of refusals on one.
+		w.Header().Set("Connection", "close")
 		return apiError(w, http.StatusNotFound, "not_found_error", "the model socket serves POST /v1/messages, POST /v1/messages/count_tokens and GET /v1/models only")
 	}
 	select {
@@ -380,6 +437,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request) (status int, n int
 		}
 	}
 	up.Header.Set("X-Api-Key", p.cfg.Key)
+	*forwarded = true
 	resp, err := p.cfg.Client.Do(up)
 	// A client that stops reading must not hold the handler, its slot and
 	// the request for ever: every write to it has StreamIdle to go

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -1035,5 +1036,58 @@ func TestAdmitBody(t *testing.T) {
 	defer mu.Unlock()
 	if want := []int64{int64(len(body)), modelproxy.MaxRequestBytes, int64(len(body))}; !slices.Equal(asked, want) {
 		t.Fatalf("AdmitBody asked %v, want %v", asked, want)
+	}
+}
+
+// TestRefusalsLogBounded: a sandbox that floods its model socket with
+// requests it refuses before the upstream (here unknown paths, each
+// answered with Connection: close) gets RefusalLogBurst lines a period in
+// the broker's log, not one each; what reaches the upstream is logged
+// every time.
+func TestRefusalsLogBounded(t *testing.T) {
+	var logged wait.Buffer
+	up := modeltest.Start(t, modeltest.Turn{Text: "ok", Input: 1, Output: 1})
+	u, err := url.Parse(up.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := modelproxy.New(modelproxy.Config{Upstream: u, Key: hostKey, RefusalLogPeriod: time.Hour,
+		Log: slog.New(slog.NewTextHandler(&logged, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "anthropic.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(ctx, ln) }()
+	const flood = 3 * modelproxy.RefusalLogBurst
+	for range flood {
+		if a := rawAnswer(t, sock, "GET /v1/files HTTP/1.1\r\nHost: model\r\n\r\n"); !strings.HasPrefix(a, "HTTP/1.1 404 ") || !strings.Contains(a, "\r\nConnection: close\r\n") {
+			t.Fatalf("an unknown path: %q", a)
+		}
+	}
+	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}}
+	resp, err := client.Post("http://model/v1/messages", "application/json", strings.NewReader(`{"model":"m","max_tokens":5,"messages":[]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	client.CloseIdleConnections()
+	cancel()
+	if err := <-done; err != nil { // every handler has logged
+		t.Fatal(err)
+	}
+	refused := strings.Count(logged.String(), "path=/v1/files status=404")
+	if refused != modelproxy.RefusalLogBurst {
+		t.Errorf("%d of %d refusals logged one by one, want %d", refused, flood, modelproxy.RefusalLogBurst)
+	}
+	if !strings.Contains(logged.String(), "path=/v1/messages status=200") {
+		t.Errorf("the forwarded request was not logged:\n%s", logged.String())
 	}
 }
