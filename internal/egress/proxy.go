@@ -111,6 +111,7 @@ type logLimit struct {
 	start   time.Time   // of the current period
 	logged  int         // refusals logged one by one in it
 	dropped int         // refusals not logged since the last summary
+	failed  int         // failures not logged since the last summary
 	silent  int         // connections that sent no request, since the last summary
 	timer   *time.Timer // writes the summary at the period's end
 }
@@ -254,17 +255,21 @@ func (p *Proxy) refuseBusy(c net.Conn, msg string) {
 	p.log(Record{Sandbox: p.cfg.Sandbox, Verdict: Refused, Reason: e.msg})
 }
 
-// log hands r to Config.Log; a refusal past the period's RefusalLogBurst
-// is only counted for the summary.
+// log hands r to Config.Log; a refusal or failure past the period's
+// RefusalLogBurst is only counted for the summary.
 func (p *Proxy) log(r Record) {
 	if p.cfg.Log == nil {
 		return
 	}
-	if r.Verdict == Refused {
+	if r.Verdict == Refused || r.Verdict == Failed {
 		l := &p.logs
 		l.mu.Lock()
 		if now := time.Now(); p.renewPeriod(now) >= RefusalLogBurst {
-			l.dropped++
+			if r.Verdict == Failed {
+				l.failed++
+			} else {
+				l.dropped++
+			}
 			p.summaryAfter(now)
 			l.mu.Unlock()
 			return
@@ -317,12 +322,15 @@ func (p *Proxy) flushLog() {
 		l.timer.Stop()
 		l.timer = nil
 	}
-	dropped, silent := l.dropped, l.silent
-	l.dropped, l.silent = 0, 0
+	dropped, failed, silent := l.dropped, l.failed, l.silent
+	l.dropped, l.failed, l.silent = 0, 0, 0
 	l.mu.Unlock()
 	var parts []string
 	if dropped > 0 {
 		parts = append(parts, fmt.Sprintf("%d more refused %s not logged", dropped, plural(dropped, "connection")))
+	}
+	if failed > 0 {
+		parts = append(parts, fmt.Sprintf("%d more failed %s not logged", failed, plural(failed, "connection")))
 	}
 	if silent > 0 {
 		parts = append(parts, fmt.Sprintf("%d %s closed without a request", silent, plural(silent, "connection")))

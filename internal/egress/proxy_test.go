@@ -516,6 +516,38 @@ func TestRefusalLogPastLimit(t *testing.T) {
 	}
 }
 
+// TestFailureLogPastLimit: connections that fail (a closed port: as
+// fast as a refusal for the sandbox to repeat) are logged one by one up
+// to RefusalLogBurst a period, like refusals; the one past it is counted
+// in the summary. Each was one line, so a sandbox with any right could
+// fill the broker's log by connecting to a closed port in a loop.
+func TestFailureLogPastLimit(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := portOf(ln.Addr())
+	ln.Close()
+	tp := startProxy(t, egress.Config{Policy: rights("127.0.0.1"), RefusalLogPeriod: time.Hour})
+	for range egress.RefusalLogBurst + 1 {
+		if status, _ := tp.refusal(t, "CONNECT 127.0.0.1:"+closed+" HTTP/1.1\r\n\r\n"); status != http.StatusBadGateway {
+			t.Fatalf("CONNECT to a closed port answered %d; want 502", status)
+		}
+	}
+	for range egress.RefusalLogBurst {
+		if r := tp.record(t); r.Verdict != egress.Failed {
+			t.Fatalf("record %+v", r)
+		}
+	}
+	tp.stop()
+	if r := tp.record(t); r.Verdict != egress.Refused || r.Host != "" || r.Reason != "1 more failed connection not logged" {
+		t.Fatalf("summary %+v", r)
+	}
+	if len(tp.records) != 0 {
+		t.Fatalf("a record after the summary: %+v", <-tp.records)
+	}
+}
+
 var (
 	droppedRe = regexp.MustCompile(`^(\d+) more refused connections? not logged`)
 	silentRe  = regexp.MustCompile(`(?:^|; )(\d+) connections? closed without a request$`)
