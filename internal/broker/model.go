@@ -31,8 +31,8 @@ const (
 	ModelSocketName = agent.ModelSocketName
 )
 
-// BudgetWindow is the window model.max_output_tokens_per_hour counts
-// over, and the least time between two notes to an orchestrator that its
+// BudgetWindow is the window model.max_output_tokens_per_hour and
+// model.max_input_tokens_per_hour count over, and the least time between two notes to an orchestrator that its
 // tree's budget is spent.
 const BudgetWindow = time.Hour
 
@@ -50,6 +50,9 @@ type ModelConfig struct {
 	// MaxOutputTokensPerHour bounds one tree's output tokens in any
 	// BudgetWindow; 0 is no bound.
 	MaxOutputTokensPerHour int64
+	// MaxInputTokensPerHour bounds one tree's input tokens (cached or
+	// not) in any BudgetWindow; 0 is no bound.
+	MaxInputTokensPerHour int64
 	// ProviderTools passes requests for tools the provider runs on its
 	// own side (modelproxy.Config.ProviderTools); off, they are refused.
 	ProviderTools bool
@@ -228,23 +231,35 @@ func (b *Broker) recordUsage(sb store.Sandbox, u modelproxy.Usage) {
 var errBudgetUnknown = errors.New("the model budget of this sandbox's orchestrator cannot be checked; try again later")
 
 // admitModel refuses a request of sb when its tree has used its hourly
-// output budget, and tells the tree's orchestrator once per BudgetWindow.
+// output or input budget, and tells the tree's orchestrator once per
+// BudgetWindow. The input a request will cost is known only from its
+// answer, so a tree passes its input budget by at most what its requests
+// in flight at the moment it is reached carry.
 func (b *Broker) admitModel(sb store.Sandbox) error {
-	limit := b.cfg.Model.MaxOutputTokensPerHour
-	if limit <= 0 {
-		return nil
-	}
 	tree, now := sb.Tree(), time.Now()
-	used, err := b.store.TreeOutputSince(b.ctx, tree, now.Add(-BudgetWindow))
-	if err != nil {
-		b.log.Error("cannot read model usage", "tree", tree, "err", err)
-		return errBudgetUnknown
+	for _, bu := range []struct {
+		kind, key string
+		limit     int64
+		since     func(context.Context, string, time.Time) (int64, error)
+	}{
+		{"output", "max_output_tokens_per_hour", b.cfg.Model.MaxOutputTokensPerHour, b.store.TreeOutputSince},
+		{"input", "max_input_tokens_per_hour", b.cfg.Model.MaxInputTokensPerHour, b.store.TreeInputSince},
+	} {
+		if bu.limit <= 0 {
+			continue
+		}
+		used, err := bu.since(b.ctx, tree, now.Add(-BudgetWindow))
+		if err != nil {
+			b.log.Error("cannot read model usage", "tree", tree, "err", err)
+			return errBudgetUnknown
+		}
+		if used < bu.limit {
+			continue
+		}
+		b.noteBudgetSpent(tree, fmt.Sprintf("%d %s tokens in the last hour reached model.%s (%d)", used, bu.kind, bu.key, bu.limit), now)
+		return fmt.Errorf("the %s token budget of orchestrator %s (model.%s: %d) is spent for now: %d %s tokens in the last hour", bu.kind, tree, bu.key, bu.limit, used, bu.kind)
 	}
-	if used < limit {
-		return nil
-	}
-	b.noteBudgetSpent(tree, used, limit, now)
-	return fmt.Errorf("the output token budget of orchestrator %s (model.max_output_tokens_per_hour: %d) is spent for now: %d output tokens in the last hour", tree, limit, used)
+	return nil
 }
 
 // reserveModel admits one Messages request of sb that may cost charge
@@ -305,8 +320,8 @@ func (b *Broker) reserveModel(sb store.Sandbox, charge int64) (release func(), e
 }
 
 // noteBudgetSpent tells tree's orchestrator, at most once per
-// BudgetWindow, that its model requests are refused.
-func (b *Broker) noteBudgetSpent(tree string, used, limit int64, now time.Time) {
+// BudgetWindow, that its model requests are refused, and why.
+func (b *Broker) noteBudgetSpent(tree, why string, now time.Time) {
 	b.budget.mu.Lock()
 	if last, ok := b.budget.last[tree]; ok && now.Sub(last) < BudgetWindow {
 		b.budget.mu.Unlock()
@@ -317,7 +332,7 @@ func (b *Broker) noteBudgetSpent(tree string, used, limit int64, now time.Time) 
 	}
 	b.budget.last[tree] = now
 	b.budget.mu.Unlock()
-	body := fmt.Sprintf("model requests of %s and its children are refused: %d output tokens in the last hour reached model.max_output_tokens_per_hour (%d); they are admitted again as the hour's usage ages out", tree, used, limit)
+	body := fmt.Sprintf("model requests of %s and its children are refused: %s; they are admitted again as the hour's usage ages out", tree, why)
 	if _, err := b.store.DeliverHostMessage(context.WithoutCancel(b.ctx), tree, tree, manifest.MsgNote, body); err != nil {
 		b.log.Warn("cannot tell the orchestrator its model budget is spent", "tree", tree, "err", err)
 		return

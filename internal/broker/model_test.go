@@ -200,6 +200,37 @@ func TestModelBudget(t *testing.T) {
 	noMessageFrom(t, lead, "lead", "note", 2*time.Second)
 }
 
+// TestModelInputBudget: past model.max_input_tokens_per_hour (uncached
+// input, cache reads and cache writes together) a tree's requests are
+// refused like past the output budget, naming the input budget: a request
+// of max_tokens 1 with a large prompt costs the key's owner its whole
+// input and the output budget next to nothing.
+func TestModelInputBudget(t *testing.T) {
+	localOnly(t, "the request is sent with the host's curl, which Incus images lack")
+	up := modeltest.Start(t, modeltest.Turn{Text: "x", Input: 40, CacheRead: 15, CacheCreation: 5, Output: 1})
+	e := newModelEnvStopped(t, up, 1000)
+	e.model.MaxInputTokensPerHour = 120
+	e.start()
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	// 60 then 120 input tokens: under the budget before each request.
+	for _, name := range []string{"kid", "lead"} {
+		if out := curlModel(e, name, "POST", "/v1/messages", modeltest.RequestBody("hi", false)); !strings.HasSuffix(out, "\n200") {
+			t.Fatalf("%s under the input budget:\n%s", name, out)
+		}
+	}
+	out := curlModel(e, "kid", "POST", "/v1/messages", modeltest.RequestBody("more", false))
+	if !strings.HasSuffix(out, "\n429") || !strings.Contains(out, `"type":"rate_limit_error"`) || !strings.Contains(out, "the input token budget of orchestrator lead (model.max_input_tokens_per_hour: 120) is spent for now: 120 input tokens in the last hour") {
+		t.Fatalf("past the input budget:\n%s", out)
+	}
+	if n := up.Reported().Requests; n != 2 {
+		t.Fatalf("the upstream answered %d requests, want the 2 under the budget", n)
+	}
+	if note := messageFrom(t, e.client("lead"), "lead", "note"); !strings.Contains(note.Body, "120 input tokens in the last hour reached model.max_input_tokens_per_hour (120)") {
+		t.Fatalf("note: %q", note.Body)
+	}
+}
+
 // TestModelBudgetConcurrent: requests in flight together are not each
 // checked against the same total, which counts none of them yet. With
 // model.max_output_tokens_per_hour 3000, nothing used and 8 streamed

@@ -23,7 +23,7 @@ func modelConfig(m config.Model) (*broker.ModelConfig, error) {
 	if !m.HasKey() && len(m.LiteLLM) == 0 {
 		return nil, nil
 	}
-	out := &broker.ModelConfig{MaxOutputTokensPerHour: m.MaxOutputTokensPerHour, ProviderTools: m.ProviderTools}
+	out := &broker.ModelConfig{MaxOutputTokensPerHour: m.MaxOutputTokensPerHour, MaxInputTokensPerHour: m.MaxInputTokensPerHour, ProviderTools: m.ProviderTools}
 	if m.HasKey() {
 		up, key, err := loadEndpoint("model", m.Upstream, m.APIKeyFile, m.APIKeyEnv)
 		if err != nil {

@@ -14,10 +14,13 @@ import (
 // API when broker.yaml names no upstream.
 const DefaultModelUpstream = "https://api.anthropic.com"
 
-// Bounds of model.max_output_tokens_per_hour.
+// Bounds of model.max_output_tokens_per_hour and
+// model.max_input_tokens_per_hour.
 const (
 	MinOutputTokensPerHour = 1
 	MaxOutputTokensPerHour = 1 << 40
+	MinInputTokensPerHour  = 1
+	MaxInputTokensPerHour  = 1 << 40
 )
 
 // Model is broker.yaml's `model`: how the broker's model sockets reach the
@@ -36,6 +39,12 @@ type Model struct {
 	// tree (the orchestrator and its children) may use in any hour; 0 is
 	// no bound.
 	MaxOutputTokensPerHour int64
+	// MaxInputTokensPerHour bounds the input tokens (uncached, cache
+	// writes and cache reads alike) one orchestrator tree may use in any
+	// hour; 0 is no bound. Without it a request of max_tokens 1 and a
+	// 32 MB prompt costs the key's owner its whole input and the output
+	// budget next to nothing.
+	MaxInputTokensPerHour int64
 	// ProviderTools lets Messages requests ask the provider to run tools
 	// on its own side (web search and fetch, code execution, remote MCP
 	// servers), which reach the network past every egress right; off,
@@ -70,13 +79,18 @@ var litellmProfilePattern = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,31}$`)
 var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
 
 // decodeModel reads `model: {upstream, api_key_file | api_key_env,
-// max_output_tokens_per_hour, provider_tools, litellm}` into m.
+// max_output_tokens_per_hour, max_input_tokens_per_hour, provider_tools,
+// litellm}` into m.
 func decodeModel(n *yaml.Node, m *Model) error {
 	if n.Kind == yaml.ScalarNode && n.Tag == "!!null" {
 		return nil
 	}
-	limit := field{key: "max_output_tokens_per_hour", min: MinOutputTokensPerHour, max: MaxOutputTokensPerHour,
-		get: func() int64 { return m.MaxOutputTokensPerHour }, set: func(v int64) { m.MaxOutputTokensPerHour = v }}
+	limits := []field{
+		{key: "max_output_tokens_per_hour", min: MinOutputTokensPerHour, max: MaxOutputTokensPerHour,
+			get: func() int64 { return m.MaxOutputTokensPerHour }, set: func(v int64) { m.MaxOutputTokensPerHour = v }},
+		{key: "max_input_tokens_per_hour", min: MinInputTokensPerHour, max: MaxInputTokensPerHour,
+			get: func() int64 { return m.MaxInputTokensPerHour }, set: func(v int64) { m.MaxInputTokensPerHour = v }},
+	}
 	var keyNode *yaml.Node
 	err := eachKey(n, "model", func(key string, k, v *yaml.Node) error {
 		p := join("model", key)
@@ -86,12 +100,14 @@ func decodeModel(n *yaml.Node, m *Model) error {
 		if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
 			return nil
 		}
-		if key == limit.key {
-			val, err := limit.decode(v, p)
-			if err == nil {
-				limit.set(val)
+		for _, limit := range limits {
+			if key == limit.key {
+				val, err := limit.decode(v, p)
+				if err == nil {
+					limit.set(val)
+				}
+				return err
 			}
-			return err
 		}
 		if key == "litellm" {
 			return decodeLiteLLMEndpoints(v, m)

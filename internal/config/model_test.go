@@ -30,6 +30,10 @@ func TestParseBrokerModel(t *testing.T) {
 				strings.Repeat("g", MaxLiteLLMProfileName): {Upstream: "https://h", APIKeyFile: "/k"}}}},
 		{"budget at max", fmt.Sprintf("model: {max_output_tokens_per_hour: %d}\n", MaxOutputTokensPerHour),
 			Model{Upstream: DefaultModelUpstream, MaxOutputTokensPerHour: MaxOutputTokensPerHour}},
+		{"input budget at min", "model: {max_input_tokens_per_hour: 1}\n",
+			Model{Upstream: DefaultModelUpstream, MaxInputTokensPerHour: MinInputTokensPerHour}},
+		{"input budget at max", fmt.Sprintf("model: {max_input_tokens_per_hour: %d, max_output_tokens_per_hour: 5}\n", MaxInputTokensPerHour),
+			Model{Upstream: DefaultModelUpstream, MaxInputTokensPerHour: MaxInputTokensPerHour, MaxOutputTokensPerHour: 5}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := ParseBroker([]byte(tc.yaml))
@@ -67,6 +71,8 @@ func TestParseBrokerModelRefused(t *testing.T) {
 		{"litellm two keys", "model: {litellm: {grok: {upstream: http://h, api_key_env: K, api_key_file: /k}}}\n", "model.litellm.grok: needs api_key_file or api_key_env (one of the two) (line 1)"},
 		{"litellm unknown key", "model: {litellm: {grok: {upstream: http://h, api_key_env: K, tiers: {}}}}\n", "model.litellm.grok.tiers: unknown key (line 1)"},
 		{"litellm bad upstream", "model: {litellm: {grok: {upstream: \"ftp://h\", api_key_env: K}}}\n", "model.litellm.grok.upstream: must be an http or https URL such as https://api.anthropic.com (line 1)"},
+		{"input budget zero", "model: {max_input_tokens_per_hour: 0}\n", fmt.Sprintf("model.max_input_tokens_per_hour: must be 1 to %d (line 1)", MaxInputTokensPerHour)},
+		{"input budget past max", fmt.Sprintf("model: {max_input_tokens_per_hour: %d}\n", MaxInputTokensPerHour+1), fmt.Sprintf("model.max_input_tokens_per_hour: must be 1 to %d (line 1)", MaxInputTokensPerHour)},
 		{"budget past max", fmt.Sprintf("model: {max_output_tokens_per_hour: %d}\n", MaxOutputTokensPerHour+1), fmt.Sprintf("model.max_output_tokens_per_hour: must be 1 to %d (line 1)", MaxOutputTokensPerHour)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

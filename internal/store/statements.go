@@ -17,6 +17,7 @@ type statements struct {
 	itemsBySeq  *sql.Stmt
 	sandboxByNm *sql.Stmt
 	treeOutput  *sql.Stmt
+	treeInput   *sql.Stmt
 }
 
 // writer is the one connection every write transaction uses, with its
@@ -41,6 +42,8 @@ type writer struct {
 	bucketAdd    *sql.Stmt
 	bucketNew    *sql.Stmt
 	bucketPrune  *sql.Stmt
+	// The same for tree_input.
+	inputBucketAdd, inputBucketNew, inputBucketPrune *sql.Stmt
 }
 
 const itemCols = `seq, id, type, ref, doc, read`
@@ -101,6 +104,7 @@ func (s *Store) prepare(ctx context.Context) error {
 		r(&s.q.itemsBySeq, itemsBySeqSQL),
 		r(&s.q.sandboxByNm, `SELECT `+sandboxCols+` FROM sandboxes WHERE name = ?`),
 		r(&s.q.treeOutput, `SELECT coalesce(sum(output_tokens), 0) FROM tree_output WHERE tree = ? AND minute >= ?`),
+		r(&s.q.treeInput, `SELECT coalesce(sum(input_tokens), 0) FROM tree_input WHERE tree = ? AND minute >= ?`),
 		w(&s.w.insertItem, `INSERT INTO items (id, sandbox, type, ref, doc, read, created_at) VALUES (?,?,?,?,?,?,?)`),
 		w(&s.w.journalGet, journalGetSQL),
 		w(&s.w.journalPut, `INSERT INTO journal (sandbox, manifest_id, type, status_seq, created_at) VALUES (?,?,?,?,?)`),
@@ -117,6 +121,9 @@ func (s *Store) prepare(ctx context.Context) error {
 		w(&s.w.bucketAdd, bucketAddSQL),
 		w(&s.w.bucketNew, bucketNewSQL),
 		w(&s.w.bucketPrune, bucketPruneSQL),
+		w(&s.w.inputBucketAdd, inputBucketAddSQL),
+		w(&s.w.inputBucketNew, inputBucketNewSQL),
+		w(&s.w.inputBucketPrune, inputBucketPruneSQL),
 	)
 	s.q.all = all
 	return err

@@ -237,7 +237,7 @@ CREATE TABLE IF NOT EXISTS socket_dirs (
 CREATE TABLE IF NOT EXISTS host_uids (
 	uid INTEGER PRIMARY KEY
 );
-` + finishesTable + usageTables + rightsTable + sandboxesByParent + preparedTable + `
+` + finishesTable + usageTables + treeInputTable + rightsTable + sandboxesByParent + preparedTable + `
 PRAGMA user_version = 6;
 `
 

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
@@ -59,6 +60,17 @@ CREATE TABLE IF NOT EXISTS tree_output (
 	PRIMARY KEY (tree, minute)
 ) WITHOUT ROWID;`
 
+// treeInputTable is each tree's input tokens per minute (uncached, cache
+// writes and cache reads together), for model.max_input_tokens_per_hour.
+// A table of its own, made when any database opens: no migration.
+const treeInputTable = `
+CREATE TABLE IF NOT EXISTS tree_input (
+	tree         TEXT NOT NULL,
+	minute       INTEGER NOT NULL,
+	input_tokens INTEGER NOT NULL,
+	PRIMARY KEY (tree, minute)
+) WITHOUT ROWID;`
+
 const (
 	usageAddSQL = `INSERT INTO usage (uuid, name, tree, requests, input_tokens, output_tokens,
 		cache_read_input_tokens, cache_creation_input_tokens, updated_at) VALUES (?,?,?,?,?,?,?,?,?)
@@ -69,43 +81,65 @@ const (
 		cache_read_input_tokens = cache_read_input_tokens + excluded.cache_read_input_tokens,
 		cache_creation_input_tokens = cache_creation_input_tokens + excluded.cache_creation_input_tokens,
 		updated_at = excluded.updated_at`
-	bucketAddSQL   = `UPDATE tree_output SET output_tokens = output_tokens + ? WHERE tree = ? AND minute = ?`
-	bucketNewSQL   = `INSERT INTO tree_output (tree, minute, output_tokens) VALUES (?,?,?)`
-	bucketPruneSQL = `DELETE FROM tree_output WHERE minute < ?`
+	bucketAddSQL        = `UPDATE tree_output SET output_tokens = output_tokens + ? WHERE tree = ? AND minute = ?`
+	bucketNewSQL        = `INSERT INTO tree_output (tree, minute, output_tokens) VALUES (?,?,?)`
+	bucketPruneSQL      = `DELETE FROM tree_output WHERE minute < ?`
+	inputBucketAddSQL   = `UPDATE tree_input SET input_tokens = input_tokens + ? WHERE tree = ? AND minute = ?`
+	inputBucketNewSQL   = `INSERT INTO tree_input (tree, minute, input_tokens) VALUES (?,?,?)`
+	inputBucketPruneSQL = `DELETE FROM tree_input WHERE minute < ?`
 )
+
+// inputTokens is what u counts against the input budget: every input
+// token, cached or not.
+func inputTokens(u Usage) int64 {
+	return u.InputTokens + u.CacheReadInputTokens + u.CacheCreationInputTokens
+}
 
 // minuteOf is the per-minute bucket t falls in.
 func minuteOf(t time.Time) int64 { return t.Unix() / 60 }
 
-// AddUsage adds u to sandbox (name, uuid)'s totals and its output tokens
-// to tree's bucket of now's minute, in one transaction. Buckets older
-// than a day are deleted when a new one is written (once a minute per
-// active tree, so the common case is two updates).
+// AddUsage adds u to sandbox (name, uuid)'s totals and its output and
+// input tokens to tree's buckets of now's minute, in one transaction.
+// Buckets older than a day are deleted when a new one is written (once a
+// minute per active tree, so the common case is three updates).
 func (s *Store) AddUsage(ctx context.Context, name, uuid, tree string, u Usage, now time.Time) error {
 	return s.withTx(ctx, func(w *writer, _ *cacheUpdate) error {
 		if _, err := w.usageAdd.ExecContext(ctx, uuid, name, tree, u.Requests, u.InputTokens, u.OutputTokens,
 			u.CacheReadInputTokens, u.CacheCreationInputTokens, now.UnixMilli()); err != nil {
 			return fmt.Errorf("add usage: %w", err)
 		}
-		if u.OutputTokens == 0 {
-			return nil
-		}
-		minute := minuteOf(now)
-		res, err := w.bucketAdd.ExecContext(ctx, u.OutputTokens, tree, minute)
-		if err != nil {
+		if err := addToBucket(ctx, w.bucketAdd, w.bucketNew, w.bucketPrune, tree, u.OutputTokens, now); err != nil {
 			return fmt.Errorf("add usage: %w", err)
 		}
-		if n, err := res.RowsAffected(); err != nil || n > 0 {
-			return err
-		}
-		if _, err := w.bucketNew.ExecContext(ctx, tree, minute, u.OutputTokens); err != nil {
-			return fmt.Errorf("add usage: %w", err)
-		}
-		if _, err := w.bucketPrune.ExecContext(ctx, minuteOf(now.Add(-usageWindow))); err != nil {
-			return fmt.Errorf("add usage: prune: %w", err)
+		if err := addToBucket(ctx, w.inputBucketAdd, w.inputBucketNew, w.inputBucketPrune, tree, inputTokens(u), now); err != nil {
+			return fmt.Errorf("add usage: input: %w", err)
 		}
 		return nil
 	})
+}
+
+// addToBucket adds n tokens to tree's bucket of now's minute (add, else
+// insert a new one), pruning the buckets past usageWindow when it makes
+// one.
+func addToBucket(ctx context.Context, add, insert, prune *sql.Stmt, tree string, n int64, now time.Time) error {
+	if n == 0 {
+		return nil
+	}
+	minute := minuteOf(now)
+	res, err := add.ExecContext(ctx, n, tree, minute)
+	if err != nil {
+		return err
+	}
+	if k, err := res.RowsAffected(); err != nil || k > 0 {
+		return err
+	}
+	if _, err := insert.ExecContext(ctx, tree, minute, n); err != nil {
+		return err
+	}
+	if _, err := prune.ExecContext(ctx, minuteOf(now.Add(-usageWindow))); err != nil {
+		return fmt.Errorf("prune: %w", err)
+	}
+	return nil
 }
 
 // UsageRows returns every sandbox's usage totals, those of sandboxes since
@@ -132,6 +166,18 @@ func (s *Store) UsageRows(ctx context.Context) (_ []UsageRow, err error) {
 		out = append(out, r)
 	}
 	return out, rows.Err()
+}
+
+// TreeInputSince returns the input tokens (cached or not) tree reported
+// since since, counted as TreeOutputSince counts output tokens.
+func (s *Store) TreeInputSince(ctx context.Context, tree string, since time.Time) (_ int64, err error) {
+	defer s.settle(&err)
+	var n int64
+	err = s.q.treeInput.QueryRowContext(detach(ctx), tree, minuteOf(since)).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("tree input: %w", err)
+	}
+	return n, nil
 }
 
 // TreeOutputSince returns the output tokens tree reported since since.

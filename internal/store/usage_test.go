@@ -160,6 +160,42 @@ func TestTreeOutputSince(t *testing.T) {
 	}
 }
 
+// TestTreeInputSince: input tokens, uncached, cache reads and cache
+// writes together, counted per tree and minute as output tokens are; a
+// usage with no input adds no bucket.
+func TestTreeInputSince(t *testing.T) {
+	s, _ := openTestStore(t)
+	ctx := context.Background()
+	for _, a := range []usageAdd{
+		{"o", "u1", "o", usage(1, 1000, 1, 0, 0), -61 * time.Minute}, // more than an hour before t0
+		{"o", "u1", "o", usage(1, 100, 1, 20, 3), -59 * time.Minute},
+		{"c", "u2", "o", usage(1, 0, 9, 0, 0), -time.Second},
+		{"c", "u2", "o", usage(1, 4, 0, 0, 0), 0},
+	} {
+		if err := s.AddUsage(ctx, a.name, a.uuid, a.tree, a.u, t0.Add(a.at)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		since time.Time
+		want  int64
+	}{
+		{t0.Add(-time.Hour), 127},
+		{t0.Add(-2 * time.Hour), 1127},
+		{t0.Add(-time.Minute), 4},
+		{t0.Add(time.Minute), 0},
+	} {
+		got, err := s.TreeInputSince(ctx, "o", tc.since)
+		if err != nil || got != tc.want {
+			t.Errorf("TreeInputSince(o, t0%+v) = %d, %v; want %d", tc.since.Sub(t0), got, err, tc.want)
+		}
+	}
+	var buckets int
+	if err := s.db.QueryRow(`SELECT count(*) FROM tree_input`).Scan(&buckets); err != nil || buckets != 3 {
+		t.Fatalf("%d input buckets, %v; want 3 (none for the usage without input)", buckets, err)
+	}
+}
+
 // TestTreeOutputPruned: a bucket older than a day goes when a new bucket
 // is written (of any tree); adds within an existing bucket prune nothing.
 func TestTreeOutputPruned(t *testing.T) {
