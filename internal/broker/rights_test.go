@@ -386,7 +386,9 @@ func TestMountRevokeScanStallsNobodyElse(t *testing.T) {
 	lead := e.client("orch")
 	st := sendRights(t, lead, map[string]any{"id": "r1", "child": "kid", "grant": map[string]any{"mounts": []string{"data"}, "for": "never"}})
 	wantRights(t, st, wire.StateDone, "granted mount data")
-	hoard := fmt.Sprintf(`ulimit -n %d && for i in $(seq %d); do setsid perl -e 'open my $n, "<", "/dev/null"; my @k = map { open my $d, "<&", $n or die; $d } 1..%d; print "ready\n"; close STDOUT; sleep 600' </dev/null >>/tmp/hoarders 2>/dev/null & done`, holdFDs+16, fdHoarders, holdFDs)
+	// Each takes as many as its hard limit leaves, up to holdFDs.
+	hoard := fmt.Sprintf(`n=%d; h=$(ulimit -Hn); [ "$h" = unlimited ] || [ "$h" -gt $((n+16)) ] || n=$((h-16)); ulimit -n $((n+16)) &&
+for i in $(seq %d); do setsid perl -e 'open my $n, "<", "/dev/null"; my @k = map { open my $d, "<&", $n or die; $d } 1..$ARGV[0]; print "ready\n"; close STDOUT; sleep 600' $n </dev/null >>/tmp/hoarders 2>/dev/null & done`, holdFDs, fdHoarders)
 	e.mustExec("kid", "sh", "-c", hoard)
 	wait.For(t, "the hoarders to hold their descriptors", func() bool {
 		return e.mustExec("kid", "sh", "-c", "grep -c ready /tmp/hoarders || true") == strconv.Itoa(fdHoarders)
