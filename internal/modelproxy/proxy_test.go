@@ -60,6 +60,15 @@ func newWorld(t *testing.T, edit func(*modelproxy.Config), turns ...modeltest.Tu
 // until tb ends, and returns the socket and a client that dials it.
 func serveOnSocket(tb testing.TB, cfg modelproxy.Config) (string, *http.Client) {
 	tb.Helper()
+	sock, client, _ := serveUntilStopped(tb, cfg)
+	return sock, client
+}
+
+// serveUntilStopped is serveOnSocket that also returns stop, which ends
+// Serve and returns once every request's handler has (called again, or
+// when tb ends, it does nothing more).
+func serveUntilStopped(tb testing.TB, cfg modelproxy.Config) (string, *http.Client, func()) {
+	tb.Helper()
 	p, err := modelproxy.New(cfg)
 	if err != nil {
 		tb.Fatal(err)
@@ -72,18 +81,19 @@ func serveOnSocket(tb testing.TB, cfg modelproxy.Config) (string, *http.Client) 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Serve(ctx, ln) }()
-	tb.Cleanup(func() {
+	stop := sync.OnceFunc(func() {
 		cancel()
 		if err := <-done; err != nil {
 			tb.Errorf("Serve: %v", err)
 		}
 	})
+	tb.Cleanup(stop)
 	return sock, &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 		},
 		MaxConnsPerHost: 64,
-	}}
+	}}, stop
 }
 
 func (w *world) recorded() modelproxy.Usage {
@@ -1051,38 +1061,21 @@ func TestRefusalsLogBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := modelproxy.New(modelproxy.Config{Upstream: u, Key: hostKey, RefusalLogPeriod: time.Hour,
+	sock, client, stop := serveUntilStopped(t, modelproxy.Config{Upstream: u, Key: hostKey, RefusalLogPeriod: time.Hour,
 		Log: slog.New(slog.NewTextHandler(&logged, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(t.TempDir(), "anthropic.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ctx, ln) }()
 	const flood = 3 * modelproxy.RefusalLogBurst
 	for range flood {
 		if a := rawAnswer(t, sock, "GET /v1/files HTTP/1.1\r\nHost: model\r\n\r\n"); !strings.HasPrefix(a, "HTTP/1.1 404 ") || !strings.Contains(a, "\r\nConnection: close\r\n") {
 			t.Fatalf("an unknown path: %q", a)
 		}
 	}
-	client := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
-	}}}
 	resp, err := client.Post("http://model/v1/messages", "application/json", strings.NewReader(`{"model":"m","max_tokens":5,"messages":[]}`))
 	if err != nil {
 		t.Fatal(err)
 	}
 	readAll(t, resp)
 	client.CloseIdleConnections()
-	cancel()
-	if err := <-done; err != nil { // every handler has logged
-		t.Fatal(err)
-	}
+	stop() // every handler has logged
 	refused := strings.Count(logged.String(), "path=/v1/files status=404")
 	if refused != modelproxy.RefusalLogBurst {
 		t.Errorf("%d of %d refusals logged one by one, want %d", refused, flood, modelproxy.RefusalLogBurst)

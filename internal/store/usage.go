@@ -170,25 +170,23 @@ func (s *Store) UsageRows(ctx context.Context) (_ []UsageRow, err error) {
 
 // TreeInputSince returns the input tokens (cached or not) tree reported
 // since since, counted as TreeOutputSince counts output tokens.
-func (s *Store) TreeInputSince(ctx context.Context, tree string, since time.Time) (_ int64, err error) {
-	defer s.settle(&err)
-	var n int64
-	err = s.q.treeInput.QueryRowContext(detach(ctx), tree, minuteOf(since)).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("tree input: %w", err)
-	}
-	return n, nil
+func (s *Store) TreeInputSince(ctx context.Context, tree string, since time.Time) (int64, error) {
+	return s.treeTokensSince(ctx, s.q.treeInput, "tree input", tree, since)
 }
 
 // TreeOutputSince returns the output tokens tree reported since since.
 // Buckets are whole minutes and the one since falls in counts whole, so
 // the figure errs up by at most a minute's tokens, never down.
-func (s *Store) TreeOutputSince(ctx context.Context, tree string, since time.Time) (_ int64, err error) {
+func (s *Store) TreeOutputSince(ctx context.Context, tree string, since time.Time) (int64, error) {
+	return s.treeTokensSince(ctx, s.q.treeOutput, "tree output", tree, since)
+}
+
+// treeTokensSince sums tree's buckets since since through sum.
+func (s *Store) treeTokensSince(ctx context.Context, sum *sql.Stmt, what, tree string, since time.Time) (_ int64, err error) {
 	defer s.settle(&err)
 	var n int64
-	err = s.q.treeOutput.QueryRowContext(detach(ctx), tree, minuteOf(since)).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("tree output: %w", err)
+	if err := sum.QueryRowContext(detach(ctx), tree, minuteOf(since)).Scan(&n); err != nil {
+		return 0, fmt.Errorf("%s: %w", what, err)
 	}
 	return n, nil
 }
