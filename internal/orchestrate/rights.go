@@ -117,9 +117,9 @@ func (o *Orchestrator) selfRights(ctx context.Context, req wire.Caller, m *manif
 // mount, whose scan of the sandbox's processes (which the sandbox
 // shapes) takes up to holders' bound, and the executor must serve others
 // meanwhile. Once the mutex is the caller's, its turn is back and stays
-// (serial.Pin) until unlock, but for a detach (detachMount): nobody waits
-// for the mutex with a turn, so the two can never wait for each other. What the caller read before
-// may have changed meanwhile.
+// (serial.Pin) until unlock, but for a detach (detachMount): nobody
+// waits for the mutex with a turn, so the two can never wait for each
+// other. What the caller read before may have changed meanwhile.
 func (o *Orchestrator) lockRights(ctx context.Context) (context.Context, func()) {
 	serial.Outside(ctx, o.rightsMu.Lock)
 	return serial.Pin(ctx), o.rightsMu.Unlock
