@@ -58,9 +58,9 @@ const (
 	// for an answer that stalled, would hold its slot while the
 	// destination neither moves nor hangs up.
 	ClientIdleTimeout = 2 * time.Minute
-	// RefusalLogBurst is how many refused or failed connections (a
-	// connection to a closed port fails as fast as a refusal) one proxy
-	// logs one by one in each RefusalLogPeriod. The period's further ones, and
+	// RefusalLogBurst is how many refused connections, and failed ones
+	// that passed no byte (a closed port fails as fast as a refusal), one
+	// proxy logs one by one in each RefusalLogPeriod. The period's further ones, and
 	// every connection that closed without sending a request, are only
 	// counted, and logged as one summary record at the period's end: a
 	// sandbox that opens connections as fast as it can writes a few lines

@@ -255,13 +255,16 @@ func (p *Proxy) refuseBusy(c net.Conn, msg string) {
 	p.log(Record{Sandbox: p.cfg.Sandbox, Verdict: Refused, Reason: e.msg})
 }
 
-// log hands r to Config.Log; a refusal or failure past the period's
-// RefusalLogBurst is only counted for the summary.
+// log hands r to Config.Log; a refusal, or a failure that passed no byte
+// (a closed port, a name that does not resolve), past the period's
+// RefusalLogBurst is only counted for the summary. A failure that moved
+// bytes to or from a destination is always logged: what reached a host
+// the sandbox holds a right to is never only counted.
 func (p *Proxy) log(r Record) {
 	if p.cfg.Log == nil {
 		return
 	}
-	if r.Verdict == Refused || r.Verdict == Failed {
+	if r.Verdict == Refused || r.Verdict == Failed && r.Up == 0 && r.Down == 0 {
 		l := &p.logs
 		l.mu.Lock()
 		if now := time.Now(); p.renewPeriod(now) >= RefusalLogBurst {

@@ -539,6 +539,28 @@ func TestFailureLogPastLimit(t *testing.T) {
 			t.Fatalf("record %+v", r)
 		}
 	}
+	// A failure that passed bytes to a destination is logged all the
+	// same: what reached a host the sandbox holds a right to is never
+	// only counted.
+	hangUp, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hangUp.Close()
+	go func() {
+		c, err := hangUp.Accept()
+		if err != nil {
+			return
+		}
+		bufio.NewReader(c).ReadString('\n') // the request line, then no answer
+		c.Close()
+	}()
+	if status, _ := tp.refusal(t, "GET http://127.0.0.1:"+portOf(hangUp.Addr())+"/ HTTP/1.1\r\n\r\n"); status != http.StatusBadGateway {
+		t.Fatalf("a destination that hangs up answered %d; want 502", status)
+	}
+	if r := tp.record(t); r.Verdict != egress.Failed || r.Up == 0 {
+		t.Fatalf("the failure that passed bytes: %+v", r)
+	}
 	tp.stop()
 	if r := tp.record(t); r.Verdict != egress.Refused || r.Host != "" || r.Reason != "1 more failed connection not logged" {
 		t.Fatalf("summary %+v", r)
