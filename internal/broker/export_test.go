@@ -57,3 +57,9 @@ func (b *Broker) QueriesAdmitted() int { return int(b.queries.admitted.Load()) }
 
 // RunRoundForTest runs one round now.
 func (b *Broker) RunRoundForTest() { b.runRound() }
+
+// NoteBudgetSpentForTest tells tree's orchestrator that its kind budget
+// is spent, as a refused model request does.
+func (b *Broker) NoteBudgetSpentForTest(tree, kind, why string) {
+	b.noteBudgetSpent(tree, kind, why, time.Now())
+}

@@ -88,8 +88,9 @@ type modelServer struct {
 	cancel context.CancelFunc
 }
 
-// budgetNotes remembers when each tree's orchestrator was last told its
-// budget is spent, and what each tree's requests in flight reserve.
+// budgetNotes remembers when each tree's orchestrator was last told one
+// of its budgets is spent (by tree and budget), and what each tree's
+// requests in flight reserve.
 type budgetNotes struct {
 	mu       sync.Mutex
 	last     map[string]time.Time
@@ -256,7 +257,7 @@ func (b *Broker) admitModel(sb store.Sandbox) error {
 		if used < bu.limit {
 			continue
 		}
-		b.noteBudgetSpent(tree, fmt.Sprintf("%d %s tokens in the last hour reached model.%s (%d)", used, bu.kind, bu.key, bu.limit), now)
+		b.noteBudgetSpent(tree, bu.kind, fmt.Sprintf("%d %s tokens in the last hour reached model.%s (%d)", used, bu.kind, bu.key, bu.limit), now)
 		return fmt.Errorf("the %s token budget of orchestrator %s (model.%s: %d) is spent for now: %d %s tokens in the last hour", bu.kind, tree, bu.key, bu.limit, used, bu.kind)
 	}
 	return nil
@@ -320,17 +321,19 @@ func (b *Broker) reserveModel(sb store.Sandbox, charge int64) (release func(), e
 }
 
 // noteBudgetSpent tells tree's orchestrator, at most once per
-// BudgetWindow, that its model requests are refused, and why.
-func (b *Broker) noteBudgetSpent(tree, why string, now time.Time) {
+// BudgetWindow for each budget (kind: output or input), that its model
+// requests are refused, and why.
+func (b *Broker) noteBudgetSpent(tree, kind, why string, now time.Time) {
+	key := tree + "\x00" + kind
 	b.budget.mu.Lock()
-	if last, ok := b.budget.last[tree]; ok && now.Sub(last) < BudgetWindow {
+	if last, ok := b.budget.last[key]; ok && now.Sub(last) < BudgetWindow {
 		b.budget.mu.Unlock()
 		return
 	}
 	if b.budget.last == nil {
 		b.budget.last = map[string]time.Time{}
 	}
-	b.budget.last[tree] = now
+	b.budget.last[key] = now
 	b.budget.mu.Unlock()
 	body := fmt.Sprintf("model requests of %s and its children are refused: %s; they are admitted again as the hour's usage ages out", tree, why)
 	if _, err := b.store.DeliverHostMessage(context.WithoutCancel(b.ctx), tree, tree, manifest.MsgNote, body); err != nil {

@@ -231,6 +231,24 @@ func TestModelInputBudget(t *testing.T) {
 	}
 }
 
+// TestBudgetNotesByKind: the hourly note that a tree's budget is spent
+// is given once per budget: an orchestrator told its output budget is
+// spent is told of its input budget too, each once.
+func TestBudgetNotesByKind(t *testing.T) {
+	e := newTestEnv(t)
+	e.orchestrator("lead")
+	lead := e.client("lead")
+	e.b.NoteBudgetSpentForTest("lead", "output", "the output one")
+	e.b.NoteBudgetSpentForTest("lead", "input", "the input one")
+	e.b.NoteBudgetSpentForTest("lead", "input", "the input one again")
+	for _, want := range []string{"the output one", "the input one;"} {
+		if note := messageFrom(t, lead, "lead", "note"); !strings.Contains(note.Body, want) {
+			t.Fatalf("note %q, want one saying %q", note.Body, want)
+		}
+	}
+	noMessageFrom(t, lead, "lead", "note", time.Second)
+}
+
 // TestModelBudgetConcurrent: requests in flight together are not each
 // checked against the same total, which counts none of them yet. With
 // model.max_output_tokens_per_hour 3000, nothing used and 8 streamed
