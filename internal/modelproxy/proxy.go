@@ -448,7 +448,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, forwarded *bool) (
 			// A plain answer is generated whole before its head is sent:
 			// hanging up just before it (or an upstream too slow to send
 			// it) must not make it free.
-			p.cfg.Record(Usage{Requests: 1, OutputTokens: charge})
+			p.cfg.Record(Usage{Requests: 1, OutputTokens: charge, InputTokens: inputCharge(body)})
 		}
 		if r.Context().Err() != nil {
 			return 499, 0 // the client went away
@@ -479,6 +479,9 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, forwarded *bool) (
 		u.Requests = 1
 		if !meter.final {
 			u.OutputTokens = max(u.OutputTokens, charge)
+		}
+		if u.InputTokens == 0 && u.CacheReadInputTokens == 0 && u.CacheCreationInputTokens == 0 {
+			u.InputTokens = inputCharge(body) // cut before the answer said
 		}
 		p.cfg.Record(u)
 	}

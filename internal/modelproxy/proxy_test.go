@@ -272,7 +272,8 @@ func TestPlainAnswerCutCountsItsUsage(t *testing.T) {
 	if body := readAll(t, resp); resp.StatusCode != 200 || !strings.Contains(body, `"output_tokens":777`) {
 		t.Fatalf("a long answer: %d, %d bytes", resp.StatusCode, len(body))
 	}
-	if got, want := w.waitRecorded(t, 1), (modelproxy.Usage{Requests: 1, OutputTokens: 1024}); got != want {
+	// Its usage was past what is kept to read it: its input is the body's.
+	if got, want := w.waitRecorded(t, 1), (modelproxy.Usage{Requests: 1, OutputTokens: 1024, InputTokens: inputCharge(modeltest.RequestBody("hi", false))}); got != want {
 		t.Errorf("a long answer: usage %+v, want %+v", got, want)
 	}
 }
@@ -627,7 +628,9 @@ func TestCutBeforeAnswerCharged(t *testing.T) {
 		wait.For(t, "the upstream to get the request", func() bool { return len(w.up.Seen()) == 1 })
 		c.Close()
 		wait.For(t, "the request to be charged", func() bool { return w.recorded().Requests == 1 })
-		if u := w.recorded(); u.OutputTokens != 1024 {
+		// Its input too: the upstream read the prompt (a 32 MB one with
+		// max_tokens 1, hung up on, cost the input budget nothing).
+		if u := w.recorded(); u.OutputTokens != 1024 || u.InputTokens != inputCharge(body) {
 			t.Fatalf("usage of a plain answer its client hung up on: %+v", u)
 		}
 	})
@@ -642,7 +645,7 @@ func TestCutBeforeAnswerCharged(t *testing.T) {
 			t.Fatalf("%d %q", resp.StatusCode, body)
 		}
 		wait.For(t, "the request to be charged", func() bool { return w.recorded().Requests == 1 })
-		if u := w.recorded(); u.OutputTokens != 1024 {
+		if u := w.recorded(); u.OutputTokens != 1024 || u.InputTokens != inputCharge(modeltest.RequestBody("hi", false)) {
 			t.Fatalf("usage of a plain answer whose head came too late: %+v", u)
 		}
 	})
@@ -673,6 +676,12 @@ func TestCutBeforeAnswerCharged(t *testing.T) {
 			t.Fatalf("a request the upstream never got was charged %+v", recorded)
 		}
 	})
+}
+
+// inputCharge is the input a request of body is charged when its answer
+// never said: a token per modelproxy.BytesPerInputToken bytes, rounded up.
+func inputCharge(body string) int64 {
+	return (int64(len(body)) + modelproxy.BytesPerInputToken - 1) / modelproxy.BytesPerInputToken
 }
 
 // TestUpstreamRedirectNotFollowed: a 3xx from the upstream is never

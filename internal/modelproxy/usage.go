@@ -50,6 +50,20 @@ const maxChargedTokens = UnknownMaxTokens
 // last, so a request saying both "max_tokens": 64000 and "Max_Tokens": 1
 // was charged 1. One that is unusable counts as UnknownMaxTokens, and so
 // does a body with none.
+// BytesPerInputToken is how many bytes of a Messages request's body
+// count as one input token when its answer never said what its input
+// was (the client hung up before the answer, or before a stream's
+// message_start): the upstream read, and bills, the whole prompt, so a
+// request cut short must not make its input free. English text runs
+// near four bytes a token.
+const BytesPerInputToken = 4
+
+// inputCharge is the input a request of body is charged when its answer
+// reported none.
+func inputCharge(body []byte) int64 {
+	return (int64(len(body)) + BytesPerInputToken - 1) / BytesPerInputToken
+}
+
 func outputCharge(request []byte) int64 {
 	if !json.Valid(request) {
 		return UnknownMaxTokens
