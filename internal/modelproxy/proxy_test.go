@@ -1092,4 +1092,8 @@ func TestRefusalsLogBounded(t *testing.T) {
 	if !strings.Contains(logged.String(), "path=/v1/messages status=200") {
 		t.Errorf("the forwarded request was not logged:\n%s", logged.String())
 	}
+	// The rest are summed up, at the latest when the socket closes.
+	if want := fmt.Sprintf("msg=\"model requests refused and not logged one by one\" count=%d", flood-modelproxy.RefusalLogBurst); !strings.Contains(logged.String(), want) {
+		t.Errorf("no summary %q:\n%s", want, logged.String())
+	}
 }

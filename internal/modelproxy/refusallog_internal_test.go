@@ -6,25 +6,36 @@ import (
 )
 
 // TestRefusalLogBurst: RefusalLogBurst refusals of a period are logged
-// one by one, the next is only counted; the next period's first is
-// logged, with the count of those that were not.
+// one by one; the next are only counted, and the summary's flush is armed
+// once, for the period's end; the next period logs again.
 func TestRefusalLogBurst(t *testing.T) {
 	var l refusalLog
-	t0 := time.Unix(1_000_000, 0)
+	flushed := make(chan struct{}, 10)
+	flush := func() { flushed <- struct{}{} }
+	t0 := time.Now()
 	for i := range RefusalLogBurst {
-		if log, dropped := l.admit(t0.Add(time.Duration(i)*time.Millisecond), time.Second); !log || dropped != 0 {
-			t.Fatalf("refusal %d of the period: log %v, dropped %d; want logged", i+1, log, dropped)
+		if !l.admit(t0.Add(time.Duration(i)*time.Millisecond), time.Hour, flush) {
+			t.Fatalf("refusal %d of the period was not logged", i+1)
 		}
 	}
 	for i := range 3 {
-		if log, _ := l.admit(t0.Add(500*time.Millisecond), time.Second); log {
+		if l.admit(t0.Add(time.Second), time.Hour, flush) {
 			t.Fatalf("refusal %d past the burst was logged", RefusalLogBurst+i+1)
 		}
 	}
-	if log, dropped := l.admit(t0.Add(time.Second), time.Second); !log || dropped != 3 {
-		t.Fatalf("the next period's first: log %v, dropped %d; want logged with 3 dropped", log, dropped)
+	if l.timer == nil {
+		t.Fatal("no summary armed for the period's end")
 	}
-	if log, dropped := l.admit(t0.Add(time.Second), time.Second); !log || dropped != 0 {
-		t.Fatalf("the summary was given twice: log %v, dropped %d", log, dropped)
+	if n := l.take(); n != 3 {
+		t.Fatalf("%d counted, want 3", n)
+	}
+	if n := l.take(); n != 0 {
+		t.Fatalf("the count was given twice: %d", n)
+	}
+	if !l.admit(t0.Add(time.Hour), time.Hour, flush) {
+		t.Fatal("the next period's first refusal was not logged")
+	}
+	if len(flushed) != 0 {
+		t.Fatal("the disarmed summary ran")
 	}
 }
