@@ -196,8 +196,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 	startup    TEXT NOT NULL DEFAULT ''
 );
 -- Inbox items. seq orders them (rowid: new rows always get max+1, so the
--- order of an inbox never goes backwards). Host ids are unique per inbox:
--- the one secondary index keeps a durable send's page writes few.
+-- order of an inbox never goes backwards). Host ids are unique per inbox.
+-- Each index below costs a send page writes: only what a lookup in one
+-- inbox needs has one.
 CREATE TABLE IF NOT EXISTS items (
 	seq        INTEGER PRIMARY KEY,
 	id         TEXT NOT NULL,
