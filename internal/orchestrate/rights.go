@@ -301,9 +301,15 @@ func (o *Orchestrator) applyMounts(ctx context.Context, sandbox string, detach, 
 // detach ends the processes that hold the mount, a scan of processes the
 // sandbox shapes (up to holders' bound, seconds), and every other
 // sandbox's mutations run meanwhile. The caller holds rightsMu, and
-// nobody waits for that with a turn (lockRights).
+// nobody waits for that with a turn (lockRights). A host stop or destroy
+// --force of the sandbox cuts the scan (Interrupt), as it cuts commands
+// in it: the stop ends every holder anyway.
 func (o *Orchestrator) detachMount(ctx context.Context, sandbox string, hm backend.HostMount) (err error) {
-	serial.Outside(serial.Unpin(ctx), func() { err = o.Backend.DetachMount(ctx, sandbox, hm.Device()) })
+	serial.Outside(serial.Unpin(ctx), func() {
+		ctx, done := o.inflight.begin(ctx, sandbox)
+		defer done()
+		err = o.Backend.DetachMount(ctx, sandbox, hm.Device())
+	})
 	return err
 }
 
