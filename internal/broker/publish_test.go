@@ -787,15 +787,16 @@ func TestPublishIssueActionsNotOnPullRequests(t *testing.T) {
 // proposal's body (and title) as it likes; `jailbee outbox show --json`
 // prints the proposal to the host user's terminal. JSON escapes C0
 // controls, but not C1 controls (U+0080 to U+009F: U+009D starts an OSC,
-// U+009B a CSI, which terminals act on in UTF-8) nor bidi overrides
-// (U+202E shows what follows reversed): each is written as a \u escape,
-// the same JSON.
+// U+009B a CSI, which terminals act on in UTF-8) nor format characters
+// (a tag character in the title here: a bidi override such as U+202E,
+// which shows what follows reversed, is refused in a title, but a body
+// may hold one): each is written as a \u escape, the same JSON.
 func TestOutboxShowJSONPrintsNoTerminalControls(t *testing.T) {
 	e, _, lead := newPublishEnv(t, 30, publishGrant())
-	body := "Seen in CI.\u009d0;pwned\u009c\u009b2J\u009d52;c;ZWNobyBwd25lZA==\u009c tag\U000e0001"
+	body := "Seen in CI.\u009d0;pwned\u009c\u009b2J\u009d52;c;ZWNobyBwd25lZA==\u009c tag\U000e0001 \u202egnp.exe"
 	quoted, _ := json.Marshal(body)
 	e.stage("lead", "issue", "c1.json", proposal("owner/repo",
-		`{"kind": "create", "title": "fix \u202egnp.exe", "body": `+string(quoted)+`}`))
+		`{"kind": "create", "title": "fix \udb40\udc01gnp.exe", "body": `+string(quoted)+`}`))
 	wantStatus(t, publish(t, lead, "c1-1", "issue", "c1.json"), "started", "publishing issue/c1.json: 1 action(s)")
 	statusOf(t, lead, "c1-1", "done", "failed")
 	out := e.jb("outbox", "show", "lead/issue/c1.json", "--json")
@@ -809,7 +810,7 @@ func TestOutboxShowJSONPrintsNoTerminalControls(t *testing.T) {
 	var p struct {
 		Actions []struct{ Title, Body string }
 	}
-	if err := json.Unmarshal(j.Proposal, &p); err != nil || len(p.Actions) != 1 || p.Actions[0].Body != body || p.Actions[0].Title != "fix \u202egnp.exe" {
+	if err := json.Unmarshal(j.Proposal, &p); err != nil || len(p.Actions) != 1 || p.Actions[0].Body != body || p.Actions[0].Title != "fix \U000e0001gnp.exe" {
 		t.Fatalf("the proposal as printed: %v %+v", err, p)
 	}
 }
