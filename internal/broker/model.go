@@ -32,8 +32,8 @@ const (
 )
 
 // BudgetWindow is the window model.max_output_tokens_per_hour and
-// model.max_input_tokens_per_hour count over, and the least time between two notes to an orchestrator that its
-// tree's budget is spent.
+// model.max_input_tokens_per_hour count over, and the least time between
+// two notes to an orchestrator that one of its tree's budgets is spent.
 const BudgetWindow = time.Hour
 
 // ModelConfig is how the broker serves every orchestrator and child a

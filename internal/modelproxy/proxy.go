@@ -60,8 +60,8 @@ const (
 	// RefusalLogBurst is how many requests refused before the upstream
 	// (an unknown path, too many at once, a budget spent) one socket logs
 	// one by one in each RefusalLogPeriod; the period's others are only
-	// counted, and logged as one summary line with the next period's
-	// first. Such a refusal costs the sandbox next to nothing (a 404 comes
+	// counted, and logged as one summary line at the period's end (or
+	// when the socket closes). Such a refusal costs the sandbox next to nothing (a 404 comes
 	// before any slot), so one line each would let it fill the broker's
 	// log as fast as it can send.
 	RefusalLogBurst = 20
