@@ -35,6 +35,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"agentbox/internal/loglimit"
 )
 
 // Verdict is how a connection ended.
@@ -101,20 +103,19 @@ type Proxy struct {
 	policy Policy
 	live   map[*liveConn]struct{}
 
-	logs logLimit
+	// logs bounds the records of refusals, of failures that passed no
+	// byte and of silent connections: RefusalLogBurst per period, the
+	// rest summed up by kind (refusedKind, failedKind, silentKind).
+	logs *loglimit.Limiter
 }
 
-// logLimit is what bounds a proxy's refusal records: RefusalLogBurst of
-// them per period, the rest counted for one summary record.
-type logLimit struct {
-	mu      sync.Mutex
-	start   time.Time   // of the current period
-	logged  int         // refusals logged one by one in it
-	dropped int         // refusals not logged since the last summary
-	failed  int         // failures not logged since the last summary
-	silent  int         // connections that sent no request, since the last summary
-	timer   *time.Timer // writes the summary at the period's end
-}
+// The kinds of records logs counts.
+const (
+	refusedKind = iota
+	failedKind
+	silentKind
+	kinds
+)
 
 // liveConn is one allowed connection: the right that allowed it, and how
 // to cut it.
@@ -144,7 +145,9 @@ func New(cfg Config) *Proxy {
 	if cfg.RefusalLogPeriod <= 0 {
 		cfg.RefusalLogPeriod = RefusalLogPeriod
 	}
-	return &Proxy{cfg: cfg, policy: cfg.Policy, live: map[*liveConn]struct{}{}}
+	p := &Proxy{cfg: cfg, policy: cfg.Policy, live: map[*liveConn]struct{}{}}
+	p.logs = loglimit.New(RefusalLogBurst, cfg.RefusalLogPeriod, kinds, p.logSummary)
+	return p
 }
 
 // SetPolicy replaces the sandbox's rights for every later connection.
@@ -205,7 +208,7 @@ func (p *Proxy) release(lc *liveConn) {
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
-	defer p.flushLog() // what was counted is not left unsaid
+	defer p.logs.Flush() // what was counted is not left unsaid
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	var delay time.Duration
@@ -264,21 +267,9 @@ func (p *Proxy) log(r Record) {
 	if p.cfg.Log == nil {
 		return
 	}
-	if r.Verdict == Refused || r.Verdict == Failed && r.Up == 0 && r.Down == 0 {
-		l := &p.logs
-		l.mu.Lock()
-		if now := time.Now(); p.renewPeriod(now) >= RefusalLogBurst {
-			if r.Verdict == Failed {
-				l.failed++
-			} else {
-				l.dropped++
-			}
-			p.summaryAfter(now)
-			l.mu.Unlock()
-			return
-		}
-		l.logged++
-		l.mu.Unlock()
+	if r.Verdict == Refused && !p.logs.Admit(refusedKind) ||
+		r.Verdict == Failed && r.Up == 0 && r.Down == 0 && !p.logs.Admit(failedKind) {
+		return
 	}
 	p.cfg.Log(r)
 }
@@ -289,45 +280,12 @@ func (p *Proxy) countSilent() {
 	if p.cfg.Log == nil {
 		return
 	}
-	p.logs.mu.Lock()
-	now := time.Now()
-	p.renewPeriod(now)
-	p.logs.silent++
-	p.summaryAfter(now)
-	p.logs.mu.Unlock()
+	p.logs.Count(silentKind)
 }
 
-// renewPeriod starts a new period when the current one is over and
-// returns how many refusals the period has logged. p.logs.mu is held.
-func (p *Proxy) renewPeriod(now time.Time) int {
-	l := &p.logs
-	if now.Sub(l.start) >= p.cfg.RefusalLogPeriod {
-		l.start, l.logged = now, 0
-	}
-	return l.logged
-}
-
-// summaryAfter makes sure the summary is written at the current period's
-// end. p.logs.mu is held.
-func (p *Proxy) summaryAfter(now time.Time) {
-	l := &p.logs
-	if l.timer == nil {
-		l.timer = time.AfterFunc(l.start.Add(p.cfg.RefusalLogPeriod).Sub(now), p.flushLog)
-	}
-}
-
-// flushLog writes the summary of what was counted and not logged, if
-// anything was.
-func (p *Proxy) flushLog() {
-	l := &p.logs
-	l.mu.Lock()
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
-	dropped, failed, silent := l.dropped, l.failed, l.silent
-	l.dropped, l.failed, l.silent = 0, 0, 0
-	l.mu.Unlock()
+// logSummary writes one record of what logs counted and did not log.
+func (p *Proxy) logSummary(counts []int) {
+	dropped, failed, silent := counts[refusedKind], counts[failedKind], counts[silentKind]
 	var parts []string
 	if dropped > 0 {
 		parts = append(parts, fmt.Sprintf("%d more refused %s not logged", dropped, plural(dropped, "connection")))

@@ -36,6 +36,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"agentbox/internal/loglimit"
 	"agentbox/internal/wire"
 )
 
@@ -151,59 +152,9 @@ type Proxy struct {
 	cut      context.Context
 	cutAll   context.CancelFunc
 
-	refusals refusalLog
-}
-
-// refusalLog bounds the lines of requests refused before the upstream:
-// RefusalLogBurst per period, the rest counted for one summary line at
-// the period's end.
-type refusalLog struct {
-	mu      sync.Mutex
-	start   time.Time   // of the current period
-	logged  int         // refusals logged one by one in it
-	dropped int         // refusals not logged since the last summary
-	timer   *time.Timer // writes the summary at the period's end
-}
-
-// admit reports whether a refusal at now is logged on its own; one that
-// is not is counted, and flush runs at the period's end to sum them up.
-func (l *refusalLog) admit(now time.Time, period time.Duration, flush func()) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now.Sub(l.start) >= period {
-		l.start, l.logged = now, 0
-	}
-	if l.logged < RefusalLogBurst {
-		l.logged++
-		return true
-	}
-	l.dropped++
-	if l.timer == nil {
-		l.timer = time.AfterFunc(l.start.Add(period).Sub(now), flush)
-	}
-	return false
-}
-
-// take returns how many refusals were counted and not logged since it
-// was last called, and disarms the summary's timer.
-func (l *refusalLog) take() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.timer != nil {
-		l.timer.Stop()
-		l.timer = nil
-	}
-	n := l.dropped
-	l.dropped = 0
-	return n
-}
-
-// flushRefusals writes the summary of the refusals counted and not
-// logged, if any.
-func (p *Proxy) flushRefusals() {
-	if n := p.refusals.take(); n > 0 {
-		p.cfg.Log.Info("model requests refused and not logged one by one", "count", n)
-	}
+	// refusals bounds the lines of requests refused before the
+	// upstream: RefusalLogBurst per period, the rest summed up.
+	refusals *loglimit.Limiter
 }
 
 // New returns the handler of one sandbox's model socket.
@@ -242,7 +193,10 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.RefusalLogPeriod <= 0 {
 		cfg.RefusalLogPeriod = RefusalLogPeriod
 	}
-	return &Proxy{cfg: cfg, slots: make(chan struct{}, MaxConcurrent), cut: cut, cutAll: cutAll}, nil
+	refusals := loglimit.New(RefusalLogBurst, cfg.RefusalLogPeriod, 1, func(counts []int) {
+		cfg.Log.Info("model requests refused and not logged one by one", "count", counts[0])
+	})
+	return &Proxy{cfg: cfg, slots: make(chan struct{}, MaxConcurrent), cut: cut, cutAll: cutAll, refusals: refusals}, nil
 }
 
 // Serve answers HTTP on ln until ctx ends, then closes ln and the
@@ -270,7 +224,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 		p.cutAll()
 		<-drained
 	}
-	p.flushRefusals() // what was counted is written before Serve returns
+	p.refusals.Flush() // what was counted is written before Serve returns
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -339,7 +293,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	var forwarded bool
 	status, n := p.serve(w, r, &forwarded)
-	if !forwarded && !p.refusals.admit(time.Now(), p.cfg.RefusalLogPeriod, p.flushRefusals) {
+	if !forwarded && !p.refusals.Admit(0) {
 		return
 	}
 	p.cfg.Log.Info("model request", "method", r.Method, "path", r.URL.Path, "status", status, "bytes", n, "ms", time.Since(start).Milliseconds())
