@@ -1,6 +1,7 @@
 package broker_test
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -137,14 +138,7 @@ func TestIncusCopyLosesTheSocket(t *testing.T) {
 func TestIncusCoveredInsideIsPutBack(t *testing.T) {
 	e := newIncusTestEnv(t)
 	e.orchestrator("lead")
-	asRoot := func(script string) string {
-		t.Helper()
-		out, err := exec.Command("incus", "exec", "--project", e.incusProject, "lead", "--", "sh", "-c", script).CombinedOutput()
-		if err != nil {
-			t.Fatalf("as root inside: %v: %s", err, out)
-		}
-		return strings.TrimSpace(string(out))
-	}
+	asRoot := func(script string) string { return asRootIn(t, e, "lead", script) }
 	asRoot("mount -t tmpfs none " + backend.SocketMountPath)
 	wait.For(t, "the socket back inside", func() bool {
 		return asRoot("test -S "+backend.SocketMountPath+"/broker.sock && echo there || true") == "there"
@@ -160,6 +154,83 @@ func TestIncusCoveredInsideIsPutBack(t *testing.T) {
 }
 
 // incusDevices lists an instance's device names.
+// asRootIn runs script as root inside the Incus sandbox name, straight
+// through incus (not through the broker), and returns its output.
+func asRootIn(t *testing.T, e *testEnv, name, script string) string {
+	t.Helper()
+	out, err := exec.Command("incus", "exec", "--project", e.incusProject, name, "--", "sh", "-c", script).CombinedOutput()
+	if err != nil {
+		t.Fatalf("as root inside %s: %v: %s", name, err, out)
+	}
+	return strings.TrimSpace(string(out))
+}
+
+// incusRunning reports whether Incus runs the container name, asked
+// straight (not through the broker).
+func incusRunning(t *testing.T, project, name string) bool {
+	t.Helper()
+	out, err := exec.Command("incus", "list", "--project", project, "--format", "csv", "--columns", "s", "^"+name+"$").CombinedOutput()
+	if err != nil {
+		t.Fatalf("incus list %s: %v: %s", name, err, out)
+	}
+	return strings.TrimSpace(string(out)) == "RUNNING"
+}
+
+// TestIncusImportOfHangingStartStallsNobodyElse: root inside a child
+// makes its /dev/null a FIFO at every boot (its init is root's to
+// change), which holds up the last step of each start, the egress relay,
+// for the backend's whole bound (30 s). Its orchestrator stops it and
+// imports it, which starts it: the start runs out of the executor's line,
+// so another orchestrator's send is answered before the import. The
+// import fails at the bound, and the child, recorded stopped, is not left
+// running.
+func TestIncusImportOfHangingStartStallsNobodyElse(t *testing.T) {
+	e := newIncusTestEnv(t)
+	e.orchestrator("lead")
+	e.child("kid", "lead")
+	e.orchestrator("other")
+	e.child("quiet", "other")
+	lead := e.client("lead")
+	asRootIn(t, e, "kid", `init=$(readlink -f /sbin/init) && mv "$init" "$init.real" && `+
+		`printf '#!/bin/sh\numount -l /dev/null; rm -f /dev/null; mkfifo -m 666 /dev/null\nexec %s.real\n' "$init" > "$init" && chmod 755 "$init"`)
+	wantStatus(t, sendManifest(t, lead, map[string]any{"id": "stop-1", "type": "stop", "child": "kid"}), "done", "child `kid` stopped")
+
+	imported := make(chan wire.StatusItem, 1)
+	go func() {
+		var st wire.StatusItem
+		lead.Call(context.Background(), "send", map[string]any{"manifest": map[string]any{
+			"version": 1, "id": "imp-1", "type": "import", "child": "kid"}}, &st)
+		imported <- st
+	}()
+	wait.For(t, "kid's container to run again for the import", func() bool { return incusRunning(t, e.incusProject, "kid") })
+	ctx, cancel := context.WithTimeout(context.Background(), wait.Guard)
+	defer cancel()
+	var sent wire.StatusItem
+	err := e.client("other").Call(ctx, "send", map[string]any{"manifest": map[string]any{
+		"version": 1, "id": "m-1", "type": "message", "to": "quiet", "body": "hello"}}, &sent)
+	if err != nil || sent.State != wire.StateDone {
+		t.Fatalf("another orchestrator's send while the child starts: %+v %v", sent, err)
+	}
+	select {
+	case st := <-imported:
+		t.Fatalf("the import answered (%s %q) before another orchestrator's send: that send waited for the child's start", st.State, st.Detail)
+	default:
+	}
+	var st wire.StatusItem
+	select {
+	case st = <-imported:
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the import never answered")
+	}
+	if st.State != wire.StateFailed || !strings.Contains(e.logs.String(), "egress relay: not started within") {
+		t.Fatalf("import of a child whose start hangs: %s %q, want failed at the egress relay's bound; log:\n%s", st.State, st.Detail, e.logs.String())
+	}
+	wait.For(t, "kid's container to stop again", func() bool { return !incusRunning(t, e.incusProject, "kid") })
+	if info := e.info("kid"); info.State != "stopped" || info.Running {
+		t.Fatalf("after the failed import: %+v", info)
+	}
+}
+
 func incusDevices(t *testing.T, project, name string) string {
 	t.Helper()
 	out, err := exec.Command("incus", "config", "device", "list", "--project", project, name).CombinedOutput()

@@ -86,10 +86,11 @@ func (o *Orchestrator) importChild(ctx context.Context, orch string, child store
 	ctx, cancel := context.WithTimeout(ctx, importTimeout)
 	defer cancel()
 	if child.State == store.StateStopped {
-		if err := o.StartUnit(ctx, child.Name); err != nil {
+		stop, err := o.startStopped(ctx, child.Name)
+		if err != nil {
 			return "", fmt.Errorf("start `%s` for the import: %w", child.Name, err)
 		}
-		defer o.Backend.Stop(context.WithoutCancel(ctx), child.Name)
+		defer stop()
 	}
 	src := o.checkout(child.Name)
 	branch, head, err := gitx.Head(ctx, src)

@@ -62,10 +62,11 @@ func (o *Orchestrator) FetchSandbox(ctx context.Context, req FetchRequest) (Fetc
 	ctx, cancel := context.WithTimeout(ctx, importTimeout)
 	defer cancel()
 	if sb.State == store.StateStopped {
-		if err := o.StartUnit(ctx, sb.Name); err != nil {
+		stop, err := o.startStopped(ctx, sb.Name)
+		if err != nil {
 			return FetchResult{}, fmt.Errorf("start `%s` for the fetch: %w", sb.Name, err)
 		}
-		defer o.Backend.Stop(context.WithoutCancel(ctx), sb.Name)
+		defer stop()
 	}
 	src := o.checkout(sb.Name)
 	commit, err := gitx.RevParse(ctx, src, "refs/heads/"+branch)

@@ -404,13 +404,37 @@ func (o *Orchestrator) attachedDevices(ctx context.Context, sandbox string) map[
 	return out
 }
 
-// StartUnit starts sandbox's unit and attaches its mount rights.
-func (o *Orchestrator) StartUnit(ctx context.Context, sandbox string) error {
-	if err := o.Backend.Start(ctx, sandbox); err != nil {
+// StartUnit starts sandbox's unit and attaches its mount rights. The
+// start runs out of the executor's line: how long it takes is partly the
+// sandbox's to decide (root inside an Incus sandbox can hold up the last
+// step of its start for the backend's whole bound), and every other
+// sandbox's mutations run meanwhile. A host stop or destroy --force of the
+// sandbox cuts it (Interrupt), as it cuts commands in it.
+func (o *Orchestrator) StartUnit(ctx context.Context, sandbox string) (err error) {
+	serial.Outside(ctx, func() {
+		ctx, done := o.inflight.begin(ctx, sandbox)
+		defer done()
+		err = o.Backend.Start(ctx, sandbox)
+	})
+	if err != nil {
 		return err
 	}
 	o.AttachRights(ctx, sandbox)
 	return nil
+}
+
+// startStopped starts a sandbox recorded stopped for a transfer (an
+// import, a fetch) and returns what stops it again. A start that fails
+// partway may have left the unit up (a container whose last step timed
+// out): it is stopped too, so a sandbox recorded stopped is not left
+// running.
+func (o *Orchestrator) startStopped(ctx context.Context, name string) (stop func(), err error) {
+	stop = func() { o.Backend.Stop(context.WithoutCancel(ctx), name) }
+	if err := o.StartUnit(ctx, name); err != nil {
+		stop()
+		return nil, err
+	}
+	return stop, nil
 }
 
 // spawnRightsFit checks a spawn's rights again as its child is about to
