@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"agentbox/internal/backend"
 	"agentbox/internal/backend/backendtest"
 	"agentbox/internal/backend/incus"
+	"agentbox/internal/term"
 )
 
 // atBoot makes root inside run script at every boot of the container,
@@ -570,4 +572,62 @@ func threadsOf(t *testing.T, pid int) int {
 		t.Fatalf("the relay (%d) is gone: %v", pid, err)
 	}
 	return len(ents)
+}
+
+// TestAttackSetuidGainsNothing: a setuid-root program in a sandbox runs
+// with the agent's uid under every command the broker runs there, framed
+// or on a terminal (no_new_privs). Two ways one gets there: another
+// sandbox's root writes it to a named host directory both sandboxes
+// mount (their containers share one idmap, so its owner is root in
+// either, and Incus's read-only remount drops nosuid), or root inside
+// the sandbox plants it itself, for the agent to find.
+func TestAttackSetuidGainsNothing(t *testing.T) {
+	b := newBackend(t)
+	ctx := t.Context()
+	for _, name := range []string{"planter", "victim"} {
+		if _, err := b.Create(ctx, backend.CreateOptions{Name: name}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Destroy(context.Background(), name) })
+		if err := b.Start(ctx, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := backendtest.HostDir(t)
+	rw := backend.HostMount{Name: "d", Source: dir}
+	ro := backend.HostMount{Name: "d", Source: dir, ReadOnly: true}
+	if err := b.AttachMount(ctx, "planter", rw); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.AttachMount(ctx, "victim", ro); err != nil {
+		t.Fatal(err)
+	}
+	sh(t, b, "planter", "root", "cp /usr/bin/id "+rw.Path()+"/suid-id && chmod 4755 "+rw.Path()+"/suid-id")
+	sh(t, b, "victim", "root", "cp /usr/bin/id /usr/local/bin/suid-id && chmod 4755 /usr/local/bin/suid-id")
+	if got := sh(t, b, "victim", "", "stat -c %u:%a "+ro.Path()+"/suid-id"); got != "0:4755" {
+		t.Fatalf("the planted program in the victim's mount is %s, want 0:4755 (setuid root): the test proves nothing", got)
+	}
+	agent := strconv.Itoa(incus.AgentUID)
+	for _, prog := range []string{ro.Path() + "/suid-id", "/usr/local/bin/suid-id"} {
+		if got := sh(t, b, "victim", "", prog+" -u"); got != agent {
+			t.Errorf("%s run by the agent: effective uid %s, want %s", prog, got, agent)
+		}
+		// On a terminal, the command execs itself (no framer): it writes
+		// what it saw to a file read afterwards.
+		master, slave, err := term.OpenPTY()
+		if err != nil {
+			t.Fatal(err)
+		}
+		go io.Copy(io.Discard, master)
+		code, err := b.Exec(ctx, "victim", backend.ExecOptions{TTY: true, Stdin: slave, Stdout: slave, Stderr: slave,
+			Argv: []string{"sh", "-c", prog + " -u > /tmp/tty-uid"}})
+		slave.Close()
+		master.Close()
+		if err != nil || code != 0 {
+			t.Fatalf("terminal exec: %d, %v", code, err)
+		}
+		if got := sh(t, b, "victim", "", "cat /tmp/tty-uid"); got != agent {
+			t.Errorf("%s run by the agent on a terminal: effective uid %s, want %s", prog, got, agent)
+		}
+	}
 }

@@ -96,6 +96,9 @@ func frameMain(args []string) int {
 	var cmd *exec.Cmd
 	status := 0
 	if err == nil {
+		err = noNewPrivs() // on this thread, which starts the command
+	}
+	if err == nil {
 		cmd, err = spec.command()
 	}
 	if err == nil {

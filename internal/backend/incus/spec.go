@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 
@@ -114,6 +115,25 @@ func (s execSpec) command() (*exec.Cmd, error) {
 	return cmd, nil
 }
 
+// noNewPrivs makes what the calling goroutine starts or becomes unable to
+// gain privileges: setuid and setgid bits and file capabilities are
+// ignored, so a setuid-root file that root inside planted, or that
+// another sandbox wrote to a named mount both see (their containers share
+// one idmap), runs with the command's own uid. The flag is per thread:
+// the goroutine stays locked to its thread, and must start or exec the
+// command from it. Root's commands (the host's `exec --user root`) gain
+// nothing from it and keep it off.
+func noNewPrivs() error {
+	if os.Getuid() == 0 {
+		return nil
+	}
+	runtime.LockOSThread()
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("no_new_privs: %w", err)
+	}
+	return nil
+}
+
 // startError is what a command that could not start says on stderr: as
 // on the local backend for a missing program.
 func startError(s execSpec, err error) string {
@@ -180,6 +200,9 @@ func runMain(args []string) int {
 		return 2
 	}
 	spec, err := readStashed(args[0])
+	if err == nil {
+		err = noNewPrivs()
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "jailbee _exec-run: %v\n", err)
 		return 1
