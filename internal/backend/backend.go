@@ -309,6 +309,19 @@ type Backend interface {
 	List(ctx context.Context) ([]Instance, error)
 }
 
+// SteppedStarter is a Backend whose Start ends with a step inside the
+// sandbox, which the sandbox can hold up (Incus: root inside owns the
+// container's init and can make the egress relay's start wait for its
+// whole bound). Start is StartUnit then FinishStart; a caller that must
+// not wait on the sandbox (the broker's executor) runs FinishStart out of
+// its line.
+type SteppedStarter interface {
+	// StartUnit starts the unit, in a time the backend bounds.
+	StartUnit(ctx context.Context, name string) error
+	// FinishStart takes the step inside a started unit.
+	FinishStart(ctx context.Context, name string) error
+}
+
 // CommandEnv is a command's whole environment: base, then the caller's
 // extra variables over it, as sorted KEY=VALUE lines. Nothing of the
 // broker's own environment leaks in. An extra name that is empty or holds

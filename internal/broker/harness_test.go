@@ -340,7 +340,11 @@ func (e *testEnv) start() {
 	if testing.Verbose() {
 		h = slog.NewTextHandler(io.MultiWriter(e.logs, os.Stderr), &slog.HandlerOptions{Level: slog.LevelDebug})
 	}
-	b, err := broker.Open(broker.Config{StateDir: e.state, Backend: e.be, Logger: slog.New(h),
+	var be backend.Backend = e.be
+	if _, ok := e.be.Backend.(backend.SteppedStarter); ok {
+		be = steppedRecBackend{e.be}
+	}
+	b, err := broker.Open(broker.Config{StateDir: e.state, Backend: be, Logger: slog.New(h),
 		Sandboxes: e.sandboxes, InboxQuota: e.quota, Model: e.model, Egress: e.egress, Caps: e.caps, Publish: e.publish,
 		TreeMaxConns: e.treeMaxConns, EgressHeadTimeout: e.egressHeadTimeout})
 	if err != nil {
@@ -725,6 +729,19 @@ type recBackend struct {
 	mu       sync.Mutex
 	uuids    []string
 	onAttach func(name string, socket backend.SocketKind)
+}
+
+// steppedRecBackend is recBackend over a backend.SteppedStarter, which
+// recBackend's embedded interface would hide: the broker then runs its
+// start's last step out of line, as it does on the bare backend.
+type steppedRecBackend struct{ *recBackend }
+
+func (r steppedRecBackend) StartUnit(ctx context.Context, name string) error {
+	return r.Backend.(backend.SteppedStarter).StartUnit(ctx, name)
+}
+
+func (r steppedRecBackend) FinishStart(ctx context.Context, name string) error {
+	return r.Backend.(backend.SteppedStarter).FinishStart(ctx, name)
 }
 
 func (r *recBackend) AttachSocket(ctx context.Context, name string, socket backend.SocketKind, dir string) error {

@@ -180,7 +180,7 @@ func incusRunning(t *testing.T, project, name string) bool {
 // makes its /dev/null a FIFO at every boot (its init is root's to
 // change), which holds up the last step of each start, the egress relay,
 // for the backend's whole bound (30 s). Its orchestrator stops it and
-// imports it, which starts it: the start runs out of the executor's line,
+// imports it, which starts it: that step runs out of the executor's line,
 // so another orchestrator's send is answered before the import. The
 // import fails at the bound, and the child, recorded stopped, is not left
 // running.
@@ -203,7 +203,9 @@ func TestIncusImportOfHangingStartStallsNobodyElse(t *testing.T) {
 		imported <- st
 	}()
 	wait.For(t, "kid's container to run again for the import", func() bool { return incusRunning(t, e.incusProject, "kid") })
-	ctx, cancel := context.WithTimeout(context.Background(), wait.Guard)
+	// Well inside the relay's 30 s bound, so a send that waits for the
+	// start fails here, not by a race with the import's answer.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	var sent wire.StatusItem
 	err := e.client("other").Call(ctx, "send", map[string]any{"manifest": map[string]any{

@@ -44,13 +44,19 @@ func TestBurstThenCounted(t *testing.T) {
 func TestSummaryAtPeriodEnd(t *testing.T) {
 	done := make(chan []int, 1)
 	l := New(1, 50*time.Millisecond, 1, func(c []int) { done <- c })
-	if !l.Admit(0) {
+	t0 := time.Now()
+	if !l.admit(t0, 0, true) {
 		t.Fatal("the first event was not logged")
 	}
-	l.Admit(0)
-	l.Admit(0)
-	if c := <-done; c[0] != 2 {
-		t.Fatalf("summary counted %d, want 2", c[0])
+	l.admit(t0, 0, true)
+	l.admit(t0, 0, true)
+	select {
+	case c := <-done:
+		if c[0] != 2 {
+			t.Fatalf("summary counted %d, want 2", c[0])
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("no summary at the period's end")
 	}
 }
 

@@ -61,3 +61,27 @@ func (o *Orchestrator) Interrupt(name string) {
 		o.logger().Info("ended the broker's commands in a sandbox stopped or destroyed on the host", "sandbox", name, "commands", n)
 	}
 }
+
+// unitStops counts, per sandbox, the broker's stops of its unit: a host
+// start whose last step ran out of line (StartUnit) tells by it whether a
+// stop came meanwhile, which a record stopped before and after cannot
+// show.
+type unitStops struct {
+	mu sync.Mutex
+	n  map[string]uint64
+}
+
+func (u *unitStops) add(name string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.n == nil {
+		u.n = map[string]uint64{}
+	}
+	u.n[name]++
+}
+
+func (u *unitStops) count(name string) uint64 {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.n[name]
+}

@@ -94,6 +94,7 @@ type Orchestrator struct {
 	// changes, expiry and re-attachment at start alike).
 	rightsMu   sync.Mutex
 	inflight   inflight               // commands running in sandboxes, for Interrupt
+	unitStops  unitStops              // the broker's stops of each sandbox's unit
 	grants     map[string]grant.Grant // parsed grant documents by their text
 	finishing  map[string]bool        // orchestrators whose pending finishes run (ScheduleFinishes)
 	publishing map[string]string      // orchestrator -> its running publish manifest (one at a time)

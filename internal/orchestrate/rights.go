@@ -404,23 +404,48 @@ func (o *Orchestrator) attachedDevices(ctx context.Context, sandbox string) map[
 	return out
 }
 
-// StartUnit starts sandbox's unit and attaches its mount rights. The
-// start runs out of the executor's line: how long it takes is partly the
-// sandbox's to decide (root inside an Incus sandbox can hold up the last
-// step of its start for the backend's whole bound), and every other
-// sandbox's mutations run meanwhile. A host stop or destroy --force of the
-// sandbox cuts it (Interrupt), as it cuts commands in it.
-func (o *Orchestrator) StartUnit(ctx context.Context, sandbox string) (err error) {
-	serial.Outside(ctx, func() {
-		ctx, done := o.inflight.begin(ctx, sandbox)
-		defer done()
-		err = o.Backend.Start(ctx, sandbox)
-	})
-	if err != nil {
-		return err
+// StartUnit starts sandbox's unit and attaches its mount rights. The unit
+// starts in the caller's turn. A backend's step inside the started unit
+// (backend.SteppedStarter: the Incus egress relay, which root inside can
+// hold up for its whole bound, 30 s) runs out of the executor's line,
+// registered like a command in the sandbox, so a host stop or destroy
+// --force cuts it. Other mutations run meanwhile, of this sandbox too: a
+// caller that writes its record after StartUnit reads it again first.
+func (o *Orchestrator) StartUnit(ctx context.Context, sandbox string) error {
+	stepped, ok := o.Backend.(backend.SteppedStarter)
+	if !ok {
+		if err := o.Backend.Start(ctx, sandbox); err != nil {
+			return err
+		}
+	} else {
+		if err := stepped.StartUnit(ctx, sandbox); err != nil {
+			return err
+		}
+		sctx, done := o.inflight.begin(ctx, sandbox)
+		var err error
+		serial.Outside(ctx, func() { err = stepped.FinishStart(sctx, sandbox) })
+		if err != nil && context.Cause(sctx) == errInterrupted {
+			err = errInterrupted
+		}
+		done()
+		if err != nil {
+			return err
+		}
 	}
 	o.AttachRights(ctx, sandbox)
 	return nil
+}
+
+// stopIfRecordedStopped stops name's unit while its record says stopped:
+// a start's last step runs out of line, and the host may have started the
+// sandbox for good, or destroyed it, meanwhile.
+func (o *Orchestrator) stopIfRecordedStopped(ctx context.Context, name string) {
+	ctx = context.WithoutCancel(ctx)
+	sb, err := o.Store.Sandbox(ctx, name)
+	if errors.Is(err, store.ErrNotFound) || err == nil && sb.State != store.StateStopped {
+		return
+	}
+	o.Backend.Stop(ctx, name)
 }
 
 // startStopped starts a sandbox recorded stopped for a transfer (an
@@ -429,7 +454,7 @@ func (o *Orchestrator) StartUnit(ctx context.Context, sandbox string) (err error
 // out): it is stopped too, so a sandbox recorded stopped is not left
 // running.
 func (o *Orchestrator) startStopped(ctx context.Context, name string) (stop func(), err error) {
-	stop = func() { o.Backend.Stop(context.WithoutCancel(ctx), name) }
+	stop = func() { o.stopIfRecordedStopped(ctx, name) }
 	if err := o.StartUnit(ctx, name); err != nil {
 		stop()
 		return nil, err

@@ -523,11 +523,29 @@ func (o *Orchestrator) StartSandbox(ctx context.Context, name string) (note stri
 	if err != nil {
 		return "", err
 	}
+	stops := o.unitStops.count(name)
 	if err := o.StartUnit(ctx, name); err != nil {
+		// A start that failed partway may have left the unit up.
+		o.stopIfRecordedStopped(ctx, name)
 		return "", fmt.Errorf("start `%s`: %w", name, err)
 	}
-	if sb.State == store.StateRunning || sb.State == store.StateReady {
+	// The start's last step may have run out of line: what was read
+	// before may have changed meanwhile (a stop manifest, a destroy).
+	if o.unitStops.count(name) != stops {
+		return "", refusef("`%s` was stopped while it started: start it again if it should run", name)
+	}
+	now, err := o.Store.Sandbox(ctx, name)
+	if errors.Is(err, store.ErrNotFound) {
+		return "", refusef("`%s` was destroyed while it started", name)
+	}
+	if err != nil {
+		return "", err
+	}
+	if now.State == store.StateRunning || now.State == store.StateReady {
 		return "", nil // it ran: a ready child's agent stays watched
+	}
+	if now.State != sb.State {
+		return "", refusef("`%s` was %s while it started: start it again if it should run", name, now.State)
 	}
 	// Running again: what the last stop saw no longer counts.
 	if err := o.Store.SetRunning(ctx, name); err != nil {
@@ -566,6 +584,7 @@ func (o *Orchestrator) StopSandbox(ctx context.Context, name string) error {
 // stop is StopSandbox's stop.
 func (o *Orchestrator) stop(ctx context.Context, name string) error {
 	work, readErr := o.readWork(ctx, name)
+	o.unitStops.add(name)
 	if err := o.Backend.Stop(ctx, name); err != nil {
 		return fmt.Errorf("stop `%s`: %w", name, err)
 	}

@@ -608,6 +608,11 @@ func TestAttackSetuidGainsNothing(t *testing.T) {
 		t.Fatalf("the planted program in the victim's mount is %s, want 0:4755 (setuid root): the test proves nothing", got)
 	}
 	agent := strconv.Itoa(incus.AgentUID)
+	// Without the flag the bit takes effect there: root drops to the
+	// agent's uid with setpriv (no no_new_privs) and runs it.
+	if got := sh(t, b, "victim", "root", "setpriv --reuid="+agent+" --regid="+agent+" --clear-groups "+ro.Path()+"/suid-id -u"); got != "0" {
+		t.Fatalf("the planted program run without no_new_privs: effective uid %s, want 0: the test proves nothing", got)
+	}
 	for _, prog := range []string{ro.Path() + "/suid-id", "/usr/local/bin/suid-id"} {
 		if got := sh(t, b, "victim", "", prog+" -u"); got != agent {
 			t.Errorf("%s run by the agent: effective uid %s, want %s", prog, got, agent)

@@ -107,6 +107,13 @@ func egressMain(args []string) int {
 		fmt.Fprintf(os.Stderr, "jailbee _egress-listen: %v\n", err)
 		return 1
 	}
+	// The relay runs as the agent's uid for the container's life: one
+	// the agent could ptrace (where the host lets a uid trace its own)
+	// must not be able to gain privileges either (noNewPrivs).
+	if err := setNoNewPrivs(); err != nil {
+		fmt.Fprintf(os.Stderr, "jailbee _egress-listen: %v\n", err)
+		return 1
+	}
 	cmd := exec.Command(self, EgressCommand, egressServeArg)
 	cmd.ExtraFiles = []*os.File{f}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true,

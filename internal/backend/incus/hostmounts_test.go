@@ -113,7 +113,7 @@ func TestHostMountPinnedNamespace(t *testing.T) {
 			// refuses (EINVAL) to bind a mount namespace whose id is not
 			// above the caller's, and since 6.18 ids come from per-CPU
 			// batches of 4096: one made later on another CPU can be lower.
-			// So the shell's CPU takes 4097 ids first (UTS namespaces are
+			// So one CPU takes 4097 ids first (UTS namespaces are
 			// cheap), which moves it to a batch above every id handed out.
 			"cpu=$(cut -d' ' -f39 /proc/self/stat) && " +
 			"(taskset -c $cpu perl -e '" + burnNamespaceIDs + "' \"$(uname -m)\" & echo $! >/run/holder) && pid=$(cat /run/holder) && " +

@@ -45,7 +45,10 @@ var ErrDaemonDown = errors.New("incusd does not answer: is it running? (docs/inc
 // Type names this backend.
 const Type = "incus"
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend        = (*Backend)(nil)
+	_ backend.SteppedStarter = (*Backend)(nil)
+)
 
 // Paths and names inside a sandbox.
 const (
@@ -391,9 +394,18 @@ func (b *Backend) agentDevices() map[string]map[string]string {
 	return out
 }
 
-// Start implements backend.Backend. A container made by an older broker,
-// or with other agent versions, gets the current agent devices first.
+// Start implements backend.Backend: StartUnit, then FinishStart.
 func (b *Backend) Start(ctx context.Context, name string) error {
+	if err := b.StartUnit(ctx, name); err != nil {
+		return err
+	}
+	return b.FinishStart(ctx, name)
+}
+
+// StartUnit starts the container (backend.SteppedStarter). A container
+// made by an older broker, or with other agent versions, gets the current
+// agent devices first.
+func (b *Backend) StartUnit(ctx context.Context, name string) error {
 	// Incus would refuse the start naming the host path; the agent's name
 	// is what the user installs by.
 	for _, agent := range slices.Sorted(maps.Keys(b.opts.AgentBinaries)) {
@@ -414,6 +426,12 @@ func (b *Backend) Start(ctx context.Context, name string) error {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
 	b.seen(name, true)
+	return nil
+}
+
+// FinishStart is Start's step inside the container: the egress relay,
+// which root inside can hold up for egressTimeout (backend.SteppedStarter).
+func (b *Backend) FinishStart(ctx context.Context, name string) error {
 	return b.startEgressRelay(ctx, name)
 }
 

@@ -127,6 +127,11 @@ func noNewPrivs() error {
 	if os.Getuid() == 0 {
 		return nil
 	}
+	return setNoNewPrivs()
+}
+
+// setNoNewPrivs is noNewPrivs for any uid.
+func setNoNewPrivs() error {
 	runtime.LockOSThread()
 	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 		return fmt.Errorf("no_new_privs: %w", err)
